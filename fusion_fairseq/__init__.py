@@ -1,0 +1,12 @@
+"""fusion-fairseq: layer-fusion methods for sequence-to-sequence Transformers as a fairseq plugin.
+
+Load with ``--user-dir $(fusion-fairseq-user-dir)`` or ``import fusion_fairseq``.
+"""
+
+from . import checkpoint_safety
+
+checkpoint_safety.allow_fairseq_checkpoint_types()
+
+from . import criterions, models  # noqa: E402,F401  (registration side effects)
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""fairseq criteria of the plugin (registered on import)."""

@@ -1,0 +1,3 @@
+"""fairseq models of the plugin; importing this package registers them."""
+
+from .fusion_transformer import FusionTransformerModel  # noqa: F401

@@ -1,0 +1,48 @@
+"""Transformer encoder that exposes its layer stack and fuses it into the decoder's memory."""
+
+from typing import List, Optional
+
+from torch import Tensor
+from fairseq.models.transformer import TransformerEncoder
+
+from fusion_fairseq.modules import LayerFusion
+
+
+def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]:
+    """[h0, h1, ..., hL] where hL is the stack's final output.
+
+    fairseq records every layer's raw output; in a pre-norm stack the final LayerNorm is applied
+    after the last layer, so the top state is replaced by that normalised output (``top``). In a
+    post-norm stack the two are the same tensor.
+    """
+    return states[:-1] + [top]
+
+
+class FusionTransformerEncoder(TransformerEncoder):
+    """Encoder whose memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b) when
+    ``output_fusion`` is given, and the top layer otherwise."""
+
+    def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None):
+        super().__init__(args, dictionary, embed_tokens)
+        self.output_fusion = output_fusion
+
+    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                token_embeddings: Optional[Tensor] = None):
+        if self.output_fusion is None:
+            return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        out = super().forward(src_tokens, src_lengths, True, token_embeddings)
+        states = stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0])
+        fused, _ = self.output_fusion(states)
+        out["encoder_out"] = [fused]
+        if not return_all_hiddens:
+            out["encoder_states"] = []
+            out["fc_results"] = []
+        return out
+
+    def fusion_weights(self, src_tokens, src_lengths: Optional[Tensor] = None) -> Optional[Tensor]:
+        """Hop-by-layer attention of self-attention fusion, ``(src_len, batch, nhop, layers)``, for analysis."""
+        if self.output_fusion is None:
+            return None
+        out = super().forward(src_tokens, src_lengths, True)
+        states = stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0])
+        return self.output_fusion(states, need_weights=True)[1]
