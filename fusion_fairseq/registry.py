@@ -5,7 +5,7 @@ fairseq's ``--user-dir`` imports this package by its directory name, and a user 
 checkout). When one file is executed twice under two module names, fairseq's own decorators
 raise "Cannot register duplicate model". These wrappers skip a registration when the name is
 already taken by a definition of the same name from a file of the same relative path, and
-still raise for a genuine clash with somebody else's model.
+raise for a genuine clash with somebody else's model.
 """
 
 from fairseq.models import (
@@ -33,9 +33,16 @@ def same_definition(registered, candidate):
 def register_model(name):
     def wrapper(cls):
         existing = MODEL_REGISTRY.get(name)
-        if existing is not None and same_definition(existing, cls):
+        if existing is None:
+            return _fairseq_register_model(name)(cls)
+        if same_definition(existing, cls):
             return existing
-        return _fairseq_register_model(name)(cls)
+        # fairseq's main branch silently keeps the first class for a taken model name; a
+        # genuine clash must not go unnoticed.
+        raise ValueError(
+            f"Cannot register duplicate model ({name}): already registered by "
+            f"{existing.__module__}.{existing.__qualname__}"
+        )
 
     return wrapper
 

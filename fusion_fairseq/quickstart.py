@@ -1,0 +1,494 @@
+"""The main job: a vanilla Transformer vs. MLRF (Both-FNN-SA) at the same size and budget.
+
+Pipeline (every stage prints a header; training prints a progress line per log interval):
+
+ 1. data     -- the synthetic corpus of :mod:`fusion_fairseq.synthetic` (default), or a directory
+                of raw parallel text given with ``--data DIR --src de --tgt en``
+ 2. BPE      -- one joint BPE learnt with subword-nmt on the training source+target
+ 3. binarise -- ``fairseq-preprocess --joined-dictionary``
+ 4. train    -- ``fairseq-train`` of ``transformer`` and of ``fusion_transformer --fuse-encoder fnn
+                --fuse-decoder sa`` (MLRF's best system), same dimensions, same updates and batch
+ 5. test     -- ``fairseq-generate --beam 5 --remove-bpe`` on the test split, BLEU by sacrebleu
+                against the raw references
+
+and prints a table: model, BLEU, parameters, training target tokens/s (fairseq's ``wps``),
+decoding sentences/s (fairseq-generate's summary line). Everything is written under ``--out``
+(default ``quickstart_out/``) into the subdirectories ``raw/ bpe/ data-bin/ checkpoints/ logs/``
+and the files ``results.md``/``results.json``; a re-run overwrites only those files it wrote itself
+and never deletes a directory.
+
+    python -m fusion_fairseq.quickstart                                 # synthetic, ~6 min on 2 CPUs
+    python -m fusion_fairseq.quickstart --train-size 300 --max-update 20  # smoke run
+    python -m fusion_fairseq.quickstart --data ../shared/data/multi30k/tok --src de --tgt en
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from fusion_fairseq.cli import user_dir
+
+SYNTHETIC_DEFAULTS = {"bpe_merges": 1000}
+REAL_DEFAULTS = {"bpe_merges": 8000}
+VALID_NAMES = ("valid", "val", "dev", "validation", "newsdev", "tst-dev")
+TEST_NAMES = ("test", "tst", "newstest", "eval")
+MODELS = {
+    "transformer": ("transformer", "fairseq's Transformer"),
+    "mlrf": ("fusion_transformer", "MLRF Both-FNN-SA"),
+}
+
+
+def log(message=""):
+    print(message, flush=True)
+
+
+def stage(number, total, title):
+    log(f"\n=== [{number}/{total}] {title}")
+
+
+# ---- data --------------------------------------------------------------------------------------
+def _prefixes(directory, src, tgt):
+    """Split prefixes P with both P.src and P.tgt in ``directory``."""
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(directory), f"*.{src}")):
+        prefix = os.path.basename(path)[: -len(src) - 1]
+        if os.path.isfile(os.path.join(directory, f"{prefix}.{tgt}")):
+            found.append(prefix)
+    return sorted(found)
+
+
+def detect_split(directory, src, tgt, kind, requested=None):
+    """The prefix of a split (``train``/``valid``/``test``): ``requested`` if given, else the first
+    conventional name found (valid: valid, val, dev...; test: test, then test*, tst*...)."""
+    prefixes = _prefixes(directory, src, tgt)
+    if requested:
+        if requested not in prefixes:
+            raise SystemExit(f"error: no {requested}.{src} + {requested}.{tgt} in {directory} "
+                             f"(parallel splits there: {', '.join(prefixes) or 'none'})")
+        return requested
+    names = {"train": ("train",), "valid": VALID_NAMES, "test": TEST_NAMES}[kind]
+    for name in names:
+        if name in prefixes:
+            return name
+    for name in names:  # e.g. test_2016_flickr, newstest2014, dev2010
+        candidates = [p for p in prefixes if p.lower().startswith(name)]
+        if candidates:
+            return candidates[0]
+    raise SystemExit(f"error: cannot find a {kind} split for {src}-{tgt} in {directory} (parallel splits "
+                     f"there: {', '.join(prefixes) or 'none'}); name it with --{kind}-split")
+
+
+def available_languages(directory, split="train"):
+    return sorted(os.path.basename(p)[len(split) + 1:] for p in glob.glob(os.path.join(glob.escape(directory), f"{split}.*")))
+
+
+def copy_lines(source, destination, limit=0):
+    """Copy the first ``limit`` lines (all when 0) of ``source``; returns the number copied."""
+    count = 0
+    with open(source, encoding="utf-8") as fin, open(destination, "w", encoding="utf-8") as fout:
+        for line in fin:
+            if limit and count >= limit:
+                break
+            fout.write(line.rstrip("\n").strip() + "\n")
+            count += 1
+    return count
+
+
+def prepare_real_data(args, raw_dir):
+    if not os.path.isdir(args.data):
+        raise SystemExit(f"error: --data {args.data}: not a directory")
+    if not args.src or not args.tgt:
+        raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
+                         f"{', '.join(available_languages(args.data)) or 'none'})")
+    splits = {
+        "train": detect_split(args.data, args.src, args.tgt, "train", args.train_split),
+        "valid": detect_split(args.data, args.src, args.tgt, "valid", args.valid_split),
+        "test": detect_split(args.data, args.src, args.tgt, "test", args.test_split),
+    }
+    limits = {"train": args.train_lines, "valid": args.valid_lines, "test": args.test_lines}
+    os.makedirs(raw_dir, exist_ok=True)
+    for split, prefix in splits.items():
+        counts = [copy_lines(os.path.join(args.data, f"{prefix}.{lang}"), os.path.join(raw_dir, f"{split}.{lang}"), limits[split])
+                  for lang in (args.src, args.tgt)]
+        if counts[0] != counts[1]:
+            raise SystemExit(f"error: {prefix}.{args.src} has {counts[0]} lines but {prefix}.{args.tgt} has {counts[1]}")
+        log(f"  {split:5s} <- {os.path.join(args.data, prefix)}.{{{args.src},{args.tgt}}}: {counts[0]:,} sentence pairs")
+
+
+def prepare_synthetic_data(args, raw_dir):
+    from fusion_fairseq.synthetic import write_corpus
+
+    write_corpus(raw_dir, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, args.src, args.tgt)
+    for split in ("train", "valid", "test"):
+        with open(os.path.join(raw_dir, f"{split}.{args.src}"), encoding="utf-8") as f:
+            log(f"  {split:5s}: {sum(1 for _ in f):,} sentence pairs -> {raw_dir}/{split}.{{{args.src},{args.tgt}}}")
+
+
+# ---- BPE ---------------------------------------------------------------------------------------
+def learn_and_apply_bpe(args, raw_dir, bpe_dir):
+    from subword_nmt.apply_bpe import BPE
+    from subword_nmt.learn_bpe import learn_bpe
+
+    os.makedirs(bpe_dir, exist_ok=True)
+    codes_path = os.path.join(bpe_dir, "codes")
+    joint = []
+    for lang in (args.src, args.tgt):
+        with open(os.path.join(raw_dir, f"train.{lang}"), encoding="utf-8") as f:
+            joint.extend(f)
+    with open(codes_path, "w", encoding="utf-8") as codes:
+        learn_bpe(joint, codes, args.bpe_merges, min_frequency=2)
+    with open(codes_path, encoding="utf-8") as codes:
+        bpe = BPE(codes)
+    for split in ("train", "valid", "test"):
+        for lang in (args.src, args.tgt):
+            with open(os.path.join(raw_dir, f"{split}.{lang}"), encoding="utf-8") as fin, \
+                    open(os.path.join(bpe_dir, f"{split}.{lang}"), "w", encoding="utf-8") as fout:
+                for line in fin:
+                    fout.write(bpe.process_line(line))
+    words, pieces = _count_tokens(os.path.join(raw_dir, f"train.{args.tgt}")), _count_tokens(os.path.join(bpe_dir, f"train.{args.tgt}"))
+    log(f"  {args.bpe_merges} merges -> {codes_path}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
+
+
+def _count_tokens(path):
+    with open(path, encoding="utf-8") as f:
+        return sum(len(line.split()) for line in f)
+
+
+# ---- fairseq -----------------------------------------------------------------------------------
+def fairseq_env(args):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    return env
+
+
+def run_logged(command, log_path, env, on_line=None):
+    """Run ``command``, writing its merged stdout/stderr to ``log_path`` and handing each line to
+    ``on_line``. Raises ``SystemExit`` with the log's tail on failure."""
+    with open(log_path, "w", encoding="utf-8") as log_file:
+        log_file.write("$ " + " ".join(command) + "\n")
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+        for line in process.stdout:
+            log_file.write(line)
+            log_file.flush()
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
+        returncode = process.wait()
+    if returncode != 0:
+        with open(log_path, encoding="utf-8") as f:
+            tail = f.read()[-4000:]
+        raise SystemExit(f"error: {' '.join(command[:3])} ... failed (exit {returncode}); log {log_path}:\n{tail}")
+
+
+def preprocess(args, bpe_dir, bin_dir, logs_dir, env):
+    os.makedirs(bin_dir, exist_ok=True)
+    for lang in (args.src, args.tgt):  # fairseq-preprocess refuses to overwrite its own dictionaries
+        path = os.path.join(bin_dir, f"dict.{lang}.txt")
+        if os.path.isfile(path):
+            os.remove(path)
+    command = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", args.src, "--target-lang", args.tgt,
+               "--trainpref", os.path.join(bpe_dir, "train"), "--validpref", os.path.join(bpe_dir, "valid"),
+               "--testpref", os.path.join(bpe_dir, "test"), "--destdir", bin_dir, "--joined-dictionary",
+               "--workers", str(max(1, args.workers))]
+    run_logged(command, os.path.join(logs_dir, "preprocess.log"), env)
+    with open(os.path.join(bin_dir, f"dict.{args.src}.txt"), encoding="utf-8") as f:
+        log(f"  joined dictionary: {sum(1 for _ in f):,} types (+4 specials) -> {bin_dir}")
+
+
+def model_flags(args, name):
+    dims = [
+        "--encoder-layers", args.layers, "--decoder-layers", args.layers,
+        "--encoder-embed-dim", args.embed_dim, "--decoder-embed-dim", args.embed_dim,
+        "--encoder-ffn-embed-dim", args.ffn_dim, "--decoder-ffn-embed-dim", args.ffn_dim,
+        "--encoder-attention-heads", args.heads, "--decoder-attention-heads", args.heads,
+        "--dropout", args.dropout, "--share-all-embeddings",
+    ]
+    arch = MODELS[name][0]
+    flags = ["--arch", arch, *dims]
+    if arch == "fusion_transformer":
+        flags += ["--user-dir", user_dir(), "--fuse-encoder", "fnn", "--fuse-decoder", "sa",
+                  "--fusion-hops", args.fusion_hops,
+                  "--fusion-attn-dim", args.fusion_attn_dim or 4 * args.embed_dim,
+                  "--fusion-ffn-dim", args.fusion_ffn_dim or 2 * args.embed_dim]
+    return [str(f) for f in flags]
+
+
+class TrainProgress:
+    """Turns fairseq's json log lines into one progress line per interval, and collects the
+    numbers of the results table."""
+
+    INFO = re.compile(r"\|\s*INFO\s*\|\s*(\S+)\s*\|\s*(.*)$")
+
+    def __init__(self, name, max_update, verbose):
+        self.name, self.max_update, self.verbose = name, max_update, verbose
+        self.params = None
+        self.epochs = []  # train summaries
+        self.start = time.time()
+
+    def __call__(self, line):
+        if self.verbose:
+            log(f"    {line}")
+        match = self.INFO.search(line)
+        if not match:
+            if "Traceback" in line or "Error" in line:
+                log(f"  [{self.name}] {line}")
+            return
+        tag, message = match.groups()
+        if "num. shared model params" in message or "num. model params" in message:
+            self.params = int(re.search(r"params:\s*([\d,]+)", message).group(1).replace(",", ""))
+            log(f"  [{self.name}] {self.params:,} parameters")
+        if not message.startswith("{"):
+            return
+        try:
+            stats = json.loads(message)
+        except ValueError:
+            return
+        elapsed = time.time() - self.start
+        if tag == "train_inner":
+            log(f"  [{self.name}] update {stats.get('num_updates')}/{self.max_update}  epoch {stats.get('epoch')}  "
+                f"loss {stats.get('loss')}  {stats.get('wps')} tok/s  ({elapsed:.0f}s)")
+        elif tag == "train":
+            self.epochs.append(stats)
+        elif tag == "valid":
+            log(f"  [{self.name}] epoch {stats.get('epoch')} valid loss {stats.get('valid_loss')} "
+                f"ppl {stats.get('valid_ppl')}  (update {stats.get('valid_num_updates')}, {elapsed:.0f}s)")
+
+    def train_tokens_per_second(self):
+        """Target tokens per second over all epochs (each epoch summary gives wps and wpb; updates
+        per epoch from the running num_updates)."""
+        tokens = seconds = 0.0
+        previous_updates = 0
+        for stats in self.epochs:
+            updates = int(float(stats["train_num_updates"])) - previous_updates
+            previous_updates += updates
+            epoch_tokens = float(stats["train_wpb"]) * updates
+            wps = float(stats["train_wps"])
+            if wps > 0:
+                tokens += epoch_tokens
+                seconds += epoch_tokens / wps
+        return tokens / seconds if seconds else None
+
+
+def train(args, name, bin_dir, ckpt_root, logs_dir, env):
+    save_dir = os.path.join(ckpt_root, name)
+    os.makedirs(save_dir, exist_ok=True)
+    for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files from an earlier run
+        path = os.path.join(save_dir, stale)
+        if os.path.isfile(path):
+            os.remove(path)
+    command = [
+        sys.executable, "-m", "fairseq_cli.train", bin_dir, *model_flags(args, name),
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+        "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup_updates),
+        "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update),
+        "--seed", str(args.seed), "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
+        "--log-format", "json", "--log-interval", str(args.log_interval or max(10, args.max_update // 10)),
+        "--skip-invalid-size-inputs-valid-test",
+    ]
+    if args.cpu:
+        command.append("--cpu")
+    progress = TrainProgress(name, args.max_update, args.verbose)
+    started = time.time()
+    run_logged(command, os.path.join(logs_dir, f"train-{name}.log"), env, progress)
+    wall = time.time() - started
+    log(f"  [{name}] trained in {wall:.0f}s -> {save_dir}")
+    checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
+    if not os.path.isfile(checkpoint):
+        checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    return {"checkpoint": checkpoint, "params": progress.params, "train_wps": progress.train_tokens_per_second(),
+            "train_seconds": wall}
+
+
+def generate(args, name, bin_dir, checkpoint, logs_dir, env):
+    results_dir = os.path.join(logs_dir, f"generate-{name}")
+    os.makedirs(results_dir, exist_ok=True)
+    command = [
+        sys.executable, "-m", "fairseq_cli.generate", bin_dir, "--path", checkpoint, "--gen-subset", "test",
+        "--beam", str(args.beam), "--remove-bpe", "--batch-size", str(args.batch_size),
+        "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0", "--results-path", results_dir,
+        "--user-dir", user_dir(),
+    ]
+    if args.cpu:
+        command.append("--cpu")
+    started = time.time()
+    run_logged(command, os.path.join(logs_dir, f"generate-{name}.log"), env)
+    hypotheses, speed = {}, None
+    with open(os.path.join(results_dir, "generate-test.txt"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("D-"):
+                key, _score, *text = line.rstrip("\n").split("\t")
+                hypotheses[int(key[2:])] = text[0] if text else ""
+            match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", line)
+            if match:
+                speed = float(match.group(1))
+    log(f"  [{name}] translated {len(hypotheses):,} sentences in {time.time() - started:.0f}s -> {results_dir}/generate-test.txt")
+    return hypotheses, speed
+
+
+def bleu(hypotheses, reference_path):
+    import sacrebleu
+
+    with open(reference_path, encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f]
+    missing = [i for i in range(len(references)) if i not in hypotheses]
+    if missing:
+        raise SystemExit(f"error: fairseq-generate gave no hypothesis for {len(missing)} test sentences (e.g. {missing[:5]})")
+    system = [hypotheses[i] for i in range(len(references))]
+    return sacrebleu.corpus_bleu(system, [references])
+
+
+# ---- table -------------------------------------------------------------------------------------
+TABLE_COLUMNS = ("model", "arch", "BLEU", "params", "train tok/s", "decode sent/s")
+
+
+def format_table(rows):
+    def fmt(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
+    cells = [TABLE_COLUMNS] + [
+        (r["model"], r["arch"], fmt(r["bleu"], ".2f"), fmt(r["params"], ","), fmt(r["train_wps"], ",.0f"),
+         fmt(r["decode_sps"], ".1f"))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_COLUMNS))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |")
+        if n == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+# ---- driver ------------------------------------------------------------------------------------
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="fusion-fairseq-quickstart",
+        description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
+        "synthetic corpus (default) or on raw parallel text (--data), then compare BLEU and speed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", default="quickstart_out", help="output directory (created; files of an earlier run are overwritten, nothing else)")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", help="directory of raw (tokenised) parallel text with train.SRC/TGT, a validation and a test split; "
+                   "default: generate the synthetic corpus")
+    g.add_argument("--src", help="source language suffix (synthetic: src)")
+    g.add_argument("--tgt", help="target language suffix (synthetic: tgt)")
+    g.add_argument("--train-split", help="prefix of the training split in --data (default: train)")
+    g.add_argument("--valid-split", help="prefix of the validation split in --data (default: first of valid, val, dev, ...)")
+    g.add_argument("--test-split", help="prefix of the test split in --data (default: test, else the first test*/tst*...)")
+    g.add_argument("--train-lines", type=int, default=0, help="use only the first N training pairs of --data (0: all)")
+    g.add_argument("--valid-lines", type=int, default=0, help="use only the first N validation pairs of --data (0: all)")
+    g.add_argument("--test-lines", type=int, default=0, help="use only the first N test pairs of --data (0: all)")
+    g.add_argument("--train-size", type=int, default=12000, help="synthetic training pairs")
+    g.add_argument("--valid-size", type=int, default=300, help="synthetic validation pairs")
+    g.add_argument("--test-size", type=int, default=300, help="synthetic test pairs")
+    g.add_argument("--lexicon-seed", type=int, default=0, help="seed of the synthetic vocabulary")
+    g.add_argument("--bpe-merges", type=int, help=f"joint BPE merges (default: {SYNTHETIC_DEFAULTS['bpe_merges']} synthetic, "
+                   f"{REAL_DEFAULTS['bpe_merges']} --data)")
+    g = p.add_argument_group("models (the same for both)")
+    g.add_argument("--models", default="transformer,mlrf", help="comma-separated subset of: " + ", ".join(MODELS))
+    g.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
+    g.add_argument("--embed-dim", type=int, default=128)
+    g.add_argument("--ffn-dim", type=int, default=512)
+    g.add_argument("--heads", type=int, default=4)
+    g.add_argument("--dropout", type=float, default=0.1)
+    g.add_argument("--fusion-hops", type=int, default=4)
+    g.add_argument("--fusion-attn-dim", type=int, help="MLRF da (default: 4 x embed-dim)")
+    g.add_argument("--fusion-ffn-dim", type=int, help="MLRF df (default: 2 x embed-dim)")
+    g = p.add_argument_group("budget (the same for both)")
+    g.add_argument("--max-update", type=int, default=1000)
+    g.add_argument("--max-tokens", type=int, default=4096)
+    g.add_argument("--lr", type=float, default=0.002)
+    g.add_argument("--warmup-updates", type=int, default=250)
+    g.add_argument("--seed", type=int, default=1, help="seed of the synthetic sentences and of training")
+    g.add_argument("--beam", type=int, default=5)
+    g.add_argument("--batch-size", type=int, default=128, help="sentences per batch in fairseq-generate")
+    g = p.add_argument_group("run")
+    g.add_argument("--threads", type=int, default=0, help="OMP/MKL threads of the fairseq processes (0: torch's default)")
+    g.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
+    g.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq (default: GPU when there is one)")
+    g.add_argument("--log-interval", type=int, default=0, help="updates between progress lines (0: max-update/10)")
+    g.add_argument("--verbose", action="store_true", help="echo every fairseq log line")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    started = time.time()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        raise SystemExit(f"error: --models: unknown {unknown} (choose from {', '.join(MODELS)})")
+    synthetic = args.data is None
+    if synthetic:
+        args.src, args.tgt = args.src or "src", args.tgt or "tgt"
+    if args.bpe_merges is None:
+        args.bpe_merges = (SYNTHETIC_DEFAULTS if synthetic else REAL_DEFAULTS)["bpe_merges"]
+    for name in ("max_update", "max_tokens", "layers", "embed_dim", "ffn_dim", "heads", "bpe_merges", "beam"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be positive")
+    if args.embed_dim % args.heads:
+        raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
+
+    out = os.path.abspath(args.out)
+    raw_dir, bpe_dir, bin_dir = os.path.join(out, "raw"), os.path.join(out, "bpe"), os.path.join(out, "data-bin")
+    ckpt_root, logs_dir = os.path.join(out, "checkpoints"), os.path.join(out, "logs")
+    if args.data and os.path.abspath(args.data) in {out, raw_dir, bpe_dir, bin_dir}:
+        raise SystemExit("error: --out must not be (the parent of) the --data directory")
+    for directory in (out, logs_dir):
+        os.makedirs(directory, exist_ok=True)
+    env = fairseq_env(args)
+    total = 3 + 2 * len(models)
+    step = 1
+
+    stage(step, total, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
+    if synthetic:
+        prepare_synthetic_data(args, raw_dir)
+    else:
+        prepare_real_data(args, raw_dir)
+    step += 1
+    stage(step, total, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
+    learn_and_apply_bpe(args, raw_dir, bpe_dir)
+    step += 1
+    stage(step, total, "fairseq-preprocess --joined-dictionary")
+    preprocess(args, bpe_dir, bin_dir, logs_dir, env)
+
+    rows = []
+    for name in models:
+        arch, description = MODELS[name]
+        step += 1
+        stage(step, total, f"fairseq-train {name} ({description}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
+              f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens)")
+        trained = train(args, name, bin_dir, ckpt_root, logs_dir, env)
+        step += 1
+        stage(step, total, f"fairseq-generate {name} (beam {args.beam}, --remove-bpe) + sacrebleu")
+        hypotheses, decode_sps = generate(args, name, bin_dir, trained["checkpoint"], logs_dir, env)
+        score = bleu(hypotheses, os.path.join(raw_dir, f"test.{args.tgt}"))
+        log(f"  [{name}] {score}")
+        rows.append({"model": name, "arch": arch + (" (fnn/sa)" if arch == "fusion_transformer" else ""),
+                     "bleu": score.score, "params": trained["params"], "train_wps": trained["train_wps"],
+                     "decode_sps": decode_sps, "train_seconds": trained["train_seconds"],
+                     "checkpoint": trained["checkpoint"], "sacrebleu": str(score)})
+
+    table = format_table(rows)
+    wall = time.time() - started
+    log(f"\n=== results on {'the synthetic' if synthetic else args.data} test set ({args.src} -> {args.tgt}), "
+        f"{args.max_update} updates each, total wall time {wall:.0f}s\n")
+    log(table)
+    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
+    log(f"\nwritten: {out}/results.md, {out}/results.json (logs and hypotheses in {logs_dir})")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

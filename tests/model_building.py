@@ -1,0 +1,35 @@
+"""Build plugin models from command-line style flags without data on disk."""
+
+from types import SimpleNamespace
+
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+import fusion_fairseq  # noqa: F401  (registers the architectures)
+
+
+def dictionary_of_size(size):
+    """A fairseq Dictionary whose ``len`` is ``size`` (its 4 special symbols included)."""
+    dictionary = Dictionary()
+    for index in range(size - len(dictionary)):
+        dictionary.add_symbol(f"tok{index}")
+    assert len(dictionary) == size
+    return dictionary
+
+
+def parse_model_args(arch, *flags):
+    """Parse flags exactly as ``fairseq-train`` does (architecture defaults included)."""
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, ["unused-data-dir", "--arch", arch, *flags])
+
+
+def build_model(arch, *flags, src_vocab=100, tgt_vocab=80, joined=False):
+    args = parse_model_args(arch, *flags)
+    src_dict = dictionary_of_size(src_vocab)
+    task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=src_dict if joined else dictionary_of_size(tgt_vocab))
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,55 @@
+"""fairseq checkpoints load under torch's safe unpickler; anything else stays refused."""
+
+import os
+import pickle
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+import fusion_fairseq  # noqa: F401  (allow-lists the checkpoint types on import)
+
+
+class WritesAFileWhenUnpickled:
+    """A crafted payload: unpickling it calls ``open(path, "w")``, i.e. runs arbitrary code."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_safe_loading_is_not_switched_off_globally():
+    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") in (None, "", "0")
+    allowed = set(torch.serialization.get_safe_globals())
+    for dangerous in (open, eval, exec, os.system, pickle.loads):
+        assert dangerous not in allowed
+
+
+def test_a_checkpoint_carrying_a_callable_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    crafted = tmp_path / "crafted.pt"
+    torch.save({"model": {}, "args": None, "payload": WritesAFileWhenUnpickled(str(marker))}, crafted)
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(crafted))
+    assert not marker.exists()
+
+
+def test_a_fairseq_checkpoint_loads_with_default_torch_load(tiny_mlrf_checkpoint):
+    state = torch.load(tiny_mlrf_checkpoint)  # weights_only=True, torch's default
+    assert state["cfg"]["model"].arch == "mlrf_iwslt_de_en"
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint])
+    assert type(models[0]).__name__ == "FusionTransformerModel"
+
+
+def test_an_omegaconf_configured_checkpoint_loads(tiny_mlrf_checkpoint, tmp_path):
+    """Older fairseq versions stored the configuration as omegaconf containers."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    state = torch.load(tiny_mlrf_checkpoint)
+    state["cfg"] = convert_namespace_to_omegaconf(state["cfg"]["model"])
+    path = tmp_path / "omegaconf.pt"
+    torch.save(state, path)
+    reloaded = torch.load(path)
+    assert reloaded["cfg"].model.arch == "mlrf_iwslt_de_en"
