@@ -214,7 +214,8 @@ def test_unknown_word_with_allow_unk(plot_script, capsys, tiny_mlrf_checkpoint, 
 
 def test_bpe(plot_script, capsys, tiny_mlrf_checkpoint, tiny_data_bin, tmp_path):
     codes = tmp_path / "codes"
-    codes.write_text("#version: 0.2\nw 3</w>\nw 5</w>\nw 1\nw1 7</w>\nW 3</w>\nW 5</w>\nW 1\nW1 7</w>\n")  # rebuilds w3 w17 w5 / W5 W17 W3 only
+    merges = ["w 3</w>", "w 5</w>", "w 1", "w1 7</w>", "W 3</w>", "W 5</w>", "W 1", "W1 7</w>"]
+    codes.write_text("#version: 0.2\n" + "\n".join(merges) + "\n")  # rebuilds w3 w17 w5 and W3 W17 W5 only
     out_json = tmp_path / "weights.json"
     common = ["--path", tiny_mlrf_checkpoint, "--data", tiny_data_bin, "--side", "decoder", "--target", TARGET,
               "--bpe", "subword_nmt", "--bpe-codes", str(codes), "--out", str(tmp_path / "fig.png")]

@@ -7,7 +7,7 @@ built in code or read from a checkpoint get the same errors.
 
 import argparse
 
-from fusion_fairseq.modules import FUSION_FUNCTIONS
+from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
 
 POSITIVE_INT_FLAGS = {
     "fusion_hops": "--fusion-hops",
@@ -17,6 +17,8 @@ POSITIVE_INT_FLAGS = {
 CHOICE_FLAGS = {
     "fuse_encoder": ("--fuse-encoder", FUSION_FUNCTIONS),
     "fuse_decoder": ("--fuse-decoder", FUSION_FUNCTIONS),
+    "layer_attention": ("--layer-attention", LAYER_ATTENTION_KINDS),
+    "surface_fusion": ("--surface-fusion", SURFACE_FUSION_KINDS),
 }
 
 
@@ -47,9 +49,51 @@ def _probability(flag):
     return parse
 
 
+def _lambda(text):
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"--surface-fusion-lambda must be in [0, 1], got {text!r}")
+    return value
+
+
+def _tau(text):
+    value = float(text)
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"--surface-fusion-tau must be > 0, got {text!r}")
+    return value
+
+
 def add_fusion_args(parser):
-    """MLRF flags (Wang et al., COLING 2018). Defaults come from the architecture functions."""
-    for dest, (flag, choices) in CHOICE_FLAGS.items():
+    """Flags of every fusion family. Defaults come from the architecture functions."""
+    add_mlrf_args(parser)
+    add_encoder_layer_fusion_args(parser)
+
+
+def add_encoder_layer_fusion_args(parser):
+    """Layer attention and SurfaceFusion flags (Liu et al., ICLR 2021)."""
+    parser.add_argument("--layer-attention", choices=LAYER_ATTENTION_KINDS, metavar="{none,coarse,fine}",
+                        help="give each decoder layer its own source memory S_m = sum_n W_mn (x) X_n over the "
+                        "encoder embedding layer and all encoder layers: one scalar per (m, n) (coarse) or "
+                        "element-wise weights (fine), softmax over encoder layers (Liu et al. 2021 Sec. 3.2)")
+    parser.add_argument("--layer-attention-dropconnect", type=_probability("--layer-attention-dropconnect"),
+                        metavar="P", help="DropConnect probability on the layer-attention weights (paper: 0.3)")
+    parser.add_argument("--mask-encoder-layer", type=int, metavar="N",
+                        help="analysis: zero the layer-attention weight of encoder layer N (0 = embedding) and "
+                        "renormalise the others; use at generation time with "
+                        "--model-overrides \"{'mask_encoder_layer': N}\"")
+    parser.add_argument("--surface-fusion", choices=SURFACE_FUSION_KINDS, metavar="{none,hard,soft}",
+                        help="fuse the output distribution with a surface attention over the source word "
+                        "embeddings: hard (Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)")
+    parser.add_argument("--surface-fusion-lambda", type=_lambda, metavar="L",
+                        help="interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]")
+    parser.add_argument("--surface-fusion-tau", type=_tau, metavar="T",
+                        help="softmax temperature tau of the surface distribution (Eq. 5), > 0; "
+                        "default 1 for hard and 5 for soft fusion, as in the paper")
+
+
+def add_mlrf_args(parser):
+    """MLRF flags (Wang et al., COLING 2018)."""
+    for dest, (flag, choices) in list(CHOICE_FLAGS.items())[:2]:
         side = dest.split("_")[1]
         parser.add_argument(
             flag, choices=choices, metavar="{" + ",".join(choices) + "}",
@@ -80,18 +124,59 @@ def check_fusion_args(args):
         value = getattr(args, dest)
         if value not in choices:
             raise ValueError(f"{flag} got {value!r}; allowed: {', '.join(choices)}")
+    reads_every_layer = args.fuse_encoder != "none" or args.fuse_decoder != "none" or args.layer_attention != "none"
+    if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
+        raise ValueError(
+            "layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop must be 0 "
+            f"with --fuse-encoder {args.fuse_encoder} --fuse-decoder {args.fuse_decoder} "
+            f"--layer-attention {args.layer_attention}"
+        )
+    check_mlrf_args(args)
+    check_encoder_layer_fusion_args(args)
+
+
+def check_encoder_layer_fusion_args(args):
+    if not 0.0 <= args.layer_attention_dropconnect < 1.0:
+        raise ValueError(f"--layer-attention-dropconnect must be in [0, 1), got {args.layer_attention_dropconnect!r}")
+    if not 0.0 <= args.surface_fusion_lambda <= 1.0:
+        raise ValueError(f"--surface-fusion-lambda must be in [0, 1], got {args.surface_fusion_lambda!r}")
+    if not args.surface_fusion_tau > 0.0:
+        raise ValueError(f"--surface-fusion-tau must be > 0, got {args.surface_fusion_tau!r}")
+    if args.layer_attention != "none" and args.fuse_encoder != "none":
+        raise ValueError(
+            f"--layer-attention {args.layer_attention} and --fuse-encoder {args.fuse_encoder} both define the "
+            "decoder's source memory (per-layer mixtures vs one fused memory); choose one of them"
+        )
+    if args.mask_encoder_layer is not None:
+        if args.layer_attention == "none":
+            raise ValueError(
+                f"--mask-encoder-layer {args.mask_encoder_layer} masks a layer-attention weight, which needs "
+                "--layer-attention coarse or fine"
+            )
+        if not 0 <= args.mask_encoder_layer <= args.encoder_layers:
+            raise ValueError(
+                f"--mask-encoder-layer {args.mask_encoder_layer} does not exist: the encoder has layers "
+                f"0 (embedding) to {args.encoder_layers}"
+            )
+    if args.layer_attention != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ValueError(
+            f"--layer-attention needs --encoder-embed-dim ({args.encoder_embed_dim}) == "
+            f"--decoder-embed-dim ({args.decoder_embed_dim})"
+        )
+    if args.surface_fusion != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ValueError(
+            f"--surface-fusion reads source word embeddings through the target output projection, which needs "
+            f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
+        )
+
+
+def check_mlrf_args(args):
     for dest, flag in POSITIVE_INT_FLAGS.items():
         value = getattr(args, dest)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(positive_int_error(flag, value))
     if not 0.0 <= args.fusion_dropout < 1.0:
         raise ValueError(f"--fusion-dropout must be in [0, 1), got {args.fusion_dropout!r}")
-    fusing = args.fuse_encoder != "none" or args.fuse_decoder != "none"
-    if fusing and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
-        raise ValueError(
-            "layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop must be 0 "
-            f"with --fuse-encoder {args.fuse_encoder} --fuse-decoder {args.fuse_decoder}"
-        )
     if args.fuse_encoder == "sa" and args.fuse_decoder == "sa" and not args.fusion_no_layer_embedding:
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ValueError(

@@ -1,45 +1,170 @@
-"""Transformer decoder that exposes its layer stack and fuses it before the output projection."""
+"""Transformer decoder with the fusion points of the plugin:
+  * per-decoder-layer source memories (layer attention, Liu et al. 2021 Sec. 3.2),
+  * the decoder representation handed to the output projection (MLRF, Wang et al. 2018),
+  * the output distribution (SurfaceFusion, Liu et al. 2021 Sec. 4.1).
+"""
 
 from typing import Any, Dict, List, Optional
 
+import torch
 from torch import Tensor
 from fairseq.models.transformer import TransformerDecoder
 
-from fusion_fairseq.modules import LayerFusion
+from fusion_fairseq.modules import LayerAttention, LayerFusion, SurfaceFusion
 
 from .fusion_encoder import stack_with_normalised_top
 
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
 
 class FusionTransformerDecoder(TransformerDecoder):
-    """Decoder whose prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3) when ``output_fusion`` is
-    given. Fusion is per target position, so incremental decoding stays exact: each step fuses the
-    new position's layer states only.
+    """fairseq's Transformer decoder, plus:
 
-    With self-attention fusion ``extra["fusion_attn"]`` holds the hop-by-layer weights,
-    ``(batch, tgt_len, nhop, layers)`` (MLRF Figure 5).
+    ``output_fusion``: prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3). Fusion is per target
+    position, so incremental decoding stays exact. With self-attention fusion
+    ``extra["fusion_attn"]`` holds the hop-by-layer weights ``(batch, tgt_len, nhop, layers)``.
+
+    ``layer_attention``: decoder layer m attends to its own memory S_m instead of X_N. The
+    memories are built at the first decoding step only; fairseq's encoder-decoder attention then
+    caches its projected keys and values (static_kv), so later steps cost what they cost in the
+    vanilla model.
+
+    ``surface_fusion``: the decoder's output is the fused log-score Phi over the vocabulary, and
+    :meth:`get_normalized_probs` returns it as is, so the criterion trains on and the generator
+    scores the fused distribution.
     """
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
+                 layer_attention: Optional[LayerAttention] = None, surface_fusion: Optional[SurfaceFusion] = None,
                  no_encoder_attn=False, output_projection=None):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.output_fusion = output_fusion
+        self.layer_attention = layer_attention
+        self.surface_fusion = surface_fusion
 
-    def extract_features(
-        self,
-        prev_output_tokens,
-        encoder_out: Optional[Dict[str, List[Tensor]]] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        full_context_alignment: bool = False,
-        alignment_layer: Optional[int] = None,
-        alignment_heads: Optional[int] = None,
-    ):
-        x, extra = super().extract_features(
+    # ----------------------------------------------------------------------------------- forward
+    def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+                incremental_state: Optional[IncrementalState] = None, features_only: bool = False,
+                full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
+                alignment_heads: Optional[int] = None, src_lengths: Optional[Any] = None,
+                return_all_hiddens: bool = False):
+        features, extra = self.extract_features(
+            prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
+            full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+        )
+        if features_only:
+            return features, extra
+        logits = self.output_layer(features)
+        if self.surface_fusion is None:
+            return logits, extra
+        fused = self.surface_fusion(features, logits, encoder_out, self.output_layer, incremental_state)
+        return fused, extra
+
+    def get_normalized_probs(self, net_output, log_probs: bool, sample: Optional[Dict[str, Tensor]] = None):
+        if self.surface_fusion is None:
+            return super().get_normalized_probs(net_output, log_probs, sample)
+        fused_log_scores = net_output[0].float()
+        return fused_log_scores if log_probs else fused_log_scores.exp()
+
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+                         incremental_state: Optional[IncrementalState] = None, full_context_alignment: bool = False,
+                         alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
+        x, extra = self.extract_features_scriptable(
             prev_output_tokens, encoder_out, incremental_state, full_context_alignment, alignment_layer, alignment_heads
         )
         if self.output_fusion is None:
             return x, extra
         return self.fuse_layer_stack(extra)
 
+    # ------------------------------------------------------------------------- the layer stack
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
+                                    incremental_state: Optional[IncrementalState] = None,
+                                    full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
+                                    alignment_heads: Optional[int] = None):
+        """fairseq's decoder stack, with a source memory chosen per layer (:meth:`layer_memories`)."""
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        top_memory, memory_padding_mask = None, None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            top_memory = encoder_out["encoder_out"][0]
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            memory_padding_mask = encoder_out["encoder_padding_mask"][0]
+        memories = self.layer_memories(encoder_out, incremental_state)
+
+        x, self_attn_padding_mask = self.embed_target(prev_output_tokens, incremental_state)
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        for idx, layer in enumerate(self.layers):
+            self_attn_mask = None
+            if incremental_state is None and not full_context_alignment:
+                self_attn_mask = self.buffered_future_mask(x)
+            x, layer_attn, _ = layer(
+                x,
+                top_memory if memories is None else memories[idx],
+                memory_padding_mask,
+                incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=bool(idx == alignment_layer),
+                need_head_weights=bool(idx == alignment_layer),
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+    def embed_target(self, prev_output_tokens, incremental_state: Optional[IncrementalState]):
+        """Token and position embeddings of the (new) target positions, ``T x B x C``, and the
+        self-attention padding mask, as in fairseq's decoder."""
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+        prev_output_tokens = prev_output_tokens.contiguous()
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x += positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+        self_attn_padding_mask: Optional[Tensor] = None
+        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        return x, self_attn_padding_mask
+
+    def layer_memories(self, encoder_out: Optional[Dict[str, List[Tensor]]],
+                       incremental_state: Optional[IncrementalState]) -> Optional[Tensor]:
+        """S_1..S_M ``(M, src_len, batch, C)`` from layer attention, or ``None`` when every layer
+        reads the top encoder output, or when the layers' projected keys/values are cached
+        already (incremental decoding after the first step: the memories would be unused)."""
+        if self.layer_attention is None or encoder_out is None:
+            return None
+        if incremental_state is not None and self.source_keys_cached(incremental_state):
+            return None
+        word_embeddings = encoder_out["encoder_embedding"][0].transpose(0, 1)  # X_0: no positions
+        layer_outputs = stack_with_normalised_top(encoder_out["encoder_states"], encoder_out["encoder_out"][0])[1:]
+        return self.layer_attention([word_embeddings] + layer_outputs)
+
+    def source_keys_cached(self, incremental_state: IncrementalState) -> bool:
+        first_attention = self.layers[0].encoder_attn
+        return first_attention is not None and "prev_key" in first_attention._get_input_buffer(incremental_state)
+
+    # -------------------------------------------------------------------------- MLRF output fusion
     def fuse_layer_stack(self, extra: Dict[str, Any]):
         states = extra["inner_states"]
         top = self.layer_norm(states[-1]) if self.layer_norm is not None else states[-1]

@@ -20,14 +20,19 @@ def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]
 
 class FusionTransformerEncoder(TransformerEncoder):
     """Encoder whose memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b) when
-    ``output_fusion`` is given, and the top layer otherwise."""
+    ``output_fusion`` is given, and the top layer otherwise. ``keep_layer_states`` makes it
+    always return every layer's output (``encoder_states``), which per-decoder-layer memories
+    (layer attention) read, also when the generator does not ask for them."""
 
-    def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None):
+    def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
+                 keep_layer_states: bool = False):
         super().__init__(args, dictionary, embed_tokens)
         self.output_fusion = output_fusion
+        self.keep_layer_states = keep_layer_states
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                 token_embeddings: Optional[Tensor] = None):
+        return_all_hiddens = return_all_hiddens or self.keep_layer_states
         if self.output_fusion is None:
             return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         out = super().forward(src_tokens, src_lengths, True, token_embeddings)

@@ -1,10 +1,14 @@
 """The composable layer-fusion Transformer (``--arch fusion_transformer`` and the paper presets).
 
 A subclass of fairseq's ``TransformerModel``: the encoder and decoder expose their whole layer
-stack, and fusion strategies plug in where the stack is read. Today (MLRF):
-  * the representation handed from encoder to decoder  (``--fuse-encoder``)
-  * the decoder representation handed to the output projection (``--fuse-decoder``)
-Both can be set independently, e.g. the paper's best system Both-FNN-SA.
+stack, and fusion strategies plug in where the stack is read:
+  * the representation handed from encoder to decoder (MLRF ``--fuse-encoder``)
+  * the source memory of each decoder layer (``--layer-attention``, Liu et al. 2021)
+  * the decoder representation handed to the output projection (MLRF ``--fuse-decoder``)
+  * the output distribution (``--surface-fusion``, Liu et al. 2021)
+Any combination the maths allows can be set at once, e.g. MLRF's Both-FNN-SA, or fine-grained
+layer attention with decoder-side SA fusion and soft SurfaceFusion; combinations that define
+the same thing twice are refused with an error (see ``fusion_args.check_fusion_args``).
 """
 
 from typing import Optional
@@ -12,7 +16,7 @@ from typing import Optional
 from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from fusion_fairseq.modules import build_layer_fusion
+from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .fusion_args import add_fusion_args, check_fusion_args
@@ -49,6 +53,26 @@ def build_side_fusion(args, side: str, layer_embedding: Optional[nn.Embedding]):
     )
 
 
+def build_layer_attention(args) -> Optional[LayerAttention]:
+    if args.layer_attention == "none":
+        return None
+    attention = LayerAttention(
+        args.decoder_layers, args.encoder_layers, args.encoder_embed_dim, args.layer_attention,
+        dropconnect=args.layer_attention_dropconnect,
+    )
+    attention.mask_layer(args.mask_encoder_layer)
+    return attention
+
+
+def build_surface_fusion(args) -> Optional[SurfaceFusion]:
+    if args.surface_fusion == "none":
+        return None
+    return SurfaceFusion(
+        args.surface_fusion, args.decoder_embed_dim, args.decoder_attention_heads, args.surface_fusion_lambda,
+        args.surface_fusion_tau, dropout=args.attention_dropout,
+    )
+
+
 @register_model("fusion_transformer")
 class FusionTransformerModel(TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
@@ -65,10 +89,13 @@ class FusionTransformerModel(TransformerModel):
         encoder_embed_tokens, decoder_embed_tokens = cls.build_token_embeddings(args, task)
         layer_embedding = build_shared_layer_embedding(args)
         encoder = FusionTransformerEncoder(
-            args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding)
+            args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding),
+            keep_layer_states=args.layer_attention != "none",
         )
         decoder = FusionTransformerDecoder(
             args, task.target_dictionary, decoder_embed_tokens, build_side_fusion(args, "decoder", layer_embedding),
+            layer_attention=build_layer_attention(args),
+            surface_fusion=build_surface_fusion(args),
             no_encoder_attn=getattr(args, "no_cross_attention", False),
         )
         return cls(args, encoder, decoder)
@@ -104,6 +131,18 @@ def fusion_defaults(args):
     args.fusion_no_layer_embedding = getattr(args, "fusion_no_layer_embedding", False)
     args.fusion_no_layernorm = getattr(args, "fusion_no_layernorm", False)
     args.fusion_dropout = getattr(args, "fusion_dropout", args.dropout)
+    encoder_layer_fusion_defaults(args)
+
+
+def encoder_layer_fusion_defaults(args):
+    """Liu et al. (2021): DropConnect 0.3 on layer-attention weights; tau 1 for hard and 5 for
+    soft SurfaceFusion (Sec. 4.1); lambda 0.8 (their Ro-En and base-size setting)."""
+    args.layer_attention = getattr(args, "layer_attention", "none")
+    args.layer_attention_dropconnect = getattr(args, "layer_attention_dropconnect", 0.3)
+    args.mask_encoder_layer = getattr(args, "mask_encoder_layer", None)
+    args.surface_fusion = getattr(args, "surface_fusion", "none")
+    args.surface_fusion_lambda = getattr(args, "surface_fusion_lambda", 0.8)
+    args.surface_fusion_tau = getattr(args, "surface_fusion_tau", 5.0 if args.surface_fusion == "soft" else 1.0)
 
 
 @register_model_architecture("fusion_transformer", "fusion_transformer")
@@ -145,4 +184,47 @@ def mlrf_nist_zh_en(args):
     args.fuse_decoder = getattr(args, "fuse_decoder", "sa")
     args.fusion_independent_w1 = getattr(args, "fusion_independent_w1", True)
     args.dropout = getattr(args, "dropout", 0.1)
+    fusion_transformer(args)
+
+
+def transformer_big_dimensions(args):
+    """fairseq's transformer_vaswani_wmt_en_de_big: d=1024, FFN 4096, 16 heads, dropout 0.3."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 1024)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 4096)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 16)
+    args.dropout = getattr(args, "dropout", 0.3)
+
+
+@register_model_architecture("fusion_transformer", "surface_fusion_wmt_en_ro")
+def surface_fusion_wmt_en_ro(args):
+    """Liu et al. (2021) Ro-En (Appendix Table 4): Transformer base, dropout 0.3, hard
+    SurfaceFusion with lambda 0.8 and tau 1."""
+    args.dropout = getattr(args, "dropout", 0.3)
+    args.surface_fusion = getattr(args, "surface_fusion", "hard")
+    args.surface_fusion_lambda = getattr(args, "surface_fusion_lambda", 0.8)
+    args.surface_fusion_tau = getattr(args, "surface_fusion_tau", 1.0)
+    fusion_transformer(args)
+
+
+@register_model_architecture("fusion_transformer", "surface_fusion_wmt_en_de_big")
+def surface_fusion_wmt_en_de_big(args):
+    """Liu et al. (2021) En-De (Appendix Table 4): Transformer big, dropout 0.3, hard
+    SurfaceFusion with lambda 0.9 and tau 1."""
+    transformer_big_dimensions(args)
+    args.surface_fusion = getattr(args, "surface_fusion", "hard")
+    args.surface_fusion_lambda = getattr(args, "surface_fusion_lambda", 0.9)
+    args.surface_fusion_tau = getattr(args, "surface_fusion_tau", 1.0)
+    fusion_transformer(args)
+
+
+@register_model_architecture("fusion_transformer", "fgla_wmt_en_ro")
+def fgla_wmt_en_ro(args):
+    """Liu et al. (2021) fine-grained layer attention (FGLA) on Ro-En: Transformer base,
+    dropout 0.3, DropConnect 0.3 on the layer-attention weights."""
+    args.dropout = getattr(args, "dropout", 0.3)
+    args.layer_attention = getattr(args, "layer_attention", "fine")
+    args.layer_attention_dropconnect = getattr(args, "layer_attention_dropconnect", 0.3)
     fusion_transformer(args)

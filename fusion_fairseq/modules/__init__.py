@@ -2,15 +2,25 @@
 
 from .average_fusion import AverageFusion
 from .feedforward_fusion import FeedForward, FeedForwardFusion
+from .layer_attention import LAYER_ATTENTION_KINDS, LayerAttention
 from .layer_fusion import FUSION_FUNCTIONS, LayerFusion, build_layer_fusion
 from .multihop_attention_fusion import MultiHopAttentionFusion
+from .surface_attention import SurfaceAttention
+from .surface_fusion import SURFACE_FUSION_KINDS, SurfaceFusion, hard_fusion, soft_fusion
 
 __all__ = [
     "AverageFusion",
     "FeedForward",
     "FeedForwardFusion",
     "FUSION_FUNCTIONS",
+    "LAYER_ATTENTION_KINDS",
+    "LayerAttention",
     "LayerFusion",
     "MultiHopAttentionFusion",
+    "SURFACE_FUSION_KINDS",
+    "SurfaceAttention",
+    "SurfaceFusion",
     "build_layer_fusion",
+    "hard_fusion",
+    "soft_fusion",
 ]

@@ -1,0 +1,69 @@
+"""Coarse and fine-grained layer attention (Liu et al., ICLR 2021, Sec. 3.2; Bapna et al., 2018)."""
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+LAYER_ATTENTION_KINDS = ("none", "coarse", "fine")
+
+
+class LayerAttention(nn.Module):
+    """One source memory per decoder layer: S_m = sum_n W_mn (x) X_n, n = 0..N.
+
+    Paper: Sec. 3.2, W in R^{M x (N+1) x D} with w_{m,n,d} = softmax over n of the learned
+    w~_{m,n,d} (``fine``); ``coarse`` is the scalar-per-(m, n) layer attention of Bapna et al.
+    (2018) that the paper compares against, W in R^{M x (N+1)}. X_0 is the word embedding
+    without positions. DropConnect (Wan et al., 2013) on W during training: each weight is
+    dropped with probability p and W divided by 1 - p (p = 0.3 in the paper).
+    Reading: the initial logits are zero, i.e. every decoder layer starts from the uniform
+    average of the encoder layers (the paper does not state an initialisation).
+
+    ``masked_layer`` (analysis, Sec. 3.3 / Figure 2): that encoder layer's weight is set to zero
+    and the others are renormalised (exactly w_n / (1 - w_masked)); encoding is unchanged.
+    """
+
+    def __init__(self, num_decoder_layers: int, num_encoder_layers: int, embed_dim: int, kind: str = "fine",
+                 dropconnect: float = 0.0):
+        super().__init__()
+        if kind not in LAYER_ATTENTION_KINDS[1:]:
+            raise ValueError(f"layer attention kind {kind!r}; allowed: coarse, fine")
+        if not 0.0 <= dropconnect < 1.0:
+            raise ValueError(f"--layer-attention-dropconnect must be in [0, 1), got {dropconnect!r}")
+        self.kind = kind
+        self.num_inputs = num_encoder_layers + 1
+        self.dropconnect = dropconnect
+        width = embed_dim if kind == "fine" else 1
+        self.logits = nn.Parameter(torch.zeros(num_decoder_layers, self.num_inputs, width))
+        self.masked_layer: Optional[int] = None
+
+    def mask_layer(self, layer: Optional[int]):
+        """Mask encoder layer ``layer`` (0 = embedding) at inference; ``None`` unmasks."""
+        if layer is not None and not 0 <= layer < self.num_inputs:
+            raise ValueError(
+                f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
+                f"to {self.num_inputs - 1}"
+            )
+        self.masked_layer = layer
+
+    def weights(self) -> Tensor:
+        """Normalised W, ``(M, N+1, D)`` for fine or ``(M, N+1, 1)`` for coarse, after masking and DropConnect."""
+        logits = self.logits
+        if self.masked_layer is not None:
+            masked = torch.zeros(self.num_inputs, 1, dtype=torch.bool, device=logits.device)
+            masked[self.masked_layer] = True
+            logits = logits.masked_fill(masked, float("-inf"))
+        weights = torch.softmax(logits.float(), dim=1).type_as(logits)
+        # DropConnect: drop single weights and rescale by 1 / (1 - p), which is what dropout does.
+        return F.dropout(weights, p=self.dropconnect, training=self.training)
+
+    def forward(self, layers: List[Tensor]) -> Tensor:
+        """``layers``: N+1 tensors ``(src_len, batch, D)``, X_0 first. Returns ``(M, src_len, batch, D)``."""
+        if len(layers) != self.num_inputs:
+            raise ValueError(f"expected {self.num_inputs} encoder layers (embedding included), got {len(layers)}")
+        stacked = torch.stack(layers, dim=0)
+        weights = self.weights()
+        if self.kind == "coarse":
+            return torch.einsum("mn,ntbd->mtbd", weights.squeeze(-1), stacked)
+        return torch.einsum("mnd,ntbd->mtbd", weights, stacked)
