@@ -8,17 +8,24 @@ built in code or read from a checkpoint get the same errors.
 import argparse
 
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
+from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
+from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES
 
 POSITIVE_INT_FLAGS = {
     "fusion_hops": "--fusion-hops",
     "fusion_attn_dim": "--fusion-attn-dim",
     "fusion_ffn_dim": "--fusion-ffn-dim",
+    "multi_layer_attention": "--multi-layer-attention",
 }
 CHOICE_FLAGS = {
     "fuse_encoder": ("--fuse-encoder", FUSION_FUNCTIONS),
     "fuse_decoder": ("--fuse-decoder", FUSION_FUNCTIONS),
     "layer_attention": ("--layer-attention", LAYER_ATTENTION_KINDS),
     "surface_fusion": ("--surface-fusion", SURFACE_FUSION_KINDS),
+    "aggregate_encoder": ("--aggregate-encoder", AGGREGATION_STRATEGIES),
+    "aggregate_decoder": ("--aggregate-decoder", AGGREGATION_STRATEGIES),
+    "aggregation_fn": ("--aggregation-fn", AGGREGATION_FUNCTIONS),
+    "aggregation_residual": ("--aggregation-residual", AGGREGATION_RESIDUALS),
 }
 
 
@@ -66,7 +73,24 @@ def _tau(text):
 def add_fusion_args(parser):
     """Flags of every fusion family. Defaults come from the architecture functions."""
     add_mlrf_args(parser)
+    add_deep_representation_args(parser)
     add_encoder_layer_fusion_args(parser)
+
+
+def add_deep_representation_args(parser):
+    """Layer aggregation and multi-layer attention flags (Dou et al., EMNLP 2018)."""
+    for side in ("encoder", "decoder"):
+        parser.add_argument(f"--aggregate-{side}", choices=AGGREGATION_STRATEGIES,
+                            metavar="{" + ",".join(AGGREGATION_STRATEGIES) + "}",
+                            help=f"wire the {side} layers by dense connection (Eq. 4), linear combination (Eq. 5), "
+                            "iterative (Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
+    parser.add_argument("--aggregation-fn", choices=AGGREGATION_FUNCTIONS, metavar="{sigmoid,relu,attention}",
+                        help="the function F inside the aggregation node AGG (Table 4; paper: sigmoid)")
+    parser.add_argument("--aggregation-residual", choices=AGGREGATION_RESIDUALS, metavar="{none,top,all}",
+                        help="which inputs of AGG have a residual connection to its output (Table 4; paper: all)")
+    parser.add_argument("--multi-layer-attention", type=_positive_int("--multi-layer-attention"), metavar="K",
+                        help="self-attention of every layer attends to its K nearest lower layers with separate "
+                        "attention models, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
 
 
 def add_encoder_layer_fusion_args(parser):
@@ -124,15 +148,37 @@ def check_fusion_args(args):
         value = getattr(args, dest)
         if value not in choices:
             raise ValueError(f"{flag} got {value!r}; allowed: {', '.join(choices)}")
-    reads_every_layer = args.fuse_encoder != "none" or args.fuse_decoder != "none" or args.layer_attention != "none"
+    reads_every_layer = [
+        f"{flag} {getattr(args, dest)}"
+        for dest, flag in (("fuse_encoder", "--fuse-encoder"), ("fuse_decoder", "--fuse-decoder"),
+                           ("layer_attention", "--layer-attention"), ("aggregate_encoder", "--aggregate-encoder"),
+                           ("aggregate_decoder", "--aggregate-decoder"))
+        if getattr(args, dest) != "none"
+    ] + ([f"--multi-layer-attention {args.multi_layer_attention}"] if args.multi_layer_attention > 1 else [])
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
         raise ValueError(
             "layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop must be 0 "
-            f"with --fuse-encoder {args.fuse_encoder} --fuse-decoder {args.fuse_decoder} "
-            f"--layer-attention {args.layer_attention}"
+            f"with {' '.join(reads_every_layer)}"
         )
     check_mlrf_args(args)
+    check_deep_representation_args(args)
     check_encoder_layer_fusion_args(args)
+
+
+def check_deep_representation_args(args):
+    for side in ("encoder", "decoder"):
+        aggregate, fuse = getattr(args, f"aggregate_{side}"), getattr(args, f"fuse_{side}")
+        if aggregate != "none" and fuse != "none":
+            raise ValueError(
+                f"--aggregate-{side} {aggregate} and --fuse-{side} {fuse} both define the {side}'s output "
+                f"representation; choose one per side (they combine across sides, e.g. --aggregate-encoder "
+                f"with --fuse-decoder)"
+            )
+    if args.aggregation_fn == "attention":
+        for side in ("encoder", "decoder"):
+            heads = getattr(args, f"{side}_attention_heads")
+            if getattr(args, f"{side}_embed_dim") % heads:
+                raise ValueError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
 
 
 def check_encoder_layer_fusion_args(args):

@@ -1,4 +1,5 @@
 """Transformer decoder with the fusion points of the plugin:
+  * the wiring of the layer stack and multi-layer self-attention (Dou et al. 2018),
   * per-decoder-layer source memories (layer attention, Liu et al. 2021 Sec. 3.2),
   * the decoder representation handed to the output projection (MLRF, Wang et al. 2018),
   * the output distribution (SurfaceFusion, Liu et al. 2021 Sec. 4.1).
@@ -11,14 +12,19 @@ from torch import Tensor
 from fairseq.models.transformer import TransformerDecoder
 
 from fusion_fairseq.modules import LayerAttention, LayerFusion, SurfaceFusion
+from fusion_fairseq.modules.layer_aggregation import PlainStack
 
 from .fusion_encoder import stack_with_normalised_top
+from .layer_stack import hand_lower_layers
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 class FusionTransformerDecoder(TransformerDecoder):
     """fairseq's Transformer decoder, plus:
+
+    ``aggregation``: the wiring of the layer stack (see the encoder); every strategy combines
+    states of one position, so incremental decoding stays exact.
 
     ``output_fusion``: prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3). Fusion is per target
     position, so incremental decoding stays exact. With self-attention fusion
@@ -36,11 +42,12 @@ class FusionTransformerDecoder(TransformerDecoder):
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
                  layer_attention: Optional[LayerAttention] = None, surface_fusion: Optional[SurfaceFusion] = None,
-                 no_encoder_attn=False, output_projection=None):
+                 aggregation: Optional[PlainStack] = None, no_encoder_attn=False, output_projection=None):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.output_fusion = output_fusion
         self.layer_attention = layer_attention
         self.surface_fusion = surface_fusion
+        self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
 
     # ----------------------------------------------------------------------------------- forward
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
@@ -82,7 +89,8 @@ class FusionTransformerDecoder(TransformerDecoder):
                                     incremental_state: Optional[IncrementalState] = None,
                                     full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
                                     alignment_heads: Optional[int] = None):
-        """fairseq's decoder stack, with a source memory chosen per layer (:meth:`layer_memories`)."""
+        """fairseq's decoder stack, wired by ``self.aggregation``, with a source memory chosen per
+        layer (:meth:`layer_memories`)."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
         top_memory, memory_padding_mask = None, None
@@ -93,25 +101,30 @@ class FusionTransformerDecoder(TransformerDecoder):
         memories = self.layer_memories(encoder_out, incremental_state)
 
         x, self_attn_padding_mask = self.embed_target(prev_output_tokens, incremental_state)
-        attn: Optional[Tensor] = None
-        inner_states: List[Optional[Tensor]] = [x]
-        for idx, layer in enumerate(self.layers):
+        alignment: Dict[str, Tensor] = {}
+
+        def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
+            layer = self.layers[index]
+            hand_lower_layers(layer, states)
             self_attn_mask = None
             if incremental_state is None and not full_context_alignment:
-                self_attn_mask = self.buffered_future_mask(x)
-            x, layer_attn, _ = layer(
-                x,
-                top_memory if memories is None else memories[idx],
+                self_attn_mask = self.buffered_future_mask(layer_input)
+            output, layer_attn, _ = layer(
+                layer_input,
+                top_memory if memories is None else memories[index],
                 memory_padding_mask,
                 incremental_state,
                 self_attn_mask=self_attn_mask,
                 self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=bool(idx == alignment_layer),
-                need_head_weights=bool(idx == alignment_layer),
+                need_attn=bool(index == alignment_layer),
+                need_head_weights=bool(index == alignment_layer),
             )
-            inner_states.append(x)
-            if layer_attn is not None and idx == alignment_layer:
-                attn = layer_attn.float().to(x)
+            if layer_attn is not None and index == alignment_layer:
+                alignment["attn"] = layer_attn.float().to(output)
+            return output
+
+        x, inner_states = self.aggregation.run(x, apply_layer)
+        attn: Optional[Tensor] = alignment.get("attn")
         if attn is not None:
             attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
         if self.layer_norm is not None:

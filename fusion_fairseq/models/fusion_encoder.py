@@ -2,10 +2,14 @@
 
 from typing import List, Optional
 
+import torch
 from torch import Tensor
 from fairseq.models.transformer import TransformerEncoder
 
 from fusion_fairseq.modules import LayerFusion
+from fusion_fairseq.modules.layer_aggregation import PlainStack
+
+from .layer_stack import hand_lower_layers
 
 
 def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]:
@@ -19,16 +23,52 @@ def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]
 
 
 class FusionTransformerEncoder(TransformerEncoder):
-    """Encoder whose memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b) when
-    ``output_fusion`` is given, and the top layer otherwise. ``keep_layer_states`` makes it
-    always return every layer's output (``encoder_states``), which per-decoder-layer memories
-    (layer attention) read, also when the generator does not ask for them."""
+    """fairseq's Transformer encoder, plus:
+
+    ``aggregation``: the wiring of the layer stack (Dou et al. 2018: dense, linear, iterative,
+    hierarchical; :class:`PlainStack` is fairseq's own), and multi-layer attention when the
+    layers' ``self_attn`` were replaced (see ``layer_stack.install_multi_layer_attention``).
+
+    ``output_fusion``: the memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b).
+
+    ``keep_layer_states``: always return every layer's output (``encoder_states``), which
+    per-decoder-layer memories (layer attention) read, also when the generator does not ask.
+    """
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
-                 keep_layer_states: bool = False):
+                 keep_layer_states: bool = False, aggregation: Optional[PlainStack] = None):
         super().__init__(args, dictionary, embed_tokens)
         self.output_fusion = output_fusion
         self.keep_layer_states = keep_layer_states
+        self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
+
+    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                           token_embeddings: Optional[Tensor] = None):
+        """fairseq's encoder, with the layer stack wired by ``self.aggregation``."""
+        padding_mask = src_tokens.eq(self.padding_idx)
+        has_pads = bool(padding_mask.any())
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        if has_pads:
+            x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
+        layer_padding_mask = padding_mask if has_pads else None
+
+        def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
+            layer = self.layers[index]
+            hand_lower_layers(layer, states)
+            return layer(layer_input, encoder_padding_mask=layer_padding_mask)
+
+        top, states = self.aggregation.run(x.transpose(0, 1), apply_layer)
+        if self.layer_norm is not None:
+            top = self.layer_norm(top)
+        return {
+            "encoder_out": [top],  # T x B x C
+            "encoder_padding_mask": [padding_mask],  # B x T
+            "encoder_embedding": [encoder_embedding],  # B x T x C, no positions
+            "encoder_states": states if return_all_hiddens else [],  # [h0, ..., hL], T x B x C
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)],
+        }
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                 token_embeddings: Optional[Tensor] = None):
@@ -41,7 +81,6 @@ class FusionTransformerEncoder(TransformerEncoder):
         out["encoder_out"] = [fused]
         if not return_all_hiddens:
             out["encoder_states"] = []
-            out["fc_results"] = []
         return out
 
     def fusion_weights(self, src_tokens, src_lengths: Optional[Tensor] = None) -> Optional[Tensor]:

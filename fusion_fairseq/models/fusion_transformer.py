@@ -17,11 +17,13 @@ from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
+from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .fusion_args import add_fusion_args, check_fusion_args
 from .fusion_decoder import FusionTransformerDecoder
 from .fusion_encoder import FusionTransformerEncoder
+from .layer_stack import install_multi_layer_attention
 
 
 def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
@@ -51,6 +53,23 @@ def build_side_fusion(args, side: str, layer_embedding: Optional[nn.Embedding]):
         layer_norm=not args.fusion_no_layernorm,
         dropout=args.fusion_dropout,
     )
+
+
+def build_side_aggregation(args, side: str):
+    return build_layer_aggregation(
+        getattr(args, f"aggregate_{side}"), getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
+        getattr(args, f"{side}_ffn_embed_dim"), args.aggregation_fn, args.aggregation_residual,
+        getattr(args, f"{side}_attention_heads"),
+    )
+
+
+def install_side_multi_layer_attention(args, side: str, layers):
+    if args.multi_layer_attention > 1:
+        install_multi_layer_attention(
+            layers, args.multi_layer_attention, getattr(args, f"{side}_embed_dim"),
+            getattr(args, f"{side}_attention_heads"), args.attention_dropout, getattr(args, f"{side}_ffn_embed_dim"),
+            args.aggregation_fn, args.aggregation_residual,
+        )
 
 
 def build_layer_attention(args) -> Optional[LayerAttention]:
@@ -91,14 +110,33 @@ class FusionTransformerModel(TransformerModel):
         encoder = FusionTransformerEncoder(
             args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding),
             keep_layer_states=args.layer_attention != "none",
+            aggregation=build_side_aggregation(args, "encoder"),
         )
         decoder = FusionTransformerDecoder(
             args, task.target_dictionary, decoder_embed_tokens, build_side_fusion(args, "decoder", layer_embedding),
             layer_attention=build_layer_attention(args),
             surface_fusion=build_surface_fusion(args),
+            aggregation=build_side_aggregation(args, "decoder"),
             no_encoder_attn=getattr(args, "no_cross_attention", False),
         )
+        for side, module in (("encoder", encoder), ("decoder", decoder)):
+            install_side_multi_layer_attention(args, side, module.layers)
         return cls(args, encoder, decoder)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer=None, alignment_heads=None):
+        """fairseq's forward; the decoder's ``extra`` also carries the encoder's layer stack
+        (``encoder_states``: h0..hL, ``src_len x batch x C``; ``encoder_padding_mask``) so that a
+        criterion can regularise every layer without a second forward pass."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        decoder_out = self.decoder(
+            prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+            alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+        )
+        decoder_out[1]["encoder_states"] = encoder_out["encoder_states"]
+        decoder_out[1]["encoder_padding_mask"] = encoder_out["encoder_padding_mask"]
+        return decoder_out
 
     @classmethod
     def build_token_embeddings(cls, args, task):
@@ -131,7 +169,18 @@ def fusion_defaults(args):
     args.fusion_no_layer_embedding = getattr(args, "fusion_no_layer_embedding", False)
     args.fusion_no_layernorm = getattr(args, "fusion_no_layernorm", False)
     args.fusion_dropout = getattr(args, "fusion_dropout", args.dropout)
+    deep_representation_defaults(args)
     encoder_layer_fusion_defaults(args)
+
+
+def deep_representation_defaults(args):
+    """Dou et al. (2018): no aggregation unless asked; AGG with sigmoid and residuals from all
+    inputs (the paper's choice, Table 4); vanilla self-attention (k = 1)."""
+    args.aggregate_encoder = getattr(args, "aggregate_encoder", "none")
+    args.aggregate_decoder = getattr(args, "aggregate_decoder", "none")
+    args.aggregation_fn = getattr(args, "aggregation_fn", "sigmoid")
+    args.aggregation_residual = getattr(args, "aggregation_residual", "all")
+    args.multi_layer_attention = getattr(args, "multi_layer_attention", 1)
 
 
 def encoder_layer_fusion_defaults(args):
@@ -228,3 +277,20 @@ def fgla_wmt_en_ro(args):
     args.layer_attention = getattr(args, "layer_attention", "fine")
     args.layer_attention_dropconnect = getattr(args, "layer_attention_dropconnect", 0.3)
     fusion_transformer(args)
+
+
+@register_model_architecture("fusion_transformer", "deeprep_transformer_wmt_en_de")
+def deeprep_transformer_wmt_en_de(args):
+    """Dou et al. (2018) final system (Table 2 "+ Deep Representations"): Transformer-Base with
+    hierarchical aggregation on encoder and decoder (train with the layer-diversity criterion,
+    ``--criterion label_smoothed_cross_entropy_with_layer_diversity --diversity-lambda 1.0``)."""
+    args.aggregate_encoder = getattr(args, "aggregate_encoder", "hierarchical")
+    args.aggregate_decoder = getattr(args, "aggregate_decoder", "hierarchical")
+    fusion_transformer(args)
+
+
+@register_model_architecture("fusion_transformer", "deeprep_transformer_wmt_en_de_big")
+def deeprep_transformer_wmt_en_de_big(args):
+    """As ``deeprep_transformer_wmt_en_de`` on Transformer-Big (d=1024, FFN 4096, 16 heads, dropout 0.3)."""
+    transformer_big_dimensions(args)
+    deeprep_transformer_wmt_en_de(args)
