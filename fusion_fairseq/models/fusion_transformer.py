@@ -11,6 +11,7 @@ layer attention with decoder-side SA fusion and soft SurfaceFusion; combinations
 the same thing twice are refused with an error (see ``fusion_args.check_fusion_args``).
 """
 
+import logging
 from typing import Optional
 
 from torch import nn
@@ -24,6 +25,20 @@ from .fusion_args import add_fusion_args, check_fusion_args
 from .fusion_decoder import FusionTransformerDecoder
 from .fusion_encoder import FusionTransformerEncoder
 from .layer_stack import install_multi_layer_attention
+
+
+logger = logging.getLogger(__name__)
+
+# Parameter-name fragments that exist only in fusion modules: a vanilla fairseq transformer has
+# none of them, and every other parameter of this model has the vanilla model's name.
+FUSION_PARAMETER_MARKERS = (
+    "output_fusion.", "aggregation.", "layer_attention.", "surface_fusion.",
+    "self_attn.lower_attentions.", "self_attn.aggregate.",
+)
+
+
+def is_fusion_parameter(name: str) -> bool:
+    return any(marker in name for marker in FUSION_PARAMETER_MARKERS)
 
 
 def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
@@ -137,6 +152,22 @@ class FusionTransformerModel(TransformerModel):
         decoder_out[1]["encoder_states"] = encoder_out["encoder_states"]
         decoder_out[1]["encoder_padding_mask"] = encoder_out["encoder_padding_mask"]
         return decoder_out
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al.
+        2018 do): when the checkpoint holds no fusion parameter at all, every shared parameter
+        is loaded (the names are the vanilla model's) and the fusion parameters keep this
+        model's fresh initialisation. A checkpoint with some fusion parameters is left as it is,
+        so a mismatched fusion configuration still fails the strict load, naming the keys."""
+        super().upgrade_state_dict_named(state_dict, name)
+        prefix = name + "." if name else ""
+        if any(is_fusion_parameter(key) for key in state_dict):
+            return
+        fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}
+        if fresh:
+            logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
+                        "their fresh initialisation", len(fresh))
+            state_dict.update(fresh)
 
     @classmethod
     def build_token_embeddings(cls, args, task):

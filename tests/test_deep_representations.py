@@ -1,0 +1,235 @@
+"""Layer aggregation and multi-layer attention (Dou et al., EMNLP 2018) against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from fusion_fairseq.modules import AggregationNode, hierarchical_tree
+from fusion_fairseq.modules.layer_aggregation import (
+    DenseConnection,
+    HierarchicalAggregation,
+    IterativeAggregation,
+    LinearCombination,
+)
+from model_building import build_model, count_parameters, parse_model_args
+
+
+def add_one(index, layer_input, states):
+    return layer_input + 1
+
+
+@pytest.mark.parametrize("layers,tree", [
+    (3, [((1, 2), None), ((3,), 0)]),
+    (4, [((1, 2), None), ((3, 4), 0)]),
+    (6, [((1, 2), None), ((3, 4), 0), ((5, 6), 1)]),
+    (7, [((1, 2), None), ((3, 4), 0), ((5, 6), 1), ((7,), 2)]),
+])
+def test_hierarchical_tree(layers, tree):
+    assert hierarchical_tree(layers) == tree
+
+
+def layer_norm(values):
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / len(values)
+    return [(v - mean) / math.sqrt(variance + 1e-5) for v in values]
+
+
+def set_node(node, fc1_weight, fc2_weight):
+    with torch.no_grad():
+        node.fc1.weight.copy_(torch.tensor(fc1_weight))
+        node.fc1.bias.zero_()
+        node.fc2.weight.copy_(torch.tensor(fc2_weight))
+        node.fc2.bias.zero_()
+
+
+@pytest.mark.parametrize("residual", ["all", "top", "none"])
+def test_aggregation_node_eq7_by_hand(residual):
+    node = AggregationNode(num_inputs=2, embed_dim=2, hidden_dim=1, function="sigmoid", residual=residual, top_input=0)
+    set_node(node, [[1.0, 0.0, 0.0, 1.0]], [[2.0], [-2.0]])  # hidden = sigmoid(x[0] + y[1])
+    x, y = [1.0, 3.0], [0.5, -1.0]
+    hidden = 1 / (1 + math.exp(-(1.0 - 1.0)))
+    ffn = [2 * hidden, -2 * hidden]
+    residual_term = {"all": [x[0] + y[0], x[1] + y[1]], "top": x, "none": [0.0, 0.0]}[residual]
+    expected = layer_norm([f + r for f, r in zip(ffn, residual_term)])
+    assert node(torch.tensor(x), torch.tensor(y)).tolist() == pytest.approx(expected, abs=1e-5)
+
+
+def test_aggregation_node_relu_and_attention_functions():
+    relu = AggregationNode(2, 2, 1, function="relu")
+    set_node(relu, [[-1.0, 0.0, 0.0, 0.0]], [[1.0], [0.0]])
+    x, y = torch.tensor([2.0, 0.0]), torch.tensor([0.0, 1.0])
+    assert relu(x, y).tolist() == pytest.approx(layer_norm([2.0, 1.0]), abs=1e-5)  # relu(-2) = 0
+    attention = AggregationNode(3, 4, 8, function="attention", num_heads=2)
+    inputs = [torch.randn(5, 2, 4) for _ in range(3)]
+    assert attention(*inputs).shape == (5, 2, 4)
+    with pytest.raises(ValueError, match="needs FFN aggregation"):
+        attention.input_weight_blocks()
+
+
+def test_dense_connection_eq4_by_hand():
+    # H1 = L(H0); H2 = L(H1) + H1; H3 = L(H2) + H1 + H2, with L(x) = x + 1
+    top, states = DenseConnection(3).run(torch.tensor([0.0]), add_one)
+    h1 = 1.0
+    h2 = (h1 + 1) + h1
+    h3 = (h2 + 1) + h1 + h2
+    assert [s.item() for s in states] == [0.0, h1, h2, h3]
+    assert top.item() == h3
+
+
+def test_linear_combination_starts_as_the_vanilla_stack_and_combines_all_lower_layers():
+    stack = LinearCombination(num_layers=2, embed_dim=1)
+    top, states = stack.run(torch.tensor([0.5]), add_one)
+    assert [s.item() for s in states] == [0.5, 1.5, 2.5] and top.item() == 2.5
+    with torch.no_grad():
+        stack.combinations[1].weight.copy_(torch.tensor([[2.0, 3.0]]))  # input of layer 2: 2 H0 + 3 H1
+        stack.combinations[2].weight.copy_(torch.tensor([[1.0, -1.0, 10.0]]))  # output: H0 - H1 + 10 H2
+    top, states = stack.run(torch.tensor([0.5]), add_one)
+    h1 = 0.5 + 1
+    h2 = (2 * 0.5 + 3 * h1) + 1
+    assert [s.item() for s in states] == pytest.approx([0.5, h1, h2])
+    assert top.item() == pytest.approx(0.5 - h1 + 10 * h2)
+
+
+def test_linear_combination_has_one_matrix_per_combination_and_lower_layer():
+    stack = LinearCombination(num_layers=6, embed_dim=4)
+    assert sum(p.numel() for p in stack.parameters()) == 28 * 16  # (L+1)(L+2)/2 matrices
+
+
+def record_inputs(log):
+    def apply_layer(index, layer_input, states):
+        log.append((index, layer_input.clone(), len(states)))
+        return layer_input * 2 + index
+    return apply_layer
+
+
+def test_hierarchical_aggregation_feeds_nodes_back_into_the_backbone():
+    torch.manual_seed(0)
+    stack = HierarchicalAggregation(3, lambda k, top: AggregationNode(k, 4, 8, top_input=top))
+    log = []
+    x0 = torch.randn(2, 4)
+    top, states = stack.run(x0, record_inputs(log))
+    node0 = stack.nodes[0](states[1], states[2])
+    assert torch.equal(log[1][1], states[1])  # layer 2 reads layer 1
+    assert torch.allclose(log[2][1], node0)  # layer 3 reads the first node, not H^2
+    assert torch.allclose(top, stack.nodes[1](states[3], node0))
+    assert [node.num_inputs for node in stack.nodes] == [2, 2]
+    assert [node.num_inputs for node in HierarchicalAggregation(6, lambda k, t: AggregationNode(k, 4, 8)).nodes] == [2, 3, 3]
+
+
+def test_iterative_aggregation_chains_without_feeding_back():
+    torch.manual_seed(0)
+    stack = IterativeAggregation(3, lambda k, top: AggregationNode(k, 4, 8, top_input=top))
+    log = []
+    top, states = stack.run(torch.randn(2, 4), record_inputs(log))
+    assert all(torch.equal(log[i][1], states[i]) for i in range(3))  # plain backbone
+    expected = stack.nodes[1](states[3], stack.nodes[0](states[2], states[1]))
+    assert torch.allclose(top, expected)
+
+
+BASE = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048",
+        "--encoder-attention-heads", "8", "--decoder-attention-heads", "8"]
+
+
+def base_delta(*flags):
+    vanilla = count_parameters(build_model("fusion_transformer", *BASE, src_vocab=8, tgt_vocab=8))
+    return count_parameters(build_model("fusion_transformer", *BASE, *flags, src_vocab=8, tgt_vocab=8)) - vanilla
+
+
+def test_table1_parameter_deltas_on_transformer_base():
+    d, f = 512, 2048
+    node = lambda k: k * d * f + f + f * d + d + 2 * d  # noqa: E731  FFN [x1..xk] -> f -> d, then LN
+    both = lambda side: ["--aggregate-encoder", side, "--aggregate-decoder", side]  # noqa: E731
+    assert base_delta(*both("dense")) == 0
+    assert base_delta(*both("linear")) == 2 * 28 * d * d == 14_680_064  # Table 1: +14.7M
+    assert base_delta(*both("iterative")) == 2 * 5 * node(2) == 31_493_120  # Table 1: +31.5M
+    assert base_delta(*both("hierarchical")) == 2 * (node(2) + 2 * node(3)) == 23_090_176  # Table 1: +23.1M
+
+
+def test_multi_layer_attention_parameter_delta():
+    """Reading of Eq. 8: one full extra attention per extra lower layer and an Eq. 7 node over the
+    k contexts, in every layer with enough layers below it. The paper's +33.6M (k=2) / +37.8M
+    (k=3) for Transformer-Base are not reproduced by this or any reading we found (see README)."""
+    d, f = 512, 2048
+    attention = 4 * (d * d + d)
+    node = lambda k: k * d * f + f + f * d + d + 2 * d  # noqa: E731
+    assert base_delta("--multi-layer-attention", "2") == 2 * 5 * (attention + node(2))
+    assert base_delta("--multi-layer-attention", "3") == 2 * ((attention + node(2)) + 4 * (2 * attention + node(3)))
+
+
+def test_multi_layer_attention_hands_each_layer_its_lower_layers():
+    model = build_model("fusion_transformer", "--encoder-layers", "3", "--decoder-layers", "1",
+                        "--encoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
+                        "--decoder-attention-heads", "2", "--multi-layer-attention", "3", "--dropout", "0").eval()
+    layers = model.encoder.layers
+    assert [len(getattr(layer.self_attn, "lower_attentions", [])) for layer in layers] == [0, 1, 2]
+    seen = {}
+    for index, attention in enumerate(layers[2].self_attn.lower_attentions):
+        attention.register_forward_hook(
+            lambda module, args, kwargs, out, index=index: seen.__setitem__(index, kwargs.get("key", args[1] if len(args) > 1 else None)),
+            with_kwargs=True)
+    src = torch.randint(4, 100, (2, 5))
+    out = model.encoder(src, torch.full((2,), 5), return_all_hiddens=True)
+    states = out["encoder_states"]
+    assert torch.equal(seen[0], states[1]) and torch.equal(seen[1], states[0])  # H^{l-2}, H^{l-3} for l = 3
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--aggregate-encoder", "hierarchical", "--fuse-encoder", "fnn"],
+     "--aggregate-encoder hierarchical and --fuse-encoder fnn both define the encoder's output"),
+    (["--aggregate-decoder", "dense", "--decoder-layerdrop", "0.1"], "--decoder-layerdrop must be 0 with --aggregate-decoder dense"),
+])
+def test_combinations_that_do_not_make_sense_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message.replace("/", ".")):
+        build_model("fusion_transformer", *flags)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--aggregate-encoder", "tree"], "argument --aggregate-encoder: invalid choice: 'tree'"),
+    (["--aggregation-fn", "tanh"], "argument --aggregation-fn: invalid choice: 'tanh'"),
+    (["--aggregation-residual", "some"], "argument --aggregation-residual: invalid choice: 'some'"),
+    (["--multi-layer-attention", "0"], "--multi-layer-attention must be a positive integer, got '0'"),
+])
+def test_bad_flags(capsys, flags, message):
+    with pytest.raises(SystemExit):
+        parse_model_args("fusion_transformer", *flags)
+    assert message in capsys.readouterr().err
+
+
+def test_deeprep_architectures():
+    base = parse_model_args("deeprep_transformer_wmt_en_de")
+    assert (base.encoder_embed_dim, base.aggregate_encoder, base.aggregate_decoder) == (512, "hierarchical", "hierarchical")
+    assert (base.aggregation_fn, base.aggregation_residual) == ("sigmoid", "all")
+    big = parse_model_args("deeprep_transformer_wmt_en_de_big")
+    assert (big.encoder_embed_dim, big.encoder_attention_heads, big.dropout) == (1024, 16, 0.3)
+
+
+TINY = ["--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+        "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--dropout", "0"]
+
+
+def test_vanilla_checkpoint_initialises_a_fusion_model():
+    vanilla = build_model("transformer", *TINY).eval()
+    fusion = build_model("fusion_transformer", *TINY, "--aggregate-encoder", "hierarchical",
+                         "--aggregate-decoder", "linear", "--multi-layer-attention", "2").eval()
+    fresh = {k: v.clone() for k, v in fusion.state_dict().items()}
+    fusion.load_state_dict(vanilla.state_dict(), strict=True)
+    loaded = fusion.state_dict()
+    for key, value in vanilla.state_dict().items():
+        assert torch.equal(loaded[key], value), key
+    new_keys = set(loaded) - set(vanilla.state_dict())
+    assert new_keys and all(torch.equal(loaded[key], fresh[key]) for key in new_keys)
+    # linear aggregation alone starts exactly as the vanilla model
+    linear = build_model("fusion_transformer", *TINY, "--aggregate-encoder", "linear", "--aggregate-decoder", "linear").eval()
+    linear.load_state_dict(vanilla.state_dict(), strict=True)
+    src, prev = torch.randint(4, 100, (2, 6)), torch.randint(4, 80, (2, 4))
+    lengths = torch.full((2,), 6)
+    assert torch.allclose(linear(src, lengths, prev)[0], vanilla(src, lengths, prev)[0], atol=1e-6)
+
+
+def test_a_fusion_checkpoint_with_other_fusion_modules_still_fails_the_strict_load():
+    hierarchical = build_model("fusion_transformer", *TINY, "--encoder-layers", "4", "--aggregate-encoder", "hierarchical")
+    iterative = build_model("fusion_transformer", *TINY, "--encoder-layers", "4", "--aggregate-encoder", "iterative")
+    with pytest.raises(RuntimeError, match="Error.s. in loading state_dict"):
+        iterative.load_state_dict(hierarchical.state_dict(), strict=True)
