@@ -1,0 +1,302 @@
+"""Layer-wise coordination between encoder and decoder (He et al., NeurIPS 2018).
+
+One stack of N layers serves both languages: source layer i is ``layers[i].encode`` over the
+source states of layer i-1; target layer i is ``layers[i].decode``, a mixed attention over the
+source states of layer i-1 and the target states of layer i-1 up to the position itself (Eq. 3).
+With sharing (the default) the two sides use the very same layer modules.
+Source and target are numbered from zero separately (resettable positions), and a learned
+language embedding marks each position's side. The source states of every layer are computed
+once per sentence by the encoder pass and projected to keys/values once (first decoding step);
+each new target token then costs one position through the stack.
+"""
+
+import argparse
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder
+from fairseq.models.transformer import Embedding
+
+from fusion_fairseq.modules.coordination_layer import CoordinationLayer
+from fusion_fairseq.modules.resettable_positions import position_embedding, sinusoidal_positions
+from fusion_fairseq.registry import register_model, register_model_architecture
+
+SOURCE, TARGET = 0, 1
+
+
+class CoordinationEmbedding(nn.Module):
+    """Token embedding (scaled by sqrt(d)) + resettable sinusoidal position + language embedding,
+    then dropout. Shared by both sides (one vocabulary)."""
+
+    def __init__(self, embed_tokens: nn.Embedding, dropout: float, use_positions: bool, use_language: bool,
+                 scale: bool = True):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.padding_idx = embed_tokens.padding_idx
+        self.dim = embed_tokens.embedding_dim
+        self.scale = math.sqrt(self.dim) if scale else 1.0
+        self.dropout = dropout
+        self.use_positions = use_positions
+        self.language = None
+        if use_language:
+            self.language = nn.Embedding(2, self.dim)
+            nn.init.normal_(self.language.weight, mean=0, std=self.dim ** -0.5)
+
+    def forward(self, tokens: Tensor, side: int, positions: Optional[Tensor] = None) -> Tensor:
+        """``positions``: explicit position numbers (incremental decoding); by default the
+        non-padding tokens of each row are numbered from zero."""
+        x = self.scale * self.embed_tokens(tokens)
+        if self.use_positions:
+            if positions is None:
+                x = x + position_embedding(tokens, self.padding_idx, self.dim).type_as(x)
+            else:
+                x = x + sinusoidal_positions(positions, self.dim).type_as(x)
+        if self.language is not None:
+            x = x + self.language.weight[side]
+        return F.dropout(x, self.dropout, self.training)
+
+
+class CoordinationEncoder(FairseqEncoder):
+    """The source side: the states of layers 0..N-1, which the target's layers 1..N read. The
+    top source layer would feed nothing, so it is not run (nor built without sharing)."""
+
+    def __init__(self, dictionary, embedding: CoordinationEmbedding, layers: nn.ModuleList):
+        super().__init__(dictionary)
+        self.embedding = embedding
+        self.layers = layers
+        self.padding_idx = embedding.padding_idx
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False):
+        padding_mask = src_tokens.eq(self.padding_idx)
+        allowed = ~padding_mask[:, None, None, :]
+        x = self.embedding(src_tokens, SOURCE)
+        states = [x]
+        for layer in self.source_layers():
+            x = layer.encode(x, allowed)
+            states.append(x)
+        return {
+            "encoder_out": [states[-1].transpose(0, 1)],  # T x B x C, as fairseq encoders
+            "encoder_padding_mask": [padding_mask],
+            "encoder_states": states,  # B x T x C, the inputs of target layers 1..N
+        }
+
+    def source_layers(self):
+        return self.layers if len(self.layers) < self.num_target_layers else self.layers[:-1]
+
+    @property
+    def num_target_layers(self) -> int:
+        return self._num_target_layers
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        return {
+            "encoder_out": [encoder_out["encoder_out"][0].index_select(1, new_order)],
+            "encoder_padding_mask": [encoder_out["encoder_padding_mask"][0].index_select(0, new_order)],
+            "encoder_states": [state.index_select(0, new_order) for state in encoder_out["encoder_states"]],
+        }
+
+    def max_positions(self):
+        return self._max_positions
+
+
+class CoordinationDecoder(FairseqIncrementalDecoder):
+    """The target side: layer i attends to source layer i-1 and target layer i-1 together.
+
+    ``extra["mixed_attn"]`` (when ``alignment_layer`` is given) holds that layer's mixed-attention
+    weights over [source ; target] positions averaged over heads, ``(batch, tgt, src + tgt)``;
+    ``extra["attn"]`` their source part, as fairseq's alignment expects.
+    """
+
+    def __init__(self, dictionary, embedding: CoordinationEmbedding, layers: nn.ModuleList,
+                 final_layer_norm: Optional[nn.LayerNorm], max_positions: int):
+        super().__init__(dictionary)
+        self.embedding = embedding
+        self.layers = layers
+        self.final_layer_norm = final_layer_norm
+        self._max_positions = max_positions
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only: bool = False,
+                alignment_layer: Optional[int] = None, **unused):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, alignment_layer)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def output_layer(self, features):
+        return F.linear(features, self.embedding.embed_tokens.weight)
+
+    def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None,
+                         alignment_layer: Optional[int] = None, **unused):
+        cache = self.get_incremental_state(incremental_state, "coordination") if incremental_state is not None else None
+        source_allowed = ~encoder_out["encoder_padding_mask"][0][:, None, None, :]
+        source_memory = self.source_memory(encoder_out, cache)
+        if incremental_state is None:
+            x = self.embedding(prev_output_tokens, TARGET)
+            length = prev_output_tokens.size(1)
+            target_allowed = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()[None, None]
+        else:
+            step = prev_output_tokens.size(1) - 1
+            positions = torch.full_like(prev_output_tokens[:, -1:], step)
+            x = self.embedding(prev_output_tokens[:, -1:], TARGET, positions)
+            target_allowed = None
+        inner_states, new_cache, mixed_attn = [x], {}, None
+        for index, layer in enumerate(self.layers):
+            past = None
+            if cache is not None and f"target_keys_{index}" in cache:
+                past = (cache[f"target_keys_{index}"], cache[f"target_values_{index}"])
+            x, (keys, values), weights = layer.decode(
+                x, source_memory[index], source_allowed, past, target_allowed, need_weights=index == alignment_layer
+            )
+            if past is not None:
+                keys, values = torch.cat([past[0], keys], dim=2), torch.cat([past[1], values], dim=2)
+            new_cache[f"target_keys_{index}"], new_cache[f"target_values_{index}"] = keys, values
+            if weights is not None:
+                mixed_attn = weights
+            inner_states.append(x)
+        if incremental_state is not None:
+            for index, (keys, values) in enumerate(source_memory):
+                new_cache[f"source_keys_{index}"], new_cache[f"source_values_{index}"] = keys, values
+            self.set_incremental_state(incremental_state, "coordination", new_cache)
+        if self.final_layer_norm is not None:
+            x = self.final_layer_norm(x)
+        source_length = source_allowed.size(-1)
+        attn = None if mixed_attn is None else mixed_attn[:, :, :source_length]
+        return x, {"attn": [attn], "mixed_attn": [mixed_attn], "inner_states": inner_states}
+
+    def source_memory(self, encoder_out, cache: Optional[Dict[str, Tensor]]):
+        """Projected keys/values of the source states each layer reads: from the cache after the
+        first decoding step, projected now otherwise."""
+        if cache is not None and "source_keys_0" in cache:
+            return [(cache[f"source_keys_{i}"], cache[f"source_values_{i}"]) for i in range(len(self.layers))]
+        states = encoder_out["encoder_states"]
+        return [layer.project_memory(state) for layer, state in zip(self.layers, states)]
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        cache = self.get_incremental_state(incremental_state, "coordination")
+        if cache is not None:
+            reordered = {name: tensor.index_select(0, new_order) for name, tensor in cache.items()}
+            self.set_incremental_state(incremental_state, "coordination", reordered)
+
+    def max_positions(self):
+        return self._max_positions
+
+
+def positive_int(flag):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}")
+        return value
+    return parse
+
+
+@register_model("layerwise_coordination")
+class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
+    """He et al. (2018): one shared stack, mixed attention, resettable positions, language embeddings."""
+
+    @staticmethod
+    def add_args(parser):
+        parser.add_argument("--layers", type=positive_int("--layers"), metavar="N",
+                            help="depth N of the stack (the same for both sides; paper: 14)")
+        parser.add_argument("--embed-dim", type=positive_int("--embed-dim"), metavar="D", help="model width d_model")
+        parser.add_argument("--ffn-embed-dim", type=positive_int("--ffn-embed-dim"), metavar="F", help="d_ff")
+        parser.add_argument("--attention-heads", type=positive_int("--attention-heads"), metavar="H")
+        parser.add_argument("--dropout", type=float, metavar="P")
+        parser.add_argument("--attention-dropout", type=float, metavar="P")
+        parser.add_argument("--activation-dropout", type=float, metavar="P")
+        parser.add_argument("--normalize-before", action="store_true", help="pre-norm layers (final LayerNorm on top)")
+        parser.add_argument("--no-scale-embedding", action="store_true", help="do not scale token embeddings by sqrt(d)")
+        parser.add_argument("--no-layer-sharing", action="store_true",
+                            help="ablation (Table 3): separate source and target layers (halve --layers for the same size)")
+        parser.add_argument("--no-mixed-attention", action="store_true",
+                            help="ablation (Table 3): separate target self-attention and source attention, the "
+                            "source attention reading the corresponding source layer")
+        parser.add_argument("--no-language-embedding", action="store_true",
+                            help="ablation (Table 3): no learned source/target language embedding")
+        parser.add_argument("--no-position-embedding", action="store_true",
+                            help="ablation (Table 3): no position embedding")
+
+    @classmethod
+    def build_model(cls, args, task):
+        layerwise_coordination(args)
+        if task.source_dictionary != task.target_dictionary:
+            raise ValueError(
+                "layer-wise coordination shares one stack and one embedding between source and target, which "
+                "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary"
+            )
+        if args.embed_dim % args.attention_heads:
+            raise ValueError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads {args.attention_heads}")
+        dictionary = task.source_dictionary
+        embedding = CoordinationEmbedding(
+            Embedding(len(dictionary), args.embed_dim, dictionary.pad()), args.dropout,
+            use_positions=not args.no_position_embedding, use_language=not args.no_language_embedding,
+            scale=not args.no_scale_embedding,
+        )
+        target_layers = build_layers(args, args.layers)
+        source_layers = target_layers if not args.no_layer_sharing else build_layers(args, args.layers - 1)
+        encoder = CoordinationEncoder(dictionary, embedding, source_layers)
+        encoder._num_target_layers = args.layers
+        encoder._max_positions = args.max_source_positions
+        final_layer_norm = nn.LayerNorm(args.embed_dim) if args.normalize_before else None
+        decoder = CoordinationDecoder(dictionary, embedding, target_layers, final_layer_norm, args.max_target_positions)
+        return cls(encoder, decoder)
+
+    def max_positions(self):
+        return (self.encoder.max_positions(), self.decoder.max_positions())
+
+
+def build_layers(args, count: int) -> nn.ModuleList:
+    return nn.ModuleList(
+        CoordinationLayer(
+            args.embed_dim, args.ffn_embed_dim, args.attention_heads, args.dropout, args.attention_dropout,
+            args.activation_dropout, args.normalize_before, mixed=not args.no_mixed_attention,
+        )
+        for _ in range(count)
+    )
+
+
+@register_model_architecture("layerwise_coordination", "layerwise_coordination")
+def layerwise_coordination(args):
+    """Defaults: the paper's small configuration (d=256, d_ff=1024, 4 heads, 14 layers)."""
+    args.layers = getattr(args, "layers", 14)
+    args.embed_dim = getattr(args, "embed_dim", 256)
+    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", 1024)
+    args.attention_heads = getattr(args, "attention_heads", 4)
+    args.dropout = getattr(args, "dropout", 0.1)
+    args.attention_dropout = getattr(args, "attention_dropout", 0.0)
+    args.activation_dropout = getattr(args, "activation_dropout", 0.0)
+    for flag in ("normalize_before", "no_scale_embedding", "no_layer_sharing", "no_mixed_attention",
+                 "no_language_embedding", "no_position_embedding"):
+        setattr(args, flag, getattr(args, flag, False))
+    args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
+    args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
+
+
+@register_model_architecture("layerwise_coordination", "layerwise_coordination_iwslt_de_en")
+def layerwise_coordination_iwslt_de_en(args):
+    """Sec. 4.2 small configuration for IWSLT14: 14 layers, d=256, d_ff=1024, 4 heads.
+    Reading: dropout is not given; 0.1 (the Transformer's)."""
+    layerwise_coordination(args)
+
+
+@register_model_architecture("layerwise_coordination", "layerwise_coordination_wmt_en_de")
+def layerwise_coordination_wmt_en_de(args):
+    """Sec. 5.1 base configuration for WMT14 En-De: d=512, d_ff=2048, 8 heads; reading: 14 layers
+    as the other configurations."""
+    args.embed_dim = getattr(args, "embed_dim", 512)
+    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", 2048)
+    args.attention_heads = getattr(args, "attention_heads", 8)
+    layerwise_coordination(args)
+
+
+@register_model_architecture("layerwise_coordination", "layerwise_coordination_wmt_en_de_big")
+def layerwise_coordination_wmt_en_de_big(args):
+    """Sec. 4.2 big configuration: 14 layers, d=1024, d_ff=2048 (as the paper states), 16 heads."""
+    args.embed_dim = getattr(args, "embed_dim", 1024)
+    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", 2048)
+    args.attention_heads = getattr(args, "attention_heads", 16)
+    args.dropout = getattr(args, "dropout", 0.3)
+    layerwise_coordination(args)
