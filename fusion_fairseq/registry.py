@@ -8,6 +8,8 @@ already taken by a definition of the same name from a file of the same relative 
 raise for a genuine clash with somebody else's model.
 """
 
+from fairseq.criterions import CRITERION_REGISTRY
+from fairseq.criterions import register_criterion as _fairseq_register_criterion
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
     ARCH_MODEL_NAME_REGISTRY,
@@ -57,5 +59,22 @@ def register_model_architecture(model_name, arch_name):
         ):
             return existing
         return _fairseq_register_architecture(model_name, arch_name)(fn)
+
+    return wrapper
+
+
+def register_criterion(name, dataclass=None):
+    def wrapper(cls):
+        existing = CRITERION_REGISTRY.get(name)
+        if existing is None:
+            return _fairseq_register_criterion(name, dataclass=dataclass)(cls)
+        if same_definition(existing, cls):
+            return existing
+        # fairseq raises for any re-registration of a criterion name, also for the same file
+        # loaded under a second module name; only a genuine clash should.
+        raise ValueError(
+            f"Cannot register duplicate criterion ({name}): already registered by "
+            f"{existing.__module__}.{existing.__qualname__}"
+        )
 
     return wrapper

@@ -1,0 +1,176 @@
+"""``--criterion label_smoothed_cross_entropy_with_layer_diversity``: fairseq's label-smoothed
+cross-entropy plus the layer-diversity regulariser of Dou et al. (2018), Sec. 3.2, Eqs. 9-10.
+
+Eq. 9 reads L = L_likelihood + lambda * L_diversity for a regulariser that should "encourage the
+diversities between layers": an objective to *maximise*, likelihood and diversity both rewarded.
+fairseq minimises a loss, so this criterion minimises
+
+    loss = LS_NLL - lambda * L_div * sample_size
+
+where LS_NLL is ``label_smoothed_cross_entropy``'s loss, summed over target tokens as in fairseq,
+and L_div is Eq. 10 (see :mod:`fusion_fairseq.modules.layer_diversity`): the mean over adjacent
+layer pairs (H^l, H^{l+1}), l = 1..L-1, of the mean cosine-squared distance over non-padding
+positions, on the layer outputs only (the embedding output is not a layer).
+
+Readings:
+  * Sides (``--diversity-sides``, default ``both``): the encoder stack (source positions,
+    ``extra["encoder_states"]``) and the decoder stack (target positions,
+    ``extra["inner_states"]``) each get their own Eq. 10, and the two are *summed*
+    (L_div in [0, 2] with both sides). A side with fewer than 2 layers is skipped.
+  * Scale: LS_NLL is a sum over tokens that fairseq divides by ``sample_size`` (ntokens, or
+    sentences under ``--sentence-avg``) before the update, while L_div is a per-position mean.
+    Multiplying L_div by ``sample_size`` makes the optimised per-token objective
+    ``LS_NLL / sample_size - lambda * L_div``, so lambda has the paper's meaning relative to the
+    per-token likelihood (lambda = 1.0 in the paper, the default here).
+  * Reported ``loss`` includes the regulariser (it may go below the NLL, and below 0); the
+    ``nll_loss``/``ppl`` columns do not. Select checkpoints with
+    ``--best-checkpoint-metric nll_loss`` if the regulariser should not influence it.
+    ``layer_diversity`` (and ``layer_diversity_encoder``/``_decoder``) report L_div itself, in
+    [0, 1] per side, averaged with the same ``sample_size`` weights as the loss.
+  * ``reduce=False`` (per-token losses): the regulariser has no per-token share, so the unreduced
+    label-smoothed loss is returned unchanged (the diversity is still logged).
+
+The model must return its layer states without a second forward pass: ``fusion_transformer`` and
+its presets (this plugin) put the encoder's [h0..hL] in ``extra["encoder_states"]`` with
+``extra["encoder_padding_mask"]`` next to the decoder's ``extra["inner_states"]``.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+from fairseq import utils
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from fairseq.dataclass import ChoiceEnum
+from fairseq.logging import metrics
+
+from fusion_fairseq.modules.layer_diversity import layer_diversity
+
+from fusion_fairseq.registry import register_criterion
+
+
+NAME = "label_smoothed_cross_entropy_with_layer_diversity"
+DIVERSITY_SIDES = ("both", "encoder", "decoder")
+
+
+@dataclass
+class LabelSmoothedCrossEntropyWithLayerDiversityConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    diversity_lambda: float = field(
+        default=1.0,
+        metadata={"help": "weight lambda of the layer-diversity reward (Dou et al. 2018, Eq. 9; "
+                          "loss = label-smoothed NLL - lambda * diversity); must be >= 0"},
+    )
+    diversity_sides: ChoiceEnum(DIVERSITY_SIDES) = field(
+        default="both",
+        metadata={"help": "layer stacks whose diversity (Eq. 10) is rewarded; with both, the "
+                          "encoder's and the decoder's terms are summed"},
+    )
+
+
+@register_criterion(NAME, dataclass=LabelSmoothedCrossEntropyWithLayerDiversityConfig)
+class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEntropyCriterion):
+    """``label_smoothed_cross_entropy`` minus ``lambda * L_div * sample_size`` (module docstring)."""
+
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 diversity_lambda=1.0, diversity_sides="both"):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        diversity_lambda = float(diversity_lambda)
+        if not math.isfinite(diversity_lambda) or diversity_lambda < 0:
+            raise ValueError(
+                f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity reward, "
+                f"Dou et al. 2018 Eq. 9), got {diversity_lambda}"
+            )
+        diversity_sides = str(diversity_sides)
+        if diversity_sides not in DIVERSITY_SIDES:
+            raise ValueError(f"--diversity-sides must be one of {DIVERSITY_SIDES}, got {diversity_sides!r}")
+        self.diversity_lambda = diversity_lambda
+        self.diversity_sides = diversity_sides
+
+    # ------------------------------------------------------------------------------- loss
+    def forward(self, model, sample, reduce=True):
+        net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.diversity_lambda > 0):
+            diversity, per_side = self.compute_diversity(net_output, sample)
+        if reduce and self.diversity_lambda > 0:
+            loss = loss - self.diversity_lambda * sample_size * diversity.to(loss.dtype)
+
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+            # summed over the batch like the loss: reduce_metrics divides by sample_size
+            "layer_diversity": diversity.data * sample_size,
+        }
+        for side, value in per_side.items():
+            logging_output[f"layer_diversity_{side}"] = value.data * sample_size
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = utils.item(n_correct.data)
+            logging_output["total"] = utils.item(total.data)
+        return loss, sample_size, logging_output
+
+    def compute_diversity(self, net_output, sample) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """L_div summed over the selected sides, and each side's Eq. 10 (float32 scalars)."""
+        per_side: Dict[str, Tensor] = {}
+        for side, (states, padding_mask) in self.layer_states(net_output, sample).items():
+            layers = states[1:]  # drop the embedding output h0
+            if len(layers) >= 2:
+                per_side[side] = layer_diversity(layers, padding_mask)
+        if not per_side:
+            if self.diversity_lambda > 0:
+                raise ValueError(
+                    f"--criterion {NAME}: no selected layer stack (--diversity-sides {self.diversity_sides}) "
+                    f"has 2 or more layers, so there is no layer diversity to reward; use more layers "
+                    f"or --criterion label_smoothed_cross_entropy"
+                )
+            logits = net_output[0]
+            return logits.new_zeros((), dtype=torch.float32), per_side
+        return torch.stack(list(per_side.values())).sum(), per_side
+
+    def layer_states(self, net_output, sample) -> Dict[str, Tuple[list, Optional[Tensor]]]:
+        """``{side: ([h0, h1, ..., hL], padding mask batch x time or None)}`` for the selected sides."""
+        extra = net_output[1] if isinstance(net_output, (tuple, list)) and len(net_output) > 1 else None
+        needs = {"encoder": "encoder_states", "decoder": "inner_states"}
+        sides = ("encoder", "decoder") if self.diversity_sides == "both" else (self.diversity_sides,)
+        if not isinstance(extra, dict) or any(needs[side] not in extra for side in sides):
+            raise ValueError(
+                f"--criterion {NAME} needs the model's layer states in its output "
+                f"(extra[{', '.join(repr(needs[side]) for side in sides)}]), which this model does not "
+                f"return; use a model from the fusion_fairseq plugin, e.g. --arch fusion_transformer "
+                f"(or an architecture preset of it), not fairseq's transformer"
+            )
+        result = {}
+        for side in sides:
+            states = extra[needs[side]]
+            if states is None or len(states) == 0 or any(state is None for state in states):
+                raise ValueError(
+                    f"--criterion {NAME}: the model returned no {side} layer states "
+                    f"(extra[{needs[side]!r}] is empty); it must be run with return_all_hiddens=True"
+                )
+            if side == "encoder":
+                masks = extra.get("encoder_padding_mask") or []
+                padding_mask = masks[0] if len(masks) > 0 else None
+            else:
+                padding_mask = sample["target"].eq(self.padding_idx)
+            result[side] = (list(states), padding_mask)
+        return result
+
+    # ---------------------------------------------------------------------------- logging
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        for key in ("layer_diversity", "layer_diversity_encoder", "layer_diversity_decoder"):
+            if sample_size > 0 and any(key in log for log in logging_outputs):
+                total = sum(log.get(key, 0) for log in logging_outputs)
+                metrics.log_scalar(key, total / sample_size, sample_size, round=4)
