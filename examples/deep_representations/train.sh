@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Dou et al. (EMNLP 2018), "Exploiting Deep Representations for Neural Machine Translation":
+# Transformer-Base on WMT14 En-De, every model variation of Tables 1, 3 and 4.
+# See examples/deep_representations/README.md for the variants, their flags and the readings.
+set -euo pipefail
+
+PROG="$(basename "$0")"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$HERE/../.." && pwd)"
+
+usage() {
+    cat <<EOF
+Usage: $PROG DATA_BIN VARIANT [options] [-- extra fairseq-train arguments]
+
+Train one model of Dou et al. (2018) on binarised WMT14 En-De (joined dictionary; see README.md).
+The vanilla Transformer-Base is trained from scratch; every other variant starts from it
+(--finetune-from-model, as the paper initialises its models from the pre-trained vanilla model).
+
+VARIANT (append +div to any of them for the layer-diversity regulariser, Eqs. 9-10, lambda 1.0):
+  vanilla                          Table 1 row 1: Transformer-Base (--arch transformer_wmt_en_de)
+  dense | linear | iterative | hierarchical
+                                   Table 1 rows 2-5: layer aggregation on encoder and decoder
+  mla2 | mla3                      Table 1 rows 6-7: multi-layer attention, k = 2 / 3
+  encoder-only | decoder-only      Table 3: hierarchical aggregation on one side (both = hierarchical)
+  residual-none | residual-top     Table 4: hierarchical, residual connection from no / the top input
+                                   (all = hierarchical)
+  fn-relu | fn-attention           Table 4: hierarchical, ReLU FFN / self-attention as the function
+                                   of the aggregation node (sigmoid = hierarchical)
+  The paper's rows 8-10 are iterative+div, hierarchical+div, mla2+div; its final system (Table 2)
+  and "OURS" in Tables 3-4 are hierarchical+div.
+
+Options:
+  --save-root DIR    checkpoints go to DIR/VARIANT (default: checkpoints/deeprep-wmt14-en-de)
+  --vanilla FILE     vanilla checkpoint to start from (default: SAVE_ROOT/vanilla/checkpoint_best.pt)
+  --gpus N           GPUs to train on (default: nvidia-smi's count, else 1); --update-freq is 8/N so
+                     that one update sees 8 x 4096 tokens, the paper's 8 GPUs x 4096 tokens
+  --max-tokens N     tokens per GPU batch (default: 4096)
+  --max-update N     updates (default: 100000)
+  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
+  --dry-run          print the fairseq-train command and exit
+  -h, --help         this help
+Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
+  -- --fp16 --max-epoch 30
+EOF
+}
+
+die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
+usage_error() { printf '%s: error: %s\n(see %s --help)\n' "$PROG" "$*" "$PROG" >&2; exit 2; }
+need_value() { if [[ "$2" -lt 2 ]]; then usage_error "$1 needs a value"; fi; }
+check_int() {  # check_int FLAG VALUE MIN
+    [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || usage_error "$1: invalid value '$2' (expected an integer >= $3)"
+}
+
+SAVE_ROOT=checkpoints/deeprep-wmt14-en-de
+VANILLA=""
+GPUS=""
+MAX_TOKENS=4096
+MAX_UPDATE=100000
+USER_DIR=""
+DRY_RUN=0
+POSITIONAL=()
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;
+        --vanilla) need_value "$1" "$#"; VANILLA=$2; shift 2 ;;
+        --gpus) need_value "$1" "$#"; check_int "$1" "$2" 1; GPUS=$2; shift 2 ;;
+        --max-tokens) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_TOKENS=$2; shift 2 ;;
+        --max-update) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_UPDATE=$2; shift 2 ;;
+        --user-dir) need_value "$1" "$#"; USER_DIR=$2; shift 2 ;;
+        --dry-run) DRY_RUN=1; shift ;;
+        --) shift; EXTRA=("$@"); break ;;
+        -*) usage_error "unknown option $1" ;;
+        *) POSITIONAL+=("$1"); shift ;;
+    esac
+done
+[[ ${#POSITIONAL[@]} -eq 2 ]] || usage_error "expected DATA_BIN and VARIANT, got ${#POSITIONAL[@]} positional argument(s)"
+DATA_BIN=${POSITIONAL[0]}
+VARIANT=${POSITIONAL[1]}
+[[ -d "$DATA_BIN" ]] || usage_error "DATA_BIN $DATA_BIN: no such directory"
+
+# ---------------------------------------------------------------------------------------------
+# the variant's model flags
+
+BASE=${VARIANT%+div}
+DIVERSITY=0
+if [[ "$BASE" != "$VARIANT" ]]; then DIVERSITY=1; fi
+ARCH=(--arch deeprep_transformer_wmt_en_de)  # hierarchical aggregation on both sides, Transformer-Base
+case "$BASE" in
+    vanilla) ARCH=(--arch transformer_wmt_en_de) ;;
+    dense|linear|iterative|hierarchical) ARCH+=(--aggregate-encoder "$BASE" --aggregate-decoder "$BASE") ;;
+    mla2|mla3) ARCH+=(--aggregate-encoder none --aggregate-decoder none --multi-layer-attention "${BASE#mla}") ;;
+    encoder-only) ARCH+=(--aggregate-encoder hierarchical --aggregate-decoder none) ;;
+    decoder-only) ARCH+=(--aggregate-encoder none --aggregate-decoder hierarchical) ;;
+    residual-none|residual-top) ARCH+=(--aggregation-residual "${BASE#residual-}") ;;
+    fn-relu|fn-attention) ARCH+=(--aggregation-fn "${BASE#fn-}") ;;
+    *) usage_error "unknown VARIANT '$VARIANT' (choose from: vanilla dense linear iterative hierarchical mla2 mla3 encoder-only decoder-only residual-none residual-top fn-relu fn-attention, each optionally +div)" ;;
+esac
+if [[ $DIVERSITY -eq 1 && "$BASE" == vanilla ]]; then
+    usage_error "vanilla+div: the diversity regulariser is trained with the deep-representation variants (Table 1 rows 8-10)"
+fi
+
+CRITERION=(--criterion label_smoothed_cross_entropy --label-smoothing 0.1)
+if [[ $DIVERSITY -eq 1 ]]; then
+    CRITERION=(--criterion label_smoothed_cross_entropy_with_layer_diversity --label-smoothing 0.1 --diversity-lambda 1.0)
+fi
+
+INIT=()
+if [[ "$BASE" != vanilla ]]; then
+    VANILLA=${VANILLA:-$SAVE_ROOT/vanilla/checkpoint_best.pt}
+    # fairseq uses --finetune-from-model only when SAVE_DIR has no checkpoint_last.pt yet, so a
+    # restarted run resumes instead of starting over.
+    if [[ ! -f "$SAVE_ROOT/$VARIANT/checkpoint_last.pt" && $DRY_RUN -eq 0 && ! -f "$VANILLA" ]]; then
+        die "vanilla checkpoint $VANILLA not found: train it first ($PROG $DATA_BIN vanilla) or pass --vanilla FILE"
+    fi
+    INIT=(--finetune-from-model "$VANILLA")
+fi
+
+# ---------------------------------------------------------------------------------------------
+# batch size and training schedule (Vaswani et al. 2017's base setting, as the paper follows it)
+
+if [[ -z "$GPUS" ]]; then
+    GPUS=1
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        count=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || true)
+        if (( count > 0 )); then GPUS=$count; fi
+    fi
+fi
+(( 8 % GPUS == 0 )) || usage_error "--gpus $GPUS: the paper's 8 GPUs x 4096 tokens are emulated with --update-freq 8/N; use 1, 2, 4 or 8 GPUs"
+UPDATE_FREQ=$(( 8 / GPUS ))
+
+if [[ -z "$USER_DIR" ]]; then
+    USER_DIR=$(fusion-fairseq-user-dir 2>/dev/null || true)
+    [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq"
+fi
+
+SAVE_DIR="$SAVE_ROOT/$VARIANT"
+COMMAND=(
+    fairseq-train "$DATA_BIN" --user-dir "$USER_DIR"
+    "${ARCH[@]}" --share-all-embeddings
+    --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-9 --clip-norm 0.0
+    --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7
+    --dropout 0.1 --weight-decay 0.0
+    "${CRITERION[@]}"
+    --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
+    "${INIT[@]}"
+    --save-dir "$SAVE_DIR" --keep-last-epochs 5 --best-checkpoint-metric nll_loss
+    --log-format simple --log-interval 100
+    "${EXTRA[@]}"
+)
+
+printf '%q ' "${COMMAND[@]}"
+echo
+if [[ $DRY_RUN -eq 1 ]]; then
+    exit 0
+fi
+mkdir -p "$SAVE_DIR"
+exec "${COMMAND[@]}"
