@@ -1,0 +1,236 @@
+"""The speed benchmark (fusion_fairseq/benchmark.py) at tiny sizes: structure of its JSON and
+Markdown, parameter counts, fixed-length decoding, configuration discovery and bad input.
+Timing values are never asserted on."""
+
+import json
+
+import pytest
+import torch
+
+from fusion_fairseq import benchmark
+from fusion_fairseq.benchmark import BenchmarkError, BenchmarkSettings, build_configs, parse_variant, plugin_archs
+
+from model_building import build_model, count_parameters
+
+DECODE_LEN = 5
+VOCAB = 64
+TINY = [
+    "--encoder-layers", "2", "--decoder-layers", "2", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2",
+    "--vocab", str(VOCAB), "--batch-size", "4", "--src-len", "7", "--tgt-len", "6",
+    "--decode-len", str(DECODE_LEN), "--decode-batch-size", "3", "--beam", "5",
+    "--repeats", "3", "--warmup", "1", "--steps", "1", "--decode-warmup", "0", "--decode-batches", "1",
+    "--threads", "1",
+]
+VARIANTS = {
+    "Enc-AVG": "fusion_transformer:--fuse-encoder avg",
+    "Dec-SA": "fusion_transformer:--fuse-decoder sa --fusion-hops 2 --fusion-attn-dim 8 --fusion-ffn-dim 12",
+}
+EXPECTED_CONFIGS = ["vanilla", "mlrf_iwslt_de_en", "Enc-AVG", "Dec-SA"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    json_path, md_path = out / "bench.json", out / "bench.md"
+    argv = [*TINY, "--archs", "mlrf_iwslt_de_en", "--json", str(json_path), "--markdown", str(md_path)]
+    for name, spec in VARIANTS.items():
+        argv += ["--variant", f"{name}={spec}"]
+    returned = benchmark.main(argv)
+    with open(json_path) as f:
+        result = json.load(f)
+    return returned, result, md_path.read_text()
+
+
+def test_every_config_reported_in_order(run):
+    _, result, _ = run
+    assert list(result["configs"]) == EXPECTED_CONFIGS
+    assert result["baseline"] == "vanilla"
+    assert result["configs"]["vanilla"]["arch"] == "transformer"
+    assert result["configs"]["Dec-SA"]["model_args"]["fuse_decoder"] == "sa"
+    assert result["configs"]["Dec-SA"]["model_args"]["fusion_hops"] == 2
+    assert result["configs"]["Enc-AVG"]["model_args"]["fuse_encoder"] == "avg"
+    for row in result["configs"].values():  # matched width reached every model
+        assert row["model_args"]["encoder_embed_dim"] == 16 and row["model_args"]["decoder_layers"] == 2
+        assert row["skipped_width_flags"] == []
+
+
+def test_ratio_statistics(run):
+    _, result, _ = run
+    for name, row in result["configs"].items():
+        for measure, absolute in (("train", "tokens_per_s"), ("decode", "sentences_per_s")):
+            stats = row[measure]["ratio"]
+            assert len(stats["per_repeat"]) == len(row[measure][absolute]) == 3
+            assert stats["min"] <= stats["median"] <= stats["max"]
+            assert stats["min"] == min(stats["per_repeat"]) and stats["max"] == max(stats["per_repeat"])
+            assert all(value > 0 for value in row[measure][absolute])
+    vanilla = result["configs"]["vanilla"]
+    for measure in ("train", "decode"):
+        stats = vanilla[measure]["ratio"]
+        assert stats["min"] == stats["median"] == stats["max"] == 1.0
+        assert stats["per_repeat"] == [1.0, 1.0, 1.0]
+
+
+def test_parameter_counts_match_the_models(run):
+    _, result, _ = run
+    for name, row in result["configs"].items():
+        model = build_model(row["arch"], *row["flags"], src_vocab=VOCAB, joined=True)
+        assert row["parameters"] == count_parameters(model), name
+    # fusion adds parameters on top of the baseline at the same width
+    assert result["configs"]["Enc-AVG"]["parameters"] == result["configs"]["vanilla"]["parameters"] + 2 * 16
+
+
+def test_decoding_runs_the_fixed_number_of_steps(run):
+    _, result, _ = run
+    for name, row in result["configs"].items():
+        assert row["decode"]["decoder_steps"] == DECODE_LEN + 1
+        assert row["decode"]["hypothesis_lengths"] == [DECODE_LEN + 1], name  # L tokens + EOS, every hypothesis
+
+
+def test_memory_and_environment(run):
+    _, result, _ = run
+    env = result["environment"]
+    assert env["device"] == "cpu" and env["dtype"] == "fp32" and env["threads"] == 1
+    assert env["torch"] == torch.__version__ and env["fairseq"]
+    assert result["memory_method"]
+    for row in result["configs"].values():
+        memory = row["memory"]
+        assert memory["parameter_bytes"] == 4 * row["parameters"]
+        assert memory["train_state_bytes"] > memory["parameter_bytes"]  # + Adam moments
+        assert memory["train_peak_bytes"] > memory["train_state_bytes"]
+        assert memory["decode_peak_bytes"] > memory["parameter_bytes"]
+
+
+def test_markdown_has_one_row_per_config(run):
+    returned, result, markdown = run
+    rows = [line for line in markdown.splitlines() if line.startswith("| ")]
+    header, body = rows[0], rows[1:]
+    assert "Train ratio" in header and "Decode ratio" in header
+    assert len(body) == len(EXPECTED_CONFIGS)
+    for name, line in zip(EXPECTED_CONFIGS, body):
+        assert line.startswith(f"| {name}")
+    assert returned["configs"].keys() == result["configs"].keys()
+
+
+def test_default_configs_are_every_plugin_arch():
+    archs = plugin_archs()
+    assert {"fusion_transformer", "mlrf_iwslt_de_en", "mlrf_nist_zh_en"} <= set(archs)
+    assert "transformer" not in archs
+    configs = build_configs()
+    assert [c.name for c in configs] == ["vanilla", *archs]
+    assert configs[0].baseline and configs[0].arch == "transformer"
+
+
+def test_discovery_uses_the_model_class_module():
+    def model(module):
+        return type("M", (), {"__module__": module})
+
+    registry = {
+        "ours": model("fusion_fairseq.models.dense"),
+        "fairseq": model("fairseq.models.transformer"),
+        "lookalike": model("fusion_fairseq_extra.models"),
+    }
+    assert plugin_archs(registry) == ["ours"]
+
+
+def test_width_flags_skip_what_an_arch_does_not_take():
+    flags, skipped = benchmark.width_flags("fconv", BenchmarkSettings())
+    assert flags[flags.index("--encoder-embed-dim") + 1] == "256"
+    assert "--encoder-layers" not in flags  # an expression in fconv
+    assert any(s.startswith("--encoder-layers") for s in skipped)
+    assert any(s.startswith("--encoder-ffn-embed-dim") for s in skipped)
+
+
+def test_width_flags_of_a_shared_stack():
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    arch = "layerwise_coordination"
+    if arch not in ARCH_MODEL_REGISTRY:
+        pytest.skip(f"{arch} is not registered")
+    flags, skipped = benchmark.width_flags(arch, BenchmarkSettings(embed_dim=32, ffn_dim=64, heads=2))
+    applied = dict(zip(flags[::2], flags[1::2]))
+    assert applied == {"--embed-dim": "32", "--ffn-embed-dim": "64", "--attention-heads": "2", "--dropout": "0.1"}
+    assert [s.split(" ")[0] for s in skipped] == ["--encoder-layers", "--decoder-layers"]
+
+
+def test_variant_spec_parsing():
+    config = parse_variant("Both-FNN=fusion_transformer:--fuse-encoder fnn --fuse-decoder fnn")
+    assert (config.name, config.arch, config.flags) == (
+        "Both-FNN", "fusion_transformer", ["--fuse-encoder", "fnn", "--fuse-decoder", "fnn"])
+    assert parse_variant("plain=mlrf_iwslt_de_en").flags == []
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("Enc-FNN", "no '='"),
+    ("=fusion_transformer:--fuse-encoder fnn", "empty NAME"),
+    ("Enc-FNN=", "empty ARCH"),
+    ("Enc-FNN=:--fuse-encoder fnn", "empty ARCH"),
+    ("Enc-FNN=fusion_transformerr:--fuse-encoder fnn", "unknown architecture 'fusion_transformerr'"),
+    ("Enc-FNN=fusion_transformer:--fuse-encoder 'fnn", "cannot split flags"),
+])
+def test_malformed_variants(spec, message):
+    with pytest.raises(BenchmarkError) as info:
+        parse_variant(spec)
+    assert message in str(info.value) and repr(spec) in str(info.value)
+
+
+def test_unknown_arch_lists_the_known_ones():
+    with pytest.raises(BenchmarkError) as info:
+        build_configs(archs=["nosuch_arch"])
+    text = str(info.value)
+    assert "unknown architecture 'nosuch_arch'" in text and "--archs" in text
+    assert "mlrf_iwslt_de_en" in text and "transformer" in text
+
+
+def test_duplicate_names():
+    with pytest.raises(BenchmarkError, match="duplicate configuration name 'mlrf_iwslt_de_en'"):
+        build_configs(archs=["mlrf_iwslt_de_en"], variants=["mlrf_iwslt_de_en=fusion_transformer:"])
+    with pytest.raises(BenchmarkError, match="duplicate configuration name 'vanilla'"):
+        build_configs(archs=[], variants=["vanilla=transformer"])
+
+
+def cli_error(capsys, *argv):
+    with pytest.raises(SystemExit) as info:
+        benchmark.main([*TINY, *argv])
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_errors(capsys):
+    err = cli_error(capsys, "--archs", "nosuch_arch")
+    assert "unknown architecture 'nosuch_arch'" in err and "mlrf_iwslt_de_en" in err
+    err = cli_error(capsys, "--variant", "oops")
+    assert "malformed --variant 'oops'" in err
+    err = cli_error(capsys, "--dtype", "fp16")
+    assert "--dtype fp16" in err and "--device cpu" in err
+    err = cli_error(capsys, "--dtype", "bf16", "--device", "cpu")
+    assert "--dtype bf16" in err and "--device cuda" in err
+    err = cli_error(capsys, "--dtype", "fp64")
+    assert "--dtype must be one of fp32, fp16, bf16" in err
+    err = cli_error(capsys, "--device", "tpu")
+    assert "--device must be one of cpu, cuda" in err
+    err = cli_error(capsys, "--clock", "process", "--device", "cuda")
+    assert "--clock process" in err and "--clock wall" in err
+    err = cli_error(capsys, "--clock", "cpu")
+    assert "--clock must be one of wall, process" in err
+    err = cli_error(capsys, "--steps", "0")
+    assert "--steps" in err and "positive integer" in err
+
+
+def test_flags_rejected_by_fairseq_name_the_config(capsys):
+    err = cli_error(capsys, "--archs", "--variant", "Bad=fusion_transformer:--fuse-encoder bogus")
+    assert "configuration 'Bad' (fusion_transformer)" in err and "--fuse-encoder" in err and "bogus" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cuda_unavailable(capsys):
+    err = cli_error(capsys, "--device", "cuda")
+    assert "--device cuda" in err and "not available" in err
+
+
+def test_process_clock_baseline_only(capsys):
+    result = benchmark.main([*TINY, "--archs", "--clock", "process", "--repeats", "1", "--no-memory"])
+    assert list(result["configs"]) == ["vanilla"]
+    assert result["settings"]["clock"] == "process" and result["memory_method"] is None
+    assert result["configs"]["vanilla"]["memory"] is None
+    assert result["configs"]["vanilla"]["train"]["ratio"]["per_repeat"] == [1.0]
+    assert "process-clock" in capsys.readouterr().out
