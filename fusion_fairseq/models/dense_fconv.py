@@ -1,0 +1,538 @@
+"""DenseNMT on ConvS2S: "Dense Information Flow for Neural Machine Translation" (Shen et al.,
+NAACL 2018), ``--arch dense_fconv`` and the paper's presets.
+
+Subclasses of fairseq's convolutional model (``fairseq.models.fconv``): the embeddings, positions,
+dropout, ``max_positions`` and the incremental machinery (``LinearizedConvolution`` input buffers,
+reordered by fairseq's ``reorder_incremental_state_scripting``) are fairseq's; the layer stacks are
+rebuilt with
+
+* a dense encoder (Eq. 6): layer l+1 reads ``[h_l, ..., h_0]`` and adds d new features;
+* a dense decoder (Eq. 7): layer l+1 reads ``[z_l, a_l, ..., z_1, a_1, z_0]`` and adds its hidden
+  state z (d features) and its attention value a (d features);
+* dense attention (Sec. 3.2): ``--dense-attention 1`` (Eq. 9) / ``2`` (Eq. 10) attend every encoder
+  layer of the top block instead of the top layer only;
+* summary layers (Sec. 3.3): ``--summary-every SUMLEN`` puts one summary layer after every
+  SUMLEN-1 layers, projecting back to the embedding size d0;
+* small embeddings (Sec. 4.2): ``--embed-bottleneck-dim E`` - source/target embeddings and the
+  softmax matrix of width E, each word projected back to d0 by a linear layer.
+
+``--no-dense-encoder`` / ``--no-dense-decoder`` give ConvS2S's residual stacks for the ablations of
+Table 2 (both off with ``--dense-attention 2``: DenseAtt-4L; all three off: BASE, the ConvS2S model
+itself, also with small embeddings).
+
+Widths: each entry ``(d, k)`` of ``--encoder-layers`` / ``--decoder-layers`` (fairseq's ConvS2S
+syntax) is a layer's hidden size d and kernel width k - for a dense side, d is its growth
+dimension; for a residual side, its width. ``--growth-dim`` replaces every d at once.
+"""
+
+import argparse
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from fairseq.models.fconv import (
+    ConvTBC,
+    Embedding,
+    FConvDecoder,
+    FConvEncoder,
+    FConvModel,
+    Linear,
+    LinearizedConv1d,
+    PositionalEmbedding,
+    base_architecture as fconv_base_architecture,
+    extend_conv_spec,
+)
+from fairseq.modules import GradMultiply
+
+from fusion_fairseq.modules.dense_attention import DENSE_ATTENTION_KINDS, DenseConvAttention, weight_normed_linear
+from fusion_fairseq.modules.dense_connection import (
+    DenseFeatures,
+    SummaryLayer,
+    block_sizes,
+    dense_plan,
+    final_width,
+)
+from fusion_fairseq.registry import register_model, register_model_architecture
+
+# A placeholder stack for fairseq's constructors, whose own layers are replaced right away.
+_PLACEHOLDER_SPEC = ((1, 1),)
+
+
+# --------------------------------------------------------------------------------------------
+# flags shared with the dense Transformer
+# --------------------------------------------------------------------------------------------
+
+def positive_int(flag: str):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}")
+        return value
+    return parse
+
+
+def summary_interval(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0 or value == 1:
+        raise argparse.ArgumentTypeError(
+            f"--summary-every must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary "
+            f"layer after every sumlen-1 layers), got {text!r}"
+        )
+    return value
+
+
+def add_dense_args(parser):
+    parser.add_argument("--growth-dim", type=positive_int("--growth-dim"), metavar="D",
+                        help="hidden size of every layer: the new features each dense layer adds (Eq. 6/7), the "
+                        "width of a residual side (default: the per-layer sizes of the architecture)")
+    parser.add_argument("--summary-every", type=summary_interval, metavar="SUMLEN",
+                        help="Sec. 3.3 sumlen: one summary layer (projection back to the embedding size) after "
+                        "every SUMLEN-1 layers of a dense side; 0 = none (paper: 5 or 6 for deep models)")
+    parser.add_argument("--dense-attention", choices=DENSE_ATTENTION_KINDS,
+                        help="none: multi-step attention over the top encoder layer; 1: DenseAtt-1 (Eq. 9); "
+                        "2: DenseAtt-2 (Eq. 10)")
+    parser.add_argument("--embed-bottleneck-dim", type=positive_int("--embed-bottleneck-dim"), metavar="E",
+                        help="Sec. 4.2: source/target embeddings and softmax matrix of width E, projected back to "
+                        "the embedding size (must not exceed it)")
+    parser.add_argument("--no-dense-encoder", action="store_true",
+                        help="ablation (Table 2): residual encoder")
+    parser.add_argument("--no-dense-decoder", action="store_true",
+                        help="ablation (Table 2): residual decoder")
+
+
+def set_dense_defaults(args, dense_attention: str = "2", summary_every: int = 0):
+    args.growth_dim = getattr(args, "growth_dim", None)
+    args.summary_every = getattr(args, "summary_every", None)
+    if args.summary_every is None:
+        args.summary_every = summary_every
+    args.dense_attention = getattr(args, "dense_attention", None) or dense_attention
+    args.embed_bottleneck_dim = getattr(args, "embed_bottleneck_dim", None)
+    args.no_dense_encoder = getattr(args, "no_dense_encoder", False)
+    args.no_dense_decoder = getattr(args, "no_dense_decoder", False)
+
+
+def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
+    """Errors naming the flag, the value and what is allowed, for args that did not come through
+    argparse (or combinations argparse cannot see)."""
+    if args.growth_dim is not None and args.growth_dim <= 0:
+        raise ValueError(f"--growth-dim must be a positive integer, got {args.growth_dim}")
+    if args.summary_every < 0 or args.summary_every == 1:
+        raise ValueError(
+            f"--summary-every must be 0 (no summary layers) or >= 2 (one summary layer after every "
+            f"sumlen-1 layers), got {args.summary_every}"
+        )
+    if args.dense_attention not in DENSE_ATTENTION_KINDS:
+        raise ValueError(f"--dense-attention must be one of {', '.join(DENSE_ATTENTION_KINDS)}, got {args.dense_attention!r}")
+    if args.embed_bottleneck_dim is not None:
+        if args.embed_bottleneck_dim <= 0:
+            raise ValueError(f"--embed-bottleneck-dim must be a positive integer, got {args.embed_bottleneck_dim}")
+        for flag, width in embed_dims:
+            if args.embed_bottleneck_dim > width:
+                raise ValueError(
+                    f"--embed-bottleneck-dim {args.embed_bottleneck_dim} is wider than {flag} {width}: the small "
+                    f"embeddings are projected back to the model width, so it must be at most {width}"
+                )
+    if args.summary_every and args.no_dense_encoder and args.no_dense_decoder:
+        raise ValueError(
+            f"--summary-every {args.summary_every} needs a dense side: summary layers only exist in dense stacks, "
+            "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)"
+        )
+
+
+def layer_spec(spec_text: str, flag: str, growth_dim: Optional[int]) -> List[Tuple[int, int]]:
+    """``[(d, k), ...]`` from fairseq's ConvS2S layer syntax, ``d`` replaced by ``--growth-dim``."""
+    try:
+        spec = extend_conv_spec(eval(spec_text))
+    except Exception as error:  # noqa: BLE001 - any malformed expression
+        raise ValueError(f"{flag} must be a list of (hidden size, kernel width) pairs, got {spec_text!r}: {error}")
+    if len(spec) == 0:
+        raise ValueError(f"{flag} must describe at least one layer, got {spec_text!r}")
+    layers = []
+    for width, kernel, residual in spec:
+        if residual not in (0, 1):
+            raise ValueError(f"{flag}: only residual=1 (previous layer) is supported, got {residual} in {spec_text!r}")
+        width = growth_dim if growth_dim is not None else width
+        if width <= 0 or kernel <= 0:
+            raise ValueError(f"{flag}: hidden sizes and kernel widths must be positive, got {(width, kernel)}")
+        layers.append((width, kernel))
+    return layers
+
+
+class SmallEmbedding(nn.Module):
+    """Sec. 4.2: a token embedding of width E (the bottleneck) projected to the model width d0
+    by a linear transformation ("project each word back to the original embedding dimension").
+    Reading: the positions are added after the projection, at width d0."""
+
+    def __init__(self, num_embeddings: int, bottleneck_dim: int, embed_dim: int, padding_idx: int):
+        super().__init__()
+        self.tokens = Embedding(num_embeddings, bottleneck_dim, padding_idx)
+        self.project = weight_normed_linear(bottleneck_dim, embed_dim)
+        self.padding_idx = padding_idx
+        self.embedding_dim = embed_dim
+
+    @property
+    def weight(self):
+        return self.tokens.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.project(self.tokens(tokens))
+
+
+def build_token_embedding(dictionary, embed_dim: int, bottleneck_dim: Optional[int]) -> nn.Module:
+    if bottleneck_dim is None:
+        return Embedding(len(dictionary), embed_dim, dictionary.pad())
+    return SmallEmbedding(len(dictionary), bottleneck_dim, embed_dim, dictionary.pad())
+
+
+# --------------------------------------------------------------------------------------------
+# encoder
+# --------------------------------------------------------------------------------------------
+
+class DenseFConvEncoder(FConvEncoder):
+    """ConvS2S encoder with a dense (Eq. 6) or residual stack and the keys/values of dense attention.
+
+    Output ``encoder_out``: ``(keys, values)``, each ``(batch, sources, src_len, d0)``: one source
+    (the top layer, Gehring et al.'s multi-step attention; or the mixed projection of all layers of
+    the top block, DenseAtt-1) or one per layer of the top block (DenseAtt-2). Keys are
+    ``L_i(h_i)`` (zero at padding), values ``(keys + e) * sqrt(1/2)`` with ``e`` the input embedding.
+    """
+
+    def __init__(self, dictionary, embed_dim: int, layers: List[Tuple[int, int]], dropout: float, max_positions: int,
+                 dense: bool, dense_attention: str, summary_every: int, bottleneck_dim: Optional[int]):
+        super().__init__(dictionary, embed_dim=embed_dim, max_positions=max_positions,
+                         convolutions=_PLACEHOLDER_SPEC, dropout=dropout)
+        del self.fc1, self.fc2, self.projections, self.convolutions
+        self.residuals = []
+        self.embed_tokens = build_token_embedding(dictionary, embed_dim, bottleneck_dim)
+        self.embed_dim, self.dense, self.dense_attention = embed_dim, dense, dense_attention
+        self.kernel_sizes = [kernel for _, kernel in layers]
+        self.layer_convolutions = nn.ModuleList()
+        self.summaries = nn.ModuleDict()
+        if dense:
+            self.plan = dense_plan([width for width, _ in layers], embed_dim, summary_every)
+            layer_index = 0
+            for step in self.plan:
+                if step.kind == "layer":
+                    self.layer_convolutions.append(self.build_conv(step.in_dim, step.out_dim, layers[layer_index][1], dropout))
+                    layer_index += 1
+                else:
+                    self.summaries[str(layer_index - 1)] = SummaryLayer(step.in_dim, step.out_dim, dropout)
+            top_block = block_sizes(self.plan)
+            self.input_projection = None
+            self.residual_projections = None
+        else:
+            self.plan = None
+            widths = [width for width, _ in layers]
+            self.input_projection = Linear(embed_dim, widths[0], dropout=dropout)  # ConvS2S's fc1
+            self.residual_projections = nn.ModuleList()
+            previous = widths[0]
+            for width, kernel in layers:
+                self.residual_projections.append(Linear(previous, width) if previous != width else None)
+                self.layer_convolutions.append(self.build_conv(previous, width, kernel, dropout))
+                previous = width
+            top_block = widths
+        # L_i of Eq. 9/10 (ConvS2S's fc2 for the top layer when dense attention is off)
+        sources = top_block[-1:] if dense_attention == "none" else top_block
+        self.source_projections = nn.ModuleList(Linear(width, embed_dim) for width in sources)
+        self.num_sources = len(sources) if dense_attention == "2" else 1
+
+    @staticmethod
+    def build_conv(in_dim: int, out_dim: int, kernel: int, dropout: float):
+        padding = kernel // 2 if kernel % 2 == 1 else 0
+        return ConvTBC(in_dim, out_dim * 2, kernel, dropout=dropout, padding=padding)
+
+    def embed(self, src_tokens: Tensor) -> Tensor:
+        return self.dropout_module(self.embed_tokens(src_tokens) + self.embed_positions(src_tokens))
+
+    def convolve(self, conv, x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+        """Conv + GLU (Eq. 5) over ``src_len x batch x C``, padding zeroed first as ConvS2S does."""
+        if padding_mask is not None:
+            x = x.masked_fill(padding_mask.t().unsqueeze(-1), 0)
+        x = self.dropout_module(x)
+        kernel = conv.kernel_size[0]
+        if kernel % 2 == 0:
+            x = F.pad(x, (0, 0, 0, 0, (kernel - 1) // 2, kernel // 2))
+        return F.glu(conv(x), dim=2)
+
+    def layer_states(self, embedded: Tensor, padding_mask: Optional[Tensor]) -> List[Tensor]:
+        """The states the attention may read (``src_len x batch x C`` each): the top block."""
+        x = embedded.transpose(0, 1)
+        if self.dense:
+            features = DenseFeatures(x)
+            top_block = []
+            for index, conv in enumerate(self.layer_convolutions):
+                h = self.convolve(conv, features.concat(), padding_mask)  # Eq. 6
+                features.append(h)
+                top_block.append(h)
+                if str(index) in self.summaries:
+                    summary = self.summaries[str(index)](features.concat())
+                    features.restart(summary)
+                    top_block = [summary]
+            return top_block
+        x = self.input_projection(x)
+        states = []
+        for projection, conv in zip(self.residual_projections, self.layer_convolutions):
+            residual = x if projection is None else projection(x)
+            x = (self.convolve(conv, x, padding_mask) + residual) * math.sqrt(0.5)
+            states.append(x)
+        return states
+
+    def forward(self, src_tokens, src_lengths=None, **unused):
+        embedded = self.embed(src_tokens)
+        padding_mask = src_tokens.eq(self.padding_idx)
+        if not padding_mask.any():
+            padding_mask = None
+        states = self.layer_states(embedded, padding_mask)
+        if self.dense_attention == "none":
+            states = states[-1:]
+        keys = []
+        for projection, state in zip(self.source_projections, states):
+            key = projection(state.transpose(0, 1))
+            if padding_mask is not None:
+                key = key.masked_fill(padding_mask.unsqueeze(-1), 0)
+            keys.append(GradMultiply.apply(key, 1.0 / (2.0 * self.num_attention_layers)))
+        if self.dense_attention == "2":
+            keys = torch.stack(keys, dim=1)  # Eq. 10: one source per layer
+        else:
+            keys = torch.stack(keys, dim=0).sum(dim=0, keepdim=True).transpose(0, 1)  # Eq. 9: L([{h_i}])
+        # Eq. 9/10 values L(.) + L(h0). Reading: as multi-step attention (Fig. 3a), the key plus the
+        # input embedding, scaled by sqrt(1/2) - the same parameters for DenseAtt-1 and -2, as the
+        # paper states ("while maintaining the same number of parameters").
+        values = (keys + embedded.unsqueeze(1)) * math.sqrt(0.5)
+        return {"encoder_out": (keys, values), "encoder_padding_mask": padding_mask}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        keys, values = encoder_out["encoder_out"]
+        mask = encoder_out["encoder_padding_mask"]
+        return {
+            "encoder_out": (keys.index_select(0, new_order), values.index_select(0, new_order)),
+            "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order),
+        }
+
+    def layer_input_widths(self) -> List[int]:
+        """Input width of every convolution layer and summary layer, bottom-up (for tests/docs)."""
+        if self.dense:
+            return [step.in_dim for step in self.plan]
+        return [conv.in_channels for conv in self.layer_convolutions]
+
+
+# --------------------------------------------------------------------------------------------
+# decoder
+# --------------------------------------------------------------------------------------------
+
+class DenseFConvDecoder(FConvDecoder):
+    """ConvS2S decoder with a dense (Eq. 7) or residual stack; every layer attends the encoder
+    (multi-step / DenseAtt-1 / DenseAtt-2, whichever the encoder prepared).
+
+    Incremental decoding: each layer's ``LinearizedConvolution`` buffers its last k inputs - for a
+    dense layer the concatenation it reads - so one new position per step costs one position of
+    every layer; those buffers are reordered by fairseq's ``reorder_incremental_state_scripting``
+    (every sub-module's ``reorder_incremental_state``). The encoder's keys/values are not cached here:
+    fairseq reorders the encoder output itself.
+    """
+
+    def __init__(self, dictionary, embed_dim: int, layers: List[Tuple[int, int]], out_embed_dim: int, dropout: float,
+                 max_positions: int, dense: bool, summary_every: int, bottleneck_dim: Optional[int],
+                 share_embed: bool):
+        super().__init__(dictionary, embed_dim=embed_dim, out_embed_dim=out_embed_dim, max_positions=max_positions,
+                         convolutions=_PLACEHOLDER_SPEC, attention=True, dropout=dropout, share_embed=False)
+        del self.fc1, self.fc2, self.fc3, self.projections, self.convolutions, self.attention
+        self.residuals = []
+        self.embed_tokens = build_token_embedding(dictionary, embed_dim, bottleneck_dim)
+        self.embed_dim, self.dense = embed_dim, dense
+        self.convolutions = nn.ModuleList()
+        self.attention = nn.ModuleList()
+        self.summaries = nn.ModuleDict()
+        if dense:
+            # Eq. 7: each layer adds its hidden state z (d) and its attention value a (d)
+            self.plan = dense_plan([2 * width for width, _ in layers], embed_dim, summary_every)
+            layer_index = 0
+            for step in self.plan:
+                if step.kind == "layer":
+                    width, kernel = layers[layer_index]
+                    self.convolutions.append(
+                        LinearizedConv1d(step.in_dim, 2 * width, kernel, padding=kernel - 1, dropout=dropout))
+                    self.attention.append(DenseConvAttention(width, embed_dim, out_dim=width, residual=False))
+                    layer_index += 1
+                else:
+                    self.summaries[str(layer_index - 1)] = SummaryLayer(step.in_dim, step.out_dim, dropout)
+            self.input_projection = None
+            self.residual_projections = None
+            top_width = final_width(self.plan, embed_dim)
+        else:
+            self.plan = None
+            widths = [width for width, _ in layers]
+            self.input_projection = Linear(embed_dim, widths[0], dropout=dropout)  # ConvS2S's fc1
+            self.residual_projections = nn.ModuleList()
+            previous = widths[0]
+            for width, kernel in layers:
+                self.residual_projections.append(Linear(previous, width) if previous != width else None)
+                self.convolutions.append(LinearizedConv1d(previous, 2 * width, kernel, padding=kernel - 1, dropout=dropout))
+                self.attention.append(DenseConvAttention(width, embed_dim, residual=True))
+                previous = width
+            top_width = widths[-1]
+        # Sec. 3.1: "the output of the decoder is a linear transformation of the concatenation of
+        # all layers" (of the top block with summary layers); ConvS2S's fc2 for a residual stack.
+        self.fc2 = Linear(top_width, out_embed_dim)
+        if share_embed:
+            token_table = self.embed_tokens.weight
+            if token_table.size(1) != out_embed_dim:
+                raise ValueError(
+                    f"--share-input-output-embed needs the softmax width {out_embed_dim} to equal the token "
+                    f"embedding width {token_table.size(1)}"
+                )
+            self.fc3 = nn.Linear(out_embed_dim, len(dictionary))
+            self.fc3.weight = token_table
+        else:
+            self.fc3 = Linear(out_embed_dim, len(dictionary), dropout=dropout)
+
+    def convolve(self, conv, x: Tensor, incremental_state) -> Tensor:
+        """Causal conv + GLU over ``batch x tgt x C`` (one position per call when incremental)."""
+        x = self.dropout_module(x)
+        if incremental_state is None:
+            return F.glu(conv(x.transpose(0, 1)), dim=2).transpose(0, 1)
+        return F.glu(conv(x, incremental_state), dim=2)
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
+        keys, values = encoder_out["encoder_out"]
+        padding_mask = encoder_out["encoder_padding_mask"]
+        positions = self.embed_positions(prev_output_tokens, incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+        target_embedding = self.dropout_module(self.embed_tokens(prev_output_tokens) + positions)
+
+        collect = not self.training and self.need_attn
+        attention_sum: Optional[Tensor] = None
+
+        def attend(layer_index: int, z: Tensor) -> Tensor:
+            nonlocal attention_sum
+            out, weights = self.attention[layer_index](z, target_embedding, keys, values, padding_mask)
+            if collect:
+                weights = weights / len(self.attention)
+                attention_sum = weights if attention_sum is None else attention_sum + weights
+            return out
+
+        if self.dense:
+            features = DenseFeatures(target_embedding)
+            for index, conv in enumerate(self.convolutions):
+                z = self.convolve(conv, features.concat(), incremental_state)
+                features.append(z, attend(index, z))  # Eq. 7: [z_l, a_l] join the stack
+                if str(index) in self.summaries:
+                    features.restart(self.summaries[str(index)](features.concat()))
+            x = features.concat()
+        else:
+            x = self.input_projection(target_embedding)
+            for index, (projection, conv) in enumerate(zip(self.residual_projections, self.convolutions)):
+                residual = x if projection is None else projection(x)
+                x = attend(index, self.convolve(conv, x, incremental_state))
+                x = (x + residual) * math.sqrt(0.5)
+        x = self.fc3(self.dropout_module(self.fc2(x)))
+        return x, attention_sum
+
+    def layer_input_widths(self) -> List[int]:
+        if self.dense:
+            return [step.in_dim for step in self.plan]
+        return [conv.in_channels for conv in self.convolutions]
+
+
+# --------------------------------------------------------------------------------------------
+# model and architectures
+# --------------------------------------------------------------------------------------------
+
+@register_model("dense_fconv")
+class DenseFConvModel(FConvModel):
+    """DenseNMT (Shen et al. 2018) on fairseq's ConvS2S."""
+
+    @staticmethod
+    def add_args(parser):
+        FConvModel.add_args(parser)
+        add_dense_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        dense_fconv(args)
+        check_dense_args(args, [("--encoder-embed-dim", args.encoder_embed_dim),
+                                ("--decoder-embed-dim", args.decoder_embed_dim)])
+        if args.encoder_embed_dim != args.decoder_embed_dim:
+            raise ValueError(
+                f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim {args.decoder_embed_dim} "
+                "must be equal: the attention adds the target embedding to the query it compares with the keys"
+            )
+        for flag in ("encoder_embed_path", "decoder_embed_path"):
+            if getattr(args, flag, None):
+                raise ValueError(f"--{flag.replace('_', '-')} is not supported by dense_fconv")
+        if args.embed_bottleneck_dim is not None:
+            # Sec. 4.2: the softmax matrix shrinks together with the embeddings
+            args.decoder_out_embed_dim = args.embed_bottleneck_dim
+        encoder = DenseFConvEncoder(
+            task.source_dictionary, args.encoder_embed_dim,
+            layer_spec(args.encoder_layers, "--encoder-layers", args.growth_dim), args.dropout,
+            getattr(args, "max_source_positions", None) or 1024, dense=not args.no_dense_encoder,
+            dense_attention=args.dense_attention, summary_every=args.summary_every,
+            bottleneck_dim=args.embed_bottleneck_dim,
+        )
+        decoder = DenseFConvDecoder(
+            task.target_dictionary, args.decoder_embed_dim,
+            layer_spec(args.decoder_layers, "--decoder-layers", args.growth_dim), args.decoder_out_embed_dim,
+            args.dropout, getattr(args, "max_target_positions", None) or 1024, dense=not args.no_dense_decoder,
+            summary_every=args.summary_every, bottleneck_dim=args.embed_bottleneck_dim,
+            share_embed=args.share_input_output_embed,
+        )
+        return cls(encoder, decoder)
+
+
+@register_model_architecture("dense_fconv", "dense_fconv")
+def dense_fconv(args):
+    """Defaults: DenseNMT-4L-2's structure (Sec. 4.2) at ConvS2S's default width."""
+    set_dense_defaults(args, dense_attention="2", summary_every=0)
+    fconv_base_architecture(args)
+
+
+@register_model_architecture("dense_fconv", "dense_fconv_iwslt_de_en")
+def dense_fconv_iwslt_de_en(args):
+    """DenseNMT-4L-2 (Sec. 4.2, Table 1): 4-layer encoder and decoder, embedding size 256, hidden
+    (growth) size 128 "in order to keep the model size consistent" with BASE-4L (256 everywhere),
+    DenseAtt-2, no summary layers; ``--dense-attention 1`` gives DenseNMT-4L-1."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_layers = getattr(args, "encoder_layers", "[(128, 3)] * 4")
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_layers = getattr(args, "decoder_layers", "[(128, 3)] * 4")
+    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", 256)
+    dense_fconv(args)
+
+
+@register_model_architecture("dense_fconv", "dense_fconv_iwslt_de_en_8l")
+def dense_fconv_iwslt_de_en_8l(args):
+    """DenseNMT-8L-2 (Sec. 4.2): 8 layers each side, growth 96 (BASE-8L: 192), embedding 256.
+    Reading: summary layers with sumlen = 5 (one after layer 4; "in practice, we set sumlen as 5 or
+    6", Sec. 3.3) - without them the model is a third larger than BASE-8L, with them about 10%
+    (see examples/dense_nmt/README.md)."""
+    args.encoder_layers = getattr(args, "encoder_layers", "[(96, 3)] * 8")
+    args.decoder_layers = getattr(args, "decoder_layers", "[(96, 3)] * 8")
+    set_dense_defaults(args, dense_attention="2", summary_every=5)
+    dense_fconv_iwslt_de_en(args)
+
+
+@register_model_architecture("dense_fconv", "dense_fconv_wmt_en_de")
+def dense_fconv_wmt_en_de(args):
+    """DenseNMT-En-De-15 (Sec. 4.2): Gehring et al.'s best WMT14 En-De model (``fconv_wmt_en_de``:
+    9 x (512, 3), 4 x (1024, 3), 2 x (2048, 1), embedding 768) with dense connections, DenseAtt-2 and
+    sumlen = 6; "the hidden number in each layer is 1/4 that of the original model, while the
+    kernel size maintains the same". Reading: the 15 layers are convolution layers; the two
+    summary layers (after layers 5 and 10) come on top."""
+    layers = "[(128, 3)] * 9 + [(256, 3)] * 4 + [(512, 1)] * 2"
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 768)
+    args.encoder_layers = getattr(args, "encoder_layers", layers)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 768)
+    args.decoder_layers = getattr(args, "decoder_layers", layers)
+    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", 512)
+    set_dense_defaults(args, dense_attention="2", summary_every=6)
+    dense_fconv(args)

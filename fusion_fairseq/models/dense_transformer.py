@@ -1,0 +1,375 @@
+"""DenseNMT's ideas (Shen et al., NAACL 2018) on fairseq's Transformer: ``--arch dense_transformer``.
+
+The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the transformation function"
+(Sec. 3) and leaves self-attention networks to future work (Sec. 6). This is that mapping:
+
+* dense encoder (Eq. 6): layer l+1 is fairseq's Transformer encoder layer of width d (the growth
+  dimension) applied to a linear projection of the concatenation ``[h_l, ..., h_0]`` (reading: the
+  transformation H of Eq. 6 is "project, then one Transformer layer"; the layer's own residual
+  connections stay inside H);
+* dense decoder (Eq. 7): likewise over ``[z_l, a_l, ..., z_1, a_1, z_0]``, where a_l is the output of
+  layer l's encoder-decoder attention (before its residual add) and z_l the layer's output;
+* summary layers (Sec. 3.3) after every SUMLEN-1 layers: a linear projection back to d0;
+* dense attention (Sec. 3.2): the memory of every decoder layer's encoder-decoder attention is
+  ``none``: the top encoder layer (projected to d0 when the encoder is dense); ``1`` (Eq. 9): the
+  projection of the concatenation of the top block's layers, ``sum_i L_i(h_i)``; ``2`` (Eq. 10): the
+  layers projected separately, one softmax per layer, contexts summed. Reading: fairseq's
+  attention has one memory for keys and values, so Eq. 9/10's ``+ L(h0)`` on the values (a ConvS2S
+  detail, Fig. 3a) is not used here;
+* small embeddings (Sec. 4.2): ``--embed-bottleneck-dim E``: embeddings and softmax matrix of width
+  E, projected to d0 (fairseq's ``project_in_dim`` on the decoder side).
+"""
+
+import argparse
+import math
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import Tensor, nn
+from fairseq.models.transformer import (
+    TransformerDecoder,
+    TransformerEncoder,
+    TransformerModel,
+    base_architecture as transformer_base_architecture,
+)
+from fairseq.models.transformer.transformer_config import TransformerConfig
+from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
+
+from fusion_fairseq.modules.dense_attention import DenseSourceAttention
+from fusion_fairseq.modules.dense_connection import (
+    DenseFeatures,
+    SummaryLayer,
+    block_sizes,
+    dense_plan,
+    final_width,
+)
+from fusion_fairseq.registry import register_model, register_model_architecture
+
+from .dense_fconv import add_dense_args, check_dense_args, set_dense_defaults
+
+
+def with_changes(args, **changes) -> argparse.Namespace:
+    copy = argparse.Namespace(**vars(args))
+    vars(copy).update(changes)
+    return copy
+
+
+def xavier_linear(in_dim: int, out_dim: int, bias: bool = True) -> nn.Linear:
+    linear = nn.Linear(in_dim, out_dim, bias=bias)
+    nn.init.xavier_uniform_(linear.weight)
+    if bias:
+        nn.init.zeros_(linear.bias)
+    return linear
+
+
+class DenseTransformerEncoderLayer(TransformerEncoderLayer):
+    """H of Eq. 6 for the Transformer: project the concatenated features to the layer width,
+    then fairseq's encoder layer."""
+
+    def __init__(self, args, in_dim: int):
+        super().__init__(args)
+        self.input_projection = xavier_linear(in_dim, args.encoder_embed_dim)
+
+    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
+        return super().forward(self.input_projection(x), encoder_padding_mask, attn_mask)
+
+
+class DenseTransformerDecoderLayer(TransformerDecoderLayer):
+    """fairseq's decoder layer whose encoder-decoder attention is a :class:`DenseSourceAttention`
+    (DenseAtt-2 groups; recording a_l for a dense decoder), with an input projection from the
+    concatenated features when ``in_dim`` is given (H of Eq. 7)."""
+
+    def __init__(self, args, in_dim: Optional[int], source_groups: int, record_attention: bool):
+        self._source_groups = source_groups
+        self._record_attention = record_attention
+        super().__init__(args)
+        self.input_projection = xavier_linear(in_dim, args.decoder_embed_dim) if in_dim is not None else None
+
+    def build_encoder_attention(self, embed_dim, args):
+        cfg = TransformerConfig.from_namespace(args)
+        return DenseSourceAttention(
+            embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout, encoder_decoder_attention=True,
+            groups=self._source_groups, record_output=self._record_attention,
+        )
+
+    def forward(self, x, *args, **kwargs):
+        if self.input_projection is not None:
+            x = self.input_projection(x)
+        return super().forward(x, *args, **kwargs)
+
+
+class DenseTransformerEncoder(TransformerEncoder):
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(with_changes(args, encoder_layers=0), dictionary, embed_tokens)
+        d0 = args.encoder_embed_dim
+        self.embed_dim = d0
+        self.dense = not args.no_dense_encoder
+        self.dense_attention = args.dense_attention
+        self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(d0)
+        token_dim = embed_tokens.embedding_dim
+        self.project_in_dim = xavier_linear(token_dim, d0, bias=False) if token_dim != d0 else None
+        if token_dim != d0:
+            if self.embed_positions is not None:
+                self.embed_positions = PositionalEmbedding(
+                    args.max_source_positions, d0, self.padding_idx, learned=args.encoder_learned_pos)
+            if self.layernorm_embedding is not None:
+                self.layernorm_embedding = LayerNorm(d0)
+        self.summaries = nn.ModuleDict()
+        if self.dense:
+            growth = args.growth_dim
+            self.plan = dense_plan([growth] * args.encoder_layers, d0, args.summary_every)
+            layer_args = with_changes(args, encoder_embed_dim=growth)
+            for step in self.plan:
+                if step.kind == "layer":
+                    self.layers.append(DenseTransformerEncoderLayer(layer_args, step.in_dim))
+                else:
+                    self.summaries[str(len(self.layers) - 1)] = SummaryLayer(step.in_dim, step.out_dim, weight_norm=False)
+            self.layer_norm = None
+            top_block = block_sizes(self.plan)
+        else:
+            self.plan = None
+            for _ in range(args.encoder_layers):
+                self.layers.append(TransformerEncoderLayer(args))
+            top_block = [d0] * args.encoder_layers
+        self.num_layers = len(self.layers)
+        sources = top_block[-1:] if self.dense_attention == "none" else top_block
+        self.source_projections = None
+        if self.dense or self.dense_attention != "none":
+            self.source_projections = nn.ModuleList(xavier_linear(width, d0) for width in sources)
+        self.num_sources = len(sources) if self.dense_attention == "2" else 1
+
+    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
+                token_embeddings: Optional[Tensor] = None):
+        padding_mask = src_tokens.eq(self.padding_idx)
+        has_pads = bool(padding_mask.any())
+        tokens = self.embed_tokens(src_tokens) if token_embeddings is None else token_embeddings
+        x = embedding = self.embed_scale * tokens
+        if self.project_in_dim is not None:
+            x = embedding = self.project_in_dim(x)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(src_tokens)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        if has_pads:
+            x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
+        x = x.transpose(0, 1)
+        layer_mask = padding_mask if has_pads else None
+
+        if self.dense:
+            features, block = DenseFeatures(x), []
+            for index, layer in enumerate(self.layers):
+                h = layer(features.concat(), encoder_padding_mask=layer_mask)  # Eq. 6
+                features.append(h)
+                block.append(h)
+                if str(index) in self.summaries:
+                    summary = self.summaries[str(index)](features.concat())
+                    features.restart(summary)
+                    block = [summary]
+            states = block
+        else:
+            states = []
+            for layer in self.layers:
+                x = layer(x, encoder_padding_mask=layer_mask)
+                states.append(x)
+            if self.layer_norm is not None:
+                states[-1] = self.layer_norm(states[-1])
+
+        memory_mask = padding_mask
+        if self.dense_attention == "none":
+            memory = states[-1] if self.source_projections is None else self.source_projections[0](states[-1])
+        else:
+            projected = [projection(state) for projection, state in zip(self.source_projections, states)]
+            if self.dense_attention == "1":
+                memory = torch.stack(projected, dim=0).sum(dim=0)  # Eq. 9: L([{h_i}])
+            else:
+                memory = torch.cat(projected, dim=0)  # Eq. 10: one group of positions per layer
+                memory_mask = padding_mask.repeat(1, len(projected))
+        return {
+            "encoder_out": [memory],
+            "encoder_padding_mask": [memory_mask],
+            "encoder_embedding": [embedding],
+            "encoder_states": states if return_all_hiddens else [],
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths] if src_lengths is not None else [],
+        }
+
+    def layer_input_widths(self) -> List[int]:
+        if self.dense:
+            return [step.in_dim for step in self.plan]
+        return [self.embed_dim] * len(self.layers)
+
+
+class DenseTransformerDecoder(TransformerDecoder):
+    def __init__(self, args, dictionary, embed_tokens, source_groups: int):
+        super().__init__(with_changes(args, decoder_layers=0), dictionary, embed_tokens, no_encoder_attn=False)
+        d0 = args.decoder_embed_dim
+        self.dense = not args.no_dense_decoder
+        self.summaries = nn.ModuleDict()
+        if self.dense:
+            growth = args.growth_dim
+            # Eq. 7: every layer adds z_l and a_l, d features each
+            self.plan = dense_plan([2 * growth] * args.decoder_layers, d0, args.summary_every)
+            layer_args = with_changes(args, decoder_embed_dim=growth)
+            for step in self.plan:
+                if step.kind == "layer":
+                    self.layers.append(DenseTransformerDecoderLayer(layer_args, step.in_dim, source_groups, True))
+                else:
+                    self.summaries[str(len(self.layers) - 1)] = SummaryLayer(step.in_dim, step.out_dim, weight_norm=False)
+            self.layer_norm = None
+            top = final_width(self.plan, d0)
+        else:
+            self.plan = None
+            for _ in range(args.decoder_layers):
+                self.layers.append(DenseTransformerDecoderLayer(args, None, source_groups, False))
+            top = d0
+        self.num_layers = len(self.layers)
+        # Sec. 3.1: the output is a linear transformation of the concatenation of the top block
+        self.project_out_dim = xavier_linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
+
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+                         incremental_state=None, full_context_alignment: bool = False,
+                         alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
+        memory_mask = (encoder_out["encoder_padding_mask"][0]
+                       if encoder_out and encoder_out["encoder_padding_mask"] else None)
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x = x + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+        self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        if not self_attn_padding_mask.any():
+            self_attn_padding_mask = None
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        features = DenseFeatures(x)
+        for index, layer in enumerate(self.layers):
+            self_attn_mask = self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment else None
+            layer_input = features.concat() if self.dense else x
+            x, layer_attn, _ = layer(
+                layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=index == alignment_layer,
+                need_head_weights=index == alignment_layer,
+            )
+            inner_states.append(x)
+            if layer_attn is not None and index == alignment_layer:
+                attn = layer_attn.float().to(x)
+            if self.dense:
+                features.append(x, layer.encoder_attn.last_output)  # Eq. 7: [z_l, a_l]
+                if str(index) in self.summaries:
+                    features.restart(self.summaries[str(index)](features.concat()))
+        if attn is not None:
+            if alignment_heads is not None:
+                attn = attn[:alignment_heads]
+            attn = attn.mean(dim=0)
+        out = features.concat() if self.dense else x
+        if self.layer_norm is not None:
+            out = self.layer_norm(out)
+        out = out.transpose(0, 1)
+        if self.project_out_dim is not None:
+            out = self.project_out_dim(out)
+        return out, {"attn": [attn], "inner_states": inner_states}
+
+    def layer_input_widths(self) -> List[int]:
+        if self.dense:
+            return [step.in_dim for step in self.plan]
+        return [self.embed_dim] * len(self.layers)
+
+
+@register_model("dense_transformer")
+class DenseTransformerModel(TransformerModel):
+    """DenseNMT's dense encoder/decoder, dense attention, summary layers and small embeddings on
+    fairseq's Transformer."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_dense_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        dense_transformer(args)
+        check_dense_args(args, [("--encoder-embed-dim", args.encoder_embed_dim),
+                                ("--decoder-embed-dim", args.decoder_embed_dim)])
+        for side in ("encoder", "decoder"):
+            heads = getattr(args, f"{side}_attention_heads")
+            dense = not getattr(args, f"no_dense_{side}")
+            width = args.growth_dim if dense else getattr(args, f"{side}_embed_dim")
+            if width % heads:
+                flag = "--growth-dim" if dense else f"--{side}-embed-dim"
+                raise ValueError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
+        for flag in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
+            if getattr(args, flag, None):
+                raise ValueError(f"--{flag.replace('_', '-')} is not supported by dense_transformer")
+        if getattr(args, "max_source_positions", None) is None:
+            args.max_source_positions = 1024
+        if getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = 1024
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        if args.embed_bottleneck_dim is not None:
+            # Sec. 4.2: the softmax matrix shrinks together with the embeddings
+            args.decoder_output_dim = args.embed_bottleneck_dim
+        src_width = args.embed_bottleneck_dim or args.encoder_embed_dim
+        tgt_width = args.embed_bottleneck_dim or args.decoder_embed_dim
+        if args.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ValueError("--share-all-embeddings requires a joined dictionary")
+            if args.encoder_embed_dim != args.decoder_embed_dim:
+                raise ValueError("--share-all-embeddings requires --encoder-embed-dim to match --decoder-embed-dim")
+            args.share_decoder_input_output_embed = True
+            encoder_embed = decoder_embed = cls.build_embedding(args, src_dict, src_width)
+        else:
+            encoder_embed = cls.build_embedding(args, src_dict, src_width)
+            decoder_embed = cls.build_embedding(args, tgt_dict, tgt_width)
+        if args.share_decoder_input_output_embed and args.decoder_output_dim != tgt_width:
+            raise ValueError(
+                f"--share-decoder-input-output-embed needs --decoder-output-dim {args.decoder_output_dim} to equal "
+                f"the target embedding width {tgt_width}"
+            )
+        encoder = DenseTransformerEncoder(args, src_dict, encoder_embed)
+        decoder = DenseTransformerDecoder(args, tgt_dict, decoder_embed, encoder.num_sources)
+        return cls(args, encoder, decoder)
+
+
+@register_model_architecture("dense_transformer", "dense_transformer")
+def dense_transformer(args):
+    """Defaults: fairseq's ``transformer`` widths; growth dimension half the embedding size."""
+    set_dense_defaults(args, dense_attention="2", summary_every=0)
+    transformer_base_architecture(args)
+    if args.growth_dim is None:
+        args.growth_dim = args.encoder_embed_dim // 2
+
+
+@register_model_architecture("dense_transformer", "dense_transformer_iwslt_de_en")
+def dense_transformer_iwslt_de_en(args):
+    """The dense counterpart of fairseq's ``transformer_iwslt_de_en`` (6 + 6 layers, d_model 512,
+    FFN 1024, 4 heads): embedding size d0 = 512, growth (layer width) 384, FFN 1024, DenseAtt-2 and
+    summary layers with sumlen = 4 (one after layer 3 of 6), chosen so that the model has about the
+    size of the residual baseline (41.6M vs 42.9M parameters, see examples/dense_nmt/README.md)."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 6)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 512)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 6)
+    args.growth_dim = getattr(args, "growth_dim", None) or 384
+    set_dense_defaults(args, dense_attention="2", summary_every=4)
+    dense_transformer(args)

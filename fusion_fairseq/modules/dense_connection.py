@@ -1,0 +1,132 @@
+"""Dense connections and summary layers of DenseNMT (Shen et al., NAACL 2018, Sec. 3.1 and 3.3).
+
+A dense stack keeps a list of feature blocks ``[h0, h1, ..., hl]``; layer ``l+1`` reads their
+concatenation (Eq. 6 for the encoder, Eq. 7 for the decoder, where each decoder layer adds two
+blocks, its hidden state ``z_l`` and its attention value ``a_l``). A summary layer (Sec. 3.3)
+projects the concatenation back to the embedding size ``d0`` and restarts the list with that one
+block, so no layer reads more than ``d0 + (sumlen - 1) * d`` features.
+
+Pure module code: the plan of widths is computed from plain integers (no argparse).
+"""
+
+import math
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class DenseStep:
+    """One step of a dense stack: a ``"layer"`` that reads ``in_dim`` features and appends
+    ``out_dim`` new ones, or a ``"summary"`` that reads ``in_dim`` and restarts the stack with
+    ``out_dim`` (= d0) features."""
+
+    kind: str
+    in_dim: int
+    out_dim: int
+
+
+def check_summary_interval(summary_every: int) -> None:
+    if summary_every < 0 or summary_every == 1:
+        raise ValueError(
+            f"summary interval (sumlen) must be 0 (no summary layers) or at least 2 (one summary layer "
+            f"after every sumlen-1 layers), got {summary_every}"
+        )
+
+
+def summary_positions(num_layers: int, summary_every: int) -> List[int]:
+    """Indices (0-based) of the layers followed by a summary layer.
+
+    Paper: Sec. 3.3, "We add one summary layer after every (sumlen - 1) layers". Reading: no
+    summary after the top layer, whose concatenation is read by the output projection instead
+    (which is itself a projection of the top block, "the output of the decoder is only a linear
+    transformation of the concatenation of the upper few layers").
+    """
+    check_summary_interval(summary_every)
+    if summary_every == 0:
+        return []
+    interval = summary_every - 1
+    return [index for index in range(num_layers) if (index + 1) % interval == 0 and index + 1 < num_layers]
+
+
+def dense_plan(new_features: Sequence[int], embed_dim: int, summary_every: int = 0) -> List[DenseStep]:
+    """The widths of a dense stack: layer ``l`` appends ``new_features[l]`` features (the growth
+    dimension d, or 2d for a decoder layer with attention, Eq. 7) to a stack that starts with the
+    embedding (``embed_dim`` = d0). Paper: Sec. 3.3, the L-th layer reads ``(L - 1) d + d0``."""
+    if embed_dim <= 0:
+        raise ValueError(f"embedding size d0 must be positive, got {embed_dim}")
+    for width in new_features:
+        if width <= 0:
+            raise ValueError(f"growth dimension must be positive, got {width}")
+    summaries = set(summary_positions(len(new_features), summary_every))
+    plan, width = [], embed_dim
+    for index, grown in enumerate(new_features):
+        plan.append(DenseStep("layer", width, grown))
+        width += grown
+        if index in summaries:
+            plan.append(DenseStep("summary", width, embed_dim))
+            width = embed_dim
+    return plan
+
+
+def final_width(plan: Sequence[DenseStep], embed_dim: int) -> int:
+    """Width of the concatenation after the last step (what the output projection reads)."""
+    width = embed_dim
+    for step in plan:
+        width = step.out_dim if step.kind == "summary" else width + step.out_dim
+    return width
+
+
+def block_sizes(plan: Sequence[DenseStep]) -> List[int]:
+    """For the final block (after the last summary): the widths of its feature blocks, the
+    summary output first when there is one. Dense attention (Sec. 3.2/3.3) attends these."""
+    blocks: List[int] = []
+    for step in plan:
+        if step.kind == "summary":
+            blocks = [step.out_dim]
+        else:
+            blocks.append(step.out_dim)
+    return blocks
+
+
+class DenseFeatures:
+    """The growing list ``[h_l, ..., h_0]`` of Eq. 6/7 (kept oldest first, along ``dim``)."""
+
+    def __init__(self, first: Tensor, dim: int = -1):
+        self.blocks: List[Tensor] = [first]
+        self.dim = dim
+
+    def append(self, *blocks: Tensor) -> None:
+        self.blocks.extend(blocks)
+
+    def concat(self) -> Tensor:
+        return self.blocks[0] if len(self.blocks) == 1 else torch.cat(self.blocks, dim=self.dim)
+
+    def restart(self, first: Tensor) -> None:
+        self.blocks = [first]
+
+    @property
+    def width(self) -> int:
+        return sum(block.size(self.dim) for block in self.blocks)
+
+
+class SummaryLayer(nn.Module):
+    """Sec. 3.3: "summarizes the features for all previous layers and projects back to the
+    embedding size". Reading: a position-wise linear projection (no non-linearity; the paper gives
+    none), initialised as ConvS2S's linear layers (std sqrt((1 - dropout) / in_dim)), optionally
+    weight-normalised as ConvS2S's layers are."""
+
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0, weight_norm: bool = True):
+        super().__init__()
+        if in_dim <= 0 or out_dim <= 0:
+            raise ValueError(f"summary layer widths must be positive, got {in_dim} -> {out_dim}")
+        projection = nn.Linear(in_dim, out_dim)
+        nn.init.normal_(projection.weight, mean=0.0, std=math.sqrt((1.0 - dropout) / in_dim))
+        nn.init.zeros_(projection.bias)
+        self.projection = nn.utils.weight_norm(projection) if weight_norm else projection
+        self.in_dim, self.out_dim = in_dim, out_dim
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.projection(features)
