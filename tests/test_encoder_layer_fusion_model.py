@@ -137,3 +137,8 @@ def test_soft_fusion_defaults_to_the_papers_temperature():
     assert (big.encoder_embed_dim, big.surface_fusion, big.surface_fusion_lambda) == (1024, "hard", 0.9)
     fgla = parse_model_args("fgla_wmt_en_ro")
     assert (fgla.layer_attention, fgla.layer_attention_dropconnect, fgla.dropout) == ("fine", 0.3, 0.3)
+
+
+def test_soft_fusion_on_a_hard_fusion_preset_gets_the_soft_temperature():
+    assert parse_model_args("surface_fusion_wmt_en_ro", "--surface-fusion", "soft").surface_fusion_tau == 5.0
+    assert parse_model_args("surface_fusion_wmt_en_de_big", "--surface-fusion", "soft").surface_fusion_tau == 5.0

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Liu et al. (ICLR 2021), "Understanding and Improving Encoder Layer Fusion in Sequence-to-Sequence
+# Learning": WMT16 Romanian-English, Transformer-Base, the settings of the paper's Appendix Table 4
+# (batch 16K tokens, 60K steps, dropout 0.3; testing with beam 4, length penalty 1.0).
+# See examples/surface_fusion/README.md for the variants, the analyses and the readings.
+set -euo pipefail
+
+PROG="$(basename "$0")"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$HERE/../.." && pwd)"
+
+usage() {
+    cat <<EOF
+Usage: $PROG DATA_BIN VARIANT [options] [-- extra fairseq-train arguments]
+
+Train one model of Liu et al. (2021) on binarised WMT16 Ro-En (joined dictionary; see README.md).
+
+VARIANT:
+  vanilla    Table 2 "Vanilla": Transformer-Base (fairseq's transformer_wmt_en_de), dropout 0.3
+  coarse     Table 1 "Coarse-grained layer attention" (Bapna et al. 2018), DropConnect 0.3
+  fgla       Tables 1-2 "FGLA": fine-grained layer attention (Sec. 3.2), DropConnect 0.3
+             (--arch fgla_wmt_en_ro); the model the analyses of Sec. 3.3 read
+  hard       Table 2 "Hard fusion": SurfaceFusion, Eq. 6, lambda 0.8, tau 1 (--arch surface_fusion_wmt_en_ro)
+  soft       Table 2 "Soft fusion": SurfaceFusion, Eq. 7, tau 5
+
+Options:
+  --save-root DIR    checkpoints go to DIR/VARIANT (default: checkpoints/surface-fusion-wmt16-ro-en)
+  --gpus N           GPUs to train on (default: nvidia-smi's count, else 1)
+  --max-tokens N     tokens per GPU batch (default: 4096); --update-freq is 16384 / (N x GPUs), so that one
+                     update sees the paper's 16K-token batch
+  --max-update N     updates (default: 60000, the paper's 60K steps)
+  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
+  --dry-run          print the fairseq-train command and exit
+  -h, --help         this help
+Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
+  -- --fp16 --seed 2
+EOF
+}
+
+die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
+usage_error() { printf '%s: error: %s\n(see %s --help)\n' "$PROG" "$*" "$PROG" >&2; exit 2; }
+need_value() { if [[ "$2" -lt 2 ]]; then usage_error "$1 needs a value"; fi; }
+check_int() {  # check_int FLAG VALUE MIN
+    [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || usage_error "$1: invalid value '$2' (expected an integer >= $3)"
+}
+
+SAVE_ROOT=checkpoints/surface-fusion-wmt16-ro-en
+GPUS=""
+MAX_TOKENS=4096
+MAX_UPDATE=60000
+USER_DIR=""
+DRY_RUN=0
+POSITIONAL=()
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;
+        --gpus) need_value "$1" "$#"; check_int "$1" "$2" 1; GPUS=$2; shift 2 ;;
+        --max-tokens) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_TOKENS=$2; shift 2 ;;
+        --max-update) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_UPDATE=$2; shift 2 ;;
+        --user-dir) need_value "$1" "$#"; USER_DIR=$2; shift 2 ;;
+        --dry-run) DRY_RUN=1; shift ;;
+        --) shift; EXTRA=("$@"); break ;;
+        -*) usage_error "unknown option $1" ;;
+        *) POSITIONAL+=("$1"); shift ;;
+    esac
+done
+[[ ${#POSITIONAL[@]} -eq 2 ]] || usage_error "expected DATA_BIN and VARIANT, got ${#POSITIONAL[@]} positional argument(s)"
+DATA_BIN=${POSITIONAL[0]}
+VARIANT=${POSITIONAL[1]}
+
+# ---------------------------------------------------------------------------------------------
+# the variant's model flags (every preset already has Transformer-Base dimensions and dropout 0.3)
+
+case "$VARIANT" in
+    vanilla) ARCH=(--arch transformer_wmt_en_de --dropout 0.3) ;;
+    coarse) ARCH=(--arch fgla_wmt_en_ro --layer-attention coarse --layer-attention-dropconnect 0.3) ;;
+    fgla) ARCH=(--arch fgla_wmt_en_ro --layer-attention fine --layer-attention-dropconnect 0.3) ;;
+    hard) ARCH=(--arch surface_fusion_wmt_en_ro --surface-fusion hard --surface-fusion-lambda 0.8 --surface-fusion-tau 1) ;;
+    soft) ARCH=(--arch surface_fusion_wmt_en_ro --surface-fusion soft --surface-fusion-tau 5) ;;
+    *) usage_error "unknown VARIANT '$VARIANT' (choose from: vanilla coarse fgla hard soft)" ;;
+esac
+[[ -d "$DATA_BIN" || $DRY_RUN -eq 1 ]] || usage_error "DATA_BIN $DATA_BIN: no such directory"
+
+# ---------------------------------------------------------------------------------------------
+# batch: 16K tokens per update (Table 4), as fairseq counts them (--max-tokens summed over GPUs and
+# accumulated batches)
+
+if [[ -z "$GPUS" ]]; then
+    GPUS=1
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        count=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || true)
+        if (( count > 0 )); then GPUS=$count; fi
+    fi
+fi
+PER_STEP=$(( MAX_TOKENS * GPUS ))
+(( 16384 % PER_STEP == 0 )) || usage_error "--max-tokens $MAX_TOKENS x $GPUS GPU(s) = $PER_STEP tokens does not divide the paper's 16384-token batch; choose --max-tokens so that it does"
+UPDATE_FREQ=$(( 16384 / PER_STEP ))
+
+if [[ -z "$USER_DIR" ]]; then
+    USER_DIR=$(fusion-fairseq-user-dir 2>/dev/null || true)
+    [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq"
+fi
+
+SAVE_DIR="$SAVE_ROOT/$VARIANT"
+COMMAND=(
+    fairseq-train "$DATA_BIN" --user-dir "$USER_DIR"
+    "${ARCH[@]}" --share-all-embeddings
+    --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-9 --clip-norm 0.0
+    --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7
+    --weight-decay 0.0
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+    --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
+    --save-dir "$SAVE_DIR" --keep-last-epochs 5 --best-checkpoint-metric nll_loss
+    --log-format simple --log-interval 100
+    "${EXTRA[@]}"
+)
+
+printf '%q ' "${COMMAND[@]}"
+echo
+if [[ $DRY_RUN -eq 1 ]]; then
+    exit 0
+fi
+mkdir -p "$SAVE_DIR"
+exec "${COMMAND[@]}"
