@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# IWSLT14 German-English for fairseq, the standard benchmark setup (the pipeline of fairseq's
+# examples/translation/prepare-iwslt14.sh, reimplemented with sacremoses instead of the Moses perl scripts):
+#   train.tags.de-en.*: drop <url>/<talkid>/<keywords> lines, strip <title>/<description> tags,
+#     Moses-tokenise, clean (length ratio 1.5, 1..175 tokens, as clean-corpus-n.perl), lowercase;
+#     valid = every 23rd line of that, train = the rest;
+#   test = IWSLT14.TED.dev2010 + IWSLT14.TEDX.dev2012 + IWSLT14.TED.tst2010 + tst2011 + tst2012
+#     (<seg> text of the XML files, ’ -> ', tokenised, lowercased);
+#   joint BPE (10000 merges) learned on train.de + train.en; fairseq-preprocess (joined dictionary).
+# Expected sizes on the real data: 160239 train / 7283 valid / 6750 test sentence pairs.
+set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
+
+IWSLT14_URL="${IWSLT14_URL:-https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}"
+TEST_SETS=(IWSLT14.TED.dev2010 IWSLT14.TEDX.dev2012 IWSLT14.TED.tst2010 IWSLT14.TED.tst2011 IWSLT14.TED.tst2012)
+
+usage() {
+    cat <<EOF
+Usage: $PROG [options]
+
+Prepare IWSLT14 De-En (the standard fairseq benchmark split) and binarise it for fairseq.
+
+  --from PATH          use a local copy instead of downloading: the de-en.tgz archive, or a directory
+                       with its files (train.tags.de-en.{de,en}, IWSLT14.TED*.de-en.{de,en}.xml) or with
+                       de-en.tgz in it
+  --dest DIR           output directory (default: iwslt14.tokenized.SRC-TGT); binarised data in DIR/data-bin
+  --databin DIR        binarised output directory instead of DEST/data-bin
+  --src L, --tgt L     direction, de/en (default: de -> en)
+  --bpe NAME           subword_nmt (default) or fastbpe (same segmentation, faster; needs the fastBPE module)
+  --bpe-merges N       joint BPE merge operations (default: 10000)
+  --no-lowercase       keep case (default: lowercase, as the standard setup)
+  --no-joined-dictionary  separate source and target dictionaries (default: joined)
+  --valid-every N      valid = every N-th training line (default: 23)
+  --max-len N          drop training pairs with a side longer than N tokens (default: 175)
+  --ratio R            drop training pairs whose length ratio exceeds R (default: 1.5)
+  --workers N          processes for tokenisation / BPE / fairseq-preprocess (default: min(nproc, 8))
+  -h, --help           this help
+
+Environment: IWSLT14_URL (archive URL), RECIPE_CONNECT_TIMEOUT (seconds, default 20).
+EOF
+}
+
+FROM="" DEST="" DATABIN="" SRC=de TGT=en BPE=subword_nmt MERGES=10000 LOWER=1 JOINED=1 EVERY=23 MAXLEN=175 RATIO=1.5
+WORKERS=$(default_workers)
+split_equals "$@"
+set -- "${ARGS[@]+"${ARGS[@]}"}"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --from) need_value "$1" "$#" "${2:-}"; FROM=$2; shift 2 ;;
+        --dest) need_value "$1" "$#" "${2:-}"; DEST=$2; shift 2 ;;
+        --databin) need_value "$1" "$#" "${2:-}"; DATABIN=$2; shift 2 ;;
+        --src) need_value "$1" "$#" "${2:-}"; check_choice "$1" "$2" de en; SRC=$2; shift 2 ;;
+        --tgt) need_value "$1" "$#" "${2:-}"; check_choice "$1" "$2" de en; TGT=$2; shift 2 ;;
+        --bpe) need_value "$1" "$#" "${2:-}"; BPE=$(normalise_bpe "$2"); shift 2 ;;
+        --bpe-merges) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 1; MERGES=$2; shift 2 ;;
+        --workers) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 1; WORKERS=$2; shift 2 ;;
+        --valid-every) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 2; EVERY=$2; shift 2 ;;
+        --max-len) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 1; MAXLEN=$2; shift 2 ;;
+        --ratio) need_value "$1" "$#" "${2:-}"
+                 [[ "$2" =~ ^[0-9]+(\.[0-9]+)?$ ]] && [[ "$2" != 0 && ! "$2" =~ ^0+(\.0+)?$ ]] \
+                     || usage_error "$1: invalid value '$2' (expected a positive number)"
+                 RATIO=$2; shift 2 ;;
+        --no-lowercase) LOWER=0; shift ;;
+        --lowercase) LOWER=1; shift ;;
+        --no-joined-dictionary) JOINED=0; shift ;;
+        --joined-dictionary) JOINED=1; shift ;;
+        *) usage_error "unknown option '$1'" ;;
+    esac
+done
+[[ "$SRC" != "$TGT" ]] || usage_error "--src and --tgt are both '$SRC'"
+DEST=${DEST:-iwslt14.tokenized.$SRC-$TGT}
+DATABIN=${DATABIN:-$DEST/data-bin}
+check_from "$FROM"
+check_python_deps
+[[ "$BPE" == fastbpe ]] && check_fastbpe
+
+WORK=$(make_workdir "$DEST")
+trap 'rm -rf "$WORK"' EXIT
+
+# 1. raw files (the archive unpacks to de-en/)
+if [[ -n "$FROM" ]]; then
+    ROOT=$(stage_from "$FROM" "$WORK")
+else
+    ROOT="$DEST/orig"
+    download "$IWSLT14_URL" "$ROOT/de-en.tgz"
+fi
+LOWOPT=()
+(( LOWER )) && LOWOPT=(--lowercase)
+mkdir -p "$DEST/raw" "$DEST/tok"
+
+# 2. text: training data without the talk tags; test = the <seg> lines of the dev/test XML files,
+#    concatenated in the standard order
+for l in de en; do
+    f=$(require_file "$ROOT" "$WORK" "IWSLT14 training data" "train.tags.de-en.$l")
+    tool train-tags -i "$f" -o "$WORK/train.raw.$l"
+    files=()
+    for t in "${TEST_SETS[@]}"; do
+        files+=("$(require_file "$ROOT" "$WORK" "IWSLT14 test set $t" "$t.de-en.$l.xml")")
+    done
+    tool xml-segs "${files[@]}" -o "$DEST/raw/test.$l"
+done
+[[ "$(count_lines "$DEST/raw/test.de")" == "$(count_lines "$DEST/raw/test.en")" ]] \
+    || die "the German and English test files have different numbers of segments"
+
+# 3. tokenise (+ lowercase: done before cleaning here, which does not change any length), clean the
+#    training data, split off valid
+for l in de en; do
+    log "tokenising $l (sacremoses -l $l), lowercase=$LOWER"
+    tokenize_files "$l" "$WORKERS" "${LOWOPT[@]+"${LOWOPT[@]}"}" -- \
+        "$WORK/train.raw.$l" "$WORK/train.tok.$l" "$DEST/raw/test.$l" "$DEST/tok/test.$l"
+done
+log "cleaning: ratio $RATIO, 1..$MAXLEN tokens"
+tool clean --ratio "$RATIO" --min 1 --max "$MAXLEN" \
+    --src-in "$WORK/train.tok.de" --tgt-in "$WORK/train.tok.en" \
+    --src-out "$WORK/train.clean.de" --tgt-out "$WORK/train.clean.en" \
+    --also-in "$WORK/train.raw.de" "$WORK/train.raw.en" --also-out "$WORK/train.rawclean.de" "$WORK/train.rawclean.en"
+for l in de en; do
+    awk -v n="$EVERY" 'NR % n == 0' "$WORK/train.clean.$l" > "$DEST/tok/valid.$l"
+    awk -v n="$EVERY" 'NR % n != 0' "$WORK/train.clean.$l" > "$DEST/tok/train.$l"
+    awk -v n="$EVERY" 'NR % n == 0' "$WORK/train.rawclean.$l" > "$DEST/raw/valid.$l"
+done
+
+# 4. joint BPE, 5. binarise
+learn_and_apply_bpe "$BPE" "$MERGES" "$WORKERS" "$DEST/tok" "$DEST" "$SRC" "$TGT" train valid test
+binarise "$SRC" "$TGT" "$DEST" "$DATABIN" "$WORKERS" "$JOINED"
+write_recipe_env "$DATABIN" RECIPE=iwslt14 SRC="$SRC" TGT="$TGT" LOWERCASE="$LOWER" BPE="$BPE" \
+    BPE_MERGES="$MERGES" COMPOUND_SPLIT=0 \
+    RAW_REF_valid="$(abspath "$DEST/raw/valid.$TGT")" TOK_REF_valid="$(abspath "$DEST/tok/valid.$TGT")" \
+    RAW_REF_test="$(abspath "$DEST/raw/test.$TGT")" TOK_REF_test="$(abspath "$DEST/tok/test.$TGT")"
+report_done "$DATABIN" "$DEST" "$SRC" "$TGT"
