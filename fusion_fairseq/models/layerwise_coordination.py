@@ -172,10 +172,19 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
         return [layer.project_memory(state) for layer, state in zip(self.layers, states)]
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Follow beam search. As fairseq's encoder-decoder attention does with its cached source
+        keys, the cached source memory is reordered only when the number of rows changes: a
+        reorder that keeps the size moves hypotheses among the beams of one sentence, which share
+        the same source, so copying it every step would only cost time growing with its length."""
         cache = self.get_incremental_state(incremental_state, "coordination")
-        if cache is not None:
-            reordered = {name: tensor.index_select(0, new_order) for name, tensor in cache.items()}
-            self.set_incremental_state(incremental_state, "coordination", reordered)
+        if cache is None:
+            return
+        reordered = {
+            name: tensor if name.startswith("source_") and tensor.size(0) == new_order.size(0)
+            else tensor.index_select(0, new_order)
+            for name, tensor in cache.items()
+        }
+        self.set_incremental_state(incremental_state, "coordination", reordered)
 
     def max_positions(self):
         return self._max_positions

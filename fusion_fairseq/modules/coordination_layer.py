@@ -80,14 +80,10 @@ class CoordinationLayer(nn.Module):
         source_keys, source_values = source_memory
         if self.mixed:
             # Eq. 3: one softmax over [source ; target up to itself]
-            allowed = torch.cat([
-                source_allowed.expand(-1, -1, x.size(1), -1),
-                target_allowed.expand(source_allowed.size(0), -1, -1, -1),
-            ], dim=-1)
-            attended, weights = self.attention(
-                query, torch.cat([source_keys, target_keys], dim=2), torch.cat([source_values, target_values], dim=2),
-                allowed, need_weights,
-            )
+            attended, weights = self.attention.attend_blocks(query, [
+                (source_keys, source_values, source_allowed),
+                (target_keys, target_values, target_allowed),
+            ], need_weights)
             x = self.residual(x, attended, self.attention_layer_norm)
         else:
             attended, _ = self.attention(query, target_keys, target_values, target_allowed)

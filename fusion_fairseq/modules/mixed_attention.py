@@ -1,7 +1,7 @@
 """Mixed attention of layer-wise coordination (He et al., NeurIPS 2018, Sec. 3, Eq. 3)."""
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -67,3 +67,23 @@ class MixedAttention(nn.Module):
             averaged = None
         output = self.out_proj(context.transpose(1, 2).reshape(batch, query_length, -1))
         return output, averaged
+
+    def attend_blocks(self, query: Tensor, blocks: List[Tuple[Tensor, Tensor, Tensor]],
+                      need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """One softmax over several memories ``[(keys, values, allowed), ...]`` without
+        concatenating them: the scores of each block are computed against its own keys, joined
+        (cheap: one column per key), normalised together, and each block's values are weighted
+        by its share. Incremental decoding thus never copies the cached source memory."""
+        q = self.split_heads(self.q_proj(query)) / math.sqrt(self.head_dim)
+        batch, _, query_length, _ = q.shape
+        scores = [torch.matmul(q, keys.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+                  for keys, _, allowed in blocks]
+        weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).type_as(q)
+        dropped = F.dropout(weights, self.dropout, self.training)
+        context, start = 0, 0
+        for (_, values, _), block_scores in zip(blocks, scores):
+            width = block_scores.size(-1)
+            context = context + torch.matmul(dropped[..., start:start + width], values)
+            start += width
+        output = self.out_proj(context.transpose(1, 2).reshape(batch, query_length, -1))
+        return output, (weights.mean(dim=1) if need_weights else None)
