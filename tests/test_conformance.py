@@ -97,8 +97,38 @@ MLRF_VARIANTS = [
     Variant("Both-SA+3-enc-1-dec-layers+1-hop", "fusion_transformer",
             (*fuse("sa", "sa"), "--encoder-layers", "3", "--decoder-layers", "1", "--fusion-hops", "1")),
 ]
+
+
+def aggregate(strategy, *more):
+    return ("--aggregate-encoder", strategy, "--aggregate-decoder", strategy, *more)
+
+
+# Deep representations (Dou et al.) and encoder layer fusion (Liu et al.): every aggregation,
+# the AGG choices of Table 4, multi-layer attention, both layer-attention kinds, both
+# SurfaceFusion kinds, and compositions across families.
+OTHER_FUSION_VARIANTS = [
+    Variant(f"aggregate={strategy}", "fusion_transformer", aggregate(strategy))
+    for strategy in ("dense", "linear", "iterative", "hierarchical")
+] + [
+    Variant("hierarchical+relu+residual-top", "fusion_transformer",
+            aggregate("hierarchical", "--aggregation-fn", "relu", "--aggregation-residual", "top")),
+    Variant("hierarchical+attention+residual-none", "fusion_transformer",
+            aggregate("hierarchical", "--aggregation-fn", "attention", "--aggregation-residual", "none")),
+    Variant("multi-layer-attention=2", "fusion_transformer", ("--multi-layer-attention", "2")),
+    Variant("multi-layer-attention=3+pre-norm", "fusion_transformer",
+            ("--multi-layer-attention", "3", "--encoder-layers", "3", "--decoder-layers", "3", *PRE_NORM)),
+    Variant("layer-attention=coarse", "fusion_transformer", ("--layer-attention", "coarse")),
+    Variant("layer-attention=fine+mask-1", "fusion_transformer",
+            ("--layer-attention", "fine", "--mask-encoder-layer", "1")),
+    Variant("surface-fusion=soft", "fusion_transformer", ("--surface-fusion", "soft")),
+    Variant("fine+soft+dec=sa", "fusion_transformer",
+            ("--layer-attention", "fine", "--surface-fusion", "soft", "--fuse-decoder", "sa")),
+    Variant("enc=hierarchical+dec=sa+hard", "fusion_transformer",
+            ("--aggregate-encoder", "hierarchical", "--fuse-decoder", "sa", "--surface-fusion", "hard",
+             "--multi-layer-attention", "2")),
+]
 ARCH_VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES]
-VARIANTS = ARCH_VARIANTS + (MLRF_VARIANTS if "fusion_transformer" in ARCHITECTURES else [])
+VARIANTS = ARCH_VARIANTS + (MLRF_VARIANTS + OTHER_FUSION_VARIANTS if "fusion_transformer" in ARCHITECTURES else [])
 BOTH_FNN_SA = Variant("fusion_transformer+Both-FNN-SA", "fusion_transformer", fuse("fnn", "sa"))
 
 # A gradient counts as "all zeros" when its largest entry is below this fraction of the model's
