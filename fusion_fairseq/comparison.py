@@ -1,0 +1,1057 @@
+"""One benchmark for all methods: translation quality at a matched size and an identical budget.
+
+``python scripts/compare_methods.py`` (this module's :func:`main`) trains fairseq's vanilla
+``transformer`` and one headline configuration of every paper implemented by the plugin on
+Multi30k De->En (train / val / test_2016_flickr), with the *same* data (one joint BPE, one joined
+dictionary), optimiser, learning-rate schedule, batch size, update budget and seeds, then writes
+
+* ``results.json`` -- every setting, every run (per seed: sacreBLEU, tokenised BLEU, parameters,
+  updates, training time, device), per method the mean / sample std / min / max over seeds, and the
+  learning curves;
+* ``results.md`` -- the same as tables, with which runs are done, pending or in progress, the
+  device(s) and the budget;
+* ``learning_curves.png`` -- validation NLL (bits per target token) against updates, one line per
+  method, the mean over the seeds available at each point.
+
+The methods are the rows of :data:`METHODS` (``--methods`` picks a subset). Widths are common
+(``--width``, default 3+3 layers, d=256, FFN 1024, 4 heads; ``--small``: d=128, FFN 512); the two
+models that have no N+M encoder-decoder depth get the free size parameter that their papers use to
+match the baseline chosen so that their parameter count is closest to the vanilla Transformer's
+(:func:`match_parameter`): the depth of the layer-wise coordination stack, and the growth dimension
+of the dense Transformer.
+
+Resumable. Every (method, seed) run lives in ``OUT/runs/METHOD/seedS/``. A finished run has the
+marker ``done.json`` (holding its test BLEU) and is never retrained; an unfinished run resumes from
+its ``checkpoints/checkpoint_last.pt`` (fairseq restores it by itself in the same ``--save-dir``,
+mid-epoch included), so the table can be produced in pieces across sessions. A run whose stored
+settings differ from the ones asked for is refused (use another ``--out``). A lock file per run keeps
+two invocations on one ``--out`` from training the same run. Runs are ordered seed-major, so the
+first pieces are a complete one-seed comparison.
+
+Each run is one worker process (``python -m fusion_fairseq.comparison _worker RUN_DIR``) that trains
+with fairseq-train's own code in-process and then translates and scores the test set exactly as
+``scripts/evaluate.sh`` does (fairseq-generate, beam 5, ``--remove-bpe``, then
+``scripts/recipe_tool.py`` hyps / detok / bleu: detokenised sacreBLEU against the raw reference and
+tokenised BLEU against the Moses-tokenised reference, case-insensitive as the data are lowercased),
+one Python start-up per run instead of three.
+"""
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Dict, List, Optional, Sequence, Tuple
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS_DIR = os.path.join(REPO_ROOT, "scripts")
+PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+SHARED_RAW_CANDIDATES = (
+    "/work/shared/data/multi30k/raw",
+    os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k", "raw"),
+)
+
+
+def log(message: str = "") -> None:
+    print(f"[compare] {message}", flush=True)
+
+
+class ComparisonError(SystemExit):
+    """A user-facing error (exits with status 1, printing the message)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"compare_methods: error: {message}")
+
+
+# ---------------------------------------------------------------------------------------------- methods
+@dataclass(frozen=True)
+class Method:
+    name: str
+    title: str
+    paper: str
+    arch: str
+    flags: Tuple[str, ...] = ()
+    #: "encdec": --encoder-*/--decoder-* width flags + --share-all-embeddings;
+    #: "shared": one stack (--embed-dim/--ffn-embed-dim/--attention-heads), one embedding by construction
+    style: str = "encdec"
+    criterion: Tuple[str, ...] = ()  # replaces the common criterion flags
+    match: Optional[str] = None  # flag chosen to match the vanilla Transformer's parameter count
+    note: str = ""
+
+
+#: One headline configuration per paper, at the common width. Order = table order.
+METHODS: Dict[str, Method] = {m.name: m for m in (
+    Method("transformer", "Transformer (baseline)", "fairseq's vanilla Transformer", "transformer",
+           note="post-norm, sinusoidal positions"),
+    Method("mlrf", "MLRF Both-FNN-SA", "Wang et al. 2018, multi-layer representation fusion",
+           "fusion_transformer", ("--fuse-encoder", "fnn", "--fuse-decoder", "sa"),
+           note="the paper's best system; fusion sizes from the architecture (attention 4d, FFN 2d, 4 hops)"),
+    Method("deeprep", "Deep representations: hierarchical + diversity", "Dou et al. 2018 (EMNLP)",
+           "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
+           criterion=("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
+                      "--diversity-lambda", "1.0"),
+           note="hierarchical layer aggregation on both sides + layer-diversity regulariser, lambda 1.0 (the "
+                "paper's final system); trained from scratch like every row (the paper fine-tunes from the vanilla model)"),
+    Method("surface_fusion", "Encoder layer fusion: SurfaceFusion (hard, 0.8)", "Liu et al. 2021",
+           "fusion_transformer", ("--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"),
+           note="the paper's proposed method: the source embedding fused into the output layer"),
+    Method("fgla", "Encoder layer fusion: fine-grained layer attention", "Liu et al. 2021",
+           "fusion_transformer", ("--layer-attention", "fine"),
+           note="the fine-grained layer attention the paper analyses (second row of the same paper)"),
+    Method("layerwise_coordination", "Layer-wise coordination", "He et al. 2018 (NeurIPS)",
+           "layerwise_coordination", style="shared", match="--layers",
+           note="one shared stack, mixed attention; depth chosen to match the Transformer's parameters as the paper "
+                "does (14 layers ~ 6+6); input/output embedding shared by construction"),
+    Method("dense_transformer", "DenseNMT (dense Transformer, DenseAtt-2)", "Shen et al. 2018 (NAACL)",
+           "dense_transformer", ("--dense-attention", "2", "--summary-every", "0"), match="--growth-dim",
+           note="dense encoder + dense decoder + DenseAtt-2, no summary layers (the paper's shallow 4L setting); growth "
+                "dimension chosen to match the Transformer's parameters as the paper does (DenseNMT-4L ~ BASE-4L)"),
+)}
+
+
+def resolve_methods(names: Sequence[str]) -> List[Method]:
+    wanted: List[str] = []
+    for item in names:
+        wanted += [n.strip() for n in item.split(",") if n.strip()]
+    if not wanted:
+        raise ComparisonError(f"--methods: no method given (known methods: {', '.join(METHODS)})")
+    unknown = [n for n in wanted if n not in METHODS]
+    if unknown:
+        raise ComparisonError(f"--methods: unknown method(s) {', '.join(repr(n) for n in unknown)}; known methods: "
+                              f"{', '.join(METHODS)}")
+    return [METHODS[n] for n in dict.fromkeys(wanted)]
+
+
+# ----------------------------------------------------------------------------------------------- width
+@dataclass(frozen=True)
+class Width:
+    encoder_layers: int
+    decoder_layers: int
+    dim: int
+    ffn: int
+    heads: int
+
+    def __str__(self):
+        return f"{self.encoder_layers}+{self.decoder_layers}:{self.dim}:{self.ffn}:{self.heads}"
+
+    def describe(self):
+        return (f"{self.encoder_layers}+{self.decoder_layers} layers, d={self.dim}, FFN {self.ffn}, "
+                f"{self.heads} heads")
+
+
+DEFAULT_WIDTH = "3+3:256:1024:4"
+SMALL_WIDTH = "3+3:128:512:4"
+
+
+def parse_width(text: str) -> Width:
+    m = re.fullmatch(r"\s*(\d+)\+(\d+):(\d+):(\d+):(\d+)\s*", text or "")
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"expected ENC+DEC:DIM:FFN:HEADS (e.g. {DEFAULT_WIDTH}), got {text!r}")
+    width = Width(*(int(g) for g in m.groups()))
+    if min(width.encoder_layers, width.decoder_layers, width.dim, width.ffn, width.heads) < 1:
+        raise argparse.ArgumentTypeError(f"every number of --width must be positive, got {text!r}")
+    if width.dim % width.heads:
+        raise argparse.ArgumentTypeError(f"--width: d={width.dim} is not divisible by {width.heads} heads")
+    return width
+
+
+def width_flags(method: Method, width: Width) -> List[str]:
+    if method.style == "shared":
+        return ["--embed-dim", str(width.dim), "--ffn-embed-dim", str(width.ffn),
+                "--attention-heads", str(width.heads)]
+    flags = []
+    for side, layers in (("encoder", width.encoder_layers), ("decoder", width.decoder_layers)):
+        flags += [f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(width.dim),
+                  f"--{side}-ffn-embed-dim", str(width.ffn), f"--{side}-attention-heads", str(width.heads)]
+    return flags + ["--share-all-embeddings"]
+
+
+def match_candidates(method: Method, width: Width) -> List[int]:
+    if method.match == "--layers":
+        return list(range(1, 4 * (width.encoder_layers + width.decoder_layers) + 1))
+    if method.match == "--growth-dim":
+        step = width.heads * 8 // math.gcd(width.heads, 8)  # divisible by the heads, a multiple of 8
+        return list(range(step, 2 * width.dim + 1, step))
+    raise ValueError(f"no candidates for {method.match}")
+
+
+def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int, int, Dict[int, int]]:
+    """The candidate whose ``count(candidate)`` is closest to ``target`` (ties: the smaller one), for a
+    ``count`` that does not decrease along ``candidates``; binary search, so few models are built.
+    Returns (value, its count, every count computed)."""
+    seen: Dict[int, int] = {}
+
+    def at(i):
+        value = candidates[i]
+        if value not in seen:
+            seen[value] = count(value)
+        return seen[value]
+
+    lo, hi = 0, len(candidates) - 1
+    if at(hi) < target:
+        lo = hi
+    else:
+        while lo < hi:  # first index with count >= target
+            mid = (lo + hi) // 2
+            if at(mid) >= target:
+                hi = mid
+            else:
+                lo = mid + 1
+    best = lo
+    if lo > 0 and abs(at(lo - 1) - target) <= abs(at(lo) - target):
+        best = lo - 1
+    return candidates[best], at(best), seen
+
+
+# ------------------------------------------------------------------------------------------- settings
+def common_train_flags(settings: argparse.Namespace, src: str, tgt: str) -> List[str]:
+    """Everything but the model, the criterion, the seed, the device and the paths: identical for all."""
+    return [
+        "--task", "translation", "--source-lang", src, "--target-lang", tgt,
+        "--dropout", str(settings.dropout),
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+        "--lr", str(settings.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup),
+        "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001",
+        "--max-tokens", str(settings.max_tokens), "--max-update", str(settings.max_update),
+        # validate + checkpoint every --eval-every updates and at the end only (not at epoch ends)
+        "--save-interval-updates", str(settings.eval_every), "--validate-interval-updates", str(settings.eval_every),
+        "--save-interval", "1000000", "--validate-interval", "1000000",
+        "--keep-interval-updates", "1", "--no-epoch-checkpoints",
+        # checkpoint selection on the NLL: the diversity criterion's loss includes its regulariser
+        "--best-checkpoint-metric", "nll_loss",
+        "--log-format", "json", "--log-interval", str(settings.log_interval),
+        "--num-workers", "0", "--required-batch-size-multiple", "1", "--skip-invalid-size-inputs-valid-test",
+    ]
+
+
+DEFAULT_CRITERION = ("--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1")
+
+
+def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> List[str]:
+    flags = ["--arch", method.arch, *width_flags(method, width), *method.flags]
+    if method.match:
+        if matched is None:
+            raise ValueError(f"{method.name}: {method.match} not matched yet")
+        flags += [method.match, str(matched)]
+    return flags
+
+
+def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int) -> List[str]:
+    """fairseq-train's argv of one run, without the save dir and the device (see :func:`run_argv`)."""
+    return [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
+            *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"]),
+            "--seed", str(seed), *shlex.split(settings.train_args or "")]
+
+
+# --------------------------------------------------------------------------------------------- data
+def read_recipe_env(data_bin: str) -> dict:
+    path = os.path.join(data_bin, "recipe.env")
+    values = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line and not line.startswith("#") and "=" in line:
+                key, value = line.split("=", 1)
+                values[key] = value
+    return values
+
+
+def default_raw() -> Optional[str]:
+    for path in SHARED_RAW_CANDIDATES:
+        if os.path.isfile(os.path.join(path, "train.de")):
+            return path
+    return None
+
+
+def prepare_data(args) -> str:
+    """The binarised data: ``--data-bin`` as given, else ``OUT/data/data-bin`` made (once) by
+    ``scripts/prepare-multi30k.sh --from RAW`` (joint BPE, joined dictionary)."""
+    if args.data_bin:
+        data_bin = os.path.abspath(args.data_bin)
+        if not os.path.isfile(os.path.join(data_bin, "recipe.env")):
+            raise ComparisonError(f"--data-bin: {data_bin}/recipe.env is missing (make the data with "
+                                  "scripts/prepare-multi30k.sh, which records the references there)")
+        return data_bin
+    dest = os.path.join(args.out, "data")
+    data_bin = os.path.join(dest, "data-bin")
+    if os.path.isfile(os.path.join(data_bin, "recipe.env")):
+        return data_bin
+    if args.report_only:
+        raise ComparisonError(f"--report-only: no prepared data in {data_bin}")
+    raw = args.raw or default_raw()
+    if not raw:
+        raise ComparisonError("no Multi30k raw data found (looked in " + ", ".join(SHARED_RAW_CANDIDATES) +
+                              "); give --raw DIR (train/val/test_2016_flickr .de/.en) or --data-bin DIR")
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    command = ["bash", os.path.join(SCRIPTS_DIR, "prepare-multi30k.sh"), "--from", os.path.abspath(raw),
+               "--dest", dest, "--src", "de", "--tgt", "en", "--test-set", "test_2016_flickr",
+               "--bpe-merges", str(args.bpe_merges), "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
+    log(f"preparing the data: {' '.join(shlex.quote(c) for c in command)}")
+    log_path = os.path.join(args.out, "logs", "prepare.log")
+    with open(log_path, "w", encoding="utf-8") as f:
+        rc = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT)
+    if rc != 0 or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
+        with open(log_path, encoding="utf-8") as f:
+            tail = f.read()[-3000:]
+        raise ComparisonError(f"prepare-multi30k.sh failed (exit {rc}); log {log_path}:\n{tail}")
+    return data_bin
+
+
+def dictionary_size(data_bin: str, recipe: dict) -> int:
+    src, tgt = recipe["SRC"], recipe["TGT"]
+    paths = [os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)]
+    texts = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            texts.append(f.read())
+    if texts[0] != texts[1]:
+        raise ComparisonError(f"{data_bin}: the dictionaries of {src} and {tgt} differ; every method shares one joint "
+                              "vocabulary (binarise with --joined-dictionary)")
+    return 4 + sum(1 for line in texts[0].splitlines() if line.strip())
+
+
+# --------------------------------------------------------------------------------------------- plan
+def _build_counter(data_bin: str, settings, recipe: dict):
+    """count(method, extra_flags) -> parameters of the model fairseq-train would build (args parsed by
+    fairseq's own training parser, the joined dictionary of the data)."""
+    from types import SimpleNamespace
+
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fusion_fairseq  # noqa: F401  (registers the plugin)
+
+    dictionary = Dictionary.load(os.path.join(data_bin, f"dict.{recipe['SRC']}.txt"))
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+
+    def count(method: Method, flags: List[str]) -> int:
+        argv = [data_bin, "--user-dir", PLUGIN_DIR, *flags, *(method.criterion or DEFAULT_CRITERION),
+                *common_train_flags(settings, recipe["SRC"], recipe["TGT"]), *shlex.split(settings.train_args or "")]
+        parser = options.get_training_parser()
+        with contextlib.redirect_stderr(sys.stdout):
+            try:
+                args = options.parse_args_and_arch(parser, argv)
+            except SystemExit as error:
+                raise ComparisonError(f"{method.name}: fairseq rejects its flags {' '.join(flags)} (exit {error.code})")
+        model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task)
+        return sum(p.numel() for p in model.parameters())
+
+    return count
+
+
+def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
+    """Model flags and parameter counts of every method (matched sizes solved here); cached in
+    ``OUT/plan.json`` (keyed by everything that changes them)."""
+    vocab = dictionary_size(data_bin, recipe)
+    key = json.dumps({"width": str(width), "vocab": vocab, "dropout": settings.dropout, "train_args": settings.train_args,
+                      "baseline": _method_spec(METHODS["transformer"])}, sort_keys=True)
+    path = os.path.join(out, "plan.json")
+    cache = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            cache = json.load(f)
+    entries = cache.get("entries", {})
+    missing = [m for m in methods if m.name not in entries or entries[m.name].get("key") != _method_key(key, m)]
+    if missing:
+        log(f"computing model sizes ({', '.join(m.name for m in missing)}) ...")
+        count = _build_counter(data_bin, settings, recipe)
+        baseline = METHODS["transformer"]
+        target = count(baseline, model_flags(baseline, width))
+        for method in missing:
+            entry = {"key": _method_key(key, method), "vocab": vocab}
+            if method.match:
+                value, params, tried = match_parameter(
+                    lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
+                entry.update(matched_flag=method.match, matched_value=value, matched_to=target,
+                             match_tried={str(k): v for k, v in sorted(tried.items())})
+                log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
+                    f"(transformer: {target:,}; tried {len(tried)} values)")
+            else:
+                params = count(method, model_flags(method, width))
+            entry.update(model_flags=model_flags(method, width, entry.get("matched_value")), params=params)
+            entries[method.name] = entry
+        os.makedirs(out, exist_ok=True)
+        _write_json(path, {"entries": entries})
+    return {m.name: entries[m.name] for m in methods}
+
+
+def _method_spec(method: Method) -> list:
+    return [method.name, method.arch, method.style, list(method.flags), list(method.criterion), method.match]
+
+
+def _method_key(key: str, method: Method) -> str:
+    return hashlib.sha1((key + json.dumps(_method_spec(method))).encode()).hexdigest()[:16]
+
+
+def _write_json(path: str, data) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def run_dir(out: str, method: str, seed: int) -> str:
+    return os.path.join(out, "runs", method, f"seed{seed}")
+
+
+def device_flags(device: str) -> List[str]:
+    return ["--cpu"] if device == "cpu" else []
+
+
+def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int, rdir: str) -> dict:
+    argv = train_argv(method, plan_entry, settings, data_bin, recipe, seed)
+    return {
+        "method": method.name, "seed": seed, "arch": method.arch, "params": plan_entry["params"],
+        "train_argv": argv,  # the comparable part: the same in every session of this run
+        "save_dir": os.path.join(rdir, "checkpoints"),
+        "data_bin": data_bin, "max_update": settings.max_update,
+        "beam": settings.beam, "gen_args": settings.gen_args, "recipe": recipe,
+    }
+
+
+class RunLock:
+    """An exclusive, non-blocking flock on RUN/.lock (released when the process ends)."""
+
+    def __init__(self, rdir: str):
+        os.makedirs(rdir, exist_ok=True)
+        self.file = open(os.path.join(rdir, ".lock"), "a+")
+
+    def acquire(self) -> bool:
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            return False
+
+    def release(self):
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def run_is_locked(rdir: str) -> bool:
+    if not os.path.isfile(os.path.join(rdir, ".lock")):
+        return False
+    lock = RunLock(rdir)
+    if lock.acquire():
+        lock.release()
+        return False
+    lock.file.close()
+    return True
+
+
+def check_config(rdir: str, config: dict) -> None:
+    stored = _read_json(os.path.join(rdir, "config.json"))
+    if stored is None:
+        return
+    if stored.get("train_argv") != config["train_argv"]:
+        old, new = _flag_values(stored.get("train_argv") or []), _flag_values(config["train_argv"])
+        diff = [f"{flag} {' '.join(old.get(flag, ['(absent)']))} -> {' '.join(new.get(flag, ['(absent)']))}"
+                for flag in sorted(set(old) | set(new)) if old.get(flag) != new.get(flag)]
+        raise ComparisonError(
+            f"{rdir} was started with other settings ({'; '.join(diff)[:600]}); "
+            "use another --out, the original settings, or delete that run directory")
+
+
+def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
+    """{flag: the values after it} of an argv (positional arguments under "")."""
+    values: Dict[str, List[str]] = {"": []}
+    flag = ""
+    for item in argv:
+        if item.startswith("--"):
+            flag = item
+            values.setdefault(flag, [])
+        else:
+            values[flag].append(item)
+    return values
+
+
+def run_one(method: Method, seed: int, config: dict, rdir: str, settings, env: dict) -> str:
+    """Train (or resume) + evaluate one run in a worker process. Returns its status."""
+    lock = RunLock(rdir)
+    if not lock.acquire():
+        log(f"{method.name} seed {seed}: running in another process, skipped")
+        return "running"
+    try:
+        if os.path.isfile(os.path.join(rdir, "done.json")):
+            log(f"{method.name} seed {seed}: already done, not retrained")
+            return "done"
+        config = dict(config, device=settings.device, device_flags=device_flags(settings.device),
+                      keep_checkpoints=settings.keep_checkpoints)
+        _write_json(os.path.join(rdir, "config.json"), config)
+        resumed = os.path.isfile(os.path.join(rdir, "checkpoints", "checkpoint_last.pt"))
+        log(f"{method.name} seed {seed}: {'resuming from checkpoint_last.pt' if resumed else 'training'} "
+            f"-> {rdir}/run.log")
+        started = time.time()
+        with open(os.path.join(rdir, "run.log"), "a", encoding="utf-8") as log_file:
+            log_file.write(f"\n==== session {datetime.now(timezone.utc).isoformat(timespec='seconds')} pid {os.getpid()}\n")
+            log_file.flush()
+            rc = subprocess.call([sys.executable, "-m", "fusion_fairseq.comparison", "_worker", rdir],
+                                 stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        done = _read_json(os.path.join(rdir, "done.json"))
+        if rc != 0 or done is None:
+            log(f"{method.name} seed {seed}: FAILED (exit {rc}) after {time.time() - started:.0f}s; see {rdir}/run.log")
+            return "failed"
+        log(f"{method.name} seed {seed}: done in {time.time() - started:.0f}s: sacreBLEU {done['sacrebleu']}, "
+            f"tokenised BLEU {done['tokenized_bleu']}")
+        return "done"
+    finally:
+        lock.release()
+
+
+# -------------------------------------------------------------------------------------------- worker
+def device_description(device: str, threads: Optional[int] = None) -> str:
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA)"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU {model}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads"
+
+
+def _load_recipe_tool():
+    path = os.path.join(SCRIPTS_DIR, "recipe_tool.py")
+    spec = importlib.util.spec_from_file_location("fusion_fairseq_recipe_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def last_logged_update(log_path: str) -> int:
+    last = 0
+    if os.path.isfile(log_path):
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = re.search(r'"(?:valid_|train_)?num_updates": "?(\d+)', line)
+                if m:
+                    last = int(m.group(1))
+    return last
+
+
+def last_log_time(log_path: str) -> Optional[float]:
+    """Time of the last timestamped (fairseq) line of the log, local time as fairseq writes it."""
+    last = None
+    if os.path.isfile(log_path):
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line[:4].isdigit() and line[19:22] == " | ":
+                    last = line[:19]
+    if last is None:
+        return None
+    try:
+        return time.mktime(time.strptime(last, "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def worker_main(rdir: str) -> None:
+    import logging
+
+    # fairseq-train's own log format (the learning curves are read from its "| valid |" json lines);
+    # force: importing the plugin may already have configured the root logger
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
+                        level=logging.INFO, stream=sys.stdout, force=True)
+    config = _read_json(os.path.join(rdir, "config.json"))
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    import fairseq_cli.generate as fairseq_generate
+    import fairseq_cli.train as fairseq_train
+    import torch
+
+    sessions_path = os.path.join(rdir, "sessions.json")
+    sessions = _read_json(sessions_path) or []
+    log_path = os.path.join(rdir, "run.log")
+    for session in sessions:  # an interrupted session ends at the last fairseq log line before this one
+        if session.get("end") is None:
+            session["end"] = max(session["start"], last_log_time(log_path) or session["start"])
+            session["to_update"] = last_logged_update(log_path)
+            session["interrupted"] = True
+    device = device_description(config["device"])
+    trained_path = os.path.join(rdir, "trained.json")
+    if not os.path.isfile(trained_path):
+        session = {"start": time.time(), "end": None, "device": device, "from_update": last_logged_update(log_path)}
+        sessions.append(session)
+        _write_json(sessions_path, sessions)
+        argv = [*config["train_argv"], "--save-dir", config["save_dir"], *config["device_flags"]]
+        print("$ fairseq-train " + " ".join(shlex.quote(a) for a in argv), flush=True)
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, argv)
+        cfg = convert_namespace_to_omegaconf(args)
+        fairseq_train.distributed_utils.call_main(cfg, fairseq_train.main)
+        session["end"] = time.time()
+        session["to_update"] = last_logged_update(log_path)
+        _write_json(sessions_path, sessions)
+        _write_json(trained_path, {"updates": session["to_update"], "finished": session["end"]})
+    train_seconds = sum((s["end"] or time.time()) - s["start"] for s in sessions)
+
+    # ---- test: fairseq-generate + scoring, as scripts/evaluate.sh
+    recipe = config["recipe"]
+    eval_dir = os.path.join(rdir, f"eval-test-beam{config['beam']}")
+    os.makedirs(eval_dir, exist_ok=True)
+    checkpoint = os.path.join(config["save_dir"], "checkpoint_best.pt")
+    started = time.time()
+    gen_argv = [config["data_bin"], "--path", checkpoint, "--gen-subset", "test",
+                "--source-lang", recipe["SRC"], "--target-lang", recipe["TGT"], "--beam", str(config["beam"]),
+                "--lenpen", "1.0", "--remove-bpe", "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128",
+                "--user-dir", PLUGIN_DIR, "--results-path", eval_dir, *config["device_flags"],
+                *shlex.split(config.get("gen_args") or "")]
+    print("$ fairseq-generate " + " ".join(shlex.quote(a) for a in gen_argv), flush=True)
+    gen_args = options.parse_args_and_arch(options.get_generation_parser(), gen_argv)
+    fairseq_generate.main(gen_args)
+    generate_seconds = time.time() - started
+    gen_file = os.path.join(eval_dir, "generate-test.txt")
+    with open(recipe["RAW_REF_test"], encoding="utf-8") as f:
+        n_ref = sum(1 for _ in f)
+    tool = _load_recipe_tool()
+    hyp_tok, hyp_detok = os.path.join(eval_dir, "hyp.tok"), os.path.join(eval_dir, "hyp.detok")
+    tool.main(["hyps", gen_file, "--hyp", hyp_tok, "--ref", os.path.join(eval_dir, "ref.fairseq.tok"),
+               "--expect", str(n_ref)])
+    tool.main(["detok", "--lang", recipe["TGT"], "-i", hyp_tok, "-o", hyp_detok])
+    bleu_argv = ["bleu", "--hyp-detok", hyp_detok, "--ref", recipe["RAW_REF_test"], "--hyp-tok", hyp_tok,
+                 "--tok-ref", recipe.get("TOK_REF_test") or os.path.join(eval_dir, "ref.fairseq.tok"),
+                 "--json", os.path.join(eval_dir, "scores.json")]
+    if recipe.get("LOWERCASE", "0") == "1":
+        bleu_argv.append("--lowercase")
+    if recipe.get("COMPOUND_SPLIT", "0") == "1":
+        bleu_argv.append("--compound-split")
+    buffer = __import__("io").StringIO()
+    with contextlib.redirect_stdout(buffer):
+        tool.main(bleu_argv)
+    with open(os.path.join(eval_dir, "bleu.txt"), "w", encoding="utf-8") as f:
+        f.write(buffer.getvalue())
+    print(buffer.getvalue(), flush=True)
+    scores = _read_json(os.path.join(eval_dir, "scores.json"))
+    logged_params = None
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
+            if m:
+                logged_params = int(m.group(1).replace(",", ""))
+    updates = _read_json(trained_path)["updates"]
+    done = {
+        "method": config["method"], "seed": config["seed"], "arch": config["arch"],
+        "sacrebleu": scores["sacrebleu"], "tokenized_bleu": scores["tokenized_bleu"],
+        "sacrebleu_signature": scores["sacrebleu_signature"], "sacrebleu_full": scores["sacrebleu_full"],
+        "tokenized_bleu_full": scores["tokenized_bleu_full"], "test_sentences": scores["sentences"],
+        "params": logged_params or config["params"], "updates": updates,
+        "train_seconds": round(train_seconds, 1), "generate_seconds": round(generate_seconds, 1),
+        "updates_per_second": round(sum((s.get("to_update") or 0) - s.get("from_update", 0) for s in sessions) /
+                                    max(1e-9, train_seconds), 3),
+        "devices": sorted({s["device"] for s in sessions} | {device}),
+        "checkpoint": checkpoint, "eval_dir": eval_dir,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+    }
+    if not config.get("keep_checkpoints"):
+        # keep checkpoint_best.pt (the scored model); the rest only served resuming
+        for name in os.listdir(config["save_dir"]):
+            if name.endswith(".pt") and name != "checkpoint_best.pt":
+                os.remove(os.path.join(config["save_dir"], name))
+    _write_json(os.path.join(rdir, "done.json"), done)  # the marker: written last
+
+
+# ------------------------------------------------------------------------------------------- report
+VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
+
+
+def learning_curve(log_path: str) -> Dict[int, float]:
+    """{update: validation NLL (base 2)} from fairseq's json log lines (a resumed run's repeated
+    updates: the latest value)."""
+    curve: Dict[int, float] = {}
+    if not os.path.isfile(log_path):
+        return curve
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = VALID_LINE.search(line)
+            if not m:
+                continue
+            try:
+                stats = json.loads(m.group(1))
+                curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
+            except (ValueError, KeyError):
+                continue
+    return dict(sorted(curve.items()))
+
+
+def summarise(values: Sequence[float]) -> Optional[dict]:
+    values = [float(v) for v in values]
+    if not values:
+        return None
+    return {"n": len(values), "mean": round(statistics.fmean(values), 2),
+            "std": round(statistics.stdev(values), 2) if len(values) > 1 else None,
+            "min": min(values), "max": max(values)}
+
+
+def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
+    updates = sorted({u for c in curves for u in c})
+    out = {}
+    for u in updates:
+        vals = [c[u] for c in curves if u in c]
+        out[u] = statistics.fmean(vals)
+    return out
+
+
+def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, settings, width: Width,
+            data_bin: str) -> dict:
+    rows = []
+    for method in methods:
+        runs, curves = [], []
+        for seed in seeds:
+            rdir = run_dir(out, method.name, seed)
+            done = _read_json(os.path.join(rdir, "done.json"))
+            curve = learning_curve(os.path.join(rdir, "run.log"))
+            if curve:
+                curves.append(curve)
+            run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
+            if done:
+                run.update(status="done", **{k: done[k] for k in (
+                    "sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
+                    "updates_per_second", "devices", "finished", "sacrebleu_signature")})
+            else:
+                updates = last_logged_update(os.path.join(rdir, "run.log"))
+                status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
+                run.update(status=status, updates=updates)
+                sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
+                if sessions:  # time so far (a session still going: until now)
+                    seconds = sum(((s.get("end") or time.time()) if status == "running" else
+                                   (s.get("end") or s["start"])) - s["start"] for s in sessions)
+                    run.update(train_seconds=round(seconds, 1), devices=sorted({s["device"] for s in sessions}))
+                    if seconds > 0 and updates:
+                        run["updates_per_second"] = round(updates / seconds, 3)
+            run["curve"] = {str(u): round(v, 4) for u, v in curve.items()}
+            runs.append(run)
+        finished = [r for r in runs if r["status"] == "done"]
+        entry = plan.get(method.name, {})
+        rows.append({
+            "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
+            "flags": entry.get("model_flags"), "criterion": list(method.criterion or DEFAULT_CRITERION),
+            "params": entry.get("params"), "matched": ({entry["matched_flag"]: entry["matched_value"]}
+                                                       if entry.get("matched_flag") else None),
+            "note": method.note, "runs": runs,
+            "sacrebleu": summarise([r["sacrebleu"] for r in finished]),
+            "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
+            "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()},
+            "curve_seeds": len(curves),
+        })
+    return {
+        "task": "Multi30k De->En (train / val / test_2016_flickr)",
+        "data_bin": data_bin,
+        "settings": {
+            "methods": [m.name for m in methods], "seeds": seeds, "width": str(width), "width_text": width.describe(),
+            "max_update": settings.max_update, "max_tokens": settings.max_tokens, "lr": settings.lr,
+            "warmup": settings.warmup, "dropout": settings.dropout, "eval_every": settings.eval_every,
+            "beam": settings.beam, "device": settings.device, "jobs": settings.jobs, "threads": settings.threads,
+            "train_args": settings.train_args, "gen_args": settings.gen_args,
+            "common_flags": common_train_flags(settings, "SRC", "TGT"), "default_criterion": list(DEFAULT_CRITERION),
+        },
+        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": _load_average()},
+        "methods": rows,
+    }
+
+
+def _load_average():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _fmt_stats(stats: Optional[dict]) -> str:
+    if not stats:
+        return "–"
+    text = f"{stats['mean']:.2f}"
+    if stats["n"] > 1:
+        text += f" ± {stats['std']:.2f} [{stats['min']:.2f}, {stats['max']:.2f}]"
+    return text + f" (n={stats['n']})"
+
+
+def _fmt_duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "–"
+    minutes = seconds / 60
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+
+
+def markdown(results: dict) -> str:
+    s = results["settings"]
+    seeds = s["seeds"]
+    rows = results["methods"]
+    baseline = next((r["params"] for r in rows if r["method"] == "transformer"), None)
+    runs = [run for r in rows for run in r["runs"]]
+    n_done = sum(run["status"] == "done" for run in runs)
+    devices = sorted({d for run in runs for d in run.get("devices", [])})
+    train_total = sum(run.get("train_seconds") or 0 for run in runs)
+    lines = [
+        "# One benchmark for all methods: Multi30k De->En",
+        "",
+        f"Written {results['written']} by `scripts/compare_methods.py`. **{n_done} of {len(runs)} runs done**"
+        + ("" if n_done == len(runs) else " (the table fills in as runs finish; run the same command again to "
+           "continue)") + ".",
+        "",
+        f"* Data: {results['task']}, one joint BPE and one joined dictionary for all methods (`{results['data_bin']}`).",
+        f"* Width: {s['width_text']} (`--width {s['width']}`); `--share-all-embeddings` for every encoder-decoder "
+        "model (layer-wise coordination has one embedding for both sides and the softmax by construction).",
+        f"* Budget: {s['max_update']} updates of ≤{s['max_tokens']} tokens, Adam (0.9, 0.98), lr {s['lr']}, "
+        f"inverse-sqrt schedule with {s['warmup']} warm-up updates, dropout {s['dropout']}, label smoothing 0.1, "
+        f"weight decay 1e-4; validation + checkpoint every {s['eval_every']} updates; the checkpoint with the best "
+        f"validation NLL is translated (beam {s['beam']}). Seeds: {', '.join(map(str, seeds))}.",
+        f"* Device(s) used so far: {'; '.join(devices) if devices else '–'}. Requested: "
+        f"`--device {s['device']}`, {s['jobs']} parallel job(s). Training time so far: {_fmt_duration(train_total)} "
+        "(sum over runs).",
+        "* BLEU: detokenised sacreBLEU against the raw reference (case-insensitive; signature in results.json) and, "
+        "in parentheses, tokenised BLEU (multi-bleu style), both as `scripts/evaluate.sh`. Mean ± sample std "
+        "[min, max] over the finished seeds.",
+        "",
+    ]
+    seed_cols = " | ".join(f"seed {seed}" for seed in seeds)
+    lines += [f"| method | params | Δ vs Transformer | {seed_cols} | sacreBLEU | tokenised BLEU | done |",
+              "|---|---:|---:|" + "---:|" * len(seeds) + "---|---|---|"]
+    for r in rows:
+        cells = []
+        for run in r["runs"]:
+            if run["status"] == "done":
+                cells.append(f"{run['sacrebleu']:.2f} ({run['tokenized_bleu']:.2f})")
+            elif run["status"] in ("running", "partial"):
+                cells.append(f"{run['status']} {run['updates']}/{s['max_update']}")
+            else:
+                cells.append(run["status"])
+        params = r["params"]
+        delta = f"{100 * (params - baseline) / baseline:+.1f}%" if params and baseline else "–"
+        n = sum(run["status"] == "done" for run in r["runs"])
+        lines.append(f"| {r['title']} | {params:,} | {delta} | " + " | ".join(cells) +
+                     f" | {_fmt_stats(r['sacrebleu'])} | {_fmt_stats(r['tokenized_bleu'])} | {n}/{len(r['runs'])} |")
+    lines += ["", "## Runs", "",
+              "| method | seed | status | updates | training time | updates/s | test decoding | device | finished |",
+              "|---|---:|---|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        for run in r["runs"]:
+            lines.append(
+                f"| {r['method']} | {run['seed']} | {run['status']} | {run.get('updates', 0)} | "
+                f"{_fmt_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
+                f"{_fmt_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} | "
+                f"{run.get('finished', '–')} |")
+    lines += ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | note |",
+              "|---|---|---|---|---|"]
+    for r in rows:
+        method = METHODS[r["method"]]
+        flags = [method.arch and f"--arch {method.arch}", " ".join(method.flags)]
+        if r.get("matched"):
+            (flag, value), = r["matched"].items()
+            flags.append(f"{flag} {value} (matched)")
+        lines.append(f"| {r['title']} | {r['paper']} | `{' '.join(f for f in flags if f)}` | "
+                     f"`{' '.join(r['criterion'][1:2])}` | {r['note']} |")
+    lines += ["", "![validation NLL against updates](learning_curves.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_curves(results: dict, path: str) -> None:
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in results["methods"]:
+        curve = r["mean_curve"]
+        if not curve:
+            continue
+        xs = [int(u) for u in curve]
+        ax.plot(xs, list(curve.values()), marker="o", markersize=3,
+                label=f"{r['title']} ({r['curve_seeds']} seed{'s' if r['curve_seeds'] != 1 else ''})")
+    s = results["settings"]
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation NLL (bits per target token)")
+    ax.set_title(f"Multi30k De->En, {s['width_text']}, mean over seeds")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(out, methods, seeds, plan, settings, width, data_bin) -> dict:
+    results = collect(out, methods, seeds, plan, settings, width, data_bin)
+    _write_json(os.path.join(out, "results.json"), results)
+    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(markdown(results))
+    plot_curves(results, os.path.join(out, "learning_curves.png"))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="compare_methods.py",
+        description="Train the vanilla Transformer and every paper's headline configuration at a matched size "
+        "with one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
+        "Resumable: run the same command again to continue.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--methods", nargs="+", default=[",".join(METHODS)],
+                   help="methods (space- or comma-separated) from: " + ", ".join(METHODS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
+    g = p.add_argument_group("data")
+    g.add_argument("--raw", help="Multi30k raw files (train/val/test_2016_flickr .de/.en); default: the shared copy")
+    g.add_argument("--data-bin", help="already binarised data made by scripts/prepare-multi30k.sh (joined dictionary)")
+    g.add_argument("--bpe-merges", type=_positive_int, default=8000, help="joint BPE merges when preparing the data")
+    g = p.add_argument_group("models")
+    w = g.add_mutually_exclusive_group()
+    w.add_argument("--width", type=parse_width, default=parse_width(DEFAULT_WIDTH),
+                   help="common size ENC+DEC:DIM:FFN:HEADS")
+    w.add_argument("--small", dest="width", action="store_const", const=parse_width(SMALL_WIDTH),
+                   help=f"the small CPU preset --width {SMALL_WIDTH}")
+    g.add_argument("--dropout", type=float, default=0.1)
+    g = p.add_argument_group("budget (identical for every run)")
+    g.add_argument("--max-update", type=_positive_int, default=800)
+    g.add_argument("--max-tokens", type=_positive_int, default=4096)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--warmup", type=_positive_int, default=250, help="inverse-sqrt warm-up updates")
+    g.add_argument("--eval-every", type=_positive_int, default=100,
+                   help="updates between validations (learning curve) and checkpoints (resume points)")
+    g.add_argument("--beam", type=_positive_int, default=5)
+    g.add_argument("--train-args", default="", help="extra fairseq-train flags for every run (e.g. '--fp16')")
+    g.add_argument("--gen-args", default="", help="extra fairseq-generate flags for every run's test translation")
+    g = p.add_argument_group("execution")
+    g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    g.add_argument("--jobs", type=_positive_int, default=1, help="runs in parallel")
+    g.add_argument("--threads", type=_positive_int,
+                   help="torch threads per run (default: torch's own; with --jobs N on CPU: cores / N)")
+    g.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep checkpoint_last.pt of finished runs (default: only checkpoint_best.pt is kept)")
+    g.add_argument("--report-only", action="store_true", help="train nothing; collect what exists and write the report")
+    g.add_argument("--log-interval", type=_positive_int, default=50, help=argparse.SUPPRESS)
+    return p
+
+
+def worker_env(settings) -> dict:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
+        p for p in (os.path.dirname(PLUGIN_DIR), os.environ.get("PYTHONPATH")) if p)}
+    threads = settings.threads
+    if threads is None and settings.device == "cpu" and settings.jobs > 1:
+        threads = max(1, (os.cpu_count() or 1) // settings.jobs)
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    settings.threads = threads
+    return env
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    settings = build_parser().parse_args(argv)
+    methods = resolve_methods(settings.methods)
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be at DEBUG
+    if "transformer" not in [m.name for m in methods]:
+        log("note: the baseline 'transformer' is not among --methods; its size is still the matching target")
+    if len(set(settings.seeds)) != len(settings.seeds):
+        raise ComparisonError("--seeds: repeated seed")
+    if settings.device is None:
+        settings.device = "cuda" if _cuda_available() else "cpu"
+    settings.out = os.path.abspath(settings.out)
+    os.makedirs(settings.out, exist_ok=True)
+    width = settings.width
+    data_bin = prepare_data(settings)
+    recipe = read_recipe_env(data_bin)
+    plan = make_plan(methods, width, settings, data_bin, recipe, settings.out)
+    env = worker_env(settings)
+    jobs = []
+    for seed in settings.seeds:  # seed-major: the first pieces are a full one-seed table
+        for method in methods:
+            rdir = run_dir(settings.out, method.name, seed)
+            config = run_config(method, plan[method.name], settings, data_bin, recipe, seed, rdir)
+            check_config(rdir, config)
+            jobs.append((method, seed, config, rdir))
+    pending = [j for j in jobs if not os.path.isfile(os.path.join(j[3], "done.json"))]
+    for method, seed, _, rdir in jobs:
+        if os.path.isfile(os.path.join(rdir, "done.json")):
+            log(f"{method.name} seed {seed}: already done, not retrained")
+    log(f"{len(jobs) - len(pending)} of {len(jobs)} runs done; "
+        + ("reporting only" if settings.report_only else f"{len(pending)} to train with {settings.jobs} job(s) on "
+           f"{settings.device}") + f"; results -> {settings.out}/results.md")
+    statuses = {}
+    if not settings.report_only and pending:
+        write_report(settings.out, methods, settings.seeds, plan, settings, width, data_bin)  # the table so far
+        def task(job):
+            method, seed, config, rdir = job
+            status = run_one(method, seed, config, rdir, settings, env)
+            statuses[(method.name, seed)] = status
+            try:
+                write_report(settings.out, methods, settings.seeds, plan, settings, width, data_bin)
+            except Exception as error:  # a report must not stop the training of the other runs
+                log(f"warning: could not write the intermediate report: {error}")
+            return status
+
+        with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
+            list(pool.map(task, pending))
+    results = write_report(settings.out, methods, settings.seeds, plan, settings, width, data_bin)
+    failed = [f"{m} seed {s}" for (m, s), st in statuses.items() if st == "failed"]
+    log(f"wrote {settings.out}/results.md, results.json and learning_curves.png")
+    if failed:
+        raise ComparisonError(f"{len(failed)} run(s) failed: {', '.join(failed)} (see their run.log)")
+    return results
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "_worker":
+        worker_main(sys.argv[2])
+    else:
+        main()

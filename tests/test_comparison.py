@@ -1,0 +1,203 @@
+"""scripts/compare_methods.py (fusion_fairseq.comparison): a smoke run of the whole pipeline on a tiny
+slice of Multi30k (2 methods x 2 seeds x 4 updates at a tiny width), the report's numbers, resuming
+without retraining, and the errors."""
+
+import json
+import os
+import random
+import statistics
+
+import pytest
+
+from fusion_fairseq import comparison
+from fusion_fairseq.comparison import METHODS, Width, main, match_parameter, parse_width, summarise
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_RAW = [os.path.join(os.path.dirname(REPO), "shared", "data", "multi30k", "raw"), "/work/shared/data/multi30k/raw"]
+SPLITS = {"train": 300, "val": 50, "test_2016_flickr": 50}
+METHODS_UNDER_TEST = ["transformer", "surface_fusion"]
+SEEDS = [1, 2]
+
+
+def _write_raw(directory):
+    """300 / 50 / 50 lines of Multi30k De-En when the shared copy is there, else a synthetic corpus
+    with the same file names."""
+    os.makedirs(directory, exist_ok=True)
+    source = next((d for d in SHARED_RAW if os.path.isfile(os.path.join(d, "train.de"))), None)
+    rng = random.Random(0)
+    words = {"de": "ein mann eine frau hund spielt im park auf der straße mit einem ball".split(),
+             "en": "a man woman dog plays in the park on street with ball".split()}
+    for split, count in SPLITS.items():
+        for lang in ("de", "en"):
+            with open(os.path.join(directory, f"{split}.{lang}"), "w", encoding="utf-8") as out:
+                if source:
+                    with open(os.path.join(source, f"{split}.{lang}"), encoding="utf-8") as f:
+                        for _, line in zip(range(count), f):
+                            out.write(line)
+                else:
+                    state = random.Random(f"{split}{count}")
+                    for _ in range(count):
+                        out.write(" ".join(state.choice(words[lang]) for _ in range(rng.randint(3, 9))).capitalize() + ".\n")
+
+
+def _argv(raw, out, methods=None):
+    return ["--raw", raw, "--out", out, "--methods", ",".join(methods or METHODS_UNDER_TEST),
+            "--seeds", *map(str, SEEDS), "--width", "1+1:16:32:2", "--max-update", "4", "--eval-every", "2",
+            "--warmup", "2", "--max-tokens", "512", "--bpe-merges", "200", "--device", "cpu", "--jobs", "2",
+            "--threads", "1", "--gen-args", "--max-len-a 0 --max-len-b 12"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("comparison")
+    raw, out = str(root / "raw"), str(root / "out")
+    _write_raw(raw)
+    results = main(_argv(raw, out))
+    return raw, out, results
+
+
+def _done(out, method, seed):
+    with open(os.path.join(out, "runs", method, f"seed{seed}", "done.json")) as f:
+        return json.load(f)
+
+
+def test_every_run_has_numeric_bleu_and_params(smoke):
+    _, out, results = smoke
+    with open(os.path.join(out, "results.json")) as f:
+        stored = json.load(f)
+    assert [m["method"] for m in stored["methods"]] == METHODS_UNDER_TEST
+    for row in stored["methods"]:
+        assert isinstance(row["params"], int) and row["params"] > 0
+        assert [r["seed"] for r in row["runs"]] == SEEDS
+        for run in row["runs"]:
+            assert run["status"] == "done"
+            for key in ("sacrebleu", "tokenized_bleu"):
+                assert isinstance(run[key], (int, float)) and 0 <= run[key] <= 100
+            assert run["params"] == row["params"]  # fairseq's logged count == the plan's count
+            assert run["updates"] == 4
+            assert run["curve"], "no validation points parsed from the log"
+    # SurfaceFusion adds parameters to the same-width Transformer (its surface attention)
+    params = {m["method"]: m["params"] for m in stored["methods"]}
+    assert params["surface_fusion"] > params["transformer"]
+    assert stored["settings"]["max_update"] == 4 and stored["settings"]["seeds"] == SEEDS
+
+
+def test_mean_and_spread_by_hand(smoke):
+    _, out, results = smoke
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        md = f.read()
+    assert "4 of 4 runs done" in md
+    for row in results["methods"]:
+        for key in ("sacrebleu", "tokenized_bleu"):
+            values = [_done(out, row["method"], seed)[key] for seed in SEEDS]
+            stats = row[key]
+            assert stats["n"] == 2
+            assert stats["mean"] == pytest.approx((values[0] + values[1]) / 2, abs=0.006)
+            assert stats["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5, abs=0.006)
+            assert (stats["min"], stats["max"]) == (min(values), max(values))
+        title = METHODS[row["method"]].title
+        line = next(line for line in md.splitlines() if line.startswith(f"| {title} |"))
+        assert f"{row['params']:,}" in line and f"{row['sacrebleu']['mean']:.2f}" in line
+        for seed in SEEDS:
+            assert f"{_done(out, row['method'], seed)['sacrebleu']:.2f}" in line
+        assert "2/2" in line
+
+
+def test_learning_curve_png(smoke):
+    _, out, results = smoke
+    path = os.path.join(out, "learning_curves.png")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    for row in results["methods"]:
+        assert row["curve_seeds"] == 2
+        assert set(row["mean_curve"]) == {"2", "4"}  # --eval-every 2, --max-update 4
+        runs = [{u: v for u, v in r["curve"].items()} for r in row["runs"]]
+        assert row["mean_curve"]["4"] == pytest.approx(statistics.fmean(r["4"] for r in runs), abs=1e-3)
+
+
+def test_second_invocation_does_not_retrain(smoke, capsys):
+    raw, out, _ = smoke
+    markers = {(m, s): os.path.join(out, "runs", m, f"seed{s}", "done.json") for m in METHODS_UNDER_TEST for s in SEEDS}
+    logs = {k: os.path.join(os.path.dirname(p), "run.log") for k, p in markers.items()}
+    before = {k: os.stat(p).st_mtime_ns for k, p in markers.items()}
+    logs_before = {k: os.stat(p).st_size for k, p in logs.items()}
+    capsys.readouterr()
+    results = main(_argv(raw, out))
+    printed = capsys.readouterr().out
+    assert {k: os.stat(p).st_mtime_ns for k, p in markers.items()} == before
+    assert {k: os.stat(p).st_size for k, p in logs.items()} == logs_before  # no worker started
+    for method in METHODS_UNDER_TEST:
+        for seed in SEEDS:
+            assert f"{method} seed {seed}: already done, not retrained" in printed
+    assert "4 of 4 runs done" in printed
+    assert all(r["status"] == "done" for row in results["methods"] for r in row["runs"])
+
+
+def test_report_only_shows_pending_runs(smoke, capsys):
+    raw, out, _ = smoke
+    results = main(_argv(raw, out, ["transformer", "mlrf"]) + ["--report-only"])
+    rows = {row["method"]: row for row in results["methods"]}
+    assert [r["status"] for r in rows["transformer"]["runs"]] == ["done", "done"]
+    assert [r["status"] for r in rows["mlrf"]["runs"]] == ["pending", "pending"]
+    assert not os.path.exists(os.path.join(out, "runs", "mlrf", "seed1", "done.json"))
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        md = f.read()
+    assert "2 of 4 runs done" in md and "| pending | pending |" in md
+
+
+def test_changed_settings_are_refused(smoke):
+    raw, out, _ = smoke
+    argv = _argv(raw, out, ["transformer"])
+    argv[argv.index("--max-update") + 1] = "6"
+    with pytest.raises(SystemExit, match=r"other settings.*--max-update 4 -> 6"):
+        main(argv + ["--report-only"])
+
+
+def test_bad_method_name_lists_known_ones(tmp_path):
+    with pytest.raises(SystemExit) as error:
+        main(["--methods", "transformer,not_a_method", "--out", str(tmp_path / "out")])
+    message = str(error.value.code)
+    assert "unknown method(s) 'not_a_method'" in message
+    for name in METHODS:
+        assert name in message
+    assert not os.path.exists(tmp_path / "out" / "data")  # fails before any work
+
+
+def test_match_parameter_picks_the_closest():
+    counts = {v: 1000 + 37 * v + v * v for v in range(8, 257, 8)}
+    value, params, tried = match_parameter(counts.__getitem__, sorted(counts), 20000)
+    best = min(sorted(counts), key=lambda v: (abs(counts[v] - 20000), v))
+    assert (value, params) == (best, counts[best])
+    assert len(tried) <= 8  # binary search, not every candidate
+    assert match_parameter(counts.__getitem__, sorted(counts), 10 ** 9)[0] == 256
+    assert match_parameter(counts.__getitem__, sorted(counts), 0)[0] == 8
+
+
+def test_width_and_summary_helpers():
+    assert parse_width("3+3:256:1024:4") == Width(3, 3, 256, 1024, 4)
+    for bad in ("3:256:1024:4", "3+3:255:1024:4", "0+3:256:1024:4"):
+        with pytest.raises(Exception):
+            parse_width(bad)
+    assert summarise([]) is None
+    assert summarise([20.0]) == {"n": 1, "mean": 20.0, "std": None, "min": 20.0, "max": 20.0}
+    stats = summarise([20.0, 21.0, 23.0])
+    assert stats["mean"] == pytest.approx(21.33, abs=0.01) and stats["std"] == pytest.approx(1.53, abs=0.01)
+
+
+def test_every_method_uses_known_flags():
+    """Every method's flags parse with fairseq's training parser at the default width (no data needed)."""
+    from types import SimpleNamespace
+
+    from fairseq import options
+
+    width = parse_width(comparison.DEFAULT_WIDTH)
+    settings = SimpleNamespace(dropout=0.1, lr=1e-3, warmup=10, max_tokens=100, max_update=1, eval_every=1,
+                               log_interval=1, train_args="")
+    for method in METHODS.values():
+        flags = comparison.model_flags(method, width, 4 if method.match else None)
+        argv = ["unused", "--user-dir", comparison.PLUGIN_DIR, *flags, *(method.criterion or comparison.DEFAULT_CRITERION),
+                *comparison.common_train_flags(settings, "de", "en")]
+        args = options.parse_args_and_arch(options.get_training_parser(), argv)
+        assert args.arch == method.arch
+        if method.style == "encdec":
+            assert args.share_all_embeddings and args.encoder_embed_dim == 256 and args.decoder_layers == 3
