@@ -56,6 +56,8 @@ from fusion_fairseq.modules.dense_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
+from .fusion_args import positive_int
+
 # A placeholder stack for fairseq's constructors, whose own layers are replaced right away.
 _PLACEHOLDER_SPEC = ((1, 1),)
 
@@ -63,18 +65,6 @@ _PLACEHOLDER_SPEC = ((1, 1),)
 # --------------------------------------------------------------------------------------------
 # flags shared with the dense Transformer
 # --------------------------------------------------------------------------------------------
-
-def positive_int(flag: str):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}")
-        return value
-    return parse
-
 
 def summary_interval(text):
     try:

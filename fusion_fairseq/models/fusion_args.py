@@ -33,7 +33,8 @@ def positive_int_error(flag, value):
     return f"{flag} must be a positive integer, got {value!r}"
 
 
-def _positive_int(flag):
+def positive_int(flag):
+    """argparse type: a positive integer, with an error naming ``flag`` and the value."""
     def parse(text):
         try:
             value = int(text)
@@ -88,7 +89,7 @@ def add_deep_representation_args(parser):
                         help="the function F inside the aggregation node AGG (Table 4; paper: sigmoid)")
     parser.add_argument("--aggregation-residual", choices=AGGREGATION_RESIDUALS, metavar="{none,top,all}",
                         help="which inputs of AGG have a residual connection to its output (Table 4; paper: all)")
-    parser.add_argument("--multi-layer-attention", type=_positive_int("--multi-layer-attention"), metavar="K",
+    parser.add_argument("--multi-layer-attention", type=positive_int("--multi-layer-attention"), metavar="K",
                         help="self-attention of every layer attends to its K nearest lower layers with separate "
                         "attention models, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
 
@@ -124,11 +125,11 @@ def add_mlrf_args(parser):
             help=f"fuse all {side} layers (h0 included) by average pooling, a single-hidden-layer "
             f"FNN, or multi-hop self-attention (MLRF Sec. 3.2); 'none' keeps the top layer",
         )
-    parser.add_argument("--fusion-hops", type=_positive_int("--fusion-hops"), metavar="N",
+    parser.add_argument("--fusion-hops", type=positive_int("--fusion-hops"), metavar="N",
                         help="number of attention hops nhop of self-attention fusion (MLRF Eq. 5)")
-    parser.add_argument("--fusion-attn-dim", type=_positive_int("--fusion-attn-dim"), metavar="N",
+    parser.add_argument("--fusion-attn-dim", type=positive_int("--fusion-attn-dim"), metavar="N",
                         help="inner size da of the attention FNN of self-attention fusion (MLRF Eq. 5)")
-    parser.add_argument("--fusion-ffn-dim", type=_positive_int("--fusion-ffn-dim"), metavar="N",
+    parser.add_argument("--fusion-ffn-dim", type=positive_int("--fusion-ffn-dim"), metavar="N",
                         help="hidden units df of the fusion FNN (FNN fusion and after the hops)")
     parser.add_argument("--fusion-independent-w1", action="store_true",
                         help="one W1 per layer in self-attention fusion (MLRF Table 3, '+ indep. W1')")

@@ -10,7 +10,6 @@ once per sentence by the encoder pass and projected to keys/values once (first d
 each new target token then costs one position through the stack.
 """
 
-import argparse
 import math
 from typing import Dict, List, Optional
 
@@ -23,6 +22,8 @@ from fairseq.models.transformer import Embedding
 from fusion_fairseq.modules.coordination_layer import CoordinationLayer
 from fusion_fairseq.modules.resettable_positions import position_embedding, sinusoidal_positions
 from fusion_fairseq.registry import register_model, register_model_architecture
+
+from .fusion_args import positive_int
 
 SOURCE, TARGET = 0, 1
 
@@ -188,18 +189,6 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
 
     def max_positions(self):
         return self._max_positions
-
-
-def positive_int(flag):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}")
-        return value
-    return parse
 
 
 @register_model("layerwise_coordination")
