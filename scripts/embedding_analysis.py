@@ -54,34 +54,34 @@ naming the flag on bad input.
 """
 
 import argparse
-import json
-import logging
 import math
 import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
-import matplotlib
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
+    sys.path.append(REPO_ROOT)
 
-matplotlib.use("Agg")
-logging.getLogger("matplotlib").setLevel(logging.WARNING)
+# fusion_fairseq.analysis imports the plugin (registers the models; --user-dir is optional)
+from fusion_fairseq.analysis import (  # noqa: E402
+    UsageError as ScriptError,
+    add_user_dir_argument,
+    load_checkpoint_state,
+    model_from_state,
+    run_main,
+    use_agg_backend,
+    write_json,
+)
+
+use_agg_backend()
 
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
-    sys.path.append(REPO_ROOT)
-
-import fusion_fairseq  # noqa: E402,F401  (registers the models; --user-dir is optional)
-
 MATRICES = ("encoder", "decoder", "output")
-
-
-class ScriptError(Exception):
-    """A user error: reported as ``error: MESSAGE`` with exit status 2."""
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -98,7 +98,7 @@ def parse_args(argv: Optional[List[str]] = None):
         sub.add_argument("--data", help="binarised data directory (for the dictionaries); "
                          "default: the directory stored in each checkpoint")
         sub.add_argument("--json", metavar="OUT", help="also write the results as JSON")
-        sub.add_argument("--user-dir", help="fairseq --user-dir to import (the plugin itself is always imported)")
+        add_user_dir_argument(sub)
 
     spectrum = commands.add_parser("spectrum", help="normalised singular values of embedding matrices (Figs. 3-4)")
     common(spectrum)
@@ -136,31 +136,9 @@ def parse_args(argv: Optional[List[str]] = None):
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None):
-    from fairseq import checkpoint_utils, utils
-
-    if user_dir:
-        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-    if not os.path.isfile(path):
-        raise ScriptError(f"--path {path}: no such checkpoint file")
-    overrides = {}
-    if data is not None:
-        if not os.path.isdir(data):
-            raise ScriptError(f"--data {data}: no such directory")
-        overrides["data"] = data
-    state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
-    if data is None:
-        cfg = state.get("cfg")
-        stored = cfg["task"].get("data") if cfg is not None and cfg.get("task") is not None else \
-            getattr(state.get("args"), "data", None)
-        if not stored or not os.path.isdir(str(stored).split(os.pathsep)[0]):
-            raise ScriptError(
-                f"--data: the data directory stored in {path} ({stored}) does not exist; pass --data DATA_BIN "
-                "(the binarised data the model was trained on, for its dictionaries)"
-            )
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], state=state)
-    model = models[0]
-    model.eval()
-    return model, cfg, task
+    """``(model, cfg, task)``; without ``data`` the directory stored in the checkpoint is used."""
+    state = load_checkpoint_state(path, data, user_dir=user_dir, checkpoint_name=path)
+    return model_from_state(path, state)
 
 
 def labels_for(args) -> List[str]:
@@ -308,9 +286,7 @@ def run_spectrum(args) -> Dict:
     print(f"wrote {args.out}")
     result = {"threshold": args.threshold, "x_axis": args.x_axis, "curves": curves}
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return result
 
 
@@ -449,9 +425,7 @@ def run_cosine(args) -> Dict:
                   f"e.g. {', '.join(r['oov_examples'][:5])}")
     result = {"dict": args.dict, "pair_lines": lines, "pairs": len(pairs), "rows": rows}
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return result
 
 
@@ -461,12 +435,7 @@ def run(args) -> Dict:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    try:
-        run(args)
-    except ScriptError as error:
-        print(f"embedding_analysis.py {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(run, args, f"embedding_analysis.py {args.command}")
 
 
 if __name__ == "__main__":

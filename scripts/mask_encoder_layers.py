@@ -43,8 +43,6 @@ without layer attention, an encoder layer that does not exist), 1 when a fairseq
 
 import argparse
 import concurrent.futures
-import json
-import logging
 import math
 import os
 import re
@@ -52,20 +50,27 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-import matplotlib
-
-matplotlib.use("Agg")
-logging.getLogger("matplotlib").setLevel(logging.WARNING)
-
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
     sys.path.append(REPO_ROOT)
 
-import fusion_fairseq  # noqa: E402,F401  (registers the models, allow-lists checkpoint types)
+# fusion_fairseq.analysis imports the plugin (registers the models, allow-lists checkpoint types)
+from fusion_fairseq.analysis import (  # noqa: E402
+    ReportedError,
+    UsageError as ScriptError,
+    check_checkpoint_file,
+    check_data_dir,
+    model_args,
+    run_main,
+    use_agg_backend,
+    write_json,
+)
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
+
+use_agg_backend()
+
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
 LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")
@@ -77,12 +82,10 @@ FORBIDDEN_FORWARDED = {
 }
 
 
-class ScriptError(Exception):
-    """A user error: reported as ``error: MESSAGE`` with exit status 2."""
-
-
-class GenerateError(Exception):
+class GenerateError(ReportedError):
     """A fairseq-generate run failed: exit status 1."""
+
+    exit_status = 1
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -123,18 +126,11 @@ def parse_args(argv: Optional[List[str]] = None):
 # the checkpoint
 
 
-def model_args(state):
-    if state.get("cfg") is not None and state["cfg"].get("model") is not None:
-        return state["cfg"]["model"]
-    return state.get("args")
-
-
 def encoder_layer_range(path: str):
     """``(layer-attention kind, number of encoder layers N)`` from the checkpoint's configuration."""
     from fairseq import checkpoint_utils
 
-    if not os.path.isfile(path):
-        raise ScriptError(f"--path {path}: no such checkpoint file")
+    check_checkpoint_file(path)
     args = model_args(checkpoint_utils.load_checkpoint_to_cpu(path))
     kind = getattr(args, "layer_attention", None)
     if kind not in ("coarse", "fine"):
@@ -316,8 +312,7 @@ def plot(rows: List[Dict], metric: str, title: str, out: str, dpi: int):
 
 
 def run(args) -> Dict:
-    if not os.path.isdir(args.data):
-        raise ScriptError(f"--data {args.data}: no such directory")
+    check_data_dir(args.data)
     kind, num_encoder_layers = encoder_layer_range(args.path)
     layers = layers_to_mask(args.layers, num_encoder_layers)
     if args.keep_outputs:
@@ -380,23 +375,12 @@ def run(args) -> Dict:
              f"({kind_name} layer attention), {args.gen_subset}, beam {args.beam}", args.out, args.dpi)
         print(f"wrote {args.out}")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return result
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
-    try:
-        run(args)
-    except ScriptError as error:
-        print(f"mask_encoder_layers.py: error: {error}", file=sys.stderr)
-        return 2
-    except GenerateError as error:
-        print(f"mask_encoder_layers.py: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_main(run, parse_args(argv), "mask_encoder_layers.py")
 
 
 if __name__ == "__main__":

@@ -31,36 +31,37 @@ attention in the checkpoint, encoder layer out of range).
 """
 
 import argparse
-import json
-import logging
 import os
 import sys
 import textwrap
 from typing import List, Optional
 
-import matplotlib
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
+    sys.path.append(REPO_ROOT)
 
-matplotlib.use("Agg")
-logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq may leave the root logger at DEBUG
+# fusion_fairseq.analysis imports the plugin (registers the models; --user-dir is optional)
+from fusion_fairseq.analysis import (  # noqa: E402
+    UsageError as ScriptError,
+    add_user_dir_argument,
+    load_checkpoint_state,
+    model_args,
+    model_from_state,
+    run_main,
+    use_agg_backend,
+    write_json,
+)
+
+use_agg_backend()
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
-    sys.path.append(REPO_ROOT)
-
-import fusion_fairseq  # noqa: E402,F401  (registers the models; --user-dir is optional)
-
 KIND_NAMES = {
     "coarse": "coarse-grained layer attention (one weight per decoder/encoder layer pair)",
     "fine": "fine-grained layer attention",
 }
-
-
-class ScriptError(Exception):
-    """A user error: reported as ``error: MESSAGE`` with exit status 2."""
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -80,55 +81,13 @@ def parse_args(argv: Optional[List[str]] = None):
                         help="rows-decoder (default): rows = decoder layers, columns = Emb,1..N; "
                         "paper: the transpose, as in Figure 1 (x = decoder layer, y = encoder layer, "
                         "Emb at the bottom)")
-    parser.add_argument("--user-dir", help="fairseq --user-dir to import (the plugin itself is always imported)")
+    add_user_dir_argument(parser)
     parser.add_argument("--dpi", type=int, default=150)
     return parser.parse_args(argv)
 
 
 # --------------------------------------------------------------------------------------------
 # loading
-
-
-def model_args(state):
-    """The model's argparse namespace / config of a checkpoint state (new ``cfg`` or legacy ``args``)."""
-    if state.get("cfg") is not None and state["cfg"].get("model") is not None:
-        return state["cfg"]["model"]
-    return state.get("args")
-
-
-def load_state(path: str, data: Optional[str], overrides: Optional[dict] = None, user_dir: Optional[str] = None):
-    """The checkpoint read with ``overrides`` (and ``data``) applied; errors name the flag."""
-    from fairseq import checkpoint_utils, utils
-
-    if user_dir:
-        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-    if not os.path.isfile(path):
-        raise ScriptError(f"--path {path}: no such checkpoint file")
-    overrides = dict(overrides or {})
-    if data is not None:
-        if not os.path.isdir(data):
-            raise ScriptError(f"--data {data}: no such directory")
-        overrides["data"] = data
-    state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
-    if data is None:
-        cfg = state.get("cfg")
-        stored = cfg["task"].get("data") if cfg is not None and cfg.get("task") is not None else \
-            getattr(state.get("args"), "data", None)
-        if not stored or not os.path.isdir(str(stored).split(os.pathsep)[0]):
-            raise ScriptError(
-                f"--data: the data directory stored in the checkpoint ({stored}) does not exist; "
-                "pass --data DATA_BIN (the binarised data the model was trained on, for its dictionaries)"
-            )
-    return state
-
-
-def load_model(path: str, state):
-    from fairseq import checkpoint_utils
-
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], state=state)
-    model = models[0]
-    model.eval()
-    return model, cfg, task
 
 
 def layer_attention_of(model, args, path: str):
@@ -234,12 +193,12 @@ def plot(matrix: np.ndarray, dec_labels: List[str], enc_labels: List[str], layou
 
 def run(args) -> dict:
     overrides = {"mask_encoder_layer": None}  # the stored weights, whatever the checkpoint was saved with
-    state = load_state(args.path, args.data, overrides, args.user_dir)
+    state = load_checkpoint_state(args.path, args.data, overrides, args.user_dir)
     margs = model_args(state)
     if args.mask_encoder_layer is not None:
         if getattr(margs, "layer_attention", "none") in ("coarse", "fine"):
             check_mask_index(args.mask_encoder_layer, margs.encoder_layers)
-    model, _, _ = load_model(args.path, state)
+    model, _, _ = model_from_state(args.path, state)
     attention = layer_attention_of(model, margs, args.path)
     if args.mask_encoder_layer is not None:
         check_mask_index(args.mask_encoder_layer, attention.num_inputs - 1)
@@ -280,20 +239,12 @@ def run(args) -> dict:
         if args.per_dim:
             result["weights_per_dim"] = weights.tolist()
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return result
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
-    try:
-        run(args)
-    except ScriptError as error:
-        print(f"plot_layer_attention.py: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(run, parse_args(argv), "plot_layer_attention.py")
 
 
 if __name__ == "__main__":

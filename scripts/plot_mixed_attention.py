@@ -41,35 +41,41 @@ attention, unknown word, empty sentence, missing file).
 """
 
 import argparse
-import json
-import logging
 import os
 import sys
 from typing import List, Optional
 
-import matplotlib
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
+    sys.path.append(REPO_ROOT)
 
-matplotlib.use("Agg")
-logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq may leave the root logger at DEBUG
+# fusion_fairseq.analysis imports the plugin (registers the models; --user-dir is optional)
+from fusion_fairseq.analysis import (  # noqa: E402
+    UsageError as PlotError,
+    add_text_input_arguments,
+    add_user_dir_argument,
+    beam_search,
+    build_bpe,
+    check_bpe_arguments,
+    encode_sentence,
+    load_model,
+    run_main,
+    teacher_forced_input,
+    token_strings,
+    use_agg_backend,
+    write_json,
+)
+from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
+
+use_agg_backend()
 
 import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
-    sys.path.append(REPO_ROOT)
-
-import fusion_fairseq  # noqa: E402,F401  (registers the models; --user-dir is optional)
-from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
-
 PROG = "plot_mixed_attention.py"
 MASKED_TEXT = "-"
-
-
-class PlotError(Exception):
-    """A user error: reported as ``error: MESSAGE`` with exit status 2."""
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -87,11 +93,8 @@ def parse_args(argv: Optional[List[str]] = None):
                         help="layer to plot, 1-based: 1 = the lowest layer (the paper's Figure 4), N = the top layer")
     parser.add_argument("--out", help="PNG file to write (default: mixed-attention-layerI.png)")
     parser.add_argument("--json", metavar="OUT", help="also write the weights and labels as JSON")
-    parser.add_argument("--user-dir", help="fairseq --user-dir to import (the plugin itself is always imported)")
-    parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")
-    parser.add_argument("--bpe-codes", help="BPE codes file for --bpe subword_nmt")
-    parser.add_argument("--allow-unk", action="store_true",
-                        help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
+    add_user_dir_argument(parser)
+    add_text_input_arguments(parser)
     parser.add_argument("--row-labels", choices=("both", "fed", "predicted"), default="both",
                         help="label each target row 'fed->predicted' (default), with the token fed at that "
                         "position, or with the token predicted there")
@@ -102,10 +105,7 @@ def parse_args(argv: Optional[List[str]] = None):
                         help="when translating: at most this many target tokens (fairseq's max_len_b; default: 200)")
     parser.add_argument("--dpi", type=int, default=150)
     args = parser.parse_args(argv)
-    if args.bpe and not args.bpe_codes:
-        parser.error("--bpe subword_nmt needs --bpe-codes FILE")
-    if args.bpe_codes and not args.bpe:
-        parser.error("--bpe-codes needs --bpe subword_nmt")
+    check_bpe_arguments(parser, args)
     if args.beam < 1:
         parser.error(f"--beam must be a positive integer, got {args.beam}")
     if args.max_len < 1:
@@ -117,21 +117,6 @@ def parse_args(argv: Optional[List[str]] = None):
 
 # --------------------------------------------------------------------------------------------
 # loading
-
-
-def load_model(path: str, data: str, user_dir: Optional[str] = None):
-    from fairseq import checkpoint_utils, utils
-
-    if user_dir:
-        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-    if not os.path.isfile(path):
-        raise PlotError(f"--path {path}: no such checkpoint file")
-    if not os.path.isdir(data):
-        raise PlotError(f"--data {data}: no such directory")
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
-    model = models[0]
-    model.eval()
-    return model, cfg, task
 
 
 def checkpoint_arch(cfg) -> str:
@@ -169,48 +154,9 @@ def check_layer(layer: int, num_layers: int) -> int:
 # text -> tokens
 
 
-def build_bpe(args):
-    if not args.bpe:
-        return None
-    from fairseq.data import encoders
-
-    if not os.path.isfile(args.bpe_codes):
-        raise PlotError(f"--bpe-codes {args.bpe_codes}: no such file")
-    return encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes))
-
-
-def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False) -> torch.Tensor:
-    """Token ids of ``text`` followed by EOS (as fairseq binarises sentences)."""
-    if bpe is not None:
-        text = bpe.encode(text)
-    words = text.split()
-    if not words:
-        raise PlotError(f"{flag} is empty")
-    ids = []
-    for word in words:
-        index = dictionary.index(word)
-        if index == dictionary.unk():
-            after_bpe = " after BPE" if bpe is not None else ""
-            message = f"{flag}: word {word!r}{after_bpe} is not in the dictionary ({len(dictionary)} types)"
-            if not allow_unk:
-                raise PlotError(message + "; pass --allow-unk to map it to <unk>")
-            print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
-        ids.append(index)
-    ids.append(dictionary.eos())
-    return torch.tensor(ids, dtype=torch.long)
-
-
 def translate(model, task, src_tokens: torch.Tensor, beam: int, lenpen: float, max_len: int = 200) -> torch.Tensor:
     """Best beam-search hypothesis (token ids ending with EOS)."""
-    from fairseq.dataclass.configs import GenerationConfig
-
-    config = GenerationConfig(beam=beam, lenpen=lenpen, max_len_a=0, max_len_b=max_len)
-    generator = task.build_generator([model], config)
-    sample = {"net_input": {"src_tokens": src_tokens.unsqueeze(0),
-                            "src_lengths": torch.tensor([src_tokens.numel()])}}
-    with torch.no_grad():
-        hypos = task.inference_step(generator, [model], sample)
-    return hypos[0][0]["tokens"].cpu()
+    return beam_search(model, task, src_tokens, beam=beam, lenpen=lenpen, max_len_a=0, max_len_b=max_len)
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,8 +166,7 @@ def translate(model, task, src_tokens: torch.Tensor, beam: int, lenpen: float, m
 def mixed_attention(model, src_tokens: torch.Tensor, tgt_tokens: torch.Tensor, layer_index: int) -> torch.Tensor:
     """``(len(tgt_tokens), len(src_tokens) + len(tgt_tokens))``: ``extra["mixed_attn"]`` of layer
     ``layer_index`` (0-based) for the target teacher-forced as ``[EOS] + tgt_tokens[:-1]``."""
-    eos = model.decoder.dictionary.eos()
-    prev_output_tokens = torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
+    prev_output_tokens = teacher_forced_input(model, tgt_tokens)
     with torch.no_grad():
         encoder_out = model.encoder(src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]))
         _, extra = model.decoder(prev_output_tokens, encoder_out=encoder_out, alignment_layer=layer_index)
@@ -308,10 +253,6 @@ def plot(weights: np.ndarray, mask: np.ndarray, row_labels: List[str], column_la
     plt.close(fig)
 
 
-def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
-    return [dictionary[int(i)] for i in ids]
-
-
 def run(args) -> dict:
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     num_layers = check_model(model, cfg, args.path)
@@ -366,20 +307,12 @@ def run(args) -> dict:
          ROW_AXIS_LABELS[args.row_labels])
     print(f"wrote {args.out}")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return result
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
-    try:
-        run(args)
-    except PlotError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(run, parse_args(argv), PROG)
 
 
 if __name__ == "__main__":

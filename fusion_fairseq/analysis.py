@@ -1,0 +1,247 @@
+"""Shared pieces of the analysis scripts in ``scripts/`` (``plot_fusion_attention.py``,
+``plot_layer_attention.py``, ``plot_mixed_attention.py``, ``mask_encoder_layers.py``,
+``embedding_analysis.py``, ``aggregation_exploitation.py``).
+
+What lives here is only what those scripts have in common; each script keeps its own analysis:
+
+* :func:`use_agg_backend`: matplotlib's non-interactive backend; call it before ``pyplot`` is imported.
+* :class:`ReportedError` / :class:`UsageError` and :func:`run_main`: a script's ``main()``, which
+  reports an error as ``PROG: error: MESSAGE`` on stderr with the error's exit status (2 for a
+  user error).
+* Checkpoint loading with fairseq's ``checkpoint_utils``: :func:`load_model` (``--data`` given),
+  :func:`load_checkpoint_state` + :func:`model_from_state` (``--data`` optional), and the checks
+  and their messages, which name the flag (:func:`check_checkpoint_file`, :func:`check_data_dir`).
+* Sentences to token ids: :func:`build_bpe`, :func:`encode_sentence` (unknown words are an error
+  unless ``--allow-unk``), :func:`token_strings`, :func:`beam_search`, :func:`teacher_forced_input`.
+* Small argparse helpers for the flags several scripts share and :func:`write_json`.
+
+Importing this module imports the plugin (``fusion_fairseq``), which registers its models, so a
+script needs no ``--user-dir``.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Callable, List, Optional
+
+import torch
+
+USER_DIR_HELP = "fairseq --user-dir to import (the plugin itself is always imported)"
+
+
+def use_agg_backend():
+    """Select matplotlib's non-interactive Agg backend (figures are only written to files) and
+    quieten matplotlib's logger, which fairseq may leave at DEBUG through the root logger. Call it
+    before ``matplotlib.pyplot`` is imported."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+
+# --------------------------------------------------------------------------------------------
+# errors and main()
+
+
+class ReportedError(Exception):
+    """An error a script reports as ``PROG: error: MESSAGE``; it exits with ``exit_status``."""
+
+    exit_status = 1
+
+
+class UsageError(ReportedError):
+    """A user error (bad flag value, missing file, unsuitable checkpoint): reported as
+    ``error: MESSAGE`` with exit status 2. Messages name the flag."""
+
+    exit_status = 2
+
+
+def run_main(run: Callable, args, prog: str) -> int:
+    """A script's ``main()``: ``run(args)``; 0 on success, or a :class:`ReportedError` printed as
+    ``PROG: error: MESSAGE`` on stderr and its exit status (2 for a :class:`UsageError`)."""
+    try:
+        run(args)
+    except ReportedError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return error.exit_status
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# argparse helpers and output
+
+
+def add_user_dir_argument(parser):
+    """``--user-dir``: an extra fairseq user directory (the plugin itself is always imported)."""
+    parser.add_argument("--user-dir", help=USER_DIR_HELP)
+
+
+def add_text_input_arguments(parser):
+    """``--bpe``, ``--bpe-codes`` and ``--allow-unk`` for the sentences given on the command line
+    (see :func:`build_bpe`, :func:`encode_sentence`); check them with :func:`check_bpe_arguments`."""
+    parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")
+    parser.add_argument("--bpe-codes", help="BPE codes file for --bpe subword_nmt")
+    parser.add_argument("--allow-unk", action="store_true",
+                        help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
+
+
+def check_bpe_arguments(parser, args):
+    """``--bpe`` and ``--bpe-codes`` go together (a usage error of ``parser`` otherwise)."""
+    if args.bpe and not args.bpe_codes:
+        parser.error("--bpe subword_nmt needs --bpe-codes FILE")
+    if args.bpe_codes and not args.bpe:
+        parser.error("--bpe-codes needs --bpe subword_nmt")
+
+
+def write_json(path: str, result) -> None:
+    """Write ``result`` to ``path`` as indented JSON (``--json OUT``) and say so on stdout."""
+    with open(path, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print(f"wrote {path}")
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint loading
+
+
+def import_user_dir(user_dir: Optional[str]) -> None:
+    """Import ``--user-dir`` as fairseq does, when given."""
+    if user_dir:
+        from fairseq import utils
+
+        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
+
+
+def check_checkpoint_file(path: str) -> None:
+    """``--path``: a :class:`UsageError` unless the checkpoint file exists."""
+    if not os.path.isfile(path):
+        raise UsageError(f"--path {path}: no such checkpoint file")
+
+
+def check_data_dir(data: str) -> None:
+    """``--data``: a :class:`UsageError` unless the data directory exists."""
+    if not os.path.isdir(data):
+        raise UsageError(f"--data {data}: no such directory")
+
+
+def load_model(path: str, data: str, user_dir: Optional[str] = None):
+    """``(model, cfg, task)`` of checkpoint ``path`` with the task's data directory ``data``
+    (``--data``, required), the model in eval mode."""
+    from fairseq import checkpoint_utils
+
+    import_user_dir(user_dir)
+    check_checkpoint_file(path)
+    check_data_dir(data)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
+    model = models[0]
+    model.eval()
+    return model, cfg, task
+
+
+def model_args(state):
+    """The model's argparse namespace / config of a checkpoint state (new ``cfg`` or legacy ``args``)."""
+    if state.get("cfg") is not None and state["cfg"].get("model") is not None:
+        return state["cfg"]["model"]
+    return state.get("args")
+
+
+def load_checkpoint_state(path: str, data: Optional[str], overrides: Optional[dict] = None,
+                          user_dir: Optional[str] = None, checkpoint_name: str = "the checkpoint"):
+    """The checkpoint state of ``path`` read with ``overrides`` (and ``data``, the optional
+    ``--data``) applied. Without ``data`` the directory stored in the checkpoint must exist; the
+    error then calls the checkpoint ``checkpoint_name``. Errors name the flag."""
+    from fairseq import checkpoint_utils
+
+    import_user_dir(user_dir)
+    check_checkpoint_file(path)
+    overrides = dict(overrides or {})
+    if data is not None:
+        check_data_dir(data)
+        overrides["data"] = data
+    state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
+    if data is None:
+        cfg = state.get("cfg")
+        stored = cfg["task"].get("data") if cfg is not None and cfg.get("task") is not None else \
+            getattr(state.get("args"), "data", None)
+        if not stored or not os.path.isdir(str(stored).split(os.pathsep)[0]):
+            raise UsageError(
+                f"--data: the data directory stored in {checkpoint_name} ({stored}) does not exist; "
+                "pass --data DATA_BIN (the binarised data the model was trained on, for its dictionaries)"
+            )
+    return state
+
+
+def model_from_state(path: str, state):
+    """``(model, cfg, task)`` built from a checkpoint state read from ``path``, the model in eval mode."""
+    from fairseq import checkpoint_utils
+
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], state=state)
+    model = models[0]
+    model.eval()
+    return model, cfg, task
+
+
+# --------------------------------------------------------------------------------------------
+# text -> tokens
+
+
+def build_bpe(args):
+    """fairseq's BPE encoder of ``--bpe``/``--bpe-codes`` (None without ``--bpe``)."""
+    if not args.bpe:
+        return None
+    from fairseq.data import encoders
+
+    if not os.path.isfile(args.bpe_codes):
+        raise UsageError(f"--bpe-codes {args.bpe_codes}: no such file")
+    return encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes))
+
+
+def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False) -> torch.Tensor:
+    """Token ids of ``text`` followed by EOS (as fairseq binarises sentences).
+
+    ``text`` (the value of ``flag``) is split on whitespace after ``bpe``. A word that is not in
+    ``dictionary`` is a :class:`UsageError` naming the flag and the word, or with ``allow_unk``
+    a warning on stderr and <unk>."""
+    if bpe is not None:
+        text = bpe.encode(text)
+    words = text.split()
+    if not words:
+        raise UsageError(f"{flag} is empty")
+    ids = []
+    for word in words:
+        index = dictionary.index(word)
+        if index == dictionary.unk():
+            after_bpe = " after BPE" if bpe is not None else ""
+            message = f"{flag}: word {word!r}{after_bpe} is not in the dictionary ({len(dictionary)} types)"
+            if not allow_unk:
+                raise UsageError(message + "; pass --allow-unk to map it to <unk>")
+            print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
+        ids.append(index)
+    ids.append(dictionary.eos())
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
+    """The dictionary's symbols of token ids."""
+    return [dictionary[int(i)] for i in ids]
+
+
+def beam_search(model, task, src_tokens: torch.Tensor, **generation) -> torch.Tensor:
+    """Best beam-search hypothesis of one source sentence (token ids ending with EOS);
+    ``generation`` are fields of fairseq's ``GenerationConfig`` (``beam``, ``lenpen``, ...)."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    generator = task.build_generator([model], GenerationConfig(**generation))
+    sample = {"net_input": {"src_tokens": src_tokens.unsqueeze(0),
+                            "src_lengths": torch.tensor([src_tokens.numel()])}}
+    with torch.no_grad():
+        hypos = task.inference_step(generator, [model], sample)
+    return hypos[0][0]["tokens"].cpu()
+
+
+def teacher_forced_input(model, tgt_tokens: torch.Tensor) -> torch.Tensor:
+    """fairseq's ``prev_output_tokens`` (batch of 1) for a target ending with EOS: ``[EOS] + tgt_tokens[:-1]``."""
+    eos = model.decoder.dictionary.eos()
+    return torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
