@@ -23,10 +23,13 @@ and never deletes a directory.
 """
 
 import argparse
+import contextlib
 import glob
+import io
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -99,12 +102,15 @@ def copy_lines(source, destination, limit=0):
     return count
 
 
-def prepare_real_data(args, raw_dir):
+def check_real_data_args(args):
     if not os.path.isdir(args.data):
         raise SystemExit(f"error: --data {args.data}: not a directory")
     if not args.src or not args.tgt:
         raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
                          f"{', '.join(available_languages(args.data)) or 'none'})")
+
+
+def prepare_real_data(args, raw_dir):
     splits = {
         "train": detect_split(args.data, args.src, args.tgt, "train", args.train_split),
         "valid": detect_split(args.data, args.src, args.tgt, "valid", args.valid_split),
@@ -140,7 +146,7 @@ def learn_and_apply_bpe(args, raw_dir, bpe_dir):
     for lang in (args.src, args.tgt):
         with open(os.path.join(raw_dir, f"train.{lang}"), encoding="utf-8") as f:
             joint.extend(f)
-    with open(codes_path, "w", encoding="utf-8") as codes:
+    with open(codes_path, "w", encoding="utf-8") as codes, contextlib.redirect_stderr(io.StringIO()):  # no tqdm bar
         learn_bpe(joint, codes, args.bpe_merges, min_frequency=2)
     with open(codes_path, encoding="utf-8") as codes:
         bpe = BPE(codes)
@@ -165,6 +171,11 @@ def fairseq_env(args):
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     return env
+
+
+def children_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_logged(command, log_path, env, on_line=None):
@@ -291,19 +302,22 @@ def train(args, name, bin_dir, ckpt_root, logs_dir, env):
         "--seed", str(args.seed), "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", str(args.log_interval or max(10, args.max_update // 10)),
         "--skip-invalid-size-inputs-valid-test",
+        # fairseq's batch_by_size drops the last, partial batch when it is not a multiple of
+        # --required-batch-size-multiple (default 8): validation and test would lose sentences.
+        "--required-batch-size-multiple", "1",
     ]
     if args.cpu:
         command.append("--cpu")
     progress = TrainProgress(name, args.max_update, args.verbose)
-    started = time.time()
+    started, cpu_started = time.time(), children_cpu_seconds()
     run_logged(command, os.path.join(logs_dir, f"train-{name}.log"), env, progress)
-    wall = time.time() - started
-    log(f"  [{name}] trained in {wall:.0f}s -> {save_dir}")
+    wall, cpu = time.time() - started, children_cpu_seconds() - cpu_started
+    log(f"  [{name}] trained in {wall:.0f}s (CPU time {cpu:.0f}s) -> {save_dir}")
     checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
     if not os.path.isfile(checkpoint):
         checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
     return {"checkpoint": checkpoint, "params": progress.params, "train_wps": progress.train_tokens_per_second(),
-            "train_seconds": wall}
+            "train_seconds": wall, "train_cpu_seconds": cpu}
 
 
 def generate(args, name, bin_dir, checkpoint, logs_dir, env):
@@ -312,7 +326,7 @@ def generate(args, name, bin_dir, checkpoint, logs_dir, env):
     command = [
         sys.executable, "-m", "fairseq_cli.generate", bin_dir, "--path", checkpoint, "--gen-subset", "test",
         "--beam", str(args.beam), "--remove-bpe", "--batch-size", str(args.batch_size),
-        "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0", "--results-path", results_dir,
+        "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0", "--required-batch-size-multiple", "1", "--results-path", results_dir,
         "--user-dir", user_dir(),
     ]
     if args.cpu:
@@ -325,9 +339,13 @@ def generate(args, name, bin_dir, checkpoint, logs_dir, env):
             if line.startswith("D-"):
                 key, _score, *text = line.rstrip("\n").split("\t")
                 hypotheses[int(key[2:])] = text[0] if text else ""
-            match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", line)
-            if match:
-                speed = float(match.group(1))
+    # fairseq-generate's summary line goes to its log (stderr), or into the results file
+    for path in (os.path.join(logs_dir, f"generate-{name}.log"), os.path.join(results_dir, "generate-test.txt")):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", line)
+                if match:
+                    speed = float(match.group(1))
     log(f"  [{name}] translated {len(hypotheses):,} sentences in {time.time() - started:.0f}s -> {results_dir}/generate-test.txt")
     return hypotheses, speed
 
@@ -341,7 +359,8 @@ def bleu(hypotheses, reference_path):
     if missing:
         raise SystemExit(f"error: fairseq-generate gave no hypothesis for {len(missing)} test sentences (e.g. {missing[:5]})")
     system = [hypotheses[i] for i in range(len(references))]
-    return sacrebleu.corpus_bleu(system, [references])
+    # force: the references are tokenised text (spaces before punctuation), as the hypotheses
+    return sacrebleu.corpus_bleu(system, [references], force=True)
 
 
 # ---- table -------------------------------------------------------------------------------------
@@ -419,7 +438,8 @@ def build_parser():
     return p
 
 
-def main(argv=None):
+def run_quickstart(argv=None):
+    """Run the whole job; returns the table's rows (dicts)."""
     args = build_parser().parse_args(argv)
     started = time.time()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -427,6 +447,8 @@ def main(argv=None):
     if unknown or not models:
         raise SystemExit(f"error: --models: unknown {unknown} (choose from {', '.join(MODELS)})")
     synthetic = args.data is None
+    if not synthetic:
+        check_real_data_args(args)
     if synthetic:
         args.src, args.tgt = args.src or "src", args.tgt or "tgt"
     if args.bpe_merges is None:
@@ -475,6 +497,7 @@ def main(argv=None):
         rows.append({"model": name, "arch": arch + (" (fnn/sa)" if arch == "fusion_transformer" else ""),
                      "bleu": score.score, "params": trained["params"], "train_wps": trained["train_wps"],
                      "decode_sps": decode_sps, "train_seconds": trained["train_seconds"],
+                     "train_cpu_seconds": trained["train_cpu_seconds"],
                      "checkpoint": trained["checkpoint"], "sacrebleu": str(score)})
 
     table = format_table(rows)
@@ -488,6 +511,11 @@ def main(argv=None):
         json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
     log(f"\nwritten: {out}/results.md, {out}/results.json (logs and hypotheses in {logs_dir})")
     return rows
+
+
+def main(argv=None):
+    """Console entry point ``fusion-fairseq-quickstart``."""
+    run_quickstart(argv)
 
 
 if __name__ == "__main__":

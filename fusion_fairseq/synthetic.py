@@ -170,7 +170,10 @@ def _stem(rng: random.Random, onsets, vowels, codas, syllables: int) -> str:
     return word + rng.choice(codas)
 
 
-def build_lexicon(seed: int = 0, n_nouns: int = 120, n_adjectives: int = 50, n_verbs: int = 70,
+DEFAULT_LEXICON_SIZES = {"n_nouns": 80, "n_adjectives": 40, "n_verbs": 50}
+
+
+def build_lexicon(seed: int = 0, n_nouns: int = 80, n_adjectives: int = 40, n_verbs: int = 50,
                   transitive_ratio: float = 0.7) -> Lexicon:
     """Draw the vocabulary: invented stems for both languages, noun genders, verb transitivity.
     Rejects any stem whose inflected forms would collide with another word's."""
@@ -340,12 +343,14 @@ def generate_pairs(size: int, seed: int = 1, lexicon_seed: int = 0) -> List[Tupl
 
 
 def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, test_size: int = 300,
-                 seed: int = 1, lexicon_seed: int = 0, src_lang: str = SRC_LANG, tgt_lang: str = TGT_LANG):
+                 seed: int = 1, lexicon_seed: int = 0, src_lang: str = SRC_LANG, tgt_lang: str = TGT_LANG,
+                 **lexicon_sizes):
     """Write ``{train,valid,test}.{src_lang,tgt_lang}`` into ``out_dir`` (created if missing; other
-    files there are left alone). Returns ``{split: (source_path, target_path)}``."""
+    files there are left alone). ``lexicon_sizes``: ``n_nouns``, ``n_adjectives``, ``n_verbs`` of
+    :func:`build_lexicon`. Returns ``{split: (source_path, target_path)}``."""
     os.makedirs(out_dir, exist_ok=True)
     sizes = [("train", train_size), ("valid", valid_size), ("test", test_size)]
-    corpus = generate_sentences(sizes, seed, lexicon_seed=lexicon_seed)
+    corpus = generate_sentences(sizes, seed, lexicon=build_lexicon(lexicon_seed, **lexicon_sizes))
     paths = {}
     for split, _ in sizes:
         src_path = os.path.join(out_dir, f"{split}.{src_lang}")
@@ -370,14 +375,21 @@ def main(argv=None):
     parser.add_argument("--test-size", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1, help="seed of the sentences")
     parser.add_argument("--lexicon-seed", type=int, default=0, help="seed of the vocabulary")
+    parser.add_argument("--nouns", type=int, default=DEFAULT_LEXICON_SIZES["n_nouns"], help="noun stems")
+    parser.add_argument("--adjectives", type=int, default=DEFAULT_LEXICON_SIZES["n_adjectives"], help="adjective stems")
+    parser.add_argument("--verbs", type=int, default=DEFAULT_LEXICON_SIZES["n_verbs"], help="verb stems")
     parser.add_argument("--src-lang", default=SRC_LANG)
     parser.add_argument("--tgt-lang", default=TGT_LANG)
     args = parser.parse_args(argv)
     for name in ("train_size", "valid_size", "test_size"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
+    for name in ("nouns", "adjectives", "verbs"):
+        if getattr(args, name) < 2:
+            parser.error(f"--{name} must be >= 2")
     paths = write_corpus(args.out, args.train_size, args.valid_size, args.test_size, args.seed,
-                         args.lexicon_seed, args.src_lang, args.tgt_lang)
+                         args.lexicon_seed, args.src_lang, args.tgt_lang,
+                         n_nouns=args.nouns, n_adjectives=args.adjectives, n_verbs=args.verbs)
     for split, (src_path, tgt_path) in paths.items():
         print(f"{split}: {src_path} {tgt_path}")
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job of fusion-fairseq: train fairseq's Transformer and MLRF (Both-FNN-SA) at the same
+# size and budget, then compare BLEU, parameters and speed. All the logic is in
+# fusion_fairseq/quickstart.py; every option is passed through (see --help).
+#
+#   examples/quickstart.sh                                   # synthetic corpus, < 10 min on 2 CPU cores
+#   examples/quickstart.sh --train-size 300 --max-update 20  # smoke run
+#   examples/quickstart.sh --data ../shared/data/multi30k/tok --src de --tgt en --out m30k_out
+#
+# PYTHON selects the interpreter (default: python3, else python) that has fusion-fairseq installed.
+set -euo pipefail
+if [[ -z "${PYTHON:-}" ]]; then
+  if command -v python3 >/dev/null 2>&1; then PYTHON=python3; else PYTHON=python; fi
+fi
+export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
+exec "$PYTHON" -m fusion_fairseq.quickstart "$@"

@@ -1,0 +1,181 @@
+"""The main job (``fusion_fairseq.quickstart``): a tiny-budget run of the whole pipeline on the
+synthetic corpus and on a slice of real parallel text (Multi30k from ``../shared`` beside the repo)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fusion_fairseq import quickstart
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTI30K = os.path.join(REPO_ROOT, "..", "shared", "data", "multi30k", "tok")
+
+# A tiny budget: small model, a few updates; the table must still be complete.
+TINY = [
+    "--max-update", "12", "--max-tokens", "1500", "--layers", "1", "--embed-dim", "32", "--ffn-dim", "64",
+    "--heads", "2", "--bpe-merges", "300", "--log-interval", "5", "--threads", "1",
+]
+
+
+def run_quickstart(*args, timeout=900):
+    result = subprocess.run(
+        [sys.executable, "-m", "fusion_fairseq.quickstart", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 0, f"quickstart failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result.stdout
+
+
+def parse_table(stdout):
+    """{model: (arch, bleu, params, train tok/s, decode sent/s)} from the printed table."""
+    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert lines, stdout
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header == list(quickstart.TABLE_COLUMNS)
+    rows = {}
+    for line in lines[1:]:
+        model, arch, bleu, params, wps, sps = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[model] = (arch, float(bleu), int(params.replace(",", "")), float(wps.replace(",", "")), float(sps))
+    return rows
+
+
+def assert_complete_row(row):
+    arch, bleu, params, wps, sps = row
+    assert 0.0 <= bleu <= 100.0
+    assert params > 0 and wps > 0 and sps > 0
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qs") / "out"
+    out.mkdir()
+    (out / "my-notes.txt").write_text("user data\n")
+    stdout = run_quickstart("--out", out, "--train-size", 300, "--valid-size", 20, "--test-size", 12, *TINY)
+    return out, stdout
+
+
+def test_synthetic_smoke_run_prints_both_models(synthetic_run):
+    out, stdout = synthetic_run
+    for header in ("data: synthetic corpus", "joint BPE", "fairseq-preprocess", "fairseq-train transformer",
+                   "fairseq-train mlrf", "fairseq-generate mlrf"):
+        assert header in stdout
+    rows = parse_table(stdout)
+    assert set(rows) == {"transformer", "mlrf"}
+    for row in rows.values():
+        assert_complete_row(row)
+    assert rows["transformer"][0] == "transformer" and rows["mlrf"][0].startswith("fusion_transformer")
+    # the fusion layers add parameters on top of the same Transformer
+    assert rows["mlrf"][2] > rows["transformer"][2]
+    saved = json.loads((out / "results.json").read_text())
+    assert [m["model"] for m in saved["models"]] == ["transformer", "mlrf"]
+    assert saved["models"][1]["params"] == rows["mlrf"][2]
+    assert (out / "results.md").read_text().strip() == "\n".join(l for l in stdout.splitlines() if l.startswith("|"))
+    # one hypothesis per test sentence was scored
+    with open(out / "logs" / "generate-mlrf" / "generate-test.txt") as f:
+        assert sum(line.startswith("D-") for line in f) == 12
+    # the MLRF model really was the Both-FNN-SA fusion transformer
+    log = (out / "logs" / "train-mlrf.log").read_text()
+    assert "--fuse-encoder fnn --fuse-decoder sa" in log and "FusionTransformer" in log
+
+
+def test_rerun_keeps_user_files_and_starts_training_afresh(synthetic_run):
+    out, _ = synthetic_run
+    stdout = run_quickstart("--out", out, "--train-size", 300, "--valid-size", 20, "--test-size", 12,
+                            "--models", "transformer", *TINY)
+    assert set(parse_table(stdout)) == {"transformer"}
+    assert (out / "my-notes.txt").read_text() == "user data\n"
+    log = (out / "logs" / "train-transformer.log").read_text()
+    assert "No existing checkpoint found" in log and "Loaded checkpoint" not in log
+
+
+@pytest.fixture(scope="module")
+def multi30k_slice(tmp_path_factory):
+    if not os.path.isdir(MULTI30K):
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    directory = tmp_path_factory.mktemp("multi30k")
+    for prefix, count in (("train", 300), ("val", 50), ("test_2016_flickr", 40), ("test_2017_flickr", 30)):
+        for lang in ("de", "en"):
+            with open(os.path.join(MULTI30K, f"{prefix}.{lang}"), encoding="utf-8") as fin:
+                lines = [next(fin) for _ in range(count)]
+            (directory / f"{prefix}.{lang}").write_text("".join(lines), encoding="utf-8")
+    shutil.copy(os.path.join(MULTI30K, "train.fr"), directory / "train.fr")  # a third language: must be ignored
+    return directory
+
+
+def test_real_data_path_on_a_multi30k_slice(multi30k_slice, tmp_path):
+    out = tmp_path / "out"
+    stdout = run_quickstart("--data", multi30k_slice, "--src", "de", "--tgt", "en", "--out", out, "--models", "mlrf",
+                            "--valid-lines", 30, *TINY)
+    # the conventional split names were found: val, and the first test_* split
+    assert "val.{de,en}: 30 sentence pairs" in stdout
+    assert "test_2016_flickr.{de,en}: 40 sentence pairs" in stdout
+    rows = parse_table(stdout)
+    assert set(rows) == {"mlrf"}
+    assert_complete_row(rows["mlrf"])
+    assert (out / "raw" / "test.en").read_text().splitlines() == \
+        (multi30k_slice / "test_2016_flickr.en").read_text().splitlines()
+    with open(out / "logs" / "generate-mlrf" / "generate-test.txt") as f:
+        assert sum(line.startswith("D-") for line in f) == 40
+    # the user's data directory is untouched
+    assert sorted(os.listdir(multi30k_slice)) == sorted(
+        [f"{p}.{l}" for p in ("train", "val", "test_2016_flickr", "test_2017_flickr") for l in ("de", "en")] + ["train.fr"])
+
+
+# ---- fast checks of the driver's pieces ------------------------------------------------------
+def make_split_files(directory, prefixes, langs=("de", "en")):
+    for prefix in prefixes:
+        for lang in langs:
+            (directory / f"{prefix}.{lang}").write_text("a\n")
+
+
+def test_split_detection(tmp_path):
+    make_split_files(tmp_path, ["train", "val", "test_2016_flickr", "test_2017_mscoco"])
+    make_split_files(tmp_path, ["test_2016_flickr"], langs=("cs",))
+    assert quickstart.detect_split(str(tmp_path), "de", "en", "train") == "train"
+    assert quickstart.detect_split(str(tmp_path), "de", "en", "valid") == "val"
+    assert quickstart.detect_split(str(tmp_path), "de", "en", "test") == "test_2016_flickr"
+    assert quickstart.detect_split(str(tmp_path), "de", "en", "test", "test_2017_mscoco") == "test_2017_mscoco"
+    make_split_files(tmp_path, ["valid", "test", "dev"])
+    assert quickstart.detect_split(str(tmp_path), "de", "en", "valid") == "valid"
+    assert quickstart.detect_split(str(tmp_path), "de", "en", "test") == "test"
+    with pytest.raises(SystemExit, match="nope"):
+        quickstart.detect_split(str(tmp_path), "de", "en", "test", "nope")
+    with pytest.raises(SystemExit, match="cannot find a valid split"):
+        quickstart.detect_split(str(tmp_path), "de", "cs", "valid")
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path):
+    make_split_files(tmp_path, ["train", "valid", "test"])
+    with pytest.raises(SystemExit, match="--src and --tgt"):
+        quickstart.run_quickstart(["--data", str(tmp_path), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="--models"):
+        quickstart.run_quickstart(["--models", "lstm", "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="must not be"):
+        quickstart.run_quickstart(["--data", str(tmp_path), "--src", "de", "--tgt", "en", "--out", str(tmp_path)])
+    assert sorted(os.listdir(tmp_path)) == sorted(f"{p}.{l}" for p in ("train", "valid", "test") for l in ("de", "en"))
+
+
+def test_train_progress_reads_fairseq_json_logs():
+    progress = quickstart.TrainProgress("m", 100, verbose=False)
+    progress("2024-01-01 00:00:00 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,234)")
+    progress('2024-01-01 | INFO | train | {"epoch": 1, "train_wps": "1000", "train_wpb": "500", "train_num_updates": "10"}')
+    progress('2024-01-01 | INFO | train | {"epoch": 2, "train_wps": "3000", "train_wpb": "600", "train_num_updates": "20"}')
+    assert progress.params == 1234
+    # 5000 tokens in 5 s, then 6000 tokens in 2 s
+    assert progress.train_tokens_per_second() == pytest.approx(11000 / 7)
+
+
+def test_table_format():
+    table = quickstart.format_table([
+        {"model": "transformer", "arch": "transformer", "bleu": 12.345, "params": 1234567, "train_wps": 4321.9, "decode_sps": 12.34},
+        {"model": "mlrf", "arch": "fusion_transformer (fnn/sa)", "bleu": None, "params": None, "train_wps": None, "decode_sps": None},
+    ])
+    lines = table.splitlines()
+    assert len(lines) == 4 and len({len(line) for line in lines}) == 1
+    assert [c.strip() for c in lines[2].strip("|").split("|")] == ["transformer", "transformer", "12.35", "1,234,567", "4,322", "12.3"]
+    assert "n/a" in lines[3]
