@@ -29,8 +29,8 @@ import io
 import json
 import os
 import re
-import resource
 import subprocess
+import threading
 import sys
 import time
 
@@ -173,14 +173,10 @@ def fairseq_env(args):
     return env
 
 
-def children_cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_logged(command, log_path, env, on_line=None):
     """Run ``command``, writing its merged stdout/stderr to ``log_path`` and handing each line to
-    ``on_line``. Raises ``SystemExit`` with the log's tail on failure."""
+    ``on_line``. Returns the CPU seconds (user + system) the process used. Raises ``SystemExit``
+    with the log's tail on failure."""
     with open(log_path, "w", encoding="utf-8") as log_file:
         log_file.write("$ " + " ".join(command) + "\n")
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
@@ -189,11 +185,18 @@ def run_logged(command, log_path, env, on_line=None):
             log_file.flush()
             if on_line is not None:
                 on_line(line.rstrip("\n"))
-        returncode = process.wait()
+        process.stdout.close()
+        if hasattr(os, "wait4"):  # this process's own CPU time, also when several run at once
+            _, status, usage = os.wait4(process.pid, 0)
+            process.returncode = returncode = os.waitstatus_to_exitcode(status)
+            cpu = usage.ru_utime + usage.ru_stime
+        else:
+            returncode, cpu = process.wait(), None
     if returncode != 0:
         with open(log_path, encoding="utf-8") as f:
             tail = f.read()[-4000:]
         raise SystemExit(f"error: {' '.join(command[:3])} ... failed (exit {returncode}); log {log_path}:\n{tail}")
+    return cpu
 
 
 def preprocess(args, bpe_dir, bin_dir, logs_dir, env):
@@ -309,10 +312,10 @@ def train(args, name, bin_dir, ckpt_root, logs_dir, env):
     if args.cpu:
         command.append("--cpu")
     progress = TrainProgress(name, args.max_update, args.verbose)
-    started, cpu_started = time.time(), children_cpu_seconds()
-    run_logged(command, os.path.join(logs_dir, f"train-{name}.log"), env, progress)
-    wall, cpu = time.time() - started, children_cpu_seconds() - cpu_started
-    log(f"  [{name}] trained in {wall:.0f}s (CPU time {cpu:.0f}s) -> {save_dir}")
+    started = time.time()
+    cpu = run_logged(command, os.path.join(logs_dir, f"train-{name}.log"), env, progress)
+    wall = time.time() - started
+    log(f"  [{name}] trained in {wall:.0f}s" + ("" if cpu is None else f" (CPU time {cpu:.0f}s)") + f" -> {save_dir}")
     checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
     if not os.path.isfile(checkpoint):
         checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
@@ -361,6 +364,51 @@ def bleu(hypotheses, reference_path):
     system = [hypotheses[i] for i in range(len(references))]
     # force: the references are tokenised text (spaces before punctuation), as the hypotheses
     return sacrebleu.corpus_bleu(system, [references], force=True)
+
+
+# ---- running the models side by side --------------------------------------------------------
+def available_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def default_jobs(n_models):
+    """Models trained at once: one per CPU core on a CPU-only machine, one at a time with a GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return 1
+    return max(1, min(n_models, available_cpus()))
+
+
+def run_jobs(jobs, names, function):
+    """``{name: function(name)}``, ``jobs`` at a time (threads, each waiting on a subprocess).
+    The first failure is re-raised once every started job has finished."""
+    results, errors, lock = {}, [], threading.Lock()
+    pending = list(names)
+
+    def worker():
+        while True:
+            with lock:
+                if not pending or errors:
+                    return
+                name = pending.pop(0)
+            try:
+                results[name] = function(name)
+            except BaseException as error:  # SystemExit from a failed fairseq command included
+                with lock:
+                    errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, min(jobs, len(names))))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 # ---- table -------------------------------------------------------------------------------------
@@ -422,15 +470,18 @@ def build_parser():
     g.add_argument("--fusion-attn-dim", type=int, help="MLRF da (default: 4 x embed-dim)")
     g.add_argument("--fusion-ffn-dim", type=int, help="MLRF df (default: 2 x embed-dim)")
     g = p.add_argument_group("budget (the same for both)")
-    g.add_argument("--max-update", type=int, default=1000)
-    g.add_argument("--max-tokens", type=int, default=4096)
-    g.add_argument("--lr", type=float, default=0.002)
-    g.add_argument("--warmup-updates", type=int, default=250)
+    g.add_argument("--max-update", type=int, default=600)
+    g.add_argument("--max-tokens", type=int, default=2048, help="batch size in tokens")
+    g.add_argument("--lr", type=float, default=0.001, help="peak learning rate of the inverse-sqrt schedule")
+    g.add_argument("--warmup-updates", type=int, default=150)
     g.add_argument("--seed", type=int, default=1, help="seed of the synthetic sentences and of training")
     g.add_argument("--beam", type=int, default=5)
     g.add_argument("--batch-size", type=int, default=128, help="sentences per batch in fairseq-generate")
     g = p.add_argument_group("run")
-    g.add_argument("--threads", type=int, default=0, help="OMP/MKL threads of the fairseq processes (0: torch's default)")
+    g.add_argument("--jobs", type=int, default=0, help="models trained (and decoded) at the same time (0: one per CPU core "
+                   "without a GPU, else 1)")
+    g.add_argument("--threads", type=int, default=0, help="OMP/MKL threads of each fairseq process (0: cores / jobs when "
+                   "jobs > 1, else torch's default)")
     g.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     g.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq (default: GPU when there is one)")
     g.add_argument("--log-interval", type=int, default=0, help="updates between progress lines (0: max-update/10)")
@@ -453,9 +504,12 @@ def run_quickstart(argv=None):
         args.src, args.tgt = args.src or "src", args.tgt or "tgt"
     if args.bpe_merges is None:
         args.bpe_merges = (SYNTHETIC_DEFAULTS if synthetic else REAL_DEFAULTS)["bpe_merges"]
-    for name in ("max_update", "max_tokens", "layers", "embed_dim", "ffn_dim", "heads", "bpe_merges", "beam"):
+    for name in ("max_update", "max_tokens", "layers", "embed_dim", "ffn_dim", "heads", "bpe_merges", "beam", "batch_size"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be positive")
+    for name in ("jobs", "threads", "train_lines", "valid_lines", "test_lines"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 0")
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
 
@@ -466,8 +520,11 @@ def run_quickstart(argv=None):
         raise SystemExit("error: --out must not be (the parent of) the --data directory")
     for directory in (out, logs_dir):
         os.makedirs(directory, exist_ok=True)
+    jobs = args.jobs or default_jobs(len(models))
+    if not args.threads and jobs > 1:  # share the cores: OpenMP threads fighting over them are far slower
+        args.threads = max(1, available_cpus() // jobs)
     env = fairseq_env(args)
-    total = 3 + 2 * len(models)
+    total = 5
     step = 1
 
     stage(step, total, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
@@ -482,23 +539,27 @@ def run_quickstart(argv=None):
     stage(step, total, "fairseq-preprocess --joined-dictionary")
     preprocess(args, bpe_dir, bin_dir, logs_dir, env)
 
+    step += 1
+    parallel = f", {jobs} at a time with {env.get('OMP_NUM_THREADS', 'default')} thread(s) each" if jobs > 1 else ""
+    stage(step, total, f"fairseq-train {' and '.join(models)}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
+          f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens{parallel}")
+    for name in models:
+        log(f"  [{name}] {MODELS[name][1]} (--arch {MODELS[name][0]})")
+    trained = run_jobs(jobs, models, lambda name: train(args, name, bin_dir, ckpt_root, logs_dir, env))
+    step += 1
+    stage(step, total, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
+    generated = run_jobs(jobs, models, lambda name: generate(args, name, bin_dir, trained[name]["checkpoint"], logs_dir, env))
     rows = []
     for name in models:
-        arch, description = MODELS[name]
-        step += 1
-        stage(step, total, f"fairseq-train {name} ({description}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
-              f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens)")
-        trained = train(args, name, bin_dir, ckpt_root, logs_dir, env)
-        step += 1
-        stage(step, total, f"fairseq-generate {name} (beam {args.beam}, --remove-bpe) + sacrebleu")
-        hypotheses, decode_sps = generate(args, name, bin_dir, trained["checkpoint"], logs_dir, env)
+        hypotheses, decode_sps = generated[name]
         score = bleu(hypotheses, os.path.join(raw_dir, f"test.{args.tgt}"))
         log(f"  [{name}] {score}")
+        arch = MODELS[name][0]
         rows.append({"model": name, "arch": arch + (" (fnn/sa)" if arch == "fusion_transformer" else ""),
-                     "bleu": score.score, "params": trained["params"], "train_wps": trained["train_wps"],
-                     "decode_sps": decode_sps, "train_seconds": trained["train_seconds"],
-                     "train_cpu_seconds": trained["train_cpu_seconds"],
-                     "checkpoint": trained["checkpoint"], "sacrebleu": str(score)})
+                     "bleu": score.score, "params": trained[name]["params"], "train_wps": trained[name]["train_wps"],
+                     "decode_sps": decode_sps, "train_seconds": trained[name]["train_seconds"],
+                     "train_cpu_seconds": trained[name]["train_cpu_seconds"],
+                     "checkpoint": trained[name]["checkpoint"], "sacrebleu": str(score)})
 
     table = format_table(rows)
     wall = time.time() - started
