@@ -61,9 +61,11 @@ def synthetic_run(tmp_path_factory):
 
 def test_synthetic_smoke_run_prints_both_models(synthetic_run):
     out, stdout = synthetic_run
-    for header in ("data: synthetic corpus", "joint BPE", "fairseq-preprocess", "fairseq-train transformer",
-                   "fairseq-train mlrf", "fairseq-generate mlrf"):
+    for header in ("[1/5] data: synthetic corpus", "[2/5] joint BPE", "[3/5] fairseq-preprocess",
+                   "[4/5] fairseq-train transformer and mlrf", "[5/5] fairseq-generate"):
         assert header in stdout
+    for name in ("transformer", "mlrf"):  # progress and results of each model
+        assert f"[{name}] update 5/12" in stdout and f"[{name}] BLEU = " in stdout
     rows = parse_table(stdout)
     assert set(rows) == {"transformer", "mlrf"}
     for row in rows.values():
