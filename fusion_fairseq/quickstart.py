@@ -48,9 +48,14 @@ SYNTHETIC_DEFAULTS = {"bpe_merges": 1000}
 REAL_DEFAULTS = {"bpe_merges": 8000}
 VALID_NAMES = ("valid", "val", "dev", "validation", "newsdev", "tst-dev")
 TEST_NAMES = ("test", "tst", "newstest", "eval")
+# name -> (arch, description, fusion flags). fgla and surface_fusion are there so that the
+# encoder-layer-fusion analyses (examples/surface_fusion/analyses.sh) have a checkpoint to read.
 MODELS = {
-    "transformer": ("transformer", "fairseq's Transformer"),
-    "mlrf": ("fusion_transformer", "MLRF Both-FNN-SA"),
+    "transformer": ("transformer", "fairseq's Transformer", []),
+    "mlrf": ("fusion_transformer", "MLRF Both-FNN-SA", ["--fuse-encoder", "fnn", "--fuse-decoder", "sa"]),
+    "fgla": ("fusion_transformer", "fine-grained layer attention", ["--layer-attention", "fine"]),
+    "surface_fusion": ("fusion_transformer", "SurfaceFusion (hard, lambda 0.8)",
+                       ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"]),
 }
 
 
@@ -230,11 +235,12 @@ def model_flags(args, name):
         "--encoder-attention-heads", args.heads, "--decoder-attention-heads", args.heads,
         "--dropout", args.dropout, "--share-all-embeddings",
     ]
-    arch = MODELS[name][0]
+    arch, _, fusion = MODELS[name]
     flags = ["--arch", arch, *dims]
     if arch == "fusion_transformer":
-        flags += ["--user-dir", user_dir(), "--fuse-encoder", "fnn", "--fuse-decoder", "sa",
-                  "--fusion-hops", args.fusion_hops,
+        flags += ["--user-dir", user_dir(), *fusion]
+    if name == "mlrf":
+        flags += ["--fusion-hops", args.fusion_hops,
                   "--fusion-attn-dim", args.fusion_attn_dim or 4 * args.embed_dim,
                   "--fusion-ffn-dim", args.fusion_ffn_dim or 2 * args.embed_dim]
     return [str(f) for f in flags]
@@ -420,7 +426,7 @@ def run_jobs(jobs, names, function):
 
 
 # ---- table -------------------------------------------------------------------------------------
-TABLE_COLUMNS = ("model", "arch", "BLEU", "params", "train tok/s", "decode sent/s")
+TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sent/s")
 
 
 def format_table(rows):
@@ -428,7 +434,7 @@ def format_table(rows):
         return "n/a" if value is None else format(value, spec)
 
     cells = [TABLE_COLUMNS] + [
-        (r["model"], r["arch"], fmt(r["bleu"], ".2f"), fmt(r["params"], ","), fmt(r["train_wps"], ",.0f"),
+        (r["model"], r["description"], fmt(r["bleu"], ".2f"), fmt(r["params"], ","), fmt(r["train_wps"], ",.0f"),
          fmt(r["decode_sps"], ".1f"))
         for r in rows
     ]
@@ -562,8 +568,7 @@ def run_quickstart(argv=None):
         hypotheses, decode_sps = generated[name]
         score = bleu(hypotheses, os.path.join(raw_dir, f"test.{args.tgt}"))
         log(f"  [{name}] {score}")
-        arch = MODELS[name][0]
-        rows.append({"model": name, "arch": arch + (" (fnn/sa)" if arch == "fusion_transformer" else ""),
+        rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1],
                      "bleu": score.score, "params": trained[name]["params"], "train_wps": trained[name]["train_wps"],
                      "decode_sps": decode_sps, "train_seconds": trained[name]["train_seconds"],
                      "train_cpu_seconds": trained[name]["train_cpu_seconds"],

@@ -138,6 +138,14 @@ class Lexicon:
     def tgt_types(self):
         return set(self.tgt_analysis) | TGT_FUNCTION_WORDS
 
+    def word_pairs(self) -> List[Tuple[str, str]]:
+        """The one-to-one translations of the lexicon, for the aligned-embedding analysis (Liu et
+        al. 2021, Table 3): every noun in both numbers, every preposition and conjunction.
+        Adjectives and verbs are left out because their target form depends on agreement, so a
+        source form has no single aligned target word."""
+        pairs = [(src_noun(noun, n), tgt_noun(noun, n)) for noun in self.nouns for n in NUMBERS]
+        return pairs + sorted(PREPOSITIONS.items()) + sorted(CONJUNCTIONS.items())
+
 
 # ---- inflection ------------------------------------------------------------------------------
 def src_noun(entry: Entry, number: str) -> str:
@@ -342,15 +350,25 @@ def generate_pairs(size: int, seed: int = 1, lexicon_seed: int = 0) -> List[Tupl
     return [(s.src(), s.tgt()) for s in generate_sentences([("pairs", size)], seed, lexicon_seed=lexicon_seed)["pairs"]]
 
 
+def dictionary_path(out_dir: str, src_lang: str = SRC_LANG, tgt_lang: str = TGT_LANG) -> str:
+    """Where :func:`write_corpus` puts the bilingual dictionary."""
+    return os.path.join(out_dir, f"dict.{src_lang}-{tgt_lang}.txt")
+
+
 def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, test_size: int = 300,
                  seed: int = 1, lexicon_seed: int = 0, src_lang: str = SRC_LANG, tgt_lang: str = TGT_LANG,
                  **lexicon_sizes):
-    """Write ``{train,valid,test}.{src_lang,tgt_lang}`` into ``out_dir`` (created if missing; other
-    files there are left alone). ``lexicon_sizes``: ``n_nouns``, ``n_adjectives``, ``n_verbs`` of
-    :func:`build_lexicon`. Returns ``{split: (source_path, target_path)}``."""
+    """Write ``{train,valid,test}.{src_lang,tgt_lang}`` and the bilingual dictionary
+    ``dict.{src_lang}-{tgt_lang}.txt`` (:meth:`Lexicon.word_pairs`, one ``source target`` pair per
+    line) into ``out_dir`` (created if missing; other files there are left alone).
+    ``lexicon_sizes``: ``n_nouns``, ``n_adjectives``, ``n_verbs`` of :func:`build_lexicon`.
+    Returns ``{split: (source_path, target_path)}``."""
     os.makedirs(out_dir, exist_ok=True)
     sizes = [("train", train_size), ("valid", valid_size), ("test", test_size)]
-    corpus = generate_sentences(sizes, seed, lexicon=build_lexicon(lexicon_seed, **lexicon_sizes))
+    lexicon = build_lexicon(lexicon_seed, **lexicon_sizes)
+    corpus = generate_sentences(sizes, seed, lexicon=lexicon)
+    with open(dictionary_path(out_dir, src_lang, tgt_lang), "w", encoding="utf-8") as f:
+        f.writelines(f"{src} {tgt}\n" for src, tgt in lexicon.word_pairs())
     paths = {}
     for split, _ in sizes:
         src_path = os.path.join(out_dir, f"{split}.{src_lang}")
@@ -367,7 +385,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m fusion_fairseq.synthetic",
         description="Write a deterministic synthetic parallel corpus (SVO source -> SOV target with "
-        "agreement morphology): OUT/{train,valid,test}.{src,tgt}.",
+        "agreement morphology): OUT/{train,valid,test}.{src,tgt} and the bilingual dictionary OUT/dict.src-tgt.txt.",
     )
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--train-size", type=int, default=8000)
@@ -392,6 +410,7 @@ def main(argv=None):
                          n_nouns=args.nouns, n_adjectives=args.adjectives, n_verbs=args.verbs)
     for split, (src_path, tgt_path) in paths.items():
         print(f"{split}: {src_path} {tgt_path}")
+    print(f"bilingual dictionary: {dictionary_path(args.out, args.src_lang, args.tgt_lang)}")
 
 
 if __name__ == "__main__":

@@ -32,15 +32,15 @@ def run_quickstart(*args, timeout=900):
 
 
 def parse_table(stdout):
-    """{model: (arch, bleu, params, train tok/s, decode sent/s)} from the printed table."""
+    """{model: (method, bleu, params, train tok/s, decode sent/s)} from the printed table."""
     lines = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert lines, stdout
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == list(quickstart.TABLE_COLUMNS)
     rows = {}
     for line in lines[1:]:
-        model, arch, bleu, params, wps, sps = [cell.strip() for cell in line.strip("|").split("|")]
-        rows[model] = (arch, float(bleu), int(params.replace(",", "")), float(wps.replace(",", "")), float(sps))
+        model, method, bleu, params, wps, sps = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[model] = (method, float(bleu), int(params.replace(",", "")), float(wps.replace(",", "")), float(sps))
     return rows
 
 
@@ -70,7 +70,7 @@ def test_synthetic_smoke_run_prints_both_models(synthetic_run):
     assert set(rows) == {"transformer", "mlrf"}
     for row in rows.values():
         assert_complete_row(row)
-    assert rows["transformer"][0] == "transformer" and rows["mlrf"][0].startswith("fusion_transformer")
+    assert rows["transformer"][0] == "fairseq's Transformer" and rows["mlrf"][0] == "MLRF Both-FNN-SA"
     # the fusion layers add parameters on top of the same Transformer
     assert rows["mlrf"][2] > rows["transformer"][2]
     saved = json.loads((out / "results.json").read_text())
@@ -174,10 +174,54 @@ def test_train_progress_reads_fairseq_json_logs():
 
 def test_table_format():
     table = quickstart.format_table([
-        {"model": "transformer", "arch": "transformer", "bleu": 12.345, "params": 1234567, "train_wps": 4321.9, "decode_sps": 12.34},
-        {"model": "mlrf", "arch": "fusion_transformer (fnn/sa)", "bleu": None, "params": None, "train_wps": None, "decode_sps": None},
+        {"model": "transformer", "description": "fairseq's Transformer", "bleu": 12.345, "params": 1234567, "train_wps": 4321.9, "decode_sps": 12.34},
+        {"model": "mlrf", "description": "MLRF Both-FNN-SA", "bleu": None, "params": None, "train_wps": None, "decode_sps": None},
     ])
     lines = table.splitlines()
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1
-    assert [c.strip() for c in lines[2].strip("|").split("|")] == ["transformer", "transformer", "12.35", "1,234,567", "4,322", "12.3"]
+    assert [c.strip() for c in lines[2].strip("|").split("|")] == ["transformer", "fairseq's Transformer", "12.35", "1,234,567", "4,322", "12.3"]
     assert "n/a" in lines[3]
+
+
+# ---- the encoder-layer-fusion analyses on a quickstart checkpoint ------------------------------
+ANALYSES = os.path.join(REPO_ROOT, "examples", "surface_fusion", "analyses.sh")
+
+
+@pytest.fixture(scope="module")
+def layer_fusion_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qs_layer_fusion") / "out"
+    run_quickstart("--out", out, "--models", "fgla,surface_fusion", "--train-size", 300, "--valid-size", 20,
+                   "--test-size", 12, *TINY)
+    return out
+
+
+def test_layer_fusion_analyses_run_on_a_quickstart_checkpoint(layer_fusion_run):
+    out = layer_fusion_run
+    result = subprocess.run(["bash", ANALYSES, str(out)], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = out / "analyses"
+    for name in ("fig1_layer_attention", "fig2_masking", "fig3_attended_dims", "fig4_spectrum"):
+        assert (figures / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
+    # Figure 1: one row per decoder layer (TINY: 1), columns Emb and the encoder layer, rows sum to 1
+    fig1 = json.loads((figures / "fig1_layer_attention.json").read_text())
+    assert fig1["encoder_labels"] == ["Emb", "1"] and len(fig1["weights"]) == 1
+    assert sum(fig1["weights"][0]) == pytest.approx(1.0, abs=1e-5)
+    # Figure 2: unmasked, then each encoder layer masked, every test sentence translated
+    fig2 = json.loads((figures / "fig2_masking.json").read_text())
+    assert [row["masked"] for row in fig2["rows"]] == ["none", "Emb", "1"]
+    assert all(row["sentences"] == 12 for row in fig2["rows"])
+    # Figure 4 and Table 3 cover both trained models; the synthetic dictionary has usable pairs
+    fig4 = json.loads((figures / "fig4_spectrum.json").read_text())
+    assert {curve["label"] for curve in fig4["curves"]} == {"fgla", "surface_fusion"}
+    table3 = json.loads((figures / "table3_cosine.json").read_text())
+    assert table3["dict"] == str(out / "raw" / "dict.src-tgt.txt")
+    assert [row["label"] for row in table3["rows"]] == ["fgla", "surface_fusion"]
+    assert all(row["used"] > 0 and -1 <= row["all"] <= 1 for row in table3["rows"])
+
+
+def test_layer_fusion_analyses_need_a_layer_attention_checkpoint(tmp_path):
+    result = subprocess.run(["bash", ANALYSES, str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert f"{tmp_path}/checkpoints/fgla/checkpoint_best.pt not found" in result.stderr
+    assert "--models transformer,fgla,surface_fusion" in result.stderr

@@ -83,6 +83,28 @@ def test_command_line_writes_the_same_corpus(tmp_path):
     assert len(read_lines(tmp_path / "cli" / "train.src")) == 50
 
 
+def test_bilingual_dictionary_lists_translations_seen_in_the_corpus(lexicon, tmp_path):
+    paths = write_corpus(str(tmp_path), train_size=400, valid_size=0, test_size=0, seed=3)
+    lines = read_lines(synthetic.dictionary_path(str(tmp_path)))
+    pairs = [tuple(line.split()) for line in lines]
+    assert all(len(pair) == 2 for pair in pairs)
+    assert len(pairs) == 2 * len(lexicon.nouns) + len(PREPOSITIONS) + len(CONJUNCTIONS) == len(set(pairs))
+    noun = lexicon.nouns[0]
+    assert (noun.src, noun.tgt) in pairs
+    assert (synthetic.src_noun(noun, "pl"), synthetic.tgt_noun(noun, "pl")) in pairs
+    assert ("with", PREPOSITIONS["with"]) in pairs
+    # a source noun in a sentence comes with its dictionary translation on the target side
+    translation = dict(pairs)
+    src_lines, tgt_lines = read_lines(paths["train"][0]), read_lines(paths["train"][1])
+    checked = 0
+    for src, tgt in zip(src_lines, tgt_lines):
+        for word in src.split():
+            if word in translation:
+                assert translation[word] in tgt.split(), (word, src, tgt)
+                checked += 1
+    assert checked > 1000
+
+
 def test_command_line_rejects_negative_sizes(tmp_path):
     with pytest.raises(SystemExit):
         synthetic.main(["--out", str(tmp_path), "--train-size", "-1"])
