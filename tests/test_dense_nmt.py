@@ -128,6 +128,29 @@ def test_incremental_state_survives_beam_reordering(arch, variant):
     assert (after - full).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("dense_attention", ["2", "1"])
+def test_decoder_projects_the_source_memory_once_per_sentence(dense_attention):
+    """DenseAtt-2 stacks every encoder layer in the memory (L x src positions): projecting its keys
+    and values again at every step would cost L x src rows per layer and step. Only the first
+    step may project them; the result equals the full forward."""
+    model = tiny_model("dense_transformer_iwslt_de_en", "--dense-attention", dense_attention).eval()
+    src = torch.randint(4, 30, (2, 6))
+    prev = torch.randint(4, 25, (2, 5))
+    prev[:, 0] = 2
+    rows = []
+    hooks = [layer.encoder_attn.k_proj.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[:-1].numel()))
+             for layer in model.decoder.layers]
+    with torch.no_grad():
+        full = run(model, src, prev)
+        rows.clear()
+        steps = incremental(model, model.encoder(src, src.ne(1).sum(1)), prev, {}, 0, prev.size(1))
+    for hook in hooks:
+        hook.remove()
+    sources = 3 if dense_attention == "2" else 1
+    assert rows == [sources * 6 * 2] * len(model.decoder.layers), rows  # first step only, whole memory
+    assert (steps - full).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize("arch,variant", [case for case in CASES if case[1] in (VARIANTS[0], VARIANTS[1], VARIANTS[7])])
 def test_left_padding_invariance(arch, variant):
     model = tiny_model(arch, *variant).eval()

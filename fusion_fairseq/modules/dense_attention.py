@@ -87,9 +87,10 @@ class DenseSourceAttention(MultiheadAttention):
     memory is already the mixed projection of the encoder layers). ``groups = n > 1``: DenseAtt-2
     (Eq. 10) - the memory is the ``n`` projected encoder layers stacked along the source-time
     axis (``n * src`` positions, padding mask tiled the same way); each head takes one softmax per
-    group and sums the ``n`` contexts before the output projection. (No key/value cache in that
-    case: the keys are recomputed from the memory at every step, which fairseq hands the decoder
-    every step anyway.)
+    group and sums the ``n`` contexts before the output projection. Incremental decoding projects
+    the keys and values once per sentence and keeps them in fairseq's own attention buffer
+    (``prev_key``/``prev_value``, batch first), so fairseq's ``reorder_incremental_state`` moves
+    them with the beams exactly as it moves the vanilla encoder-decoder attention's.
 
     ``record_output``: keep the last output (``tgt x batch x embed_dim``) in ``last_output``, for a
     dense decoder that concatenates the attention value a_l beside z_l (Eq. 7).
@@ -113,21 +114,35 @@ class DenseSourceAttention(MultiheadAttention):
             )
         else:
             out, weights = self.grouped_attention(query, key, key_padding_mask, need_weights or need_head_weights,
-                                                  need_head_weights)
+                                                  need_head_weights, incremental_state)
         if self.record_output:
             self.last_output = out
         return out, weights
 
-    def grouped_attention(self, query: Tensor, memory: Tensor, padding_mask: Optional[Tensor], need_weights: bool,
-                          need_head_weights: bool):
-        tgt_len, batch, _ = query.shape
-        total = memory.size(0)
+    def grouped_memory(self, memory: Tensor, incremental_state) -> Tuple[Tensor, Tensor]:
+        """Keys and values ``(batch, heads, groups, src, head_dim)`` of the stacked memory; with
+        ``incremental_state`` computed at a sentence's first step only."""
+        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else {}
+        if saved.get("prev_key") is not None:
+            return saved["prev_key"], saved["prev_value"]
+        total, batch, _ = memory.shape
         if total % self.groups:
             raise ValueError(f"memory length {total} is not a multiple of the {self.groups} DenseAtt-2 sources")
-        src_len, heads, head_dim = total // self.groups, self.num_heads, self.head_dim
+        shape = (self.groups, total // self.groups, batch, self.num_heads, self.head_dim)
+        k = self.k_proj(memory).view(shape).permute(2, 3, 0, 1, 4)
+        v = self.v_proj(memory).view(shape).permute(2, 3, 0, 1, 4)
+        if incremental_state is not None:
+            saved["prev_key"], saved["prev_value"] = k, v
+            self._set_input_buffer(incremental_state, saved)
+        return k, v
+
+    def grouped_attention(self, query: Tensor, memory: Tensor, padding_mask: Optional[Tensor], need_weights: bool,
+                          need_head_weights: bool, incremental_state=None):
+        tgt_len, batch, _ = query.shape
+        heads, head_dim = self.num_heads, self.head_dim
+        k, v = self.grouped_memory(memory, incremental_state)
+        src_len = k.size(3)
         q = (self.q_proj(query) * self.scaling).view(tgt_len, batch, heads, head_dim).permute(1, 2, 0, 3)
-        k = self.k_proj(memory).view(self.groups, src_len, batch, heads, head_dim).permute(2, 3, 0, 1, 4)
-        v = self.v_proj(memory).view(self.groups, src_len, batch, heads, head_dim).permute(2, 3, 0, 1, 4)
         scores = torch.matmul(q.unsqueeze(2), k.transpose(-1, -2))  # batch x heads x groups x tgt x src
         if padding_mask is not None:
             mask = padding_mask.view(batch, self.groups, src_len)[:, None, :, None, :].to(torch.bool)
