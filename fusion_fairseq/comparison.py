@@ -723,6 +723,39 @@ def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
     return out
 
 
+def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
+    """The first validated update whose NLL is at most ``target`` (None: never, so far)."""
+    return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
+
+
+def add_updates_to_baseline_nll(rows: List[dict]) -> None:
+    """Per method and seed, the updates it needed to reach the best validation NLL of the
+    Transformer of the same seed (Shen et al.'s "time to the same loss", in updates: wall time
+    per update depends on what else the machine runs; the benchmark gives the step-time ratios).
+    Only against finished baseline runs, whose best NLL is final."""
+    baseline = next((r for r in rows if r["method"] == "transformer"), None)
+    if baseline is None:
+        return
+    targets = {}
+    for run in baseline["runs"]:
+        curve = {int(u): v for u, v in run["curve"].items()}
+        if run["status"] == "done" and curve:
+            best = min(curve.values())
+            targets[run["seed"]] = (best, updates_to_reach(curve, best))
+    for row in rows:
+        for run in row["runs"]:
+            if run["seed"] not in targets:
+                continue
+            target, baseline_updates = targets[run["seed"]]
+            reached = updates_to_reach({int(u): v for u, v in run["curve"].items()}, target)
+            run["baseline_nll"] = {"target": round(target, 4), "baseline_updates": baseline_updates,
+                                   "updates": reached, "final": run["status"] == "done"}
+            if reached is not None:
+                run["baseline_nll"]["ratio"] = round(reached / baseline_updates, 3)
+        ratios = [run["baseline_nll"]["ratio"] for run in row["runs"] if run.get("baseline_nll", {}).get("ratio")]
+        row["updates_to_baseline_nll_ratio"] = summarise(ratios)
+
+
 def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, settings, width: Width,
             data_bin: str) -> dict:
     rows = []
@@ -765,6 +798,7 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
             "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()},
             "curve_seeds": len(curves),
         })
+    add_updates_to_baseline_nll(rows)
     return {
         "task": "Multi30k De->En (train / val / test_2016_flickr)",
         "data_bin": data_bin,
@@ -863,6 +897,7 @@ def markdown(results: dict) -> str:
                 f"{_fmt_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
                 f"{_fmt_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} | "
                 f"{run.get('finished', '–')} |")
+    lines += learning_speed_table(rows, seeds, s["max_update"])
     lines += ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | note |",
               "|---|---|---|---|---|"]
     for r in rows:
@@ -875,6 +910,31 @@ def markdown(results: dict) -> str:
                      f"`{' '.join(r['criterion'][1:2])}` | {r['note']} |")
     lines += ["", "![validation NLL against updates](learning_curves.png)", ""]
     return "\n".join(lines)
+
+
+def learning_speed_table(rows: List[dict], seeds: List[int], max_update: int) -> List[str]:
+    """Markdown lines: updates to reach the Transformer's best validation NLL, per seed."""
+    if not any(run.get("baseline_nll") for r in rows for run in r["runs"]):
+        return []
+    seed_cols = " | ".join(f"seed {seed}" for seed in seeds)
+    lines = ["", "## Updates to reach the Transformer's best validation NLL", "",
+             "Per seed: the first validation (every `--eval-every` updates) at which the method's validation NLL is "
+             "at most the best one of the Transformer of the same seed, and that count over the Transformer's own "
+             f"(ratio < 1: the method gets there in fewer updates). `> {max_update}`: not within the budget; "
+             "`not yet`: a run still going.", "",
+             f"| method | {seed_cols} | ratio (mean over seeds) |", "|---|" + "---:|" * len(seeds) + "---:|"]
+    for r in rows:
+        cells = []
+        for run in r["runs"]:
+            info = run.get("baseline_nll")
+            if not info:
+                cells.append("–")
+            elif info["updates"] is not None:
+                cells.append(f"{info['updates']} ({info['ratio']:.2f})")
+            else:
+                cells.append(f"> {max_update}" if info["final"] else "not yet")
+        lines.append(f"| {r['title']} | " + " | ".join(cells) + f" | {_fmt_stats(r.get('updates_to_baseline_nll_ratio'))} |")
+    return lines
 
 
 def plot_curves(results: dict, path: str) -> None:

@@ -184,6 +184,33 @@ def test_width_and_summary_helpers():
     assert stats["mean"] == pytest.approx(21.33, abs=0.01) and stats["std"] == pytest.approx(1.53, abs=0.01)
 
 
+def test_updates_to_reach_the_transformers_best_nll():
+    def row(method, *runs):
+        return {"method": method, "title": method, "runs": [
+            {"seed": seed, "status": status, "curve": {str(u): v for u, v in curve.items()}}
+            for seed, status, curve in runs]}
+
+    rows = [
+        row("transformer", (1, "done", {100: 5.0, 200: 4.0, 300: 4.2, 400: 3.9}), (2, "done", {100: 5.0, 200: 4.5})),
+        row("fgla", (1, "done", {100: 4.5, 200: 3.8, 300: 3.5}), (2, "done", {100: 4.6, 200: 4.6})),
+        row("mlrf", (1, "running", {100: 6.0}), (2, "pending", {})),
+    ]
+    comparison.add_updates_to_baseline_nll(rows)
+    baseline, fgla, mlrf = ({run["seed"]: run["baseline_nll"] for run in r["runs"]} for r in rows)
+    # the target is the baseline's best NLL (3.9 at 400; 4.5 at 200), not its last
+    assert baseline[1] == {"target": 3.9, "baseline_updates": 400, "updates": 400, "final": True, "ratio": 1.0}
+    assert fgla[1]["updates"] == 200 and fgla[1]["ratio"] == 0.5
+    assert fgla[2]["updates"] is None and fgla[2]["final"] and "ratio" not in fgla[2]
+    assert mlrf[1]["updates"] is None and not mlrf[1]["final"]
+    assert rows[1]["updates_to_baseline_nll_ratio"]["n"] == 1 and rows[1]["updates_to_baseline_nll_ratio"]["mean"] == 0.5
+    table = "\n".join(comparison.learning_speed_table(rows, [1, 2], 400))
+    assert "| fgla | 200 (0.50) | > 400 |" in table and "| mlrf | not yet | not yet | – |" in table
+    # without a finished baseline there is nothing to compare against
+    unfinished = [row("transformer", (1, "running", {100: 5.0})), row("fgla", (1, "done", {100: 4.0}))]
+    comparison.add_updates_to_baseline_nll(unfinished)
+    assert "baseline_nll" not in unfinished[1]["runs"][0] and comparison.learning_speed_table(unfinished, [1], 400) == []
+
+
 def test_every_method_uses_known_flags():
     """Every method's flags parse with fairseq's training parser at the default width (no data needed)."""
     from types import SimpleNamespace
