@@ -71,6 +71,16 @@ What is measured
   decreases within one process, so it cannot tell configurations run in the same process apart.
   The two devices thus measure the same quantity, the PyTorch tensor bytes live at the peak.
 
+* **Floating-point operations** (``--no-flops`` skips them), counted once per configuration by
+  ``torch.utils.flop_counter.FlopCounterMode`` over one training step (forward and backward) and
+  one decode batch: the matrix products (linear layers, attention scores and contexts,
+  convolutions) that the method prescribes. ``flop ratio`` = vanilla's count / the
+  configuration's, i.e. the speed ratio a device whose time is proportional to these operations
+  would show. On one CPU thread time follows them closely; a measured ratio *above* it means the
+  extra work runs more efficiently than the baseline's, and a paper's GPU ratio above it (its
+  extra kernels hidden by latency-bound execution) cannot be reached on such a device by an
+  exact implementation.
+
 How the numbers are made robust
 -------------------------------
 All configurations are measured in ONE process, interleaved: each of ``--repeats`` rounds runs
@@ -196,8 +206,9 @@ class BenchmarkSettings:
     decode_len: Optional[int] = None  # None: --tgt-len
     decode_warmup: int = 1
     decode_batches: int = 2
-    # memory
+    # memory and floating-point operations
     memory: bool = True
+    flops: bool = True
 
     @property
     def decode_length(self) -> int:
@@ -389,6 +400,7 @@ class _Runner:
         self.sentences_per_s: List[float] = []
         self.decoded_lengths: set = set()
         self.memory: Dict[str, Optional[int]] = {}
+        self.flops: Dict[str, int] = {}
 
     def _build_criterion(self, task):
         if self.settings.criterion == "label_smoothed_cross_entropy":
@@ -471,6 +483,21 @@ class _Runner:
         sentences = self.settings.decode_batches * self.decode_sample["nsentences"]
         self.sentences_per_s.append(sentences / elapsed)
         return self.sentences_per_s[-1]
+
+    # floating-point operations ------------------------------------------------------------------
+    def measure_flops(self):
+        """Matrix-product FLOPs of one training step and of one decode batch (untimed)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self.model.train()
+        torch.manual_seed(self.settings.seed)
+        with FlopCounterMode(display=False) as counter:
+            self.train_step()
+        train = counter.get_total_flops()
+        self.model.eval()
+        with FlopCounterMode(display=False) as counter:
+            self.decode_batch()
+        self.flops = {"train_step": train, "decode_batch": counter.get_total_flops()}
 
     # memory -----------------------------------------------------------------------------------
     def state_bytes(self, with_optimizer: bool) -> int:
@@ -667,6 +694,14 @@ def environment(settings: BenchmarkSettings, device: torch.device) -> Dict[str, 
     }
 
 
+def flop_stats(runner, base) -> Dict[str, object]:
+    """FLOPs per training step / decode batch and the FLOP-proportional speed ratios."""
+    stats: Dict[str, object] = dict(runner.flops)
+    for kind in ("train_step", "decode_batch"):
+        stats[f"{kind}_ratio"] = base.flops[kind] / runner.flops[kind] if runner.flops[kind] else None
+    return stats
+
+
 def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
                   log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
     """Measure every configuration (the baseline among them) and return the JSON-ready results."""
@@ -703,6 +738,10 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
             log(f"[round {repeat + 1}/{settings.repeats}] decode {runner.config.name}: {value:,.2f} sentences/s")
     timing_seconds = time.perf_counter() - started
 
+    if settings.flops:
+        for runner in runners:
+            runner.measure_flops()
+
     if settings.memory:
         transient_peak = cuda_transient_peak if device.type == "cuda" else cpu_transient_peak
         for runner in runners:
@@ -733,6 +772,7 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
                 "hypothesis_lengths": sorted(runner.decoded_lengths),
             },
             "memory": runner.memory or None,
+            "flops": flop_stats(runner, base) if settings.flops else None,
         }
     env["load_average_end"] = load_average()
     settings_dict = asdict(settings)
@@ -765,6 +805,11 @@ def _ratios(stats):
     return f"{stats['min']:.3f} / {stats['median']:.3f} / {stats['max']:.3f}"
 
 
+def _flop_ratio(row, kind):
+    ratio = (row.get("flops") or {}).get(f"{kind}_ratio")
+    return "n/a" if ratio is None else f"{ratio:.3f}"
+
+
 def _cell(text):
     return str(text).replace("|", "\\|")
 
@@ -780,17 +825,19 @@ def markdown_table(result: Dict) -> str:
         f"{settings['decode_len']} tokens + EOS. Ratios are config / {result['baseline']} within each round, "
         "min / median / max across rounds.",
         "",
-        "| Config | Arch | Params | Train tok/s | Train ratio (min / med / max) | Decode sent/s "
-        "| Decode ratio (min / med / max) | Train peak MiB | Decode peak MiB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| Config | Arch | Params | Train tok/s | Train ratio (min / med / max) | Train flop ratio | Decode sent/s "
+        "| Decode ratio (min / med / max) | Decode flop ratio | Train peak MiB | Decode peak MiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in result["configs"].items():
         memory = row["memory"] or {}
         label = f"{name} (baseline)" if row["baseline"] else name
         lines.append(
             f"| {_cell(label)} | {_cell(row['arch'])} | {row['parameters']:,} | {row['train']['median_tokens_per_s']:,.0f} "
-            f"| {_ratios(row['train']['ratio'])} | {row['decode']['median_sentences_per_s']:,.2f} "
-            f"| {_ratios(row['decode']['ratio'])} | {_mib(memory.get('train_peak_bytes'))} "
+            f"| {_ratios(row['train']['ratio'])} | {_flop_ratio(row, 'train_step')} "
+            f"| {row['decode']['median_sentences_per_s']:,.2f} "
+            f"| {_ratios(row['decode']['ratio'])} | {_flop_ratio(row, 'decode_batch')} "
+            f"| {_mib(memory.get('train_peak_bytes'))} "
             f"| {_mib(memory.get('decode_peak_bytes'))} |"
         )
     return "\n".join(lines) + "\n"
@@ -882,6 +929,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "other work sharing the cores, but with several threads it sums their CPU time)")
     group.add_argument("--seed", type=int, default=defaults.seed)
     group.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    group.add_argument("--no-flops", action="store_true", help="skip counting the floating-point operations")
     group.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     group.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     return parser
@@ -897,6 +945,7 @@ def settings_from_args(args) -> BenchmarkSettings:
         steps=args.steps, repeats=args.repeats, criterion=args.criterion, label_smoothing=args.label_smoothing,
         lr=args.lr, beam=args.beam, decode_batch_size=args.decode_batch_size, decode_len=args.decode_len,
         decode_warmup=args.decode_warmup, decode_batches=args.decode_batches, memory=not args.no_memory,
+        flops=not args.no_flops,
     )
 
 

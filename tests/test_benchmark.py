@@ -100,6 +100,32 @@ def test_memory_and_environment(run):
         assert memory["decode_peak_bytes"] > memory["parameter_bytes"]
 
 
+def test_flop_counts_and_flop_ratios(run):
+    _, result, markdown = run
+    configs = result["configs"]
+    for row in configs.values():
+        flops = row["flops"]
+        assert flops["train_step"] > 0 and flops["decode_batch"] > 0
+        for kind in ("train_step", "decode_batch"):
+            assert flops[f"{kind}_ratio"] == pytest.approx(configs["vanilla"]["flops"][kind] / flops[kind])
+    assert configs["vanilla"]["flops"]["train_step_ratio"] == 1.0
+    # self-attention fusion over the decoder layers adds matrix products to both training and decoding
+    assert configs["Dec-SA"]["flops"]["train_step_ratio"] < 1 and configs["Dec-SA"]["flops"]["decode_batch_ratio"] < 1
+    assert "Train flop ratio" in markdown and "Decode flop ratio" in markdown
+
+
+def test_flops_scale_with_the_batch():
+    """Matrix-product FLOPs are linear in the number of sentences (fixed lengths): a counter that
+    missed the model's products, or counted something else, would not double."""
+    def flops(batch):
+        argv = [*TINY, "--archs", "--repeats", "1", "--no-memory", "--batch-size", str(batch),
+                "--decode-batch-size", str(batch)]
+        return benchmark.main(argv)["configs"]["vanilla"]["flops"]
+
+    one, two = flops(2), flops(4)
+    assert two["train_step"] == 2 * one["train_step"] and two["decode_batch"] == 2 * one["decode_batch"]
+
+
 def test_markdown_has_one_row_per_config(run):
     returned, result, markdown = run
     rows = [line for line in markdown.splitlines() if line.startswith("| ")]
@@ -232,5 +258,7 @@ def test_process_clock_baseline_only(capsys):
     assert list(result["configs"]) == ["vanilla"]
     assert result["settings"]["clock"] == "process" and result["memory_method"] is None
     assert result["configs"]["vanilla"]["memory"] is None
+    assert result["configs"]["vanilla"]["flops"]["train_step"] > 0
+    assert benchmark.main([*TINY, "--archs", "--repeats", "1", "--no-memory", "--no-flops"])["configs"]["vanilla"]["flops"] is None
     assert result["configs"]["vanilla"]["train"]["ratio"]["per_repeat"] == [1.0]
     assert "process-clock" in capsys.readouterr().out
