@@ -1,0 +1,70 @@
+"""Updates and time to a reference model's validation loss (fusion_fairseq.time_to_loss) and the
+DenseNMT recipe that uses it (examples/dense_nmt/time_to_loss.sh)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from fusion_fairseq import time_to_loss
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(REPO, "examples", "dense_nmt", "time_to_loss.sh")
+
+
+def write_log(path, walls, valid):
+    """A fairseq json log: train_inner lines {update: train_wall of the interval}, valid lines {update: nll}."""
+    lines = [f'2026-01-01 | INFO | train_inner | {{"num_updates": "{u}", "train_wall": "{w}"}}' for u, w in walls.items()]
+    lines += [f'2026-01-01 | INFO | valid | {{"valid_nll_loss": "{nll}", "valid_num_updates": "{u}"}}'
+              for u, nll in valid.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_updates_and_seconds_to_the_references_best_nll(tmp_path):
+    reference = write_log(tmp_path / "residual.log", {10: 5.0, 20: 5.0, 30: 5.0, 40: 5.0},
+                          {20: 6.0, 40: 4.0})
+    faster = write_log(tmp_path / "dense.log", {10: 6.0, 20: 6.0, 30: 6.0}, {10: 5.0, 20: 3.9, 30: 3.5})
+    never = write_log(tmp_path / "never.log", {10: 1.0}, {10: 7.0})
+    result = time_to_loss.compare(reference, [faster, never])
+    assert result["target_nll"] == 4.0
+    ref, dense, slow = result["rows"]
+    assert (ref["updates_to_target"], ref["train_seconds_to_target"], ref["updates_ratio"]) == (40, 20.0, 1.0)
+    # train_wall is per log interval: 6 + 6 seconds up to update 20
+    assert (dense["updates_to_target"], dense["train_seconds_to_target"]) == (20, 12.0)
+    assert dense["updates_ratio"] == 0.5 and dense["time_ratio"] == pytest.approx(0.6)
+    assert slow["updates_to_target"] is None and "updates_ratio" not in slow
+    table = time_to_loss.format_table(result)
+    assert "> 10" in table and "0.50" in table and "0.60" in table
+
+
+def test_seconds_are_interpolated_between_log_lines():
+    assert time_to_loss.seconds_at({10: 10.0, 20: 30.0}, 15) == 20.0
+    assert time_to_loss.seconds_at({10: 10.0}, 5) == 5.0
+    assert time_to_loss.seconds_at({10: 10.0}, 11) is None
+
+
+def test_a_log_without_validation_is_refused(tmp_path):
+    empty = write_log(tmp_path / "a.log", {10: 1.0}, {})
+    with pytest.raises(SystemExit, match="no validation lines"):
+        time_to_loss.compare(empty, [empty])
+
+
+def test_recipe_trains_both_models_and_reports(tiny_joined_data_bin, tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", RECIPE, tiny_joined_data_bin, str(out)], capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "MAX_UPDATE": "4", "VALID_EVERY": "2", "MAX_TOKENS": "300",
+                                              "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "target: the reference's best validation NLL" in result.stdout
+    report = json.loads((out / "time_to_loss.json").read_text())
+    residual, dense = report["rows"]
+    assert residual["reference"] and residual["updates_to_target"] is not None
+    assert sorted(map(int, residual["curve"])) == [2, 4] and sorted(map(int, dense["curve"])) == [2, 4]
+    assert "FConvModel" in (out / "residual.log").read_text() and "DenseFConvModel" in (out / "dense.log").read_text()
+
+
+def test_recipe_refuses_a_directory_without_data(tmp_path):
+    result = subprocess.run(["bash", RECIPE, str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 2 and "no binarised training data" in result.stderr
