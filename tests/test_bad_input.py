@@ -48,6 +48,8 @@ def valid_args(**changes):
         ({"fusion_ffn_dim": 2.5}, "--fusion-ffn-dim must be a positive integer, got 2.5"),
         ({"encoder_layerdrop": 0.2}, "--encoder-layerdrop/--decoder-layerdrop must be 0"),
         ({"fuse_encoder": "sa", "decoder_embed_dim": 128}, r"--encoder-embed-dim \(256\) == --decoder-embed-dim \(128\)"),
+        ({"surface_fusion": "hard", "adaptive_softmax_cutoff": "2000,4000"},
+         "--surface-fusion hard projects .* --adaptive-softmax-cutoff 2000,4000 replaces it"),
     ],
 )
 def test_configurations_built_in_code_are_checked_too(changes, message):

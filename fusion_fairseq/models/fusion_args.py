@@ -210,6 +210,11 @@ def check_encoder_layer_fusion_args(args):
             f"--layer-attention needs --encoder-embed-dim ({args.encoder_embed_dim}) == "
             f"--decoder-embed-dim ({args.decoder_embed_dim})"
         )
+    if args.surface_fusion != "none" and getattr(args, "adaptive_softmax_cutoff", None):
+        raise ValueError(
+            f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
+            f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them"
+        )
     if args.surface_fusion != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
         raise ValueError(
             f"--surface-fusion reads source word embeddings through the target output projection, which needs "

@@ -62,11 +62,9 @@ class FusionTransformerDecoder(TransformerDecoder):
         )
         if features_only:
             return features, extra
-        logits = self.output_layer(features)
         if self.surface_fusion is None:
-            return logits, extra
-        fused = self.surface_fusion(features, logits, encoder_out, self.output_layer, incremental_state)
-        return fused, extra
+            return self.output_layer(features), extra
+        return self.surface_fusion(features, encoder_out, self.output_layer, incremental_state), extra
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample: Optional[Dict[str, Tensor]] = None):
         if self.surface_fusion is None:

@@ -61,10 +61,11 @@ class SurfaceFusion(nn.Module):
         self.tau = tau
         self.attention = SurfaceAttention(embed_dim, num_heads, dropout)
 
-    def forward(self, decoder_features: Tensor, decoder_logits: Tensor, encoder_out: Dict[str, List[Tensor]],
+    def forward(self, decoder_features: Tensor, encoder_out: Dict[str, List[Tensor]],
                 output_projection: Callable[[Tensor], Tensor],
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None) -> Tensor:
-        """``decoder_features`` ``(batch, tgt_len, D)`` are the query y^M_j; returns fused log-scores."""
+        """``decoder_features`` ``(batch, tgt_len, D)`` are the query y^M_j; ``output_projection``
+        the model's pre-softmax layer. Returns the fused log-scores over the vocabulary."""
         padding_mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
         surface = self.attention(
             decoder_features,
@@ -73,4 +74,7 @@ class SurfaceFusion(nn.Module):
             key_padding_mask=padding_mask,
             incremental_state=incremental_state,
         )
-        return fuse_output_distribution(self.kind, decoder_logits, output_projection(surface), self.lam, self.tau)
+        # one product with the output matrix for both: the largest matrix of a small model is read once
+        batch = decoder_features.size(0)
+        logits = output_projection(torch.cat([decoder_features, surface], dim=0))
+        return fuse_output_distribution(self.kind, logits[:batch], logits[batch:], self.lam, self.tau)
