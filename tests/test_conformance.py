@@ -114,9 +114,10 @@ OTHER_FUSION_VARIANTS = [
             aggregate("hierarchical", "--aggregation-fn", "relu", "--aggregation-residual", "top")),
     Variant("hierarchical+attention+residual-none", "fusion_transformer",
             aggregate("hierarchical", "--aggregation-fn", "attention", "--aggregation-residual", "none")),
-    Variant("multi-layer-attention=2", "fusion_transformer", ("--multi-layer-attention", "2")),
+    Variant("multi-layer-attention=2", "fusion_transformer",
+            ("--multi-layer-attention", "2", "--encoder-layers", "3", "--decoder-layers", "3")),
     Variant("multi-layer-attention=3+pre-norm", "fusion_transformer",
-            ("--multi-layer-attention", "3", "--encoder-layers", "3", "--decoder-layers", "3", *PRE_NORM)),
+            ("--multi-layer-attention", "3", "--encoder-layers", "4", "--decoder-layers", "4", *PRE_NORM)),
     Variant("layer-attention=coarse", "fusion_transformer", ("--layer-attention", "coarse")),
     Variant("layer-attention=fine+mask-1", "fusion_transformer",
             ("--layer-attention", "fine", "--mask-encoder-layer", "1")),
@@ -125,7 +126,7 @@ OTHER_FUSION_VARIANTS = [
             ("--layer-attention", "fine", "--surface-fusion", "soft", "--fuse-decoder", "sa")),
     Variant("enc=hierarchical+dec=sa+hard", "fusion_transformer",
             ("--aggregate-encoder", "hierarchical", "--fuse-decoder", "sa", "--surface-fusion", "hard",
-             "--multi-layer-attention", "2")),
+             "--multi-layer-attention", "2", "--encoder-layers", "3", "--decoder-layers", "3")),
 ]
 ARCH_VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES]
 VARIANTS = ARCH_VARIANTS + (MLRF_VARIANTS + OTHER_FUSION_VARIANTS if "fusion_transformer" in ARCHITECTURES else [])

@@ -148,36 +148,39 @@ def test_table1_parameter_deltas_on_transformer_base():
 
 def test_multi_layer_attention_parameter_delta():
     """Reading of Eq. 8: one full extra attention per extra lower layer and an Eq. 7 node over the
-    k contexts, in every layer with enough layers below it. The paper's +33.6M (k=2) / +37.8M
-    (k=3) for Transformer-Base are not reproduced by this or any reading we found (see README)."""
+    k contexts, in every layer l with k layer outputs below it (l > k): Table 1's +33.6M (k=2)
+    and +37.8M (k=3) on Transformer-Base."""
     d, f = 512, 2048
     attention = 4 * (d * d + d)
     node = lambda k: k * d * f + f + f * d + d + 2 * d  # noqa: E731
-    assert base_delta("--multi-layer-attention", "2") == 2 * 5 * (attention + node(2))
-    assert base_delta("--multi-layer-attention", "3") == 2 * ((attention + node(2)) + 4 * (2 * attention + node(3)))
+    assert base_delta("--multi-layer-attention", "2") == 2 * 4 * (attention + node(2)) == 33_599_488  # +33.6M
+    assert base_delta("--multi-layer-attention", "3") == 2 * 3 * (2 * attention + node(3)) == 37_794_816  # +37.8M
 
 
 def test_multi_layer_attention_hands_each_layer_its_lower_layers():
-    model = build_model("fusion_transformer", "--encoder-layers", "3", "--decoder-layers", "1",
+    model = build_model("fusion_transformer", "--encoder-layers", "5", "--decoder-layers", "4",
                         "--encoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
                         "--decoder-attention-heads", "2", "--multi-layer-attention", "3", "--dropout", "0").eval()
     layers = model.encoder.layers
-    assert [len(getattr(layer.self_attn, "lower_attentions", [])) for layer in layers] == [0, 1, 2]
+    assert [len(getattr(layer.self_attn, "lower_attentions", [])) for layer in layers] == [0, 0, 0, 2, 2]
+    assert [len(getattr(layer.self_attn, "lower_attentions", [])) for layer in model.decoder.layers] == [0, 0, 0, 2]
     seen = {}
-    for index, attention in enumerate(layers[2].self_attn.lower_attentions):
+    for index, attention in enumerate(layers[3].self_attn.lower_attentions):
         attention.register_forward_hook(
             lambda module, args, kwargs, out, index=index: seen.__setitem__(index, kwargs.get("key", args[1] if len(args) > 1 else None)),
             with_kwargs=True)
     src = torch.randint(4, 100, (2, 5))
     out = model.encoder(src, torch.full((2,), 5), return_all_hiddens=True)
     states = out["encoder_states"]
-    assert torch.equal(seen[0], states[1]) and torch.equal(seen[1], states[0])  # H^{l-2}, H^{l-3} for l = 3
+    assert torch.equal(seen[0], states[2]) and torch.equal(seen[1], states[1])  # H^{l-2}, H^{l-3} for l = 4
 
 
 @pytest.mark.parametrize("flags,message", [
     (["--aggregate-encoder", "hierarchical", "--fuse-encoder", "fnn"],
      "--aggregate-encoder hierarchical and --fuse-encoder fnn both define the encoder's output"),
     (["--aggregate-decoder", "dense", "--decoder-layerdrop", "0.1"], "--decoder-layerdrop must be 0 with --aggregate-decoder dense"),
+    (["--multi-layer-attention", "3", "--decoder-layers", "3"],
+     "--multi-layer-attention 3 attends the 3 layers below a layer, so it needs more than 3 layers; --decoder-layers is 3"),
 ])
 def test_combinations_that_do_not_make_sense_are_refused(flags, message):
     with pytest.raises(ValueError, match=message.replace("/", ".")):

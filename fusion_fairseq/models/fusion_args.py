@@ -90,8 +90,8 @@ def add_deep_representation_args(parser):
     parser.add_argument("--aggregation-residual", choices=AGGREGATION_RESIDUALS, metavar="{none,top,all}",
                         help="which inputs of AGG have a residual connection to its output (Table 4; paper: all)")
     parser.add_argument("--multi-layer-attention", type=positive_int("--multi-layer-attention"), metavar="K",
-                        help="self-attention of every layer attends to its K nearest lower layers with separate "
-                        "attention models, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
+                        help="self-attention of every layer l > K attends to its K nearest lower layers with "
+                        "separate attention models, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
 
 
 def add_encoder_layer_fusion_args(parser):
@@ -175,6 +175,15 @@ def check_deep_representation_args(args):
                 f"representation; choose one per side (they combine across sides, e.g. --aggregate-encoder "
                 f"with --fuse-decoder)"
             )
+    if args.multi_layer_attention > 1:
+        for side in ("encoder", "decoder"):
+            layers = getattr(args, f"{side}_layers")
+            if layers <= args.multi_layer_attention:
+                raise ValueError(
+                    f"--multi-layer-attention {args.multi_layer_attention} attends the {args.multi_layer_attention} "
+                    f"layers below a layer, so it needs more than {args.multi_layer_attention} layers; "
+                    f"--{side}-layers is {layers}"
+                )
     if args.aggregation_fn == "attention":
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")

@@ -19,13 +19,18 @@ def hand_lower_layers(layer: nn.Module, states: List[Tensor]):
 def install_multi_layer_attention(layers: nn.ModuleList, num_attended: int, embed_dim: int, num_heads: int,
                                   dropout: float, aggregation_hidden_dim: int, aggregation_function: str,
                                   aggregation_residual: str):
-    """Replace the self-attention of every layer l (1-based) that has at least two layers below
-    it by a :class:`MultiLayerSelfAttention` over min(k, l) layers (Dou et al., Eq. 8)."""
+    """Replace the self-attention of every layer l (1-based) with k = ``num_attended`` layers
+    below it by a :class:`MultiLayerSelfAttention` over H^{l-1}, ..., H^{l-k} (Dou et al., Eq. 8).
+
+    Paper: Sec. 3.1.2 and Table 1. Reading: the attended layers are layer outputs, l - k >= 1
+    (the embedding H^0 is not one of "the lower k layers"), so layers 1..k keep fairseq's
+    self-attention. On Transformer-Base this gives exactly Table 1's +33.6M for k=2 (layers 3-6 of
+    both stacks) and +37.8M for k=3 (layers 4-6); counting H^0 as a layer, or attending fewer
+    layers where fewer exist, would give +42.0M / +58.8M."""
     for index, layer in enumerate(layers):
-        attended = min(num_attended, index + 1)
-        if attended < 2:
+        if index < num_attended:  # layer l = index + 1 has fewer than k layers (H^1..) below it
             continue
         layer.self_attn = MultiLayerSelfAttention(
-            embed_dim, num_heads, attended - 1, aggregation_hidden_dim, dropout,
+            embed_dim, num_heads, num_attended - 1, aggregation_hidden_dim, dropout,
             aggregation_function, aggregation_residual,
         )
