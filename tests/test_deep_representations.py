@@ -1,9 +1,13 @@
 """Layer aggregation and multi-layer attention (Dou et al., EMNLP 2018) against hand-computed values."""
 
 import math
+import os
+import shlex
+import subprocess
 
 import pytest
 import torch
+from fairseq import options
 
 from fusion_fairseq.modules import AggregationNode, hierarchical_tree
 from fusion_fairseq.modules.layer_aggregation import (
@@ -12,6 +16,7 @@ from fusion_fairseq.modules.layer_aggregation import (
     IterativeAggregation,
     LinearCombination,
 )
+from conftest import USER_DIR
 from model_building import build_model, count_parameters, parse_model_args
 
 
@@ -236,3 +241,44 @@ def test_a_fusion_checkpoint_with_other_fusion_modules_still_fails_the_strict_lo
     iterative = build_model("fusion_transformer", *TINY, "--encoder-layers", "4", "--aggregate-encoder", "iterative")
     with pytest.raises(RuntimeError, match="Error.s. in loading state_dict"):
         iterative.load_state_dict(hierarchical.state_dict(), strict=True)
+
+
+DEEPREP_TRAIN_SH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples", "deep_representations", "train.sh")
+
+
+@pytest.mark.parametrize("variant,expected", [
+    ("vanilla", {"arch": "transformer_wmt_en_de", "criterion": "label_smoothed_cross_entropy"}),
+    ("linear", {"arch": "deeprep_transformer_wmt_en_de", "aggregate_encoder": "linear", "aggregate_decoder": "linear"}),
+    ("mla3", {"aggregate_encoder": "none", "multi_layer_attention": 3}),
+    ("hierarchical+div", {"aggregate_decoder": "hierarchical", "diversity_lambda": 1.0,
+                          "criterion": "label_smoothed_cross_entropy_with_layer_diversity"}),
+    ("fn-relu", {"aggregation_fn": "relu"}),
+])
+def test_recipe_commands_parse_with_the_paper_settings(variant, expected, tmp_path):
+    """examples/deep_representations/train.sh --dry-run: a fairseq-train command that fairseq's
+    parser accepts, Transformer-Base trained as the paper (8 GPUs x 4096 tokens, emulated), the
+    fusion variants initialised from the vanilla checkpoint."""
+    result = subprocess.run(["bash", DEEPREP_TRAIN_SH, str(tmp_path), variant, "--dry-run", "--gpus", "2",
+                             "--user-dir", USER_DIR], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    args = options.parse_args_and_arch(options.get_training_parser(), argv[1:])
+    for key, value in expected.items():
+        assert getattr(args, key) == value, key
+    assert argv[0] == "fairseq-train" and args.max_tokens * 2 * args.update_freq[0] == 8 * 4096
+    assert (args.encoder_layers, args.encoder_embed_dim, args.share_all_embeddings) == (6, 512, True)
+    vanilla = "checkpoints/deeprep-wmt14-en-de/vanilla/checkpoint_best.pt"
+    assert (args.finetune_from_model == vanilla) == (variant != "vanilla")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bogus"], "unknown VARIANT 'bogus'"),
+    (["vanilla+div"], "vanilla+div: the diversity regulariser"),
+    (["linear", "--gpus", "3"], "--gpus 3"),
+    (["linear", "--max-update", "x"], "--max-update: invalid value 'x'"),
+])
+def test_recipe_refuses_bad_arguments(argv, message, tmp_path):
+    result = subprocess.run(["bash", DEEPREP_TRAIN_SH, str(tmp_path), *argv, "--dry-run"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr

@@ -44,12 +44,8 @@ Arguments after -- are appended to fairseq-train's (the last occurrence of a fla
 EOF
 }
 
-die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
-usage_error() { printf '%s: error: %s\n(see %s --help)\n' "$PROG" "$*" "$PROG" >&2; exit 2; }
-need_value() { if [[ "$2" -lt 2 ]]; then usage_error "$1 needs a value"; fi; }
-check_int() {  # check_int FLAG VALUE MIN
-    [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || usage_error "$1: invalid value '$2' (expected an integer >= $3)"
-}
+# shellcheck source=../train-common.sh
+source "$REPO_ROOT/examples/train-common.sh"
 
 SAVE_ROOT=checkpoints/deeprep-wmt14-en-de
 VANILLA=""
@@ -120,20 +116,11 @@ fi
 # ---------------------------------------------------------------------------------------------
 # batch size and training schedule (Vaswani et al. 2017's base setting, as the paper follows it)
 
-if [[ -z "$GPUS" ]]; then
-    GPUS=1
-    if command -v nvidia-smi >/dev/null 2>&1; then
-        count=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || true)
-        if (( count > 0 )); then GPUS=$count; fi
-    fi
-fi
+default_gpus
 (( 8 % GPUS == 0 )) || usage_error "--gpus $GPUS: the paper's 8 GPUs x 4096 tokens are emulated with --update-freq 8/N; use 1, 2, 4 or 8 GPUs"
 UPDATE_FREQ=$(( 8 / GPUS ))
 
-if [[ -z "$USER_DIR" ]]; then
-    USER_DIR=$(fusion-fairseq-user-dir 2>/dev/null || true)
-    [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq"
-fi
+default_user_dir
 
 SAVE_DIR="$SAVE_ROOT/$VARIANT"
 COMMAND=(
@@ -150,10 +137,4 @@ COMMAND=(
     "${EXTRA[@]}"
 )
 
-printf '%q ' "${COMMAND[@]}"
-echo
-if [[ $DRY_RUN -eq 1 ]]; then
-    exit 0
-fi
-mkdir -p "$SAVE_DIR"
-exec "${COMMAND[@]}"
+print_and_run

@@ -47,12 +47,8 @@ Arguments after -- are appended to fairseq-train's (the last occurrence of a fla
 EOF
 }
 
-die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
-usage_error() { printf '%s: error: %s\n(see %s --help)\n' "$PROG" "$*" "$PROG" >&2; exit 2; }
-need_value() { if [[ "$2" -lt 2 ]]; then usage_error "$1 needs a value"; fi; }
-check_int() {  # check_int FLAG VALUE MIN
-    [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || usage_error "$1: invalid value '$2' (expected an integer >= $3)"
-}
+# shellcheck source=../train-common.sh
+source "$REPO_ROOT/examples/train-common.sh"
 
 SAVE_ROOT=checkpoints/lwc-iwslt14-de-en
 LAYERS=""
@@ -120,10 +116,7 @@ else
     ARCH+=(--layers "$LAYERS")
 fi
 
-if [[ -z "$USER_DIR" ]]; then
-    USER_DIR=$(fusion-fairseq-user-dir 2>/dev/null || true)
-    [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq"
-fi
+default_user_dir
 
 # ---------------------------------------------------------------------------------------------
 # Sec. 4.3: Adam (0.9, 0.98, 1e-9) and the learning-rate schedule of Vaswani et al. (2017):
@@ -145,10 +138,4 @@ COMMAND=(
     "${EXTRA[@]}"
 )
 
-printf '%q ' "${COMMAND[@]}"
-echo
-if [[ $DRY_RUN -eq 1 ]]; then
-    exit 0
-fi
-mkdir -p "$SAVE_DIR"
-exec "${COMMAND[@]}"
+print_and_run

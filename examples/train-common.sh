@@ -1,0 +1,38 @@
+# Shared helpers of the paper recipes examples/*/train.sh. Source it after setting PROG and
+# REPO_ROOT; do not run it.
+
+die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
+usage_error() { printf '%s: error: %s\n(see %s --help)\n' "$PROG" "$*" "$PROG" >&2; exit 2; }
+need_value() { if [[ "$2" -lt 2 ]]; then usage_error "$1 needs a value"; fi; }
+check_int() {  # check_int FLAG VALUE MIN
+    [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || usage_error "$1: invalid value '$2' (expected an integer >= $3)"
+}
+
+# GPUS, when not given: nvidia-smi's count, else 1
+default_gpus() {
+    [[ -z "$GPUS" ]] || return 0
+    GPUS=1
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        local count
+        count=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || true)
+        if (( count > 0 )); then GPUS=$count; fi
+    fi
+}
+
+# USER_DIR, when not given: the installed plugin, else this checkout's
+default_user_dir() {
+    [[ -z "$USER_DIR" ]] || return 0
+    USER_DIR=$(fusion-fairseq-user-dir 2>/dev/null || true)
+    [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq"
+}
+
+# Print COMMAND (shell-quoted); unless DRY_RUN is 1, create SAVE_DIR and run it in this process.
+print_and_run() {
+    printf '%q ' "${COMMAND[@]}"
+    echo
+    if [[ $DRY_RUN -eq 1 ]]; then
+        exit 0
+    fi
+    mkdir -p "$SAVE_DIR"
+    exec "${COMMAND[@]}"
+}
