@@ -234,7 +234,8 @@ def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
     if ids and all(i in targets for i in ids):
         import sacrebleu
 
-        sacrebleu_score = float(sacrebleu.corpus_bleu([hypotheses[i] for i in ids], [[targets[i] for i in ids]]).score)
+        sacrebleu_score = float(sacrebleu.corpus_bleu([hypotheses[i] for i in ids], [[targets[i] for i in ids]],
+                                                    force=True).score)  # tokenised on purpose: no warning
     return {
         "bleu": float(match.group(1)) if match else None,
         "sacrebleu": sacrebleu_score,
