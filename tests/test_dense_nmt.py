@@ -151,6 +151,27 @@ def test_decoder_projects_the_source_memory_once_per_sentence(dense_attention):
     assert (steps - full).abs().max() <= 1e-5
 
 
+def test_dense_attention_cache_follows_a_finished_sentence_out_with_a_beam_size_set():
+    """Two sentences x 2 hypotheses; the first sentence finishes, so beam search keeps the rows of
+    the second. A decoder told its beam size (``set_beam_size``, which fairseq's beamable
+    attention uses to keep one copy per sentence) must still reorder the per-hypothesis
+    DenseAtt-2 cache row by row."""
+    model = tiny_model("dense_transformer_iwslt_de_en").eval()
+    model.decoder.set_beam_size(2)
+    src = torch.randint(4, 30, (2, 6)).repeat_interleave(2, dim=0)
+    prev = torch.randint(4, 25, (4, 6))
+    prev[:, 0] = 2
+    keep = torch.tensor([3, 2])
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src.ne(1).sum(1))
+        state = {}
+        incremental(model, encoder_out, prev, state, 0, 3)
+        model.decoder.reorder_incremental_state_scripting(state, keep)
+        after = incremental(model, model.encoder.reorder_encoder_out(encoder_out, keep), prev[keep], state, 3, 6)
+        full = run(model, src[keep], prev[keep])[:, 3:]
+    assert (after - full).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize("arch,variant", [case for case in CASES if case[1] in (VARIANTS[0], VARIANTS[1], VARIANTS[7])])
 def test_left_padding_invariance(arch, variant):
     model = tiny_model(arch, *variant).eval()

@@ -119,6 +119,12 @@ class DenseSourceAttention(MultiheadAttention):
             self.last_output = out
         return out, weights
 
+    def set_beam_size(self, beam_size: int):
+        """fairseq's beamable encoder-decoder attention keeps one key/value copy per sentence and
+        reorders it per sentence; the grouped memory is kept per hypothesis, so it stays at 1."""
+        if self.groups == 1:
+            super().set_beam_size(beam_size)
+
     def grouped_memory(self, memory: Tensor, incremental_state) -> Tuple[Tensor, Tensor]:
         """Keys and values ``(batch, heads, groups, src, head_dim)`` of the stacked memory; with
         ``incremental_state`` computed at a sentence's first step only."""
