@@ -728,6 +728,11 @@ def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
     return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
 
 
+def run_curve(run: dict) -> Dict[int, float]:
+    """A run's validation curve with integer updates (the results keep them as JSON strings)."""
+    return {int(u): v for u, v in run["curve"].items()}
+
+
 def add_updates_to_baseline_nll(rows: List[dict]) -> None:
     """Per method and seed, the updates it needed to reach the best validation NLL of the
     Transformer of the same seed (Shen et al.'s "time to the same loss", in updates: wall time
@@ -738,7 +743,7 @@ def add_updates_to_baseline_nll(rows: List[dict]) -> None:
         return
     targets = {}
     for run in baseline["runs"]:
-        curve = {int(u): v for u, v in run["curve"].items()}
+        curve = run_curve(run)
         if run["status"] == "done" and curve:
             best = min(curve.values())
             targets[run["seed"]] = (best, updates_to_reach(curve, best))
@@ -747,7 +752,7 @@ def add_updates_to_baseline_nll(rows: List[dict]) -> None:
             if run["seed"] not in targets:
                 continue
             target, baseline_updates = targets[run["seed"]]
-            reached = updates_to_reach({int(u): v for u, v in run["curve"].items()}, target)
+            reached = updates_to_reach(run_curve(run), target)
             run["baseline_nll"] = {"target": round(target, 4), "baseline_updates": baseline_updates,
                                    "updates": reached, "final": run["status"] == "done"}
             if reached is not None:
