@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job of fusion-fairseq: train fairseq's Transformer and MLRF (Both-FNN-SA) at the same
 # size and budget, then compare BLEU, parameters and speed. All the logic is in
-# fusion_fairseq/quickstart.py; every option is passed through (see --help).
+# fusion_fairseq/tools/quickstart.py; every option is passed through (see --help).
 #
 #   examples/quickstart.sh                                   # synthetic corpus, < 10 min on 2 CPU cores
 #   examples/quickstart.sh --train-size 300 --max-update 20  # smoke run
@@ -13,4 +13,4 @@ if [[ -z "${PYTHON:-}" ]]; then
   if command -v python3 >/dev/null 2>&1; then PYTHON=python3; else PYTHON=python; fi
 fi
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
-exec "$PYTHON" -m fusion_fairseq.quickstart "$@"
+exec "$PYTHON" -m fusion_fairseq.tools.quickstart "$@"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Speed benchmark of the plugin's models against fairseq's vanilla transformer.
 
-Thin wrapper around :func:`fusion_fairseq.benchmark.main` (also installed as the console script
-``fusion-fairseq-benchmark``); see ``fusion_fairseq/benchmark.py`` for the method and
+Thin wrapper around :func:`fusion_fairseq.tools.benchmark.main` (also installed as the console script
+``fusion-fairseq-benchmark``); see ``fusion_fairseq/tools/benchmark.py`` for the method and
 ``--help`` for the flags::
 
     python scripts/benchmark.py --repeats 3 --threads 1 --archs mlrf_iwslt_de_en \\
@@ -16,7 +16,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
     sys.path.append(REPO_ROOT)
 
-from fusion_fairseq.benchmark import main  # noqa: E402
+from fusion_fairseq.tools.benchmark import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

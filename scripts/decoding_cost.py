@@ -78,7 +78,7 @@ projects the source once per *sentence* (it drops the beam copies, ``set_beam_si
 coordination decoder once per *hypothesis* (batch x beam rows).
 
 Training tokens/s and decoding sentences/s against the vanilla Transformer are measured by the
-project's general benchmark (``fusion_fairseq/benchmark.py``); this script only scans the source
+project's general benchmark (``fusion_fairseq/tools/benchmark.py``); this script only scans the source
 length.
 
 Exit status: 0; 1 when the structural check fails; 2 on bad settings (the message names the flag).

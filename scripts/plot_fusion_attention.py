@@ -42,8 +42,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
     sys.path.append(REPO_ROOT)
 
-# fusion_fairseq.analysis imports the plugin (registers the models; --user-dir is optional)
-from fusion_fairseq.analysis import (  # noqa: E402
+# fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
+from fusion_fairseq.tools.analysis import (  # noqa: E402
     UsageError as PlotError,
     add_text_input_arguments,
     add_user_dir_argument,

@@ -1,4 +1,4 @@
-"""The speed benchmark (fusion_fairseq/benchmark.py) at tiny sizes: structure of its JSON and
+"""The speed benchmark (fusion_fairseq/tools/benchmark.py) at tiny sizes: structure of its JSON and
 Markdown, parameter counts, fixed-length decoding, configuration discovery and bad input.
 Timing values are never asserted on."""
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from fusion_fairseq import benchmark
-from fusion_fairseq.benchmark import BenchmarkError, BenchmarkSettings, build_configs, parse_variant, plugin_archs
+from fusion_fairseq.tools import benchmark
+from fusion_fairseq.tools.benchmark import BenchmarkError, BenchmarkSettings, build_configs, parse_variant, plugin_archs
 
 from model_building import build_model, count_parameters
 

@@ -1,4 +1,4 @@
-"""scripts/compare_methods.py (fusion_fairseq.comparison): a smoke run of the whole pipeline on a tiny
+"""scripts/compare_methods.py (fusion_fairseq.tools.comparison): a smoke run of the whole pipeline on a tiny
 slice of Multi30k (2 methods x 2 seeds x 4 updates at a tiny width), the report's numbers, resuming
 without retraining, and the errors."""
 
@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from fusion_fairseq import comparison
-from fusion_fairseq.comparison import METHODS, Width, main, match_parameter, parse_width, summarise
+from fusion_fairseq.tools import comparison
+from fusion_fairseq.tools.comparison import METHODS, Width, main, match_parameter, parse_width, summarise
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_RAW = [os.path.join(os.path.dirname(REPO), "shared", "data", "multi30k", "raw"), "/work/shared/data/multi30k/raw"]

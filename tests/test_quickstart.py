@@ -1,4 +1,4 @@
-"""The main job (``fusion_fairseq.quickstart``): a tiny-budget run of the whole pipeline on the
+"""The main job (``fusion_fairseq.tools.quickstart``): a tiny-budget run of the whole pipeline on the
 synthetic corpus and on a slice of real parallel text (Multi30k from ``../shared`` beside the repo)."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fusion_fairseq import quickstart
+from fusion_fairseq.tools import quickstart
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(REPO_ROOT, "..", "shared", "data", "multi30k", "tok")
@@ -23,7 +23,7 @@ TINY = [
 
 def run_quickstart(*args, timeout=900):
     result = subprocess.run(
-        [sys.executable, "-m", "fusion_fairseq.quickstart", *map(str, args)],
+        [sys.executable, "-m", "fusion_fairseq.tools.quickstart", *map(str, args)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )

@@ -1,4 +1,4 @@
-"""Updates and time to a reference model's validation loss (fusion_fairseq.time_to_loss) and the
+"""Updates and time to a reference model's validation loss (fusion_fairseq.tools.time_to_loss) and the
 DenseNMT recipe that uses it (examples/dense_nmt/time_to_loss.sh)."""
 
 import json
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from fusion_fairseq import time_to_loss
+from fusion_fairseq.tools import time_to_loss
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "examples", "dense_nmt", "time_to_loss.sh")

@@ -2,7 +2,7 @@
 
 Pipeline (every stage prints a header; training prints a progress line per log interval):
 
- 1. data     -- the synthetic corpus of :mod:`fusion_fairseq.synthetic` (default), or a directory
+ 1. data     -- the synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` (default), or a directory
                 of raw parallel text given with ``--data DIR --src de --tgt en``
  2. BPE      -- one joint BPE learnt with subword-nmt on the training source+target
  3. binarise -- ``fairseq-preprocess --joined-dictionary``
@@ -20,9 +20,9 @@ decoding sentences/s (fairseq-generate's summary line). Everything is written un
 and the files ``results.md``/``results.json``; a re-run overwrites only those files it wrote itself
 and never deletes a directory.
 
-    python -m fusion_fairseq.quickstart                                 # synthetic, ~7 min on 2 CPU cores
-    python -m fusion_fairseq.quickstart --train-size 300 --max-update 20  # smoke run
-    python -m fusion_fairseq.quickstart --data ../shared/data/multi30k/tok --src de --tgt en
+    python -m fusion_fairseq.tools.quickstart                                 # synthetic, ~7 min on 2 CPU cores
+    python -m fusion_fairseq.tools.quickstart --train-size 300 --max-update 20  # smoke run
+    python -m fusion_fairseq.tools.quickstart --data ../shared/data/multi30k/tok --src de --tgt en
 
 Defaults (learning rate 1e-3, 150 warm-up updates, 600 updates of 2,048 tokens): at a peak of
 2e-3 or 3e-3 the MLRF model's self-attention fusion over decoder layers puts ~99% of its weight on
@@ -140,7 +140,7 @@ def prepare_real_data(args, raw_dir):
 
 
 def prepare_synthetic_data(args, raw_dir):
-    from fusion_fairseq.synthetic import write_corpus
+    from fusion_fairseq.tools.synthetic import write_corpus
 
     write_corpus(raw_dir, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, args.src, args.tgt)
     for split in ("train", "valid", "test"):

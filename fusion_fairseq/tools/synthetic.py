@@ -45,7 +45,7 @@ through every layer; layer fusion (MLRF) gives it direct access to the lower lay
 
 Command line::
 
-    python -m fusion_fairseq.synthetic --out DIR --train-size 8000 --valid-size 300 --test-size 300
+    python -m fusion_fairseq.tools.synthetic --out DIR --train-size 8000 --valid-size 300 --test-size 300
 
 writes ``DIR/{train,valid,test}.{src,tgt}`` (one sentence per line, tokens separated by spaces).
 """
@@ -383,7 +383,7 @@ def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, te
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_fairseq.synthetic",
+        prog="python -m fusion_fairseq.tools.synthetic",
         description="Write a deterministic synthetic parallel corpus (SVO source -> SOV target with "
         "agreement morphology): OUT/{train,valid,test}.{src,tgt} and the bilingual dictionary OUT/dict.src-tgt.txt.",
     )

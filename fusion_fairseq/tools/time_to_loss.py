@@ -7,7 +7,7 @@ and reports, per log, the first validated update at or below it and the training
 there (the sum of fairseq's ``train_wall`` up to that update: time spent in training steps,
 validation excluded; interpolated between log lines).
 
-    python -m fusion_fairseq.time_to_loss --reference residual.log dense.log [--json out.json]
+    python -m fusion_fairseq.tools.time_to_loss --reference residual.log dense.log [--json out.json]
 """
 
 import argparse
@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Dict, List, Optional
 
-from fusion_fairseq.comparison import learning_curve, updates_to_reach
+from fusion_fairseq.tools.comparison import learning_curve, updates_to_reach
 
 TRAIN_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
 
@@ -89,7 +89,7 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m fusion_fairseq.time_to_loss", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fusion_fairseq.tools.time_to_loss", description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", required=True, help="fairseq-train log of the reference (e.g. residual) model")
     parser.add_argument("logs", nargs="+", help="fairseq-train logs of the models to compare")
     parser.add_argument("--json", help="also write the result as JSON")

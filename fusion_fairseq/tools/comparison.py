@@ -28,7 +28,7 @@ settings differ from the ones asked for is refused (use another ``--out``). A lo
 two invocations on one ``--out`` from training the same run. Runs are ordered seed-major, so the
 first pieces are a complete one-seed comparison.
 
-Each run is one worker process (``python -m fusion_fairseq.comparison _worker RUN_DIR``) that trains
+Each run is one worker process (``python -m fusion_fairseq.tools.comparison _worker RUN_DIR``) that trains
 with fairseq-train's own code in-process and then translates and scores the test set exactly as
 ``scripts/evaluate.sh`` does (fairseq-generate, beam 5, ``--remove-bpe``, then
 ``scripts/recipe_tool.py`` hyps / detok / bleu: detokenised sacreBLEU against the raw reference and
@@ -56,9 +56,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(PLUGIN_DIR)
 SCRIPTS_DIR = os.path.join(REPO_ROOT, "scripts")
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 SHARED_RAW_CANDIDATES = (
     "/work/shared/data/multi30k/raw",
     os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k", "raw"),
@@ -510,7 +510,7 @@ def run_one(method: Method, seed: int, config: dict, rdir: str, settings, env: d
         with open(os.path.join(rdir, "run.log"), "a", encoding="utf-8") as log_file:
             log_file.write(f"\n==== session {datetime.now(timezone.utc).isoformat(timespec='seconds')} pid {os.getpid()}\n")
             log_file.flush()
-            rc = subprocess.call([sys.executable, "-m", "fusion_fairseq.comparison", "_worker", rdir],
+            rc = subprocess.call([sys.executable, "-m", "fusion_fairseq.tools.comparison", "_worker", rdir],
                                  stdout=log_file, stderr=subprocess.STDOUT, env=env)
         done = _read_json(os.path.join(rdir, "done.json"))
         if rc != 0 or done is None:

@@ -872,7 +872,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fusion-fairseq-benchmark",
         description="Training and decoding speed, parameters and peak memory of this plugin's models "
                     "against fairseq's vanilla transformer, interleaved in one process. "
-                    "See the module docstring of fusion_fairseq.benchmark for the method.",
+                    "See the module docstring of fusion_fairseq.tools.benchmark for the method.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     group = parser.add_argument_group("configurations")
