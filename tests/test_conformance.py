@@ -127,6 +127,8 @@ OTHER_FUSION_VARIANTS = [
     Variant("enc=hierarchical+dec=sa+hard", "fusion_transformer",
             ("--aggregate-encoder", "hierarchical", "--fuse-decoder", "sa", "--surface-fusion", "hard",
              "--multi-layer-attention", "2", "--encoder-layers", "3", "--decoder-layers", "3")),
+    Variant("surface-fusion=hard+released", "fusion_transformer",
+            ("--surface-fusion", "hard", "--surface-fusion-variant", "released")),
 ]
 ARCH_VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES]
 VARIANTS = ARCH_VARIANTS + (MLRF_VARIANTS + OTHER_FUSION_VARIANTS if "fusion_transformer" in ARCHITECTURES else [])

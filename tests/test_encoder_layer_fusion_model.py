@@ -142,3 +142,82 @@ def test_soft_fusion_defaults_to_the_papers_temperature():
 def test_soft_fusion_on_a_hard_fusion_preset_gets_the_soft_temperature():
     assert parse_model_args("surface_fusion_wmt_en_ro", "--surface-fusion", "soft").surface_fusion_tau == 5.0
     assert parse_model_args("surface_fusion_wmt_en_de_big", "--surface-fusion", "soft").surface_fusion_tau == 5.0
+
+
+# ------------------------------------------------------------- SurfaceFusion: paper text vs released code
+
+def surface_loss(model, seed=0):
+    src, lengths, prev, target = batch(model, seed)
+    log_probs = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+    return -log_probs.gather(-1, target.unsqueeze(-1)).mean()
+
+
+def test_released_surface_fusion_has_one_head_and_a_shared_output_ffn():
+    """Parameters: the released code adds one residual FFN d -> d_ff -> d (2 d d_ff + d_ff + d) to the
+    paper's surface attention; one head either way costs the same 4 (d^2 + d)."""
+    paper = build_model("fusion_transformer", *TINY, "--surface-fusion", "hard")
+    released = build_model("fusion_transformer", *TINY, "--surface-fusion", "hard", "--surface-fusion-variant", "released")
+    assert count_parameters(released) - count_parameters(paper) == 2 * 16 * 32 + 32 + 16
+    assert paper.decoder.surface_fusion.attention.num_heads == 2 and paper.decoder.surface_fusion.output_ffn is None
+    assert released.decoder.surface_fusion.attention.num_heads == 1
+
+
+def test_released_surface_fusion_sends_no_gradient_through_query_and_keys():
+    """Only the surface distribution's loss (lambda = 0): the paper's variant trains the decoder and
+    the encoder layers through the query and keys; the released one reaches only the embeddings
+    (values) and its own attention and FFN."""
+    grads = {}
+    for variant in ("paper", "released"):
+        torch.manual_seed(0)
+        model = build_model("fusion_transformer", *TINY, "--surface-fusion", "hard", "--surface-fusion-lambda", "0",
+                            "--surface-fusion-variant", variant).train()
+        surface_loss(model).backward()
+        grads[variant] = {name: p.grad for name, p in model.named_parameters()}
+    for name in ("decoder.layers.1.fc2.weight", "encoder.layers.2.fc2.weight"):
+        assert grads["paper"][name] is not None and grads["paper"][name].abs().sum() > 0, name
+        assert grads["released"][name] is None or grads["released"][name].abs().sum() == 0, name
+    for name in ("encoder.embed_tokens.weight", "decoder.surface_fusion.attention.q_proj.weight",
+                 "decoder.surface_fusion.attention.k_proj.weight", "decoder.surface_fusion.output_ffn.ffn.fc1.weight"):
+        assert grads["released"][name].abs().sum() > 0, name
+
+
+def test_released_surface_fusion_feeds_both_features_through_the_ffn_and_drops_embedding_values():
+    model = build_model("fusion_transformer", *TINY, "--surface-fusion", "hard", "--surface-fusion-lambda", "0.7",
+                        "--surface-fusion-variant", "released", "--dropout", "0.5").eval()
+    src, lengths, prev, _ = batch(model)
+    fusion = model.decoder.surface_fusion
+    encoder_out = model.encoder(src, lengths)
+    features, _ = model.decoder(prev, encoder_out=encoder_out, features_only=True)
+    surface = fusion.attention(features, encoder_out["encoder_out"][0].transpose(0, 1),
+                               encoder_out["encoder_embedding"][0], encoder_out["encoder_padding_mask"][0])
+    decoder_logits = model.decoder.output_layer(fusion.output_ffn(features)).float()
+    surface_logits = model.decoder.output_layer(fusion.output_ffn(surface)).float()
+    expected = 0.7 * torch.log_softmax(decoder_logits, -1) + 0.3 * torch.log_softmax(surface_logits, -1)
+    assert torch.allclose(model.get_normalized_probs(model(src, lengths, prev), log_probs=True), expected, atol=1e-5)
+    # in training, dropout 0.5 zeroes embedding values the surface attention reads (and rescales the rest)
+    seen = []
+    fusion.attention.v_proj.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    model.train()
+    model(src, lengths, prev)
+    embeddings = model.encoder.embed_scale * model.encoder.embed_tokens(src)
+    dropped = seen[0] == 0
+    assert 0.3 < dropped.float().mean() < 0.7
+    assert torch.allclose(seen[0][~dropped], 2 * embeddings[~dropped])
+
+
+def test_surface_fusion_variant_flag():
+    assert parse_model_args("surface_fusion_wmt_en_ro").surface_fusion_variant == "paper"
+    args = parse_model_args("surface_fusion_wmt_en_ro", "--surface-fusion-variant", "released")
+    assert args.surface_fusion_variant == "released"
+
+
+def test_bad_surface_fusion_variant_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_model_args("fusion_transformer", "--surface-fusion-variant", "authors")
+    assert "argument --surface-fusion-variant: invalid choice: 'authors'" in capsys.readouterr().err
+    args = parse_model_args("fusion_transformer", *TINY, "--surface-fusion", "hard")
+    args.surface_fusion_variant = "authors"
+    model = build_model("fusion_transformer", *TINY)
+    with pytest.raises(ValueError, match="--surface-fusion-variant got 'authors'; allowed: paper, released"):
+        type(model).build_model(args, SimpleNamespace(source_dictionary=model.encoder.dictionary,
+                                                        target_dictionary=model.decoder.dictionary))

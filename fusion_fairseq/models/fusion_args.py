@@ -10,6 +10,7 @@ import argparse
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
 from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
 from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES
+from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 POSITIVE_INT_FLAGS = {
     "fusion_hops": "--fusion-hops",
@@ -22,6 +23,7 @@ CHOICE_FLAGS = {
     "fuse_decoder": ("--fuse-decoder", FUSION_FUNCTIONS),
     "layer_attention": ("--layer-attention", LAYER_ATTENTION_KINDS),
     "surface_fusion": ("--surface-fusion", SURFACE_FUSION_KINDS),
+    "surface_fusion_variant": ("--surface-fusion-variant", SURFACE_FUSION_VARIANTS),
     "aggregate_encoder": ("--aggregate-encoder", AGGREGATION_STRATEGIES),
     "aggregate_decoder": ("--aggregate-decoder", AGGREGATION_STRATEGIES),
     "aggregation_fn": ("--aggregation-fn", AGGREGATION_FUNCTIONS),
@@ -114,6 +116,10 @@ def add_encoder_layer_fusion_args(parser):
     parser.add_argument("--surface-fusion-tau", type=_tau, metavar="T",
                         help="softmax temperature tau of the surface distribution (Eq. 5), > 0; "
                         "default 1 for hard and 5 for soft fusion, as in the paper")
+    parser.add_argument("--surface-fusion-variant", choices=SURFACE_FUSION_VARIANTS, metavar="{paper,released}",
+                        help="paper: SurfaceFusion as the paper's text describes it (default); released: as the "
+                        "authors' released code trains it (query and keys detached, one head, a shared residual "
+                        "FFN on decoder output and surface vector, dropout on the embedding values)")
 
 
 def add_mlrf_args(parser):

@@ -103,7 +103,9 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
         return None
     return SurfaceFusion(
         args.surface_fusion, args.decoder_embed_dim, args.decoder_attention_heads, args.surface_fusion_lambda,
-        args.surface_fusion_tau, dropout=args.attention_dropout,
+        args.surface_fusion_tau, dropout=args.attention_dropout, variant=args.surface_fusion_variant,
+        ffn_dim=args.decoder_ffn_embed_dim, embedding_dropout=args.dropout,
+        activation_dropout=args.activation_dropout or getattr(args, "relu_dropout", 0.0),
     )
 
 
@@ -223,6 +225,7 @@ def encoder_layer_fusion_defaults(args):
     args.surface_fusion = getattr(args, "surface_fusion", "none")
     args.surface_fusion_lambda = getattr(args, "surface_fusion_lambda", 0.8)
     args.surface_fusion_tau = getattr(args, "surface_fusion_tau", 5.0 if args.surface_fusion == "soft" else 1.0)
+    args.surface_fusion_variant = getattr(args, "surface_fusion_variant", "paper")
 
 
 @register_model_architecture("fusion_transformer", "fusion_transformer")

@@ -1,13 +1,17 @@
-"""The fusion functions Phi of SurfaceFusion (Liu et al., ICLR 2021, Eqs. 5-7)."""
+"""The fusion functions Phi of SurfaceFusion (Liu et al., ICLR 2021, Eqs. 5-7), as the paper's
+text describes it and as the authors' released code (github.com/SunbowLiu/SurfaceFusion) trains it."""
 
 from typing import Callable, Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .feedforward_fusion import FeedForward
 from .surface_attention import SurfaceAttention
 
 SURFACE_FUSION_KINDS = ("none", "hard", "soft")
+SURFACE_FUSION_VARIANTS = ("paper", "released")
 
 
 def surface_log_probs(surface_logits: Tensor, tau: float) -> Tensor:
@@ -42,16 +46,53 @@ def fuse_output_distribution(kind: str, decoder_logits: Tensor, surface_logits: 
     raise ValueError(f"--surface-fusion {kind!r}; allowed: {', '.join(SURFACE_FUSION_KINDS)}")
 
 
+class ResidualFeedForward(nn.Module):
+    """x + dropout(FFN(x)): the released code's output FFN (ReLU, dropout on the hidden units and on
+    the output, no layer normalisation). Weights Xavier-uniform and biases zero, as fairseq's
+    ``Linear`` that the released code builds it with."""
+
+    def __init__(self, embed_dim: int, ffn_dim: int, dropout: float, activation_dropout: float):
+        super().__init__()
+        self.ffn = FeedForward(embed_dim, ffn_dim, embed_dim, dropout=activation_dropout)
+        self.dropout = dropout
+        for linear in (self.ffn.fc1, self.ffn.fc2):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + F.dropout(self.ffn(x), p=self.dropout, training=self.training)
+
+
 class SurfaceFusion(nn.Module):
     """SurfaceFusion (Sec. 4.1): the surface attention r(y_j, x) over the source word embeddings,
     projected by the model's own pre-softmax weights V (passed in, not owned) into surface logits,
     fused with the decoder's logits by Phi (``hard`` Eq. 6 or ``soft`` Eq. 7) into log-scores.
+
+    ``variant="paper"``: the paper's text. ``num_heads`` heads; gradients reach the decoder and the
+    encoder through the query y^M_j and the keys X_N; the decoder output and r(y_j, x) go to the
+    output projection as they are.
+
+    ``variant="released"``: the authors' released code, which Table 2 and Figure 4 come from, and
+    which differs from the text in four ways the paper does not state:
+      1. the query and the keys are detached: the surface attention's loss trains only its own
+         projections and the source embeddings (through the values);
+      2. one attention head (``num_heads`` is ignored);
+      3. one residual FFN (``d -> ffn_dim -> d``, ReLU), shared, is applied to both the decoder
+         output and the surface vector before the output projection: it changes the decoder's own
+         prediction too and adds 2 d ffn_dim + ffn_dim + d parameters;
+      4. dropout (``embedding_dropout``, the model's --dropout) on the embedding values.
+    Reading of 4: the released code reuses the mask of the encoder's input dropout for the values;
+    here the values get their own mask of the same rate (the encoder does not hand its mask out).
     """
 
-    def __init__(self, kind: str, embed_dim: int, num_heads: int, lam: float, tau: float, dropout: float = 0.0):
+    def __init__(self, kind: str, embed_dim: int, num_heads: int, lam: float, tau: float, dropout: float = 0.0,
+                 variant: str = "paper", ffn_dim: int = 0, embedding_dropout: float = 0.0,
+                 activation_dropout: float = 0.0):
         super().__init__()
         if kind not in SURFACE_FUSION_KINDS[1:]:
             raise ValueError(f"--surface-fusion {kind!r}; allowed: hard, soft")
+        if variant not in SURFACE_FUSION_VARIANTS:
+            raise ValueError(f"--surface-fusion-variant {variant!r}; allowed: {', '.join(SURFACE_FUSION_VARIANTS)}")
         if not 0.0 <= lam <= 1.0:
             raise ValueError(f"--surface-fusion-lambda must be in [0, 1], got {lam!r}")
         if not tau > 0.0:
@@ -59,7 +100,14 @@ class SurfaceFusion(nn.Module):
         self.kind = kind
         self.lam = lam
         self.tau = tau
-        self.attention = SurfaceAttention(embed_dim, num_heads, dropout)
+        self.released = variant == "released"
+        self.embedding_dropout = embedding_dropout if self.released else 0.0
+        self.attention = SurfaceAttention(embed_dim, 1 if self.released else num_heads, dropout)
+        self.output_ffn = None
+        if self.released:
+            if ffn_dim <= 0:
+                raise ValueError(f"--surface-fusion-variant released needs the decoder FFN dimension > 0, got {ffn_dim!r}")
+            self.output_ffn = ResidualFeedForward(embed_dim, ffn_dim, embedding_dropout, activation_dropout)
 
     def forward(self, decoder_features: Tensor, encoder_out: Dict[str, List[Tensor]],
                 output_projection: Callable[[Tensor], Tensor],
@@ -67,14 +115,17 @@ class SurfaceFusion(nn.Module):
         """``decoder_features`` ``(batch, tgt_len, D)`` are the query y^M_j; ``output_projection``
         the model's pre-softmax layer. Returns the fused log-scores over the vocabulary."""
         padding_mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        surface = self.attention(
-            decoder_features,
-            keys=encoder_out["encoder_out"][0].transpose(0, 1),
-            values=encoder_out["encoder_embedding"][0],
-            key_padding_mask=padding_mask,
-            incremental_state=incremental_state,
-        )
+        query, keys = decoder_features, encoder_out["encoder_out"][0].transpose(0, 1)
+        values = encoder_out["encoder_embedding"][0]
+        if self.released:
+            query, keys = query.detach(), keys.detach()
+            values = F.dropout(values, p=self.embedding_dropout, training=self.training)
+        surface = self.attention(query, keys=keys, values=values, key_padding_mask=padding_mask,
+                                 incremental_state=incremental_state)
         # one product with the output matrix for both: the largest matrix of a small model is read once
         batch = decoder_features.size(0)
-        logits = output_projection(torch.cat([decoder_features, surface], dim=0))
+        features = torch.cat([decoder_features, surface], dim=0)
+        if self.output_ffn is not None:
+            features = self.output_ffn(features)
+        logits = output_projection(features)
         return fuse_output_distribution(self.kind, logits[:batch], logits[batch:], self.lam, self.tau)
