@@ -60,15 +60,32 @@ def test_masking_a_layer_that_does_not_exist_is_an_error():
         attention.mask_layer(-1)
 
 
-def test_dropconnect_drops_weights_and_rescales_in_training_only():
+def test_dropconnect_drops_logits_before_the_softmax_so_weights_still_sum_to_one():
     torch.manual_seed(0)
     attention = LayerAttention(num_decoder_layers=4, num_encoder_layers=5, embed_dim=64, kind="fine", dropconnect=0.3)
+    with torch.no_grad():
+        attention.logits.normal_()
     clean = attention.eval().weights()
+    torch.manual_seed(1)
     dropped = attention.train().weights()
-    kept = dropped != 0
-    assert 0.6 < kept.float().mean().item() < 0.8
-    assert torch.allclose(dropped[kept], clean[kept] / 0.7, atol=1e-6)
+    assert torch.allclose(dropped.sum(dim=1), torch.ones(4, 64), atol=1e-6)
+    assert (dropped > 0).all()  # no encoder layer (the embedding included) is ever zeroed
+    # the same draw applied by hand to the logits: zero 30% of them, scale the rest by 1 / 0.7
+    torch.manual_seed(1)
+    kept = torch.nn.functional.dropout(torch.ones_like(attention.logits), p=0.3)
+    assert 0.6 < (kept != 0).float().mean().item() < 0.8
+    assert torch.allclose(dropped, torch.softmax(attention.logits * kept, dim=1), atol=1e-6)
     assert torch.equal(attention.eval().weights(), clean)
+
+
+def test_dropconnect_keeps_a_masked_layer_at_zero_in_training():
+    torch.manual_seed(0)
+    attention = LayerAttention(num_decoder_layers=2, num_encoder_layers=3, embed_dim=8, dropconnect=0.5).train()
+    attention.mask_layer(0)
+    weights = attention.weights()
+    assert not torch.isnan(weights).any()
+    assert torch.equal(weights[:, 0], torch.zeros(2, 8))
+    assert torch.allclose(weights.sum(dim=1), torch.ones(2, 8), atol=1e-6)
 
 
 def test_hard_fusion_with_lambda_one_is_the_vanilla_distribution():

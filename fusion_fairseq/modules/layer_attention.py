@@ -15,10 +15,19 @@ class LayerAttention(nn.Module):
     Paper: Sec. 3.2, W in R^{M x (N+1) x D} with w_{m,n,d} = softmax over n of the learned
     w~_{m,n,d} (``fine``); ``coarse`` is the scalar-per-(m, n) layer attention of Bapna et al.
     (2018) that the paper compares against, W in R^{M x (N+1)}. X_0 is the word embedding
-    without positions. DropConnect (Wan et al., 2013) on W during training: each weight is
-    dropped with probability p and W divided by 1 - p (p = 0.3 in the paper).
+    without positions.
+
+    DropConnect (Wan et al., 2013), p = 0.3 in the paper: "randomly drops each w_{m,n,d} with a
+    probability p and divides W by 1 - p". Reading: the dropped elements are those of the
+    learnable W, i.e. the logits w~ before the softmax, as the authors' released code does;
+    the softmax then renormalises, so the weights over encoder layers always sum to 1 in
+    training as in evaluation. Dropping the normalised weights instead leaves sums anywhere
+    from 0 up (std about 0.25 at p = 0.3) and zeroes the embedding layer on 30% of steps.
     Reading: the initial logits are zero, i.e. every decoder layer starts from the uniform
-    average of the encoder layers (the paper does not state an initialisation).
+    average of the encoder layers (the paper does not state an initialisation; a dropped zero
+    logit is still zero, so DropConnect acts only once the logits have moved away from 0).
+    Unlike the released code, no LayerNorm and no dropout is applied to the fused memory S_m:
+    the paper's Sec. 3.2 gives S_m as the weighted sum alone.
 
     ``masked_layer`` (analysis, Sec. 3.3 / Figure 2): that encoder layer's weight is set to zero
     and the others are renormalised (exactly w_n / (1 - w_masked)); encoding is unchanged.
@@ -48,15 +57,15 @@ class LayerAttention(nn.Module):
         self.masked_layer = layer
 
     def weights(self) -> Tensor:
-        """Normalised W, ``(M, N+1, D)`` for fine or ``(M, N+1, 1)`` for coarse, after masking and DropConnect."""
-        logits = self.logits
+        """Normalised W, ``(M, N+1, D)`` for fine or ``(M, N+1, 1)`` for coarse, after DropConnect and masking."""
+        # DropConnect on the learnable logits (dropout = drop single elements, rescale by 1 / (1 - p)),
+        # before masking: a dropped -inf would be 0 * -inf = nan.
+        logits = F.dropout(self.logits, p=self.dropconnect, training=self.training)
         if self.masked_layer is not None:
             masked = torch.zeros(self.num_inputs, 1, dtype=torch.bool, device=logits.device)
             masked[self.masked_layer] = True
             logits = logits.masked_fill(masked, float("-inf"))
-        weights = torch.softmax(logits.float(), dim=1).type_as(logits)
-        # DropConnect: drop single weights and rescale by 1 / (1 - p), which is what dropout does.
-        return F.dropout(weights, p=self.dropconnect, training=self.training)
+        return torch.softmax(logits.float(), dim=1).type_as(logits)
 
     def forward(self, layers: List[Tensor]) -> Tensor:
         """``layers``: N+1 tensors ``(src_len, batch, D)``, X_0 first. Returns ``(M, src_len, batch, D)``."""
