@@ -7,6 +7,8 @@ from . import checkpoint_safety
 
 checkpoint_safety.allow_fairseq_checkpoint_types()
 
+from . import fairseq_fixes  # noqa: E402,F401  (fairseq issue #5036: keeps the last partial batch)
+
 from . import criterions, models  # noqa: E402,F401  (registration side effects)
 
 __version__ = "0.1.0"
