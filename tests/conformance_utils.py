@@ -177,6 +177,55 @@ def assert_close(actual, expected, what: str, mask=None, tolerance: float = TOLE
         )
 
 
+class SavedActivationBytes:
+    """Counts the bytes of the tensors autograd keeps for backward while the context is open
+    (each storage once, parameters excluded): the activation memory that is live when backward
+    starts, i.e. the peak that activation checkpointing lowers. fairseq's re-entrant checkpoint
+    saves a layer's inputs only (the layer runs without autograd); torch's non-re-entrant one
+    drops what is saved inside its region, to be recomputed in backward (not counted: its inputs
+    are counted where later operations save them)."""
+
+    def __init__(self, model):
+        self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.storages = {}
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self.parameters:
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+
+def training_step(model, batch, seed: int = 7):
+    """Summed NLL of ``batch``'s targets in training mode (dropout on, its masks fixed by
+    ``seed``), its gradients ``{name: grad}``, and the bytes kept for backward."""
+    model.train()
+    model.zero_grad()
+    torch.manual_seed(seed)
+    with SavedActivationBytes(model) as saved:
+        _, _, lprobs = full_forward(model, batch["net_input"])
+        target = batch["target"]
+        pad = model.decoder.dictionary.pad()
+        token_nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        loss = token_nll.masked_fill(target.eq(pad), 0.0).sum()
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.eval()
+    return loss.detach(), grads, saved.total
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 

@@ -42,6 +42,7 @@ from conformance_utils import (
     run_each_in_fresh_interpreter,
     run_in_one_interpreter,
     teacher_forced_token_scores,
+    training_step,
 )
 from fusion_fairseq.modules import FUSION_FUNCTIONS, MultiHopAttentionFusion
 
@@ -496,3 +497,39 @@ def test_cli_end_to_end_fresh_interpreters(variant, cli_runs, tiny_raw):
     runs, future = cli_runs[variant.id]
     future.result()
     assert_cli_pipeline_worked(runs, os.path.join(tiny_raw, "test.src"))
+
+
+# --------------------------------------------------------------------------- activation checkpointing
+
+
+def parse_error(capsys, data_bin, variant, extra):
+    """The one-line argparse error of fairseq-train's parser for these flags, or None."""
+    try:
+        build_like_fairseq_train(data_bin, variant.arch, [*flags_of(variant), *extra])
+    except SystemExit:
+        return capsys.readouterr().err.strip().splitlines()[-1]
+    return None
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.id)
+@pytest.mark.parametrize("flag", ["--checkpoint-activations", "--offload-activations"])
+def test_activation_checkpointing_keeps_loss_and_gradients(variant, flag, subject, request, capsys):
+    """With the flag a model computes the same training loss and gradients (dropout on, same
+    masks) and keeps less activation memory for backward; a model that cannot checkpoint refuses
+    the flag on the command line."""
+    built, corpus = subject
+    data_bin = request.getfixturevalue(data_bin_fixture(variant))
+    error = parse_error(capsys, data_bin, variant, [flag])
+    if error is not None:
+        assert f"unrecognized arguments: {flag}" in error, error
+        return
+    checkpointed = build_like_fairseq_train(data_bin, variant.arch, [*flags_of(variant), flag])
+    checkpointed.model.load_state_dict(built.model.state_dict())
+    loss, grads, saved = training_step(built.model, corpus.batch)
+    loss_checkpointed, grads_checkpointed, saved_checkpointed = training_step(checkpointed.model, corpus.batch)
+
+    assert torch.allclose(loss_checkpointed, loss, rtol=1e-5, atol=1e-5), (loss_checkpointed, loss)
+    assert grads_checkpointed.keys() == grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grads_checkpointed[name], grad, rtol=1e-4, atol=1e-6), name
+    assert saved_checkpointed < 0.75 * saved, (saved_checkpointed, saved)

@@ -45,6 +45,7 @@ from fusion_fairseq.modules.dense_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
+from .activation_checkpointing import LayerCheckpointing
 from .dense_fconv import add_dense_args, check_dense_args, set_dense_defaults
 
 
@@ -106,6 +107,7 @@ class DenseTransformerEncoder(TransformerEncoder):
         self.embed_dim = d0
         self.dense = not args.no_dense_encoder
         self.dense_attention = args.dense_attention
+        self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_encoder_layer
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(d0)
         token_dim = embed_tokens.embedding_dim
         self.project_in_dim = xavier_linear(token_dim, d0, bias=False) if token_dim != d0 else None
@@ -160,7 +162,7 @@ class DenseTransformerEncoder(TransformerEncoder):
         if self.dense:
             features, block = DenseFeatures(x), []
             for index, layer in enumerate(self.layers):
-                h = layer(features.concat(), encoder_padding_mask=layer_mask)  # Eq. 6
+                h = self.call_layer(layer, features.concat(), encoder_padding_mask=layer_mask)  # Eq. 6
                 features.append(h)
                 block.append(h)
                 if str(index) in self.summaries:
@@ -171,7 +173,7 @@ class DenseTransformerEncoder(TransformerEncoder):
         else:
             states = []
             for layer in self.layers:
-                x = layer(x, encoder_padding_mask=layer_mask)
+                x = self.call_layer(layer, x, encoder_padding_mask=layer_mask)
                 states.append(x)
             if self.layer_norm is not None:
                 states[-1] = self.layer_norm(states[-1])
@@ -207,6 +209,7 @@ class DenseTransformerDecoder(TransformerDecoder):
         super().__init__(with_changes(args, decoder_layers=0), dictionary, embed_tokens, no_encoder_attn=False)
         d0 = args.decoder_embed_dim
         self.dense = not args.no_dense_decoder
+        self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_decoder_layer
         self.summaries = nn.ModuleDict()
         if self.dense:
             growth = args.growth_dim
@@ -262,8 +265,8 @@ class DenseTransformerDecoder(TransformerDecoder):
         for index, layer in enumerate(self.layers):
             self_attn_mask = self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment else None
             layer_input = features.concat() if self.dense else x
-            x, layer_attn, _ = layer(
-                layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
+            x, layer_attn, _ = self.call_layer(
+                layer, layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
                 self_attn_padding_mask=self_attn_padding_mask, need_attn=index == alignment_layer,
                 need_head_weights=index == alignment_layer,
             )

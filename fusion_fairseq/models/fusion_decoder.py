@@ -15,7 +15,7 @@ from fusion_fairseq.modules import LayerAttention, LayerFusion, SurfaceFusion
 from fusion_fairseq.modules.layer_aggregation import PlainStack
 
 from .fusion_encoder import stack_with_normalised_top
-from .layer_stack import hand_lower_layers
+from .layer_stack import run_layer
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -102,12 +102,11 @@ class FusionTransformerDecoder(TransformerDecoder):
         alignment: Dict[str, Tensor] = {}
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
-            layer = self.layers[index]
-            hand_lower_layers(layer, states)
             self_attn_mask = None
             if incremental_state is None and not full_context_alignment:
                 self_attn_mask = self.buffered_future_mask(layer_input)
-            output, layer_attn, _ = layer(
+            output, layer_attn, _ = run_layer(
+                self.layers[index], states,
                 layer_input,
                 top_memory if memories is None else memories[index],
                 memory_padding_mask,

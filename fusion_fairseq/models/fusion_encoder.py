@@ -9,7 +9,7 @@ from fairseq.models.transformer import TransformerEncoder
 from fusion_fairseq.modules import LayerFusion
 from fusion_fairseq.modules.layer_aggregation import PlainStack
 
-from .layer_stack import hand_lower_layers
+from .layer_stack import run_layer
 
 
 def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]:
@@ -53,9 +53,7 @@ class FusionTransformerEncoder(TransformerEncoder):
         layer_padding_mask = padding_mask if has_pads else None
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
-            layer = self.layers[index]
-            hand_lower_layers(layer, states)
-            return layer(layer_input, encoder_padding_mask=layer_padding_mask)
+            return run_layer(self.layers[index], states, layer_input, encoder_padding_mask=layer_padding_mask)
 
         top, states = self.aggregation.run(x.transpose(0, 1), apply_layer)
         if self.layer_norm is not None:

@@ -6,6 +6,8 @@ from torch import Tensor, nn
 
 from fusion_fairseq.modules import MultiLayerSelfAttention
 
+from .activation_checkpointing import call_checkpointed, fairseq_checkpointing
+
 
 def hand_lower_layers(layer: nn.Module, states: List[Tensor]):
     """Give a layer with multi-layer attention the states of the layers below its input:
@@ -14,6 +16,25 @@ def hand_lower_layers(layer: nn.Module, states: List[Tensor]):
     if isinstance(attention, MultiLayerSelfAttention):
         count = len(attention.lower_attentions)
         attention.attend_lower_layers(states[-2:-2 - count:-1])
+
+
+def run_layer(layer: nn.Module, states: List[Tensor], *args, **kwargs):
+    """``layer(*args, **kwargs)`` after :func:`hand_lower_layers`. A layer with multi-layer
+    attention that fairseq wrapped for ``--checkpoint-activations`` runs under torch's
+    non-re-entrant checkpoint instead, which hands the lower states over again when backward
+    recomputes the layer and passes their gradients (see ``activation_checkpointing``)."""
+    wrapped = fairseq_checkpointing(layer)
+    if wrapped is None or not isinstance(layer.self_attn, MultiLayerSelfAttention):
+        hand_lower_layers(layer, states)
+        return layer(*args, **kwargs)
+    forward, offload = wrapped
+    states = list(states)  # as now: the stack appends to its list before backward recomputes
+
+    def forward_with_lower_layers(*args, **kwargs):
+        hand_lower_layers(layer, states)
+        return forward(*args, **kwargs)
+
+    return call_checkpointed(forward_with_lower_layers, *args, enabled=True, offload=offload, **kwargs)
 
 
 def install_multi_layer_attention(layers: nn.ModuleList, num_attended: int, embed_dim: int, num_heads: int,
