@@ -29,7 +29,7 @@ VARIANTS = [
     [],                                                     # DenseNMT-L-2
     ["--dense-attention", "1"],                             # DenseNMT-L-1
     ["--dense-attention", "none"],
-    ["--summary-every", "3"],
+    ["--summary-every", "3"],                               # conv summary layers (the default)
     ["--no-dense-decoder", "--dense-attention", "none"],    # DenseENC
     ["--no-dense-encoder", "--dense-attention", "none"],    # DenseDEC
     ["--no-dense-encoder", "--no-dense-decoder"],           # DenseAtt (DenseAtt-2 only)
@@ -37,6 +37,7 @@ VARIANTS = [
     ["--embed-bottleneck-dim", "6"],                        # small embeddings
 ]
 CASES = [(arch, variant) for arch in TINY for variant in VARIANTS]
+CASES.append(("dense_fconv_iwslt_de_en", ["--summary-every", "3", "--summary-layer", "linear"]))
 IDS = [f"{arch.split('_')[1]}:{' '.join(variant) or 'default'}" for arch, variant in CASES]
 
 
@@ -75,7 +76,7 @@ def test_paper_sizes_match_the_residual_baselines():
     # all dense parts off: exactly ConvS2S's residual model (same parameter count)
     small = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--decoder-out-embed-dim", "32"]
     residual = build_model("dense_fconv_iwslt_de_en", *small, "--no-dense-encoder", "--no-dense-decoder",
-                           "--dense-attention", "none", "--growth-dim", "16", src_vocab=50, tgt_vocab=40)
+                           "--dense-attention", "none", "--residual-dim", "16", src_vocab=50, tgt_vocab=40)
     fconv = build_model("fconv_iwslt_de_en", *small, "--encoder-layers", "[(16, 3)] * 4",
                         "--decoder-layers", "[(16, 3)] * 4", src_vocab=50, tgt_vocab=40)
     assert count_parameters(residual) == count_parameters(fconv)
@@ -83,6 +84,50 @@ def test_paper_sizes_match_the_residual_baselines():
     att1, att2 = (build_model("dense_fconv_iwslt_de_en", *small, "--dense-attention", kind, src_vocab=50, tgt_vocab=40)
                   for kind in ("1", "2"))
     assert count_parameters(att1) == count_parameters(att2)
+
+
+def iwslt_count(arch, *flags):
+    return count_parameters(build_model(arch, *flags, src_vocab=8848, tgt_vocab=6632))
+
+
+def test_table_2_ablations_have_about_base_4l_size():
+    """Sec. 4.2: DenseENC-4L / DenseDEC-4L are BASE-4L with one side made dense (growth 128), and
+    "different 4-layer models have similar model sizes": the residual side keeps BASE-4L's 256."""
+    base = iwslt_count("fconv_iwslt_de_en", "--decoder-layers", "[(256, 3)] * 4")
+    dense_encoder = iwslt_count("dense_fconv_iwslt_de_en", "--no-dense-decoder", "--dense-attention", "none")
+    dense_decoder = iwslt_count("dense_fconv_iwslt_de_en", "--no-dense-encoder", "--dense-attention", "none")
+    dense_attention = iwslt_count("dense_fconv_iwslt_de_en", "--no-dense-encoder", "--no-dense-decoder")
+    plugin_base = iwslt_count("dense_fconv_iwslt_de_en", "--no-dense-encoder", "--no-dense-decoder",
+                              "--dense-attention", "none")
+    assert (dense_encoder, dense_decoder, dense_attention, plugin_base) == (9847248, 10468816, 10342864, base)
+    for count in (dense_encoder, dense_decoder, dense_attention):
+        assert abs(count - base) / base < 0.035
+
+
+def test_en_de_15_has_the_papers_20_percent_fewer_parameters_than_convs2s():
+    """Sec. 5.4: DenseNMT-En-De-15 has "20% fewer parameters" than ConvS2S (fconv_wmt_en_de), which
+    conv + GLU summary layers reproduce (40k vocabularies: 0.794); linear ones give 0.661."""
+    vocab = {"src_vocab": 40000, "tgt_vocab": 40000}
+    convs2s = count_parameters(build_model("fconv_wmt_en_de", **vocab))
+    dense = build_model("dense_fconv_wmt_en_de", **vocab)
+    assert round(count_parameters(dense) / convs2s, 3) == 0.794
+    linear = count_parameters(build_model("dense_fconv_wmt_en_de", "--summary-layer", "linear", **vocab))
+    assert round(linear / convs2s, 3) == 0.661
+    # a summary layer is a convolution over the concatenated features, back to the embedding size
+    summary = dense.decoder.summaries["4"]
+    assert (summary.in_channels, summary.out_channels, summary.kernel_size[0]) == (768 + 5 * 256, 2 * 768, 3)
+
+
+def test_8_layer_preset_keeps_linear_summary_layers_near_base_8l():
+    base = iwslt_count("fconv_iwslt_de_en", "--encoder-layers", "[(192, 3)] * 8", "--decoder-layers", "[(192, 3)] * 8")
+    assert round(iwslt_count("dense_fconv_iwslt_de_en_8l") / base, 3) == 1.099
+    assert round(iwslt_count("dense_fconv_iwslt_de_en_8l", "--summary-layer", "conv") / base, 3) == 1.298
+
+
+def test_bad_summary_layer_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_model_args("dense_fconv_iwslt_de_en", "--summary-layer", "mlp")
+    assert "argument --summary-layer: invalid choice: 'mlp'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arch,variant", CASES, ids=IDS)
