@@ -46,6 +46,7 @@ from fairseq.models.fconv import (
 )
 from fairseq.modules import GradMultiply
 
+from fusion_fairseq.checkpoint_safety import parse_config_literal
 from fusion_fairseq.modules.dense_attention import DENSE_ATTENTION_KINDS, DenseConvAttention, weight_normed_linear
 from fusion_fairseq.modules.dense_connection import (
     DenseFeatures,
@@ -139,10 +140,13 @@ def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
 
 
 def layer_spec(spec_text: str, flag: str, growth_dim: Optional[int]) -> List[Tuple[int, int]]:
-    """``[(d, k), ...]`` from fairseq's ConvS2S layer syntax, ``d`` replaced by ``--growth-dim``."""
+    """``[(d, k), ...]`` from fairseq's ConvS2S layer syntax, ``d`` replaced by ``--growth-dim``.
+    The text comes from the command line or from a checkpoint, so it is parsed as a literal
+    (with fairseq's ``[...] * N + [...]`` arithmetic), never evaluated."""
+    spec = parse_config_literal(spec_text, flag)
     try:
-        spec = extend_conv_spec(eval(spec_text))
-    except Exception as error:  # noqa: BLE001 - any malformed expression
+        spec = extend_conv_spec(spec)
+    except Exception as error:  # noqa: BLE001 - any malformed structure
         raise ValueError(f"{flag} must be a list of (hidden size, kernel width) pairs, got {spec_text!r}: {error}")
     if len(spec) == 0:
         raise ValueError(f"{flag} must describe at least one layer, got {spec_text!r}")

@@ -35,6 +35,7 @@ from fairseq.models.transformer import (
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
 
+from fusion_fairseq.checkpoint_safety import require_literal_transformer_config
 from fusion_fairseq.modules.dense_attention import DenseSourceAttention
 from fusion_fairseq.modules.dense_connection import (
     DenseFeatures,
@@ -308,6 +309,7 @@ class DenseTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         dense_transformer(args)
+        require_literal_transformer_config(args)  # before fairseq's layers eval() them
         check_dense_args(args, [("--encoder-embed-dim", args.encoder_embed_dim),
                                 ("--decoder-embed-dim", args.decoder_embed_dim)])
         for side in ("encoder", "decoder"):

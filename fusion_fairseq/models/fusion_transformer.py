@@ -17,6 +17,11 @@ from typing import Optional
 from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
+from fusion_fairseq.checkpoint_safety import (
+    is_fine_tuning,
+    missing_parameters_error,
+    require_literal_transformer_config,
+)
 from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
@@ -122,6 +127,7 @@ class FusionTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         fusion_transformer(args)
         check_fusion_args(args)
+        require_literal_transformer_config(args)  # before fairseq's layers eval() them
         encoder_embed_tokens, decoder_embed_tokens = cls.build_token_embeddings(args, task)
         layer_embedding = build_shared_layer_embedding(args)
         encoder = FusionTransformerEncoder(
@@ -159,13 +165,19 @@ class FusionTransformerModel(TransformerModel):
         """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al.
         2018 do): when the checkpoint holds no fusion parameter at all, every shared parameter
         is loaded (the names are the vanilla model's) and the fusion parameters keep this
-        model's fresh initialisation. A checkpoint with some fusion parameters is left as it is,
-        so a mismatched fusion configuration still fails the strict load, naming the keys."""
+        model's fresh initialisation. Only fairseq-train's load of its --finetune-from-model
+        checkpoint may do that (:func:`checkpoint_safety.is_fine_tuning`); any other load of such
+        a checkpoint (fairseq-generate with fusion switched on by --model-overrides, resuming
+        from another configuration's checkpoint_last.pt) raises an error naming the missing
+        parameters. A checkpoint with some fusion parameters is left as it is, so a mismatched
+        fusion configuration still fails the strict load, naming the keys."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if any(is_fusion_parameter(key) for key in state_dict):
             return
         fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}
+        if fresh and not is_fine_tuning():
+            raise missing_parameters_error(fresh, "fusion")
         if fresh:
             logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
                         "their fresh initialisation", len(fresh))

@@ -1,0 +1,213 @@
+"""Crafted checkpoints run no code, and a checkpoint lacking fusion parameters loads only for
+fine-tuning.
+
+Configuration strings that fairseq would ``eval()`` while building a plugin model (dense_fconv's
+layer specs, the Transformer's ``adaptive_softmax_cutoff`` and ``xformers_att_config``) are
+parsed as literals; each crafted checkpoint below holds a string that creates a file when
+evaluated."""
+
+import os
+import subprocess
+import sys
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from conftest import TINY_MLRF_FLAGS, USER_DIR, run_cli
+from fusion_fairseq.checkpoint_safety import (
+    ConfigLiteralError,
+    MissingParametersError,
+    parse_config_literal,
+    starts_from_pretrained_model,
+)
+from fusion_fairseq.models import FusionTransformerModel
+from fusion_fairseq.models.dense_fconv import layer_spec
+from model_building import dictionary_of_size, parse_model_args
+
+TINY_FCONV = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--decoder-out-embed-dim", "16",
+              "--encoder-layers", "[(8, 3)] * 2", "--decoder-layers", "[(8, 3)] * 2"]
+TINY_TRANSFORMER = TINY_MLRF_FLAGS[:16]  # its dimensions, without the fusion flags
+
+
+def train(data_bin, save_dir, arch, *flags, updates=2):
+    run_cli(
+        "fairseq_cli.train", data_bin, "--user-dir", USER_DIR, "--arch", arch, *flags,
+        "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", str(updates),
+        "--save-dir", save_dir, "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints",
+    )
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+def run_unchecked(module, *args):
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def generate(data_bin, checkpoint, *flags):
+    return run_unchecked("fairseq_cli.generate", data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
+                         "--beam", "2", "--max-tokens", "1000", "--gen-subset", "test", *flags)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert ": error: " in last
+    for fragment in fragments:
+        assert fragment in last
+
+
+@pytest.fixture(scope="module")
+def dense_fconv_checkpoint(tiny_data_bin, tmp_path_factory):
+    return train(tiny_data_bin, str(tmp_path_factory.mktemp("dense_fconv")), "dense_fconv_iwslt_de_en", *TINY_FCONV)
+
+
+@pytest.fixture(scope="module")
+def no_fusion_checkpoint(tiny_data_bin, tmp_path_factory):
+    """A ``fusion_transformer`` with every fusion switched off: the vanilla Transformer's parameters."""
+    return train(tiny_data_bin, str(tmp_path_factory.mktemp("no_fusion")), "fusion_transformer", *TINY_TRANSFORMER)
+
+
+def tiny_task():
+    return SimpleNamespace(source_dictionary=dictionary_of_size(10), target_dictionary=dictionary_of_size(10))
+
+
+def touch_payload(marker, result):
+    """A configuration string that creates ``marker`` when evaluated and then yields ``result``."""
+    return f"__import__('pathlib').Path({str(marker)!r}).touch() or {result}"
+
+
+def crafted(checkpoint, tmp_path, **config):
+    state = torch.load(checkpoint)
+    vars(state["cfg"]["model"]).update(config)
+    path = tmp_path / "crafted.pt"
+    torch.save(state, path)
+    return str(path)
+
+
+# --- item: configuration strings are parsed, never evaluated ---------------------------------
+
+@pytest.mark.parametrize("field,result", [
+    ("adaptive_softmax_cutoff", "[5]"),
+    ("encoder_xformers_att_config", "None"),
+    ("decoder_xformers_att_config", "None"),
+])
+def test_transformer_config_strings_are_not_evaluated_on_load(tiny_mlrf_checkpoint, tmp_path, field, result):
+    marker = tmp_path / "created_by_checkpoint"
+    path = crafted(tiny_mlrf_checkpoint, tmp_path, **{field: touch_payload(marker, result)})
+    with pytest.raises(ConfigLiteralError, match=f"--{field.replace('_', '-')} .* is not a literal"):
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert not marker.exists()
+
+
+def test_dense_fconv_layer_specs_are_not_evaluated_on_load(dense_fconv_checkpoint, tmp_path):
+    marker = tmp_path / "created_by_checkpoint"
+    path = crafted(dense_fconv_checkpoint, tmp_path, encoder_layers=touch_payload(marker, "[(8, 3)] * 2"))
+    with pytest.raises(ConfigLiteralError, match=r"--encoder-layers .* is not a literal \(it contains BoolOp\)"):
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert not marker.exists()
+
+
+def test_generate_refuses_a_crafted_checkpoint_in_one_line(dense_fconv_checkpoint, tiny_data_bin, tmp_path):
+    marker = tmp_path / "created_by_checkpoint"
+    path = crafted(dense_fconv_checkpoint, tmp_path, decoder_layers=touch_payload(marker, "[(8, 3)] * 2"))
+    result = generate(tiny_data_bin, path)
+    assert_one_line_error(result, "--decoder-layers", "is not a literal")
+    assert not marker.exists()
+
+
+def test_nested_xformers_config_is_not_evaluated(tmp_path):
+    marker = tmp_path / "created_by_checkpoint"
+    args = parse_model_args("fusion_transformer", *TINY_TRANSFORMER)
+    args.decoder = {"xformers_att_config": touch_payload(marker, "None")}
+    with pytest.raises(ConfigLiteralError, match="--decoder-xformers-att-config"):
+        FusionTransformerModel.build_model(args, tiny_task())
+    assert not marker.exists()
+
+
+def test_dense_transformer_cutoff_is_not_evaluated(tmp_path):
+    marker = tmp_path / "created_by_checkpoint"
+    args = parse_model_args("dense_transformer")
+    args.adaptive_softmax_cutoff = touch_payload(marker, "[5]")  # as read from a checkpoint
+    from fusion_fairseq.models.dense_transformer import DenseTransformerModel
+
+    with pytest.raises(ConfigLiteralError, match="--adaptive-softmax-cutoff"):
+        DenseTransformerModel.build_model(args, tiny_task())
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("text", [
+    "[(128, 3)] * 9 + [(256, 3)] * 4 + [(512, 1)] * 2", "[(96, 3)] * 8", "[(512, 3, 1)] * 2 + [(8, 1)]",
+    "2000,4000", "[5, 10]", "{'name': 'scaled_dot_product', 'dropout': 0.1}", "-1",
+])
+def test_literals_read_as_python_would(text):
+    assert parse_config_literal(text, "--flag") == eval(text)  # noqa: S307 - the reference reading
+
+
+@pytest.mark.parametrize("text,why", [
+    ("open('x', 'w')", "it contains Call"),
+    ("os.system", "it contains Attribute"),
+    ("[x for x in 'ab']", "it contains ListComp"),
+    ("lambda: 0", "it contains Lambda"),
+    ("[(1, 1)] * 10001", "at most 10000 items"),
+    ("[(1, 1)] * 5000 * 3", "at most 10000 items"),
+    ("2 ** 100", "it contains BinOp"),
+    ("[(1, 2)", "it does not parse"),
+])
+def test_non_literals_are_refused_naming_the_flag(text, why):
+    with pytest.raises(ConfigLiteralError) as error:
+        layer_spec(text, "--encoder-layers", None)
+    message = str(error.value)
+    assert message.startswith(f"--encoder-layers {text!r} is not a literal") and why in message
+    assert "\n" not in message
+
+
+# --- item: only fine-tuning starts fusion parameters fresh -----------------------------------
+
+@pytest.mark.parametrize("overrides,missing", [
+    ({"fuse_decoder": "sa"}, "decoder.output_fusion."),
+    ({"surface_fusion": "hard"}, "decoder.surface_fusion."),
+])
+def test_fusion_switched_on_at_load_is_an_error_naming_the_parameters(no_fusion_checkpoint, overrides, missing):
+    with pytest.raises(MissingParametersError, match=f"the checkpoint has no fusion parameters .*{missing}"):
+        checkpoint_utils.load_model_ensemble_and_task([no_fusion_checkpoint], arg_overrides=overrides)
+
+
+def test_generate_with_fusion_overrides_fails_in_one_line(no_fusion_checkpoint, tiny_data_bin):
+    result = generate(tiny_data_bin, no_fusion_checkpoint, "--model-overrides", "{'fuse_decoder': 'sa'}")
+    assert_one_line_error(result, "the checkpoint has no fusion parameters", "decoder.output_fusion.")
+    assert "H-" not in result.stdout
+
+
+def test_resuming_another_configuration_is_an_error(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    save_dir = tmp_path / "resume"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(open(no_fusion_checkpoint, "rb").read())
+    result = run_unchecked(
+        "fairseq_cli.train", tiny_data_bin, "--user-dir", USER_DIR, "--arch", "fusion_transformer",
+        *TINY_TRANSFORMER, "--fuse-decoder", "sa", "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000",
+        "--max-update", "4", "--save-dir", save_dir, "--no-progress-bar", "--no-epoch-checkpoints",
+    )
+    assert_one_line_error(result, "the checkpoint has no fusion parameters", "decoder.output_fusion.")
+
+
+def test_fine_tuning_starts_fusion_parameters_fresh(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    checkpoint = train(tiny_data_bin, str(tmp_path / "finetune"), "fusion_transformer", *TINY_TRANSFORMER,
+                       "--fuse-decoder", "sa", "--finetune-from-model", no_fusion_checkpoint, updates=1)
+    tuned = torch.load(checkpoint)["model"]
+    vanilla = torch.load(no_fusion_checkpoint)["model"]
+    assert any("output_fusion." in key for key in tuned)
+    assert set(vanilla) < set(tuned)
+
+
+def test_fine_tuning_rule_is_fairseqs(tmp_path):
+    trainer = SimpleNamespace(checkpoint_suffix="")
+    cfg = SimpleNamespace(finetune_from_model="vanilla.pt", restore_file="checkpoint_last.pt",
+                          save_dir=str(tmp_path), continue_once=None)
+    assert starts_from_pretrained_model(cfg, trainer)
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    assert not starts_from_pretrained_model(cfg, trainer)  # resuming, not fine-tuning
+    assert not starts_from_pretrained_model(SimpleNamespace(**{**vars(cfg), "finetune_from_model": None}), trainer)
