@@ -43,6 +43,21 @@ def test_feedforward_fusion_concatenates_layers_in_order():
     assert fusion(-layers).tolist() == [0.5, 0.0]
 
 
+def test_feedforward_fusion_adds_the_layer_embedding_before_concatenating():
+    embedding = nn.Embedding(3, 2)
+    with torch.no_grad():
+        embedding.weight.copy_(torch.tensor([[9.0, 9.0], [0.5, 0.0], [-1.0, 1.0]]))
+    # first_layer_index=1: the two fused layers read rows 1 and 2 (as when h0 is not fused)
+    fusion = FeedForwardFusion(num_layers=2, embed_dim=2, ffn_dim=1, layer_embedding=embedding, first_layer_index=1)
+    set_linear(fusion.ffn.fc1, [[1.0, 2.0, 3.0, 4.0]], [-1.0])
+    set_linear(fusion.ffn.fc2, [[1.0], [-1.0]], [0.5, 0.0])
+    layers = torch.tensor([[1.0, 1.0], [0.0, 2.0]])  # Eq. 4: z~1 = (1.5, 1), z~2 = (-1, 3)
+    hidden = 1.5 + 2 - 3 + 12 - 1
+    assert fusion(layers).tolist() == pytest.approx([hidden + 0.5, -hidden])
+    with pytest.raises(ValueError, match="layer embedding has 3 rows, fusing layers 0..3 needs more"):
+        FeedForwardFusion(num_layers=4, embed_dim=2, ffn_dim=1, layer_embedding=embedding)
+
+
 def test_feedforward_fusion_parameter_count_matches_mlrf_table2_difference():
     # Enc-FNN (11.63M) - baseline (10.97M): FNN over h0..h3 at d=256, df=512 (+ the LayerNorm)
     fusion = FeedForwardFusion(num_layers=4, embed_dim=256, ffn_dim=512)
@@ -145,6 +160,9 @@ def test_build_layer_fusion_choices_and_layer_embedding_rows():
     assert sa.function.layer_ids.tolist() == [0, 1, 2, 3]
     sa_no_h0 = build_layer_fusion("sa", 3, 8, 4, 4, 2, include_embedding_layer=False, layer_embedding=nn.Embedding(4, 8))
     assert sa_no_h0.function.layer_ids.tolist() == [1, 2, 3]
+    table = nn.Embedding(4, 8)
+    fnn_no_h0 = build_layer_fusion("fnn", 3, 8, 4, 4, 2, include_embedding_layer=False, layer_embedding=table)
+    assert fnn_no_h0.function.layer_embedding is table and fnn_no_h0.function.layer_ids.tolist() == [1, 2, 3]
     with pytest.raises(ValueError, match="unknown fusion function 'max'; allowed: none, avg, fnn, sa"):
         build_layer_fusion("max", 3, 8, 4, 4, 2)
     with pytest.raises(ValueError, match="layer embedding has 3 rows"):

@@ -31,19 +31,19 @@ def sa_fusion(hops):
     return w1 + w2 + (hops * D * 512 + 512 + 512 * D + D) + LAYER_NORM
 
 
-LAYER_EMBEDDING = (LAYERS + 1) * D  # rows for h0..h3, shared by encoder and decoder
+LAYER_EMBEDDING = (LAYERS + 1) * D  # rows for h0..h3, shared by encoder and decoder, read by FNN and SA fusion
 
 # (row of Table 2, flags, exact count, the paper's figure in millions)
 ROWS = [
     ("Enc-AVG", ["--fuse-encoder", "avg", "--fuse-decoder", "none"], BASELINE + LAYER_NORM, 10.97),
-    ("Enc-FNN", ["--fuse-encoder", "fnn", "--fuse-decoder", "none"], BASELINE + FNN_FUSION, 11.63),
+    ("Enc-FNN", ["--fuse-encoder", "fnn", "--fuse-decoder", "none"], BASELINE + FNN_FUSION + LAYER_EMBEDDING, 11.63),
     ("Enc-SA (nhop=4)", ["--fuse-encoder", "sa", "--fuse-decoder", "none"], BASELINE + sa_fusion(4) + LAYER_EMBEDDING, 11.90),
     ("Enc-SA (nhop=6)", ["--fuse-encoder", "sa", "--fuse-decoder", "none", "--fusion-hops", "6"],
      BASELINE + sa_fusion(6) + LAYER_EMBEDDING, 12.16),
     ("Dec-AVG", ["--fuse-encoder", "none", "--fuse-decoder", "avg"], BASELINE + LAYER_NORM, 10.97),
-    ("Dec-FNN", ["--fuse-encoder", "none", "--fuse-decoder", "fnn"], BASELINE + FNN_FUSION, 11.63),
+    ("Dec-FNN", ["--fuse-encoder", "none", "--fuse-decoder", "fnn"], BASELINE + FNN_FUSION + LAYER_EMBEDDING, 11.63),
     ("Dec-SA (nhop=4)", ["--fuse-encoder", "none", "--fuse-decoder", "sa"], BASELINE + sa_fusion(4) + LAYER_EMBEDDING, 11.90),
-    ("Both-FNN", ["--fuse-encoder", "fnn", "--fuse-decoder", "fnn"], BASELINE + 2 * FNN_FUSION, 12.29),
+    ("Both-FNN", ["--fuse-encoder", "fnn", "--fuse-decoder", "fnn"], BASELINE + 2 * FNN_FUSION + LAYER_EMBEDDING, 12.29),
     ("Both-SA (nhop=4)", ["--fuse-encoder", "sa", "--fuse-decoder", "sa"], BASELINE + 2 * sa_fusion(4) + LAYER_EMBEDDING, 12.82),
     ("Both-FNN-SA (nhop=4)", [], BASELINE + FNN_FUSION + sa_fusion(4) + LAYER_EMBEDDING, 12.55),
 ]
@@ -99,3 +99,13 @@ def test_ablations_of_table4_change_the_counts_as_expected():
     no_layer_emb = count_parameters(build_model("mlrf_iwslt_de_en", "--fusion-no-layer-embedding", src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB))
     assert full - no_h0 == D * 512  # the encoder FNN reads one layer fewer; SA has no per-layer weights
     assert full - no_layer_emb == LAYER_EMBEDDING
+
+
+def test_fnn_layer_embedding_is_what_fusion_no_layer_embedding_removes():
+    flags = ["--fuse-encoder", "fnn", "--fuse-decoder", "fnn"]
+    with_embedding = build_model("mlrf_iwslt_de_en", *flags, src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB)
+    without = build_model("mlrf_iwslt_de_en", *flags, "--fusion-no-layer-embedding", src_vocab=SRC_VOCAB, tgt_vocab=TGT_VOCAB)
+    assert count_parameters(with_embedding) - count_parameters(without) == LAYER_EMBEDDING
+    # one table for both sides (MLRF Sec. 3.2)
+    assert with_embedding.encoder.output_fusion.function.layer_embedding is \
+        with_embedding.decoder.output_fusion.function.layer_embedding

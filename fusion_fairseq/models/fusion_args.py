@@ -142,7 +142,7 @@ def add_mlrf_args(parser):
     parser.add_argument("--fusion-no-embedding-layer", action="store_true",
                         help="do not fuse the embedding layer h0 (MLRF Table 4 ablation)")
     parser.add_argument("--fusion-no-layer-embedding", action="store_true",
-                        help="no layer embedding in self-attention fusion (MLRF Eq. 4, Table 4 ablation)")
+                        help="no layer embedding in self-attention and FNN fusion (MLRF Eq. 4, Table 4 ablation)")
     parser.add_argument("--fusion-no-layernorm", action="store_true",
                         help="skip the layer normalisation after the fusion layer")
     parser.add_argument("--fusion-dropout", type=_probability("--fusion-dropout"), metavar="P",
@@ -244,10 +244,13 @@ def check_mlrf_args(args):
             raise ValueError(positive_int_error(flag, value))
     if not 0.0 <= args.fusion_dropout < 1.0:
         raise ValueError(f"--fusion-dropout must be in [0, 1), got {args.fusion_dropout!r}")
-    if args.fuse_encoder == "sa" and args.fuse_decoder == "sa" and not args.fusion_no_layer_embedding:
+    with_layer_embedding = ("sa", "fnn")
+    if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
+            and not args.fusion_no_layer_embedding:
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ValueError(
-                "--fuse-encoder sa and --fuse-decoder sa share one layer embedding, which needs "
+                f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer "
+                "embedding, which needs "
                 f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim}); "
                 "or pass --fusion-no-layer-embedding"
             )

@@ -49,8 +49,9 @@ def is_fusion_parameter(name: str) -> bool:
 def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
     """The layer embedding E of MLRF Eq. 4, one table for encoder and decoder ("we use a shared
     layer embedding for the encoder and the decoder"), initialised from U(-0.1, 0.1) (Sec. 4.2).
-    Rows cover h0..hL of the deepest side that uses self-attention fusion."""
-    sides = [side for side in ("encoder", "decoder") if getattr(args, f"fuse_{side}") == "sa"]
+    Rows cover h0..hL of the deepest side that uses self-attention or FNN fusion (Table 4
+    ablates the layer embedding for Enc-FNN)."""
+    sides = [side for side in ("encoder", "decoder") if getattr(args, f"fuse_{side}") in ("sa", "fnn")]
     if not sides or args.fusion_no_layer_embedding:
         return None
     rows = max(getattr(args, f"{side}_layers") for side in sides) + 1

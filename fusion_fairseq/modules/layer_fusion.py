@@ -63,10 +63,11 @@ def build_layer_fusion(
     if function == "none":
         return None
     fused_layers = num_layers + 1 if include_embedding_layer else num_layers
+    first_layer_index = 0 if include_embedding_layer else 1
     if function == "avg":
         phi = AverageFusion()
     elif function == "fnn":
-        phi = FeedForwardFusion(fused_layers, embed_dim, ffn_dim, dropout)
+        phi = FeedForwardFusion(fused_layers, embed_dim, ffn_dim, dropout, layer_embedding, first_layer_index)
     else:
         phi = MultiHopAttentionFusion(
             fused_layers,
@@ -75,7 +76,7 @@ def build_layer_fusion(
             ffn_dim,
             num_hops,
             layer_embedding=layer_embedding,
-            first_layer_index=0 if include_embedding_layer else 1,
+            first_layer_index=first_layer_index,
             independent_w1=independent_w1,
             dropout=dropout,
         )

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from .feedforward_fusion import FeedForward
+from .feedforward_fusion import FeedForward, layer_embedding_rows
 from .init import fan_in_uniform_
 
 
@@ -23,7 +23,7 @@ class MultiHopAttentionFusion(nn.Module):
     (the "+ indep. W1" row of Table 3).
 
     ``layer_embedding`` may be shared with another fusion module (the paper shares it between
-    encoder and decoder); ``first_layer_index`` is the row of the first fused layer (0 when the
+    encoder and decoder, and FNN fusion reads it too); ``first_layer_index`` is the row of the first fused layer (0 when the
     embedding layer h0 is fused, 1 otherwise).
 
     Input ``layers``: ``(..., L, d)``. Returns the fused ``(..., d)`` and, when asked, the
@@ -59,14 +59,8 @@ class MultiHopAttentionFusion(nn.Module):
         fan_in_uniform_(self.w2)
         self.ffn = FeedForward(num_hops * embed_dim, ffn_dim, embed_dim, dropout)
         self.layer_embedding = layer_embedding
-        if layer_embedding is not None and first_layer_index + num_layers > layer_embedding.num_embeddings:
-            raise ValueError(
-                f"layer embedding has {layer_embedding.num_embeddings} rows, "
-                f"fusing layers {first_layer_index}..{first_layer_index + num_layers - 1} needs more"
-            )
-        self.register_buffer(
-            "layer_ids", torch.arange(first_layer_index, first_layer_index + num_layers), persistent=False
-        )
+        self.register_buffer("layer_ids", layer_embedding_rows(layer_embedding, first_layer_index, num_layers),
+                             persistent=False)
 
     def attention_hidden(self, layers: torch.Tensor) -> torch.Tensor:
         """sigma(W1 z~^l) for every layer l: ``(..., L, da)``."""
