@@ -16,7 +16,10 @@ Readings:
   * Sides (``--diversity-sides``, default ``both``): the encoder stack (source positions,
     ``extra["encoder_states"]``) and the decoder stack (target positions,
     ``extra["inner_states"]``) each get their own Eq. 10, and the two are *summed*
-    (L_div in [0, 2] with both sides). A side with fewer than 2 layers is skipped.
+    (L_div in [0, 2] with both sides). A side with fewer than 2 layers is skipped. So the
+    effective lambda is lambda per side: each side's diversity weighs as much as it would alone
+    (Eq. 9 has one L_diversity and does not say how the two stacks combine; averaging them
+    would be ``--diversity-lambda`` halved).
   * Scale: LS_NLL is a sum over tokens that fairseq divides by ``sample_size`` (ntokens, or
     sentences under ``--sentence-avg``) before the update, while L_div is a per-position mean.
     Multiplying L_div by ``sample_size`` makes the optimised per-token objective

@@ -19,9 +19,11 @@ class CoordinationLayer(nn.Module):
     projected target memory for the caller to keep.
 
     ``mixed=False`` is the "w/o mixed attention" ablation (Table 3): a causal self-attention
-    over the target, then an attention over the source, as two sub-layers. Reading: both use
-    this layer's one attention and its LayerNorm, so that the ablation keeps the parameter
-    count of Table 3 (19.07M in every row).
+    over the target, then an attention over the source, as two sub-layers. Reading: the paper
+    does not say whether the two have their own parameters; here they share this layer's one
+    attention (the same projections) and its LayerNorm, so that the ablation keeps the
+    parameter count of Table 3 (19.07M in every row); separate ones would add an attention
+    and a LayerNorm per layer.
     """
 
     def __init__(self, embed_dim: int, ffn_dim: int, num_heads: int, dropout: float = 0.0,
