@@ -1,12 +1,19 @@
 """Bad flags get a clear error naming the flag, the value and what is allowed."""
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
+from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.fusion_args import check_fusion_args
+from conftest import TINY_MLRF_FLAGS, USER_DIR
 from model_building import build_model, dictionary_of_size, parse_model_args
+
+TINY = TINY_MLRF_FLAGS[:16]  # small dimensions, no fusion flags
 
 
 def cli_error(capsys, *flags):
@@ -68,3 +75,118 @@ def test_share_all_embeddings_needs_a_joined_dictionary():
         build_model("mlrf_iwslt_de_en", "--share-all-embeddings")
     shared = build_model("mlrf_iwslt_de_en", "--share-all-embeddings", joined=True)
     assert shared.encoder.embed_tokens is shared.decoder.embed_tokens
+
+
+# --- every error names the flag, the value and what is allowed -------------------------------
+
+def arch_cli_error(capsys, arch, *flags):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_model_args(arch, *flags)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,allowed", [
+    ("--surface-fusion-lambda", "in [0, 1]"),
+    ("--surface-fusion-tau", "> 0"),
+    ("--layer-attention-dropconnect", "in [0, 1)"),
+    ("--fusion-dropout", "in [0, 1)"),
+])
+def test_text_given_to_a_real_valued_flag(capsys, flag, allowed):
+    assert f"{flag} must be a number {allowed}, got 'high'" in cli_error(capsys, flag, "high")
+
+
+def test_a_vanishing_temperature_is_refused(capsys):
+    err = cli_error(capsys, "--surface-fusion", "hard", "--surface-fusion-tau", "1e-30")
+    assert "--surface-fusion-tau must be at least 0.01" in err and "got 1e-30" in err
+    with pytest.raises(ValueError, match=r"--surface-fusion-tau must be at least 0.01 .*got 1e-30"):
+        check_fusion_args(valid_args(surface_fusion="hard", surface_fusion_tau=1e-30))
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"surface_fusion_lambda": "high"}, "--surface-fusion-lambda must be a number in [0, 1], got 'high'"),
+    ({"surface_fusion_tau": None}, "--surface-fusion-tau must be a number > 0, got None"),
+    ({"layer_attention_dropconnect": [0.3]}, "--layer-attention-dropconnect must be a number in [0, 1), got [0.3]"),
+    ({"fusion_dropout": "0.1"}, "--fusion-dropout must be a number in [0, 1), got '0.1'"),
+    ({"fusion_independent_w1": "yes"}, "--fusion-independent-w1 is a switch: True or False, got 'yes'"),
+    ({"layer_attention": "fine", "fuse_encoder": "none", "mask_encoder_layer": "2"},
+     "--mask-encoder-layer must be an integer, got '2'"),
+    ({"dropout": 1.5}, "--dropout must be in [0, 1), got 1.5"),
+    ({"attention_dropout": -0.1}, "--attention-dropout must be in [0, 1), got -0.1"),
+])
+def test_wrong_types_from_model_overrides_are_named(changes, message):
+    """--model-overrides values reach the checks untyped: a ValueError naming the flag, no TypeError."""
+    with pytest.raises(ValueError) as error:
+        check_fusion_args(valid_args(**changes))
+    assert str(error.value) == message
+
+
+def test_layerwise_coordination_dropout_is_checked(capsys):
+    err = arch_cli_error(capsys, "layerwise_coordination", "--dropout", "1.5")
+    assert "argument --dropout: --dropout must be in [0, 1), got '1.5'" in err
+    args = parse_model_args("layerwise_coordination")
+    args.attention_dropout = 2.0  # as read from a checkpoint or --model-overrides
+    joined = dictionary_of_size(10)
+    with pytest.raises(ValueError, match=r"--attention-dropout must be in \[0, 1\), got 2.0"):
+        ARCH_MODEL_REGISTRY["layerwise_coordination"].build_model(args, SimpleNamespace(
+            source_dictionary=joined, target_dictionary=joined))
+
+
+@pytest.mark.parametrize("arch", ["dense_fconv", "dense_transformer"])
+def test_dense_models_check_dropout(arch):
+    with pytest.raises(ValueError, match=r"^--dropout must be in \[0, 1\), got 1.5$"):
+        build_model(arch, "--dropout", "1.5")
+
+
+# --- flags that do nothing in the chosen configuration are warned about ----------------------
+
+@pytest.mark.parametrize("flags,warning", [
+    (["--fuse-decoder", "fnn", "--fusion-hops", "2"], "--fusion-hops 2: only self-attention fusion"),
+    (["--layer-attention-dropconnect", "0.5"], "--layer-attention-dropconnect 0.5: it drops layer-attention weights"),
+    (["--surface-fusion", "soft", "--surface-fusion-lambda", "0.5"],
+     "--surface-fusion-lambda 0.5: only hard SurfaceFusion (Eq. 6) interpolates, and --surface-fusion is soft"),
+    (["--surface-fusion-lambda", "0.5"], "--surface-fusion is none"),
+])
+def test_idle_fusion_flags_are_warned_about(caplog, flags, warning):
+    build_model("fusion_transformer", *TINY, *flags)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("flag without effect: ") and warning in warnings[0]
+
+
+@pytest.mark.parametrize("flags", [
+    [], ["--fuse-decoder", "sa", "--fusion-hops", "2"], ["--layer-attention", "fine", "--layer-attention-dropconnect", "0.5"],
+    ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.5"], ["--fusion-hops", "4"],
+])
+def test_flags_in_use_give_no_warning(caplog, flags):
+    build_model("fusion_transformer", *TINY, *flags)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_summary_every_beyond_the_depth_is_warned_about(caplog):
+    four_layers = ["--encoder-layers", "[(8, 3)] * 4", "--decoder-layers", "[(8, 3)] * 4"]
+    build_model("dense_fconv", *four_layers, "--summary-every", "4")  # a summary after layer 3
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    build_model("dense_fconv", *four_layers, "--summary-every", "5")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["flag without effect: --summary-every 5 builds no summary layer (one follows every 4 "
+                        "layers below the top layer; dense layers: encoder 4, decoder 4)"]
+
+
+# --- errors found while building print as one line -------------------------------------------
+
+@pytest.mark.parametrize("flags,message", [
+    (["--arch", "dense_fconv_iwslt_de_en", "--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+    (["--arch", "fusion_transformer", "--layer-attention", "fine", "--fuse-encoder", "sa"],
+     "--layer-attention fine and --fuse-encoder sa both define the decoder's source memory"),
+])
+def test_build_time_errors_print_one_line(tiny_data_bin, tmp_path, flags, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.train", tiny_data_bin, "--user-dir", USER_DIR, *flags,
+         "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "1",
+         "--save-dir", str(tmp_path), "--no-progress-bar"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert ": error: " in last_line and message in last_line

@@ -72,14 +72,66 @@ def test_aggregation_node_relu_and_attention_functions():
         attention.input_weight_blocks()
 
 
-def test_dense_connection_eq4_by_hand():
+def test_dense_connection_literal_is_eq4_by_hand():
     # H1 = L(H0); H2 = L(H1) + H1; H3 = L(H2) + H1 + H2, with L(x) = x + 1
-    top, states = DenseConnection(3).run(torch.tensor([0.0]), add_one)
+    top, states = DenseConnection(3, "literal").run(torch.tensor([0.0]), add_one)
     h1 = 1.0
     h2 = (h1 + 1) + h1
     h3 = (h2 + 1) + h1 + h2
     assert [s.item() for s in states] == [0.0, h1, h2, h3]
     assert top.item() == h3
+
+
+def test_dense_connection_sum_adds_the_layers_own_outputs():
+    # O1 = L(H0) = 1, H1 = 1; O2 = L(H1) = 2, H2 = O1 + O2 = 3; O3 = L(H2) = 4, H3 = 1 + 2 + 4 = 7
+    top, states = DenseConnection(3, "sum").run(torch.tensor([0.0]), add_one)
+    assert [s.item() for s in states] == [0.0, 1.0, 3.0, 7.0]
+    assert top.item() == 7.0
+
+
+def test_dense_connection_mean_is_the_default_and_averages_the_layers_own_outputs():
+    # O1 = 1, H1 = 1; O2 = L(H1) = 2, H2 = (1 + 2) / 2 = 1.5; O3 = L(H2) = 2.5, H3 = (1 + 2 + 2.5) / 3
+    top, states = DenseConnection(3).run(torch.tensor([0.0]), add_one)
+    assert [s.item() for s in states] == pytest.approx([0.0, 1.0, 1.5, 5.5 / 3])
+    assert top.item() == pytest.approx(5.5 / 3)
+    assert parse_model_args("fusion_transformer").dense_connection == "mean"
+    assert parse_model_args("fusion_transformer", "--dense-connection", "literal").dense_connection == "literal"
+
+
+def test_dense_connection_layernorm_normalises_eq4_without_parameters():
+    def output(index, layer_input, states):
+        return torch.tensor([1.0, 3.0]) * (index + 1)
+
+    dense = DenseConnection(2, "layernorm")
+    assert not list(dense.parameters())
+    _, states = dense.run(torch.zeros(2), output)
+    assert states[1].tolist() == pytest.approx([-1.0, 1.0], abs=1e-4)  # LN([1, 3])
+    assert states[2].tolist() == pytest.approx([-1.0, 1.0], abs=1e-4)  # LN([2, 6] + H1) = LN([1, 7])
+
+
+def test_dense_connection_unknown_reading_is_an_error():
+    with pytest.raises(ValueError, match="--dense-connection got 'half'; allowed: mean, literal, sum, layernorm"):
+        DenseConnection(3, "half")
+
+
+def top_decoder_state_norm(model):
+    torch.manual_seed(0)
+    src, prev = torch.randint(4, 100, (2, 6)), torch.randint(4, 80, (2, 5))
+    with torch.no_grad():
+        features, _ = model(src, torch.full((2,), 6), prev, features_only=True)
+    return features.norm(dim=-1).mean().item()
+
+
+@pytest.mark.parametrize("reading,low,high", [("mean", 0.8, 1.2), ("layernorm", 0.8, 1.2), ("literal", 10.0, 64.0)])
+def test_dense_connection_scale_from_the_same_vanilla_weights(reading, low, high):
+    # six decoder layers: the literal sum doubles every layer; the default keeps the vanilla scale
+    six = [*TINY, "--encoder-layers", "6", "--decoder-layers", "6"]
+    vanilla = build_model("fusion_transformer", *six).eval()
+    dense = build_model("fusion_transformer", *six, "--aggregate-encoder", "dense", "--aggregate-decoder", "dense",
+                        "--dense-connection", reading).eval()
+    dense.load_state_dict(vanilla.state_dict(), strict=True)
+    ratio = top_decoder_state_norm(dense) / top_decoder_state_norm(vanilla)
+    assert low < ratio < high
 
 
 def test_linear_combination_starts_as_the_vanilla_stack_and_combines_all_lower_layers():
@@ -196,6 +248,7 @@ def test_combinations_that_do_not_make_sense_are_refused(flags, message):
     (["--aggregate-encoder", "tree"], "argument --aggregate-encoder: invalid choice: 'tree'"),
     (["--aggregation-fn", "tanh"], "argument --aggregation-fn: invalid choice: 'tanh'"),
     (["--aggregation-residual", "some"], "argument --aggregation-residual: invalid choice: 'some'"),
+    (["--dense-connection", "half"], "argument --dense-connection: invalid choice: 'half'"),
     (["--multi-layer-attention", "0"], "--multi-layer-attention must be a positive integer, got '0'"),
 ])
 def test_bad_flags(capsys, flags, message):

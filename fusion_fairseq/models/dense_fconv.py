@@ -26,6 +26,7 @@ dimension; for a residual side, its width. ``--growth-dim`` replaces every d at 
 """
 
 import argparse
+import logging
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -54,10 +55,13 @@ from fusion_fairseq.modules.dense_connection import (
     block_sizes,
     dense_plan,
     final_width,
+    summary_positions,
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import positive_int
+from .fusion_args import check_dropout_args, positive_int
+
+logger = logging.getLogger(__name__)
 
 # A placeholder stack for fairseq's constructors, whose own layers are replaced right away.
 _PLACEHOLDER_SPEC = ((1, 1),)
@@ -114,9 +118,10 @@ def set_dense_defaults(args, dense_attention: str = "2", summary_every: int = 0)
 def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
     """Errors naming the flag, the value and what is allowed, for args that did not come through
     argparse (or combinations argparse cannot see)."""
-    if args.growth_dim is not None and args.growth_dim <= 0:
-        raise ValueError(f"--growth-dim must be a positive integer, got {args.growth_dim}")
-    if args.summary_every < 0 or args.summary_every == 1:
+    check_dropout_args(args)
+    if args.growth_dim is not None and (type(args.growth_dim) is not int or args.growth_dim <= 0):
+        raise ValueError(f"--growth-dim must be a positive integer, got {args.growth_dim!r}")
+    if type(args.summary_every) is not int or args.summary_every < 0 or args.summary_every == 1:
         raise ValueError(
             f"--summary-every must be 0 (no summary layers) or >= 2 (one summary layer after every "
             f"sumlen-1 layers), got {args.summary_every}"
@@ -137,6 +142,28 @@ def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
             f"--summary-every {args.summary_every} needs a dense side: summary layers only exist in dense stacks, "
             "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)"
         )
+    warn_idle_summary_every(args)
+
+
+def dense_depths(args):
+    """``{side: number of layers}`` of the dense sides; ``--{side}-layers`` is a count (dense
+    Transformer) or a ConvS2S layer spec (dense ConvS2S)."""
+    depths = {}
+    for side in ("encoder", "decoder"):
+        if not getattr(args, f"no_dense_{side}"):
+            layers = getattr(args, f"{side}_layers")
+            depths[side] = layers if isinstance(layers, int) else len(layer_spec(layers, f"--{side}-layers", None))
+    return depths
+
+
+def warn_idle_summary_every(args):
+    """A warning, not an error (checkpoints trained with it keep loading), when --summary-every
+    builds no summary layer on any dense side: one follows every sumlen-1 layers below the top."""
+    depths = dense_depths(args)
+    if args.summary_every and not any(summary_positions(depth, args.summary_every) for depth in depths.values()):
+        stacks = ", ".join(f"{side} {depth}" for side, depth in depths.items())
+        logger.warning("flag without effect: --summary-every %d builds no summary layer (one follows every %d "
+                       "layers below the top layer; dense layers: %s)", args.summary_every, args.summary_every - 1, stacks)
 
 
 def layer_spec(spec_text: str, flag: str, growth_dim: Optional[int]) -> List[Tuple[int, int]]:

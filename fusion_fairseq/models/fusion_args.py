@@ -6,10 +6,11 @@ built in code or read from a checkpoint get the same errors.
 """
 
 import argparse
+import logging
 
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
 from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
-from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES
+from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES, DENSE_CONNECTION_READINGS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 POSITIVE_INT_FLAGS = {
@@ -26,9 +27,17 @@ CHOICE_FLAGS = {
     "surface_fusion_variant": ("--surface-fusion-variant", SURFACE_FUSION_VARIANTS),
     "aggregate_encoder": ("--aggregate-encoder", AGGREGATION_STRATEGIES),
     "aggregate_decoder": ("--aggregate-decoder", AGGREGATION_STRATEGIES),
+    "dense_connection": ("--dense-connection", DENSE_CONNECTION_READINGS),
     "aggregation_fn": ("--aggregation-fn", AGGREGATION_FUNCTIONS),
     "aggregation_residual": ("--aggregation-residual", AGGREGATION_RESIDUALS),
 }
+
+
+logger = logging.getLogger(__name__)
+
+# Reading: the paper uses tau = 1 (hard) and 5 (soft). Below 0.01 the surface logits, and their
+# gradients, are scaled by more than 100: tau = 1e-30 trained into NaN gradients.
+MIN_SURFACE_FUSION_TAU = 0.01
 
 
 def positive_int_error(flag, value):
@@ -49,28 +58,84 @@ def positive_int(flag):
     return parse
 
 
-def _probability(flag):
+# Real-valued flags: (low, low included, high, high included, what is allowed), one table for
+# argparse and for the checks of configurations built in code, read from a checkpoint or given by
+# --model-overrides.
+PROBABILITY = (0.0, True, 1.0, False, "in [0, 1)")
+REAL_FLAGS = {
+    "layer_attention_dropconnect": ("--layer-attention-dropconnect", PROBABILITY),
+    "surface_fusion_lambda": ("--surface-fusion-lambda", (0.0, True, 1.0, True, "in [0, 1]")),
+    "surface_fusion_tau": ("--surface-fusion-tau", (0.0, False, float("inf"), True, "> 0")),
+    "fusion_dropout": ("--fusion-dropout", PROBABILITY),
+}
+DROPOUT_FLAGS = {"dropout": "--dropout", "attention_dropout": "--attention-dropout",
+                 "activation_dropout": "--activation-dropout"}
+BOOLEAN_FLAGS = {
+    "fusion_independent_w1": "--fusion-independent-w1",
+    "fusion_no_embedding_layer": "--fusion-no-embedding-layer",
+    "fusion_no_layer_embedding": "--fusion-no-layer-embedding",
+    "fusion_no_layernorm": "--fusion-no-layernorm",
+}
+
+
+def real_value_error(flag, value, allowed):
+    """None when ``value`` is a number in ``allowed``, else the message naming the flag, the
+    value and what is allowed."""
+    low, low_included, high, high_included, text = allowed
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"{flag} must be a number {text}, got {value!r}"
+    above = low < value or (low_included and value == low)
+    below = value < high or (high_included and value == high)
+    return None if above and below else f"{flag} must be {text}, got {value!r}"
+
+
+def real_in_range(flag, allowed):
+    """argparse type for a real-valued flag: text that is no number, or a number out of
+    ``allowed``, gets an error naming the flag, the value and what is allowed."""
     def parse(text):
-        value = float(text)
-        if not 0.0 <= value < 1.0:
-            raise argparse.ArgumentTypeError(f"{flag} must be in [0, 1), got {text!r}")
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number {allowed[-1]}, got {text!r}") from None
+        if real_value_error(flag, value, allowed):
+            raise argparse.ArgumentTypeError(f"{flag} must be {allowed[-1]}, got {text!r}")
         return value
 
     return parse
 
 
-def _lambda(text):
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"--surface-fusion-lambda must be in [0, 1], got {text!r}")
-    return value
+def _probability(flag):
+    return real_in_range(flag, PROBABILITY)
+
+
+def tau_error(value):
+    """The temperature bound beyond "> 0" (see :data:`MIN_SURFACE_FUSION_TAU`), or None."""
+    if value < MIN_SURFACE_FUSION_TAU:
+        return (f"--surface-fusion-tau must be at least {MIN_SURFACE_FUSION_TAU} (smaller temperatures scale the "
+                f"surface logits and their gradients by more than {1 / MIN_SURFACE_FUSION_TAU:g}), got {value!r}")
+    return None
 
 
 def _tau(text):
-    value = float(text)
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"--surface-fusion-tau must be > 0, got {text!r}")
+    value = real_in_range(*REAL_FLAGS["surface_fusion_tau"])(text)
+    if tau_error(value):
+        raise argparse.ArgumentTypeError(tau_error(value))
     return value
+
+
+def check_real_flags(args, table):
+    """Raise ``ValueError`` for the first value of ``table`` (dest -> (flag, allowed)) out of range."""
+    for dest, (flag, allowed) in table.items():
+        if hasattr(args, dest):
+            message = real_value_error(flag, getattr(args, dest), allowed)
+            if message:
+                raise ValueError(message)
+
+
+def check_dropout_args(args):
+    """--dropout, --attention-dropout and --activation-dropout in [0, 1), named, at build time
+    (fairseq's own flags take any float and fail only in the first forward pass)."""
+    check_real_flags(args, {dest: (flag, PROBABILITY) for dest, flag in DROPOUT_FLAGS.items()})
 
 
 def add_fusion_args(parser):
@@ -87,6 +152,11 @@ def add_deep_representation_args(parser):
                             metavar="{" + ",".join(AGGREGATION_STRATEGIES) + "}",
                             help=f"wire the {side} layers by dense connection (Eq. 4), linear combination (Eq. 5), "
                             "iterative (Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
+    parser.add_argument("--dense-connection", choices=DENSE_CONNECTION_READINGS,
+                        metavar="{" + ",".join(DENSE_CONNECTION_READINGS) + "}",
+                        help="reading of Eq. 4 for --aggregate-* dense: the mean of the layers' own outputs "
+                        "(default), Eq. 4 to the letter (sum of the accumulated states, doubling every layer) "
+                        "the plain sum of the layers' own outputs, or Eq. 4 followed by a LayerNorm without parameters")
     parser.add_argument("--aggregation-fn", choices=AGGREGATION_FUNCTIONS, metavar="{sigmoid,relu,attention}",
                         help="the function F inside the aggregation node AGG (Table 4; paper: sigmoid)")
     parser.add_argument("--aggregation-residual", choices=AGGREGATION_RESIDUALS, metavar="{none,top,all}",
@@ -111,10 +181,10 @@ def add_encoder_layer_fusion_args(parser):
     parser.add_argument("--surface-fusion", choices=SURFACE_FUSION_KINDS, metavar="{none,hard,soft}",
                         help="fuse the output distribution with a surface attention over the source word "
                         "embeddings: hard (Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)")
-    parser.add_argument("--surface-fusion-lambda", type=_lambda, metavar="L",
+    parser.add_argument("--surface-fusion-lambda", type=real_in_range(*REAL_FLAGS["surface_fusion_lambda"]), metavar="L",
                         help="interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]")
     parser.add_argument("--surface-fusion-tau", type=_tau, metavar="T",
-                        help="softmax temperature tau of the surface distribution (Eq. 5), > 0; "
+                        help=f"softmax temperature tau of the surface distribution (Eq. 5), >= {MIN_SURFACE_FUSION_TAU}; "
                         "default 1 for hard and 5 for soft fusion, as in the paper")
     parser.add_argument("--surface-fusion-variant", choices=SURFACE_FUSION_VARIANTS, metavar="{paper,released}",
                         help="paper: SurfaceFusion as the paper's text describes it (default); released: as the "
@@ -170,6 +240,30 @@ def check_fusion_args(args):
     check_mlrf_args(args)
     check_deep_representation_args(args)
     check_encoder_layer_fusion_args(args)
+    check_dropout_args(args)
+    warn_unused_fusion_flags(args)
+
+
+def unused_fusion_flags(args):
+    """The fusion flags that do nothing in this configuration although they hold a value other
+    than their default (at its default a flag does nothing either way), each with the reason."""
+    unused = []
+    if args.fusion_hops != 4 and "sa" not in (args.fuse_encoder, args.fuse_decoder):
+        unused.append(f"--fusion-hops {args.fusion_hops}: only self-attention fusion (--fuse-encoder/--fuse-decoder sa) has hops")
+    if args.layer_attention_dropconnect != 0.3 and args.layer_attention == "none":
+        unused.append(f"--layer-attention-dropconnect {args.layer_attention_dropconnect}: "
+                      "it drops layer-attention weights and --layer-attention is none")
+    if args.surface_fusion_lambda != 0.8 and args.surface_fusion != "hard":
+        unused.append(f"--surface-fusion-lambda {args.surface_fusion_lambda}: only hard SurfaceFusion (Eq. 6) "
+                      f"interpolates, and --surface-fusion is {args.surface_fusion}")
+    return unused
+
+
+def warn_unused_fusion_flags(args):
+    """Warnings, not errors: a configuration with an idle flag still means what it says, and
+    checkpoints trained with one must keep loading."""
+    for text in unused_fusion_flags(args):
+        logger.warning("flag without effect: %s", text)
 
 
 def check_deep_representation_args(args):
@@ -198,18 +292,17 @@ def check_deep_representation_args(args):
 
 
 def check_encoder_layer_fusion_args(args):
-    if not 0.0 <= args.layer_attention_dropconnect < 1.0:
-        raise ValueError(f"--layer-attention-dropconnect must be in [0, 1), got {args.layer_attention_dropconnect!r}")
-    if not 0.0 <= args.surface_fusion_lambda <= 1.0:
-        raise ValueError(f"--surface-fusion-lambda must be in [0, 1], got {args.surface_fusion_lambda!r}")
-    if not args.surface_fusion_tau > 0.0:
-        raise ValueError(f"--surface-fusion-tau must be > 0, got {args.surface_fusion_tau!r}")
+    check_real_flags(args, REAL_FLAGS)
+    if tau_error(args.surface_fusion_tau):
+        raise ValueError(tau_error(args.surface_fusion_tau))
     if args.layer_attention != "none" and args.fuse_encoder != "none":
         raise ValueError(
             f"--layer-attention {args.layer_attention} and --fuse-encoder {args.fuse_encoder} both define the "
             "decoder's source memory (per-layer mixtures vs one fused memory); choose one of them"
         )
     if args.mask_encoder_layer is not None:
+        if type(args.mask_encoder_layer) is not int:
+            raise ValueError(f"--mask-encoder-layer must be an integer, got {args.mask_encoder_layer!r}")
         if args.layer_attention == "none":
             raise ValueError(
                 f"--mask-encoder-layer {args.mask_encoder_layer} masks a layer-attention weight, which needs "
@@ -242,8 +335,10 @@ def check_mlrf_args(args):
         value = getattr(args, dest)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(positive_int_error(flag, value))
-    if not 0.0 <= args.fusion_dropout < 1.0:
-        raise ValueError(f"--fusion-dropout must be in [0, 1), got {args.fusion_dropout!r}")
+    check_real_flags(args, {"fusion_dropout": REAL_FLAGS["fusion_dropout"]})
+    for dest, flag in BOOLEAN_FLAGS.items():
+        if not isinstance(getattr(args, dest), bool):
+            raise ValueError(f"{flag} is a switch: True or False, got {getattr(args, dest)!r}")
     with_layer_embedding = ("sa", "fnn")
     if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
             and not args.fusion_no_layer_embedding:

@@ -80,7 +80,7 @@ def build_side_aggregation(args, side: str):
     return build_layer_aggregation(
         getattr(args, f"aggregate_{side}"), getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
         getattr(args, f"{side}_ffn_embed_dim"), args.aggregation_fn, args.aggregation_residual,
-        getattr(args, f"{side}_attention_heads"),
+        getattr(args, f"{side}_attention_heads"), args.dense_connection,
     )
 
 
@@ -221,9 +221,11 @@ def fusion_defaults(args):
 
 def deep_representation_defaults(args):
     """Dou et al. (2018): no aggregation unless asked; AGG with sigmoid and residuals from all
-    inputs (the paper's choice, Table 4); vanilla self-attention (k = 1)."""
+    inputs (the paper's choice, Table 4); vanilla self-attention (k = 1); dense connection as
+    the mean of the layers' outputs (see :class:`DenseConnection` for the readings of Eq. 4)."""
     args.aggregate_encoder = getattr(args, "aggregate_encoder", "none")
     args.aggregate_decoder = getattr(args, "aggregate_decoder", "none")
+    args.dense_connection = getattr(args, "dense_connection", "mean")
     args.aggregation_fn = getattr(args, "aggregation_fn", "sigmoid")
     args.aggregation_residual = getattr(args, "aggregation_residual", "all")
     args.multi_layer_attention = getattr(args, "multi_layer_attention", 1)

@@ -23,7 +23,7 @@ from fusion_fairseq.modules.coordination_layer import CoordinationLayer
 from fusion_fairseq.modules.resettable_positions import position_embedding, sinusoidal_positions
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import positive_int
+from .fusion_args import DROPOUT_FLAGS, PROBABILITY, check_dropout_args, positive_int, real_in_range
 
 SOURCE, TARGET = 0, 1
 
@@ -202,9 +202,8 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         parser.add_argument("--embed-dim", type=positive_int("--embed-dim"), metavar="D", help="model width d_model")
         parser.add_argument("--ffn-embed-dim", type=positive_int("--ffn-embed-dim"), metavar="F", help="d_ff")
         parser.add_argument("--attention-heads", type=positive_int("--attention-heads"), metavar="H")
-        parser.add_argument("--dropout", type=float, metavar="P")
-        parser.add_argument("--attention-dropout", type=float, metavar="P")
-        parser.add_argument("--activation-dropout", type=float, metavar="P")
+        for flag in DROPOUT_FLAGS.values():
+            parser.add_argument(flag, type=real_in_range(flag, PROBABILITY), metavar="P", help="in [0, 1)")
         parser.add_argument("--normalize-before", action="store_true", help="pre-norm layers (final LayerNorm on top)")
         parser.add_argument("--no-scale-embedding", action="store_true", help="do not scale token embeddings by sqrt(d)")
         parser.add_argument("--no-layer-sharing", action="store_true",
@@ -220,6 +219,7 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, args, task):
         layerwise_coordination(args)
+        check_dropout_args(args)  # values read from a checkpoint or --model-overrides
         if task.source_dictionary != task.target_dictionary:
             raise ValueError(
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
