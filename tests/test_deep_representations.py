@@ -320,7 +320,7 @@ def test_recipe_commands_parse_with_the_paper_settings(variant, expected, tmp_pa
     for key, value in expected.items():
         assert getattr(args, key) == value, key
     assert argv[0] == "fairseq-train" and args.max_tokens * 2 * args.update_freq[0] == 8 * 4096
-    assert (args.encoder_layers, args.encoder_embed_dim, args.share_all_embeddings) == (6, 512, True)
+    assert (args.encoder_layers, args.encoder_embed_dim, args.share_all_embeddings) == (6, 512, False)
     vanilla = "checkpoints/deeprep-wmt14-en-de/vanilla/checkpoint_best.pt"
     assert (args.finetune_from_model == vanilla) == (variant != "vanilla")
 

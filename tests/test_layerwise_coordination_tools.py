@@ -240,7 +240,7 @@ def test_train_sh_paper_recipe_and_ablations(tmp_path):
     assert result.returncode == 0, result.stderr
     command = result.stdout
     for expected in ("--arch layerwise_coordination_iwslt_de_en", "--layers 14", "--adam-eps 1e-9",
-                     "--lr-scheduler inverse_sqrt", "--warmup-updates 4000", "--max-tokens 4096"):
+                     "--lr-scheduler inverse_sqrt", "--warmup-updates 4000", "--max-tokens 2048"):
         assert expected in command
     words = shlex.split(command)
     assert words[words.index("--adam-betas") + 1] == "(0.9, 0.98)"

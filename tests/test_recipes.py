@@ -6,6 +6,7 @@ it are skipped when it is absent); IWSLT14 is a small generated imitation of the
 files).  fastBPE checks are skipped when the ``fastBPE`` module is not installed.
 """
 
+import ast
 import json
 import os
 import re
@@ -423,3 +424,166 @@ def test_evaluate_end_to_end_on_a_tiny_transformer(m30k, m30k_slice, tmp_path):
     assert len(refs) == 100 and all(same) and len(same) > 50
     scores = json.loads((out_dir / "scores.json").read_text())
     assert scores["sentences"] == 100 and scores["case_insensitive"]
+
+
+# ----------------------------------------------------------------------- paper training recipes (dry runs)
+
+def train_recipe(paper, data_bin, *args):
+    """``examples/<paper>/train.sh DATA_BIN ARGS --dry-run``: its exit status, stdout and stderr."""
+    from conftest import USER_DIR
+
+    script = os.path.join(REPO_ROOT, "examples", paper, "train.sh")
+    return subprocess.run(["bash", script, str(data_bin), *map(str, args), "--dry-run", "--user-dir", USER_DIR],
+                          capture_output=True, text=True, timeout=60)
+
+
+def parsed_recipe(paper, data_bin, *args):
+    """The recipe's fairseq-train command, parsed by fairseq's own training parser."""
+    import shlex
+
+    from fairseq import options
+
+    result = train_recipe(paper, data_bin, *args)
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    assert argv[0] == "fairseq-train" and argv[1] == str(data_bin)
+    return options.parse_args_and_arch(options.get_training_parser(), argv[1:])
+
+
+def test_mlrf_recipe_stage_1_is_the_papers_mle_training(tmp_path):
+    """Wang et al. Sec. 4.2: MLE (no label smoothing), Adam (0.9, 0.98, 1e-9), lr = d^-0.5 min(t^-0.5,
+    t 16k^-1.5), 80 sentences a batch, 40 epochs."""
+    args = parsed_recipe("mlrf", tmp_path, "both-fnn-sa", "--gpus", "2")
+    assert (args.arch, args.fuse_encoder, args.fuse_decoder, args.fusion_hops) == ("mlrf_iwslt_de_en", "fnn", "sa", 4)
+    assert args.criterion == "cross_entropy" and args.optimizer == "adam" and args.adam_eps == 1e-9
+    assert ast.literal_eval(args.adam_betas) == (0.9, 0.98)  # fairseq keeps the tuple as text
+    assert args.lr_scheduler == "inverse_sqrt" and args.warmup_updates == 16000
+    assert abs(args.lr[0] - 256 ** -0.5 * 16000 ** -0.5) < 1e-6
+    assert args.batch_size * 2 == 80 and args.max_tokens is None and args.max_epoch == 40
+    assert args.save_dir == "checkpoints/mlrf-iwslt-de-en/both-fnn-sa/stage1" and args.finetune_from_model is None
+
+
+def test_mlrf_recipe_stage_2_restarts_adam_from_stage_1(tmp_path):
+    """Then "we restart Adam and continue the training for additional 20 epochs with a fixed learning
+    rate 5e-5 and a smaller mini-batch of 32": the stage 1 weights with a fresh optimiser, schedule,
+    meters and data loader (fairseq's --finetune-from-model), in a directory of its own."""
+    args = parsed_recipe("mlrf", tmp_path, "dec-sa", "--stage", "2", "--hops", "6")
+    assert args.finetune_from_model == "checkpoints/mlrf-iwslt-de-en/dec-sa-hops6/stage1/checkpoint_last.pt"
+    assert (args.lr_scheduler, args.lr, args.batch_size, args.max_epoch) == ("fixed", [5e-5], 32, 20)
+    assert (args.fuse_encoder, args.fuse_decoder, args.fusion_hops) == ("none", "sa", 6)
+    assert args.save_dir == "checkpoints/mlrf-iwslt-de-en/dec-sa-hops6/stage2" and not args.reset_optimizer
+    # NIST Zh-En: 6+6 layers at d=512 (its own peak lr), 10 + 5 epochs
+    nist = parsed_recipe("mlrf", tmp_path, "baseline", "--setting", "nist-zh-en")
+    assert (nist.arch, nist.fuse_decoder, nist.max_epoch) == ("mlrf_nist_zh_en", "none", 10)
+    assert abs(nist.lr[0] - 512 ** -0.5 * 16000 ** -0.5) < 1e-6
+    assert parsed_recipe("mlrf", tmp_path, "baseline", "--setting", "nist-zh-en", "--stage", "2").max_epoch == 5
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bogus"], "unknown VARIANT 'bogus'"),
+    (["enc-fnn", "--stage", "3"], "--stage: invalid value '3' (expected 1 or 2)"),
+    (["enc-fnn", "--setting", "wmt"], "--setting: invalid value 'wmt'"),
+    (["enc-fnn", "--gpus", "3"], "--gpus 3"),
+    (["enc-fnn", "--hops", "0"], "--hops: invalid value '0'"),
+])
+def test_mlrf_recipe_refuses_bad_arguments(argv, message, tmp_path):
+    result = train_recipe("mlrf", tmp_path, *argv)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_mlrf_stage_2_without_stage_1_fails_before_training(tmp_path):
+    script = os.path.join(REPO_ROOT, "examples", "mlrf", "train.sh")
+    result = subprocess.run(["bash", script, str(tmp_path), "enc-fnn", "--stage", "2", "--gpus", "1",
+                             "--save-root", str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "stage 1 checkpoint" in result.stderr and "not found" in result.stderr
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("variant,arch,flags", [
+    ("4l-2", "dense_fconv_iwslt_de_en", {"dense_attention": "2"}),
+    ("8l-1", "dense_fconv_iwslt_de_en_8l", {"dense_attention": "1"}),
+    ("enc-4l", "dense_fconv_iwslt_de_en", {"no_dense_decoder": True, "no_dense_encoder": False}),
+    ("base-8l", "dense_fconv_iwslt_de_en_8l", {"no_dense_decoder": True, "no_dense_encoder": True,
+                                               "summary_every": 0, "dense_attention": "none"}),
+    ("en-de-15", "dense_fconv_wmt_en_de", {}),
+    ("convs2s", "fconv_wmt_en_de", {}),
+])
+def test_dense_nmt_recipe_is_the_papers_training_setting(variant, arch, flags, tmp_path):
+    """Shen et al. Sec. 4.3: NAG, lr 0.25, shrink by 10 when the validation loss rises, stop below 1e-4,
+    batch 32 sentences (48 on WMT14 En-De); no label smoothing."""
+    args = parsed_recipe("dense_nmt", tmp_path, variant)
+    assert args.arch == arch
+    for key, value in flags.items():
+        assert getattr(args, key) == value, key
+    assert (args.optimizer, args.lr, args.momentum, args.lr_scheduler, args.lr_shrink, args.stop_min_lr) == \
+        ("nag", [0.25], 0.99, "reduce_lr_on_plateau", 0.1, 1e-4)
+    assert args.criterion == "cross_entropy" and args.batch_size == (48 if "en-de" in variant or variant == "convs2s" else 32)
+
+
+def test_dense_nmt_recipe_baselines_are_the_residual_convs2s(tmp_path):
+    """BASE-4L / BASE-8L through the plugin have exactly the parameters of fairseq's residual ConvS2S
+    of width 256 / 192 (the Table 1 and 2 baselines)."""
+    from model_building import build_model, count_parameters
+
+    def count(variant):
+        args = parsed_recipe("dense_nmt", tmp_path, variant)
+        return count_parameters(build_model(args.arch, *recipe_model_flags(variant), src_vocab=500, tgt_vocab=400))
+
+    base4 = count_parameters(build_model("fconv_iwslt_de_en", "--decoder-layers", "[(256, 3)] * 4",
+                                         src_vocab=500, tgt_vocab=400))
+    base8 = count_parameters(build_model("fconv_iwslt_de_en", "--encoder-layers", "[(192, 3)] * 8",
+                                         "--decoder-layers", "[(192, 3)] * 8", src_vocab=500, tgt_vocab=400))
+    assert (count("base-4l"), count("base-8l")) == (base4, base8)
+
+
+def recipe_model_flags(variant):
+    """The model flags (after --arch ARCH, before the optimiser) the DenseNMT recipe prints for ``variant``."""
+    import shlex
+
+    words = shlex.split(train_recipe("dense_nmt", REPO_ROOT, variant).stdout)
+    return words[words.index("--arch") + 2: words.index("--optimizer")]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bogus"], "unknown VARIANT 'bogus'"),
+    (["en-de-15", "--embed", "64"], "--embed 64: the smaller embeddings of Table 1 are IWSLT models"),
+    (["4l-2", "--embed", "512"], "--embed 512: must not exceed the embedding size 256"),
+])
+def test_dense_nmt_recipe_refuses_bad_arguments(argv, message, tmp_path):
+    result = train_recipe("dense_nmt", tmp_path, *argv)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_dense_nmt_recipe_small_embeddings(tmp_path):
+    args = parsed_recipe("dense_nmt", tmp_path, "4l-2", "--embed", "64")
+    assert args.embed_bottleneck_dim == 64 and args.save_dir == "checkpoints/densenmt/4l-2-embed64"
+
+
+def test_deep_representations_recipe_has_the_papers_88m_transformer_base(tmp_path):
+    """Dou et al. Table 1: Transformer-Base has 88.0M parameters: source, target and softmax matrices
+    of their own (all shared: about 61M); 88.0M with about 28.6K BPE types per side."""
+    from model_building import build_model, count_parameters
+
+    args = parsed_recipe("deep_representations", tmp_path, "vanilla", "--gpus", "1")
+    assert not args.share_all_embeddings and not args.share_decoder_input_output_embed
+    model = build_model(args.arch, src_vocab=28600, tgt_vocab=28600)
+    assert round(count_parameters(model) / 1e6, 1) == 88.1
+
+
+def test_surface_fusion_recipe_released_variant_and_lr(tmp_path):
+    """The authors' released training command: peak lr 5e-4 after 4000 warm-up steps; +released trains
+    SurfaceFusion as their code does."""
+    args = parsed_recipe("surface_fusion", tmp_path, "soft+released", "--gpus", "1")
+    assert (args.surface_fusion, args.surface_fusion_variant, args.lr) == ("soft", "released", [5e-4])
+    assert parsed_recipe("surface_fusion", tmp_path, "hard", "--gpus", "1").surface_fusion_variant == "paper"
+    result = train_recipe("surface_fusion", tmp_path, "fgla+released")
+    assert result.returncode == 2 and "+released is a SurfaceFusion variant" in result.stderr
+
+
+def test_layerwise_coordination_recipe_batch_counts_concatenated_pairs(tmp_path):
+    """He et al. Sec. 4.3 batch "roughly 4096 tokens" of concatenated source + target sentences;
+    fairseq's --max-tokens counts max(source, target) per pair: 2048."""
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        (tmp_path / name).write_text("a 1\nb 1\n")
+    args = parsed_recipe("layerwise_coordination", tmp_path, "coordination")
+    assert args.max_tokens == 2048 and args.lr == [0.000988] and args.warmup_updates == 4000

@@ -34,7 +34,8 @@ Options:
                      no-sharing: half of it, 7); for transformer: encoder and decoder layers (default: 6;
                      Table 4's baseline: 4, 6, 8, 10)
   --save-root DIR    checkpoints go to DIR/VARIANT[-layersN] (default: checkpoints/lwc-iwslt14-de-en)
-  --max-tokens N     tokens per batch (default: 4096, the paper's batch on one GPU)
+  --max-tokens N     tokens per batch as fairseq counts them, max(source, target) per pair (default: 2048:
+                     the paper's "roughly 4096 tokens" on one GPU count the concatenated source and target)
   --max-epoch N      at most N epochs (default: 100)
   --patience N       stop when the validation loss has not improved for N epochs (default: 10; the
                      paper uses the validation set for early stopping)
@@ -52,7 +53,7 @@ source "$REPO_ROOT/examples/train-common.sh"
 
 SAVE_ROOT=checkpoints/lwc-iwslt14-de-en
 LAYERS=""
-MAX_TOKENS=4096
+MAX_TOKENS=2048
 MAX_EPOCH=100
 PATIENCE=10
 SEED=1
@@ -122,7 +123,9 @@ default_user_dir
 # Sec. 4.3: Adam (0.9, 0.98, 1e-9) and the learning-rate schedule of Vaswani et al. (2017):
 # lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5) with warmup 4000, which is fairseq's
 # inverse_sqrt with a linear warm-up from ~0 to d^-0.5 * warmup^-0.5 = 256^-0.5 * 4000^-0.5 = 9.88e-4.
-# Label smoothing 0.1 as Vaswani et al. (the paper does not say).
+# Label smoothing 0.1 as Vaswani et al. (the paper does not say). Batch: the paper batches the
+# concatenated source + target sentences, "roughly 4096 tokens"; fairseq's --max-tokens counts
+# max(source, target) per pair, about half of that, hence 2048.
 SAVE_DIR="$SAVE_ROOT/$NAME"
 COMMAND=(
     fairseq-train "$DATA_BIN" --user-dir "$USER_DIR"
