@@ -474,9 +474,23 @@ def test_mlrf_recipe_stage_2_restarts_adam_from_stage_1(tmp_path):
     assert args.save_dir == "checkpoints/mlrf-iwslt-de-en/dec-sa-hops6/stage2" and not args.reset_optimizer
     # NIST Zh-En: 6+6 layers at d=512 (its own peak lr), 10 + 5 epochs
     nist = parsed_recipe("mlrf", tmp_path, "baseline", "--setting", "nist-zh-en")
-    assert (nist.arch, nist.fuse_decoder, nist.max_epoch) == ("mlrf_nist_zh_en", "none", 10)
+    assert (nist.arch, nist.fuse_decoder, nist.max_epoch, nist.fusion_independent_w1) == \
+        ("fusion_transformer", "none", 10, False)
     assert abs(nist.lr[0] - 512 ** -0.5 * 16000 ** -0.5) < 1e-6
     assert parsed_recipe("mlrf", tmp_path, "baseline", "--setting", "nist-zh-en", "--stage", "2").max_epoch == 5
+
+
+def test_mlrf_recipe_nist_best_system_is_the_mlrf_nist_zh_en_preset(tmp_path):
+    """Table 3's Dec-SA + independent W1 through the recipe has every model setting of the preset."""
+    from model_building import parse_model_args
+
+    recipe = parsed_recipe("mlrf", tmp_path, "dec-sa+w1", "--setting", "nist-zh-en")
+    preset = parse_model_args("mlrf_nist_zh_en")
+    for key in ("encoder_layers", "decoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim",
+                "decoder_attention_heads", "dropout", "fuse_encoder", "fuse_decoder", "fusion_hops",
+                "fusion_attn_dim", "fusion_ffn_dim", "fusion_independent_w1", "fusion_no_layer_embedding"):
+        assert getattr(recipe, key) == getattr(preset, key), key
+    assert parsed_recipe("mlrf", tmp_path, "both-avg-sa", "--setting", "nist-zh-en").fuse_encoder == "avg"
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -485,6 +499,7 @@ def test_mlrf_recipe_stage_2_restarts_adam_from_stage_1(tmp_path):
     (["enc-fnn", "--setting", "wmt"], "--setting: invalid value 'wmt'"),
     (["enc-fnn", "--gpus", "3"], "--gpus 3"),
     (["enc-fnn", "--hops", "0"], "--hops: invalid value '0'"),
+    (["enc-fnn+w1"], "+w1 is an option of self-attention fusion"),
 ])
 def test_mlrf_recipe_refuses_bad_arguments(argv, message, tmp_path):
     result = train_recipe("mlrf", tmp_path, *argv)

@@ -24,11 +24,14 @@ VARIANT (Table 2 / Table 3 rows; the fusion function phi of each side, Eqs. 2-7)
   dec-avg | dec-fnn | dec-sa    fuse the decoder layers only
   both-avg | both-fnn | both-sa fuse both sides with the same function
   both-fnn-sa               Enc-FNN + Dec-SA (Table 2's best system, mlrf_iwslt_de_en's default)
+  both-avg-sa               Enc-AVG + Dec-SA (Table 3)
+  Append +w1 for an independent W1 per hop (Table 3 "+ indep. W1"); nist-zh-en's dec-sa+w1 is Table 3's
+  best system, mlrf_nist_zh_en.
 
 Options:
-  --setting S        iwslt-de-en (default: 3+3 layers, d=256; beam 8, length penalty 1.6) or
-                     nist-zh-en (6+6 layers, d=512, independent W1 as mlrf_nist_zh_en; 10 + 5 epochs;
-                     beam 12, length penalty 1.3)
+  --setting S        iwslt-de-en (default: mlrf_iwslt_de_en, 3+3 layers, d=256; beam 8, length penalty 1.6)
+                     or nist-zh-en (fusion_transformer, 6+6 layers, d=512, da=2048, df=1024 as
+                     mlrf_nist_zh_en; 10 + 5 epochs; beam 12, length penalty 1.3)
   --stage N          1 (default) or 2
   --hops N           hops of self-attention fusion (default: 4; Table 2 also has 6)
   --save-root DIR    checkpoints go to DIR/VARIANT[-hopsN]/stageN (default: checkpoints/mlrf-SETTING)
@@ -84,22 +87,27 @@ VARIANT=${POSITIONAL[1]}
 
 case "$SETTING" in
     iwslt-de-en) ARCH=mlrf_iwslt_de_en; PEAK_LR=0.000494; EPOCHS=(40 20) ;;  # d = 256
-    nist-zh-en) ARCH=mlrf_nist_zh_en; PEAK_LR=0.000349; EPOCHS=(10 5) ;;    # d = 512
+    nist-zh-en) ARCH=fusion_transformer; PEAK_LR=0.000349; EPOCHS=(10 5) ;;  # d = 512
     *) usage_error "--setting: invalid value '$SETTING' (choose from: iwslt-de-en nist-zh-en)" ;;
 esac
 
 # ---------------------------------------------------------------------------------------------
 # the variant's fusion flags
 
-case "$VARIANT" in
+FUSION=${VARIANT%+w1}
+case "$FUSION" in
     baseline) FUSE=(none none) ;;
-    enc-avg|enc-fnn|enc-sa) FUSE=("${VARIANT#enc-}" none) ;;
-    dec-avg|dec-fnn|dec-sa) FUSE=(none "${VARIANT#dec-}") ;;
-    both-avg|both-fnn|both-sa) FUSE=("${VARIANT#both-}" "${VARIANT#both-}") ;;
-    both-fnn-sa) FUSE=(fnn sa) ;;
-    *) usage_error "unknown VARIANT '$VARIANT' (choose from: baseline enc-avg enc-fnn enc-sa dec-avg dec-fnn dec-sa both-avg both-fnn both-sa both-fnn-sa)" ;;
+    enc-avg|enc-fnn|enc-sa) FUSE=("${FUSION#enc-}" none) ;;
+    dec-avg|dec-fnn|dec-sa) FUSE=(none "${FUSION#dec-}") ;;
+    both-avg|both-fnn|both-sa) FUSE=("${FUSION#both-}" "${FUSION#both-}") ;;
+    both-fnn-sa|both-avg-sa) FUSE=("$(cut -d- -f2 <<<"$FUSION")" sa) ;;
+    *) usage_error "unknown VARIANT '$VARIANT' (choose from: baseline enc-avg enc-fnn enc-sa dec-avg dec-fnn dec-sa both-avg both-fnn both-sa both-fnn-sa both-avg-sa, each optionally +w1)" ;;
 esac
 MODEL=(--arch "$ARCH" --fuse-encoder "${FUSE[0]}" --fuse-decoder "${FUSE[1]}" --fusion-hops "$HOPS")
+if [[ "$FUSION" != "$VARIANT" ]]; then
+    [[ " ${FUSE[*]} " == *" sa "* ]] || usage_error "VARIANT '$VARIANT': +w1 is an option of self-attention fusion (sa)"
+    MODEL+=(--fusion-independent-w1)
+fi
 NAME=$VARIANT
 if [[ "$HOPS" != 4 ]]; then NAME="$VARIANT-hops$HOPS"; fi
 
