@@ -12,6 +12,7 @@ import zipfile
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from conftest import REPO_ROOT, TINY_MLRF_FLAGS
 
@@ -50,6 +51,12 @@ def test_fairseq_requirements_admit_the_tested_torch(torch_version):
     installed = [Requirement(line) for line in importlib.metadata.requires(fairseq.name)]
     for requirement in torch_requirements(installed, "3.11"):
         assert requirement.specifier.contains(torch_version), f"{fairseq.name}: {requirement} refuses torch {torch_version}"
+
+
+def test_python_versions_are_those_fairseq_has_wheels_for():
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as handle:
+        supported = SpecifierSet(tomllib.load(handle)["project"]["requires-python"])
+    assert [v for v in ("3.11", "3.12", "3.13") if supported.contains(v)] == ["3.11", "3.12"]
 
 
 def test_setup_py_defers_to_pyproject():
@@ -136,8 +143,9 @@ def test_setup_py_and_pip_build_the_same_wheel(tmp_path):
 
 
 def run_in(venv_dir, *args, env=None):
+    """Run the virtualenv's Python outside the checkout, so that it imports the installed plugin."""
     result = subprocess.run([os.path.join(venv_dir, "bin", "python"), *map(str, args)], capture_output=True, text=True,
-                            env=env, timeout=900)
+                            env=env, timeout=900, cwd=venv_dir)
     assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result.stdout
 
