@@ -492,6 +492,14 @@ class DenseFConvDecoder(FConvDecoder):
 SUMMARY_LAYER_KINDS = ("conv", "linear")
 
 
+def summary_layer_kind(state_dict) -> Optional[str]:
+    """``linear`` or ``conv`` for the summary layers a state dict holds, None without any."""
+    keys = [key for key in state_dict if ".summaries." in key]
+    if not keys:
+        return None
+    return "linear" if any(".projection." in key for key in keys) else "conv"
+
+
 def side_layers(args, side: str) -> List[Tuple[int, int]]:
     """``(width, kernel)`` per layer of one side. A residual side in a dense model (the Table 2
     ablations) has the residual BASE model's width (``--residual-dim``), not the growth size:
@@ -551,7 +559,21 @@ class DenseFConvModel(FConvModel):
             summary_every=args.summary_every, bottleneck_dim=args.embed_bottleneck_dim,
             share_embed=args.share_input_output_embed, summary_layer=args.summary_layer,
         )
-        return cls(encoder, decoder)
+        model = cls(encoder, decoder)
+        model.summary_layer = args.summary_layer
+        return model
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """Refuse, naming the override, a checkpoint whose summary layers are of the other kind:
+        before ``--summary-layer`` existed they were linear, and such a checkpoint's arguments
+        now default to conv."""
+        saved = summary_layer_kind(state_dict)
+        if saved is not None and saved != self.summary_layer:
+            raise ValueError(
+                f"--summary-layer {self.summary_layer}: the checkpoint has {saved} summary layers; load it "
+                f"with --model-overrides \"{{'summary_layer': '{saved}'}}\" (or train with --summary-layer {saved})"
+            )
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
 @register_model_architecture("dense_fconv", "dense_fconv")
