@@ -14,6 +14,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -22,6 +23,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from omegaconf import OmegaConf
 
 import fusion_fairseq
+from conftest import TINY_MLRF_FLAGS
 from fusion_fairseq.cli import user_dir
 
 TOLERANCE = 1e-5
@@ -118,6 +120,59 @@ class Corpus:
         assert batch["net_input"]["src_tokens"][:, 0].eq(pad).any(), "expected left-padded sources"
         assert batch["net_input"]["prev_output_tokens"][:, -1].eq(pad).any(), "expected right-padded targets"
         return cls(data_bin, train_set, batch, CheckpointWriter(built.args))
+
+
+# --------------------------------------------------------------------------- tiny configurations
+
+TINY_TRANSFORMER_FLAGS = (
+    "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+)
+# Tiny command-line overrides per registered *model* name (they apply to all its archs). A model
+# registered without an entry here fails ``test_every_registered_model_has_tiny_overrides`` and
+# every test of its archs.
+TINY_OVERRIDES = {
+    "fusion_transformer": Tiny(TINY_MLRF_FLAGS),
+    "dense_transformer": Tiny((*TINY_TRANSFORMER_FLAGS, "--growth-dim", "8")),
+    "dense_fconv": Tiny((
+        "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--decoder-out-embed-dim", "16",
+        "--encoder-layers", "[(8, 3)] * 3", "--decoder-layers", "[(8, 3)] * 3",
+    )),
+    "layerwise_coordination": Tiny(
+        ("--layers", "2", "--embed-dim", "16", "--ffn-embed-dim", "32", "--attention-heads", "2"),
+        joined_dictionary=True,  # one stack and one embedding for both languages
+    ),
+}
+
+ARCHITECTURES = plugin_architectures()  # {arch: model name}, read after ``import fusion_fairseq``
+
+# One configuration per family; fusion_transformer's composes the three papers it implements
+# (hierarchical aggregation and multi-layer attention, MLRF decoder fusion, SurfaceFusion).
+FAMILY_FLAGS = {
+    "fusion_transformer": ("--aggregate-encoder", "hierarchical", "--fuse-decoder", "sa", "--surface-fusion", "hard",
+                           "--multi-layer-attention", "2", "--encoder-layers", "3", "--decoder-layers", "3"),
+}
+FAMILIES = [Variant(model, model, FAMILY_FLAGS.get(model, ())) for model in sorted(TINY_OVERRIDES)
+            if model in ARCHITECTURES.values()]
+
+
+def tiny_config(variant) -> Tiny:
+    model_name = ARCHITECTURES.get(variant.arch)
+    if model_name not in TINY_OVERRIDES:
+        pytest.fail(
+            f"architecture {variant.arch!r} (model {model_name!r}) has no tiny overrides: add an entry "
+            f"for {model_name!r} to TINY_OVERRIDES in tests/conformance_utils.py"
+        )
+    return TINY_OVERRIDES[model_name]
+
+
+def flags_of(variant):
+    return [*tiny_config(variant).flags, *variant.flags]
+
+
+def data_bin_fixture(variant):
+    return "tiny_joined_data_bin" if tiny_config(variant).joined_dictionary else "tiny_data_bin"
 
 
 # --------------------------------------------------------------------------- forward passes
@@ -366,12 +421,10 @@ def cli_pipeline(data_bin: str, arch: str, flags: Sequence[str], save_dir: str) 
             "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", "5",
             "--save-dir", save_dir, "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints",
         ]),
-        # --required-batch-size-multiple 1: ve-fairseq 0.12.3's compiled batch_by_size drops the
-        # last, partial batch (with the default multiple of 8, 4 of the 12 test sentences are
-        # never translated, whatever the model).
+        # fairseq's default --required-batch-size-multiple 8: 8 + 4 test sentences, the last
+        # batch kept by the plugin (fairseq_fixes), so all 12 must be translated
         CliRun("generate", "fairseq_cli.generate", [
             data_bin, "--user-dir", user_dir(), "--path", checkpoint, "--beam", "3",
-            "--required-batch-size-multiple", "1",
         ]),
         CliRun("interactive", "fairseq_cli.interactive", [
             data_bin, "--user-dir", user_dir(), "--path", checkpoint, "--beam", "3",

@@ -10,7 +10,7 @@
    generate / interactive entry points work end to end for every architecture.
 
 Architectures are discovered from fairseq's registries, so a model family added later is covered
-automatically; it only needs an entry in ``TINY_OVERRIDES`` (a test fails until it has one).
+automatically; it only needs an entry in ``conformance_utils.TINY_OVERRIDES`` (a test fails until it has one).
 Run without the command-line tests: ``pytest tests/test_conformance.py -k "not cli"``.
 """
 
@@ -23,51 +23,32 @@ import re
 import pytest
 import torch
 from fairseq import checkpoint_utils
+from fairseq.sequence_generator import SequenceGeneratorWithAlignment
 
-from conftest import TINY_MLRF_FLAGS
 from conformance_utils import (
+    ARCHITECTURES,
+    TINY_OVERRIDES,
     Corpus,
     LinearWorkRecorder,
-    Tiny,
     Variant,
     assert_close,
     beam_search,
     build_like_fairseq_train,
     cli_pipeline,
+    data_bin_fixture,
     decode_incrementally,
     distinct_length_indices,
+    flags_of,
     full_forward,
     hypothesis_ids,
     plugin_architectures,
     run_each_in_fresh_interpreter,
     run_in_one_interpreter,
     teacher_forced_token_scores,
+    tiny_config,
     training_step,
 )
 from fusion_fairseq.modules import FUSION_FUNCTIONS, MultiHopAttentionFusion
-
-TINY_TRANSFORMER_FLAGS = (
-    "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-)
-# Tiny command-line overrides per registered *model* name (they apply to all its archs). A model
-# registered without an entry here fails ``test_every_registered_model_has_tiny_overrides`` and
-# every test of its archs.
-TINY_OVERRIDES = {
-    "fusion_transformer": Tiny(TINY_MLRF_FLAGS),
-    "dense_transformer": Tiny((*TINY_TRANSFORMER_FLAGS, "--growth-dim", "8")),
-    "dense_fconv": Tiny((
-        "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--decoder-out-embed-dim", "16",
-        "--encoder-layers", "[(8, 3)] * 3", "--decoder-layers", "[(8, 3)] * 3",
-    )),
-    "layerwise_coordination": Tiny(
-        ("--layers", "2", "--embed-dim", "16", "--ffn-embed-dim", "32", "--attention-heads", "2"),
-        joined_dictionary=True,  # one stack and one embedding for both languages
-    ),
-}
-
-ARCHITECTURES = plugin_architectures()  # {arch: model name}, read after ``import fusion_fairseq``
 
 
 def fuse(encoder, decoder):
@@ -152,22 +133,6 @@ def shift_invariant_biases(model):
     return names
 
 
-def tiny_config(variant) -> Tiny:
-    model_name = ARCHITECTURES.get(variant.arch)
-    if model_name not in TINY_OVERRIDES:
-        pytest.fail(
-            f"architecture {variant.arch!r} (model {model_name!r}) has no tiny overrides: add an entry "
-            f"for {model_name!r} to TINY_OVERRIDES in tests/test_conformance.py"
-        )
-    return TINY_OVERRIDES[model_name]
-
-
-def flags_of(variant):
-    return [*tiny_config(variant).flags, *variant.flags]
-
-
-def data_bin_fixture(variant):
-    return "tiny_joined_data_bin" if tiny_config(variant).joined_dictionary else "tiny_data_bin"
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -217,7 +182,7 @@ def test_every_registered_model_has_tiny_overrides():
     missing = sorted({model for model in ARCHITECTURES.values() if model not in TINY_OVERRIDES})
     assert not missing, (
         f"registered plugin model(s) {missing} have no tiny CLI overrides; add them to TINY_OVERRIDES "
-        "in tests/test_conformance.py so the conformance suite covers them"
+        "in tests/conformance_utils.py so the conformance suite covers them"
     )
 
 
@@ -533,3 +498,37 @@ def test_activation_checkpointing_keeps_loss_and_gradients(variant, flag, subjec
     for name, grad in grads.items():
         assert torch.allclose(grads_checkpointed[name], grad, rtol=1e-4, atol=1e-6), name
     assert saved_checkpointed < 0.75 * saved, (saved_checkpointed, saved)
+
+
+# --------------------------------------------------------------------------- alignments
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.id)
+@torch.no_grad()
+def test_alignment_as_fairseq_generate_prints_it(variant, subject):
+    """``--print-alignment``: fairseq's SequenceGeneratorWithAlignment re-runs each hypothesis
+    through ``model(...)`` WITHOUT naming an alignment layer and reads ``extra["attn"]``. Every
+    model must then return source attention ``(batch, tgt, src)``: a distribution-like row per
+    target position (finite, non-negative, at most 1 in total, nothing on padding), giving one
+    source word per hypothesis word."""
+    built, corpus = subject
+    model = built.model
+    net_input = corpus.batch["net_input"]
+    _, extra = model(**net_input)
+    (attn,) = extra["attn"]
+    assert attn is not None, "decoder returned no attention when fairseq asked for none in particular"
+    src, prev = net_input["src_tokens"], net_input["prev_output_tokens"]
+    assert attn.shape == (src.size(0), prev.size(1), src.size(1)), attn.shape
+    assert torch.isfinite(attn).all() and (attn >= 0).all()
+    assert (attn.sum(-1) <= 1 + 1e-4).all()
+    pad = built.task.source_dictionary.pad()
+    assert attn.masked_select(src.eq(pad)[:, None, :].expand_as(attn)).abs().max() < 1e-6
+
+    generator = SequenceGeneratorWithAlignment([model], built.task.target_dictionary, beam_size=BEAM,
+                                               max_len_a=0, max_len_b=6, min_len=6)
+    for sentence, nbest in enumerate(generator.generate([model], corpus.batch)):
+        words = int(src[sentence].ne(pad).sum()) - 1  # without EOS
+        for hypothesis in nbest:
+            pairs = [tuple(pair) for pair in hypothesis["alignment"]]
+            assert [t for _, t in pairs] == list(range(len(hypothesis["tokens"]) - 1)), pairs
+            assert all(0 <= s < words for s, _ in pairs), (pairs, words)

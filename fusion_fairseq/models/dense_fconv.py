@@ -477,7 +477,8 @@ class DenseFConvDecoder(FConvDecoder):
                 x = attend(index, self.convolve(conv, x, incremental_state))
                 x = (x + residual) * math.sqrt(0.5)
         x = self.fc3(self.dropout_module(self.fc2(x)))
-        return x, attention_sum
+        # as fairseq's Transformer decoder: fairseq's --print-alignment reads extra["attn"][0]
+        return x, {"attn": [attention_sum]}
 
     def layer_input_widths(self) -> List[int]:
         if self.dense:

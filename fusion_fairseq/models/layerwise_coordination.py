@@ -105,9 +105,11 @@ class CoordinationEncoder(FairseqEncoder):
 class CoordinationDecoder(FairseqIncrementalDecoder):
     """The target side: layer i attends to source layer i-1 and target layer i-1 together.
 
-    ``extra["mixed_attn"]`` (when ``alignment_layer`` is given) holds that layer's mixed-attention
-    weights over [source ; target] positions averaged over heads, ``(batch, tgt, src + tgt)``;
-    ``extra["attn"]`` their source part, as fairseq's alignment expects.
+    ``extra["mixed_attn"]`` holds the mixed-attention weights of layer ``alignment_layer`` (by
+    default the top layer, as fairseq's Transformer decoder: fairseq's generator asks for
+    ``--print-alignment`` without naming a layer) over [source ; target] positions averaged over
+    heads, ``(batch, tgt, src + tgt)``; ``extra["attn"]`` their source part, as fairseq's
+    alignment expects.
     """
 
     def __init__(self, dictionary, embedding: CoordinationEmbedding, layers: nn.ModuleList,
@@ -128,6 +130,8 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
 
     def extract_features(self, prev_output_tokens, encoder_out, incremental_state=None,
                          alignment_layer: Optional[int] = None, **unused):
+        if alignment_layer is None:
+            alignment_layer = len(self.layers) - 1
         cache = self.get_incremental_state(incremental_state, "coordination") if incremental_state is not None else None
         source_allowed = ~encoder_out["encoder_padding_mask"][0][:, None, None, :]
         source_memory = self.source_memory(encoder_out, cache)
