@@ -7,7 +7,13 @@
 4. a sentence's outputs do not depend on the padding added by batching;
 5. a checkpoint file reloads through fairseq into an identical model;
 6. beam search really decodes from the cache, with exact scores; and fairseq's real train /
-   generate / interactive entry points work end to end for every architecture.
+   generate / interactive entry points work end to end for every architecture;
+7. --checkpoint-activations / --offload-activations keep loss and gradients and lower the memory
+   kept for backward, or are refused on the command line;
+8. --print-alignment gets source attention without naming a layer, as fairseq asks for it.
+
+fairseq's generation and training features per model family: ``test_conformance_features.py``;
+data-parallel training: ``test_distributed.py``.
 
 Architectures are discovered from fairseq's registries, so a model family added later is covered
 automatically; it only needs an entry in ``conformance_utils.TINY_OVERRIDES`` (a test fails until it has one).
