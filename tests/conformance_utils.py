@@ -237,8 +237,9 @@ class SavedActivationBytes:
     (each storage once, parameters excluded): the activation memory that is live when backward
     starts, i.e. the peak that activation checkpointing lowers. fairseq's re-entrant checkpoint
     saves a layer's inputs only (the layer runs without autograd); torch's non-re-entrant one
-    drops what is saved inside its region, to be recomputed in backward (not counted: its inputs
-    are counted where later operations save them)."""
+    drops what is saved inside its region, to be recomputed in backward. Not seen by the hooks:
+    the inputs a non-re-entrant region keeps for that recomputation (one tensor per checkpointed
+    layer), so there the count is a lower bound."""
 
     def __init__(self, model):
         self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
