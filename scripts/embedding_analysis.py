@@ -66,7 +66,9 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
     UsageError as ScriptError,
+    add_force_argument,
     add_user_dir_argument,
+    check_outputs,
     load_checkpoint_state,
     model_from_state,
     run_main,
@@ -99,6 +101,7 @@ def parse_args(argv: Optional[List[str]] = None):
                          "default: the directory stored in each checkpoint")
         sub.add_argument("--json", metavar="OUT", help="also write the results as JSON")
         add_user_dir_argument(sub)
+        add_force_argument(sub)
 
     spectrum = commands.add_parser("spectrum", help="normalised singular values of embedding matrices (Figs. 3-4)")
     common(spectrum)
@@ -430,6 +433,8 @@ def run_cosine(args) -> Dict:
 
 
 def run(args) -> Dict:
+    inputs = [("--path", path) for path in args.path] + [("--dict", getattr(args, "dict", None))]
+    check_outputs(args, [("--out", getattr(args, "out", None)), ("--json", args.json)], inputs)
     return run_spectrum(args) if args.command == "spectrum" else run_cosine(args)
 
 

@@ -4,7 +4,7 @@ length, as in Liu et al. (ICLR 2021) Sec. 3.3, Figure 2.
 
     python scripts/mask_encoder_layers.py --data DATA_BIN --path CKPT [--gen-subset test] [--beam 4] \\
         [--lenpen 1.0] [--remove-bpe] [--layers 0,1,...] [--jobs 1] [--out fig.png] [--json out.json] \\
-        [--keep-outputs DIR] [any other fairseq-generate flag, e.g. --max-tokens 4096]
+        [--keep-outputs DIR] [--force] [any other fairseq-generate flag, e.g. --max-tokens 4096]
 
 For each encoder layer n = 0 (the word-embedding layer, "Emb") .. N, and once unmasked, the real
 ``fairseq-generate`` is run in a subprocess:
@@ -43,6 +43,7 @@ without layer attention, an encoder layer that does not exist), 1 when a fairseq
 
 import argparse
 import concurrent.futures
+import glob
 import math
 import os
 import re
@@ -58,9 +59,12 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 from fusion_fairseq.tools.analysis import (  # noqa: E402
     ReportedError,
     UsageError as ScriptError,
-    check_checkpoint_file,
+    add_force_argument,
     check_data_dir,
+    check_outputs,
     model_args,
+    positive,
+    read_checkpoint,
     run_main,
     use_agg_backend,
     write_json,
@@ -97,7 +101,8 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument("--data", required=True, help="binarised data directory (fairseq-generate's DATA)")
     parser.add_argument("--path", required=True, help="checkpoint trained with --layer-attention coarse or fine")
     parser.add_argument("--gen-subset", default="test", help="subset to translate (default: test)")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (default: 4, the paper's Ro-En setting)")
+    parser.add_argument("--beam", type=positive(int, "--beam"), default=4,
+                        help="beam size (default: 4, the paper's Ro-En setting)")
     parser.add_argument("--lenpen", type=float, default=1.0, help="length penalty (default: 1.0, Ro-En)")
     parser.add_argument("--remove-bpe", nargs="?", const="@@ ", default=None, metavar="SYMBOL",
                         help="remove BPE before scoring and counting length (as fairseq-generate; default '@@ ')")
@@ -109,7 +114,9 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument("--json", metavar="OUT", help="write the table as JSON")
     parser.add_argument("--keep-outputs", metavar="DIR",
                         help="save each run's fairseq-generate output as DIR/generate-{none,Emb,1,..}.txt")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per fairseq-generate run")
+    parser.add_argument("--timeout", type=positive(float, "--timeout"), default=None,
+                        help="seconds per fairseq-generate run")
+    add_force_argument(parser)
     parser.add_argument("--dpi", type=int, default=150)
     args, forwarded = parser.parse_known_args(argv)
     if args.jobs < 1:
@@ -128,10 +135,7 @@ def parse_args(argv: Optional[List[str]] = None):
 
 def encoder_layer_range(path: str):
     """``(layer-attention kind, number of encoder layers N)`` from the checkpoint's configuration."""
-    from fairseq import checkpoint_utils
-
-    check_checkpoint_file(path)
-    args = model_args(checkpoint_utils.load_checkpoint_to_cpu(path))
+    args = model_args(read_checkpoint(path))
     kind = getattr(args, "layer_attention", None)
     if kind not in ("coarse", "fine"):
         arch = getattr(args, "arch", "?")
@@ -312,7 +316,22 @@ def plot(rows: List[Dict], metric: str, title: str, out: str, dpi: int):
     plt.close(fig)
 
 
+def check_kept_outputs(args) -> None:
+    """--keep-outputs DIR: a directory (made if missing) without earlier generate-*.txt, unless --force."""
+    directory = args.keep_outputs
+    if not directory:
+        return
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ScriptError(f"--keep-outputs {directory} is a file; give a directory")
+    earlier = sorted(glob.glob(os.path.join(directory, "generate-*.txt")))
+    if earlier and not args.force:
+        raise ScriptError(f"--keep-outputs {directory} already holds {len(earlier)} generate-*.txt files "
+                          f"({os.path.basename(earlier[0])} ...); pass --force to replace them, or give another directory")
+
+
 def run(args) -> Dict:
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
+    check_kept_outputs(args)
     check_data_dir(args.data)
     kind, num_encoder_layers = encoder_layer_range(args.path)
     layers = layers_to_mask(args.layers, num_encoder_layers)

@@ -45,13 +45,16 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
     UsageError as PlotError,
+    add_force_argument,
     add_text_input_arguments,
     add_user_dir_argument,
     beam_search,
     build_bpe,
     check_bpe_arguments,
+    check_outputs,
     encode_sentence,
     load_model,
+    positive,
     run_main,
     teacher_forced_input,
     token_strings,
@@ -91,8 +94,10 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument("--xlabels", choices=("predicted", "fed", "both"), default="predicted",
                         help="decoder side: label each position with the word predicted there (default), "
                         "the word fed into the decoder, or 'fed->predicted'")
-    parser.add_argument("--beam", type=int, default=5, help="beam size when translating (default: 5)")
+    parser.add_argument("--beam", type=positive(int, "--beam"), default=5,
+                        help="beam size when translating (default: 5)")
     parser.add_argument("--dpi", type=int, default=150)
+    add_force_argument(parser)
     args = parser.parse_args(argv)
     check_bpe_arguments(parser, args)
     return args
@@ -219,6 +224,7 @@ def plot(weights, x_labels: List[str], y_labels: List[str], x_axis_label: str, o
 
 
 def run(args) -> dict:
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
     model, _, task = load_model(args.path, args.data, args.user_dir)
     fusion = side_fusion(model, args.side)
     bpe = build_bpe(args)

@@ -43,7 +43,9 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
     UsageError as ScriptError,
+    add_force_argument,
     add_user_dir_argument,
+    check_outputs,
     load_checkpoint_state,
     model_args,
     model_from_state,
@@ -83,6 +85,7 @@ def parse_args(argv: Optional[List[str]] = None):
                         "Emb at the bottom)")
     add_user_dir_argument(parser)
     parser.add_argument("--dpi", type=int, default=150)
+    add_force_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -192,6 +195,7 @@ def plot(matrix: np.ndarray, dec_labels: List[str], enc_labels: List[str], layou
 
 
 def run(args) -> dict:
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
     overrides = {"mask_encoder_layer": None}  # the stored weights, whatever the checkpoint was saved with
     state = load_checkpoint_state(args.path, args.data, overrides, args.user_dir)
     margs = model_args(state)

@@ -52,13 +52,16 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
     UsageError as PlotError,
+    add_force_argument,
     add_text_input_arguments,
     add_user_dir_argument,
     beam_search,
     build_bpe,
     check_bpe_arguments,
+    check_outputs,
     encode_sentence,
     load_model,
+    positive,
     run_main,
     teacher_forced_input,
     token_strings,
@@ -98,12 +101,14 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument("--row-labels", choices=("both", "fed", "predicted"), default="both",
                         help="label each target row 'fed->predicted' (default), with the token fed at that "
                         "position, or with the token predicted there")
-    parser.add_argument("--beam", type=int, default=6, help="beam size when translating (default: 6, as the paper)")
+    parser.add_argument("--beam", type=positive(int, "--beam"), default=6,
+                        help="beam size when translating (default: 6, as the paper)")
     parser.add_argument("--lenpen", type=float, default=1.1,
                         help="length penalty when translating (default: 1.1, as the paper for IWSLT)")
     parser.add_argument("--max-len", type=int, default=200,
                         help="when translating: at most this many target tokens (fairseq's max_len_b; default: 200)")
     parser.add_argument("--dpi", type=int, default=150)
+    add_force_argument(parser)
     args = parser.parse_args(argv)
     check_bpe_arguments(parser, args)
     if args.beam < 1:
@@ -254,6 +259,7 @@ def plot(weights: np.ndarray, mask: np.ndarray, row_labels: List[str], column_la
 
 
 def run(args) -> dict:
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     num_layers = check_model(model, cfg, args.path)
     layer_index = check_layer(args.layer, num_layers)

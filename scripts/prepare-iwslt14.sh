@@ -10,6 +10,7 @@
 # Expected sizes on the real data: 160239 train / 7283 valid / 6750 test sentence pairs.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 IWSLT14_URL="${IWSLT14_URL:-https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}"
 TEST_SETS=(IWSLT14.TED.dev2010 IWSLT14.TEDX.dev2012 IWSLT14.TED.tst2010 IWSLT14.TED.tst2011 IWSLT14.TED.tst2012)
@@ -34,19 +35,22 @@ Prepare IWSLT14 De-En (the standard fairseq benchmark split) and binarise it for
   --max-len N          drop training pairs with a side longer than N tokens (default: 175)
   --ratio R            drop training pairs whose length ratio exceeds R (default: 1.5)
   --workers N          processes for tokenisation / BPE / fairseq-preprocess (default: min(nproc, 8))
+  --force              replace outputs of an earlier run (DEST/raw, tok, code, train.L ...,
+                       DATABIN); without it the recipe refuses to overwrite them
   -h, --help           this help
 
 Environment: IWSLT14_URL (archive URL), RECIPE_CONNECT_TIMEOUT (seconds, default 20).
 EOF
 }
 
-FROM="" DEST="" DATABIN="" SRC=de TGT=en BPE=subword_nmt MERGES=10000 LOWER=1 JOINED=1 EVERY=23 MAXLEN=175 RATIO=1.5
+FORCE=0 FROM="" DEST="" DATABIN="" SRC=de TGT=en BPE=subword_nmt MERGES=10000 LOWER=1 JOINED=1 EVERY=23 MAXLEN=175 RATIO=1.5
 WORKERS=$(default_workers)
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
+        --force) FORCE=1; shift ;;
         --from) need_value "$1" "$#" "${2:-}"; FROM=$2; shift 2 ;;
         --dest) need_value "$1" "$#" "${2:-}"; DEST=$2; shift 2 ;;
         --databin) need_value "$1" "$#" "${2:-}"; DATABIN=$2; shift 2 ;;
@@ -75,6 +79,7 @@ check_from "$FROM"
 check_python_deps
 [[ "$BPE" == fastbpe ]] && check_fastbpe
 
+check_outputs_free "$FORCE" "$FROM" "$DEST" "$DATABIN" "$SRC" "$TGT"
 WORK=$(make_workdir "$DEST")
 trap 'rm -rf "$WORK"' EXIT
 

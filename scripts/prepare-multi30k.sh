@@ -4,6 +4,7 @@
 # Splits: train (29k) / val (1014) -> valid / test_2016_flickr (1000) -> test.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 MULTI30K_URL="${MULTI30K_URL:-https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw}"
 LANGS=(en de fr cs)
@@ -27,19 +28,22 @@ Prepare Multi30k task 1 (default De->En) and binarise it for fairseq.
   --no-lowercase       keep case (default: lowercase, like the official tokenised files)
   --no-joined-dictionary  separate source and target dictionaries (default: joined)
   --workers N          processes for tokenisation / BPE / fairseq-preprocess (default: min(nproc, 8))
+  --force              replace outputs of an earlier run (DEST/raw, tok, code, train.L ...,
+                       DATABIN); without it the recipe refuses to overwrite them
   -h, --help           this help
 
 Environment: MULTI30K_URL (base URL of the raw .gz files), RECIPE_CONNECT_TIMEOUT (seconds, default 20).
 EOF
 }
 
-FROM="" DEST="" DATABIN="" SRC=de TGT=en TEST=test_2016_flickr BPE=subword_nmt MERGES=10000 LOWER=1 JOINED=1
+FORCE=0 FROM="" DEST="" DATABIN="" SRC=de TGT=en TEST=test_2016_flickr BPE=subword_nmt MERGES=10000 LOWER=1 JOINED=1
 WORKERS=$(default_workers)
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
+        --force) FORCE=1; shift ;;
         --from) need_value "$1" "$#" "${2:-}"; FROM=$2; shift 2 ;;
         --dest) need_value "$1" "$#" "${2:-}"; DEST=$2; shift 2 ;;
         --databin) need_value "$1" "$#" "${2:-}"; DATABIN=$2; shift 2 ;;
@@ -66,6 +70,7 @@ check_from "$FROM"
 check_python_deps
 [[ "$BPE" == fastbpe ]] && check_fastbpe
 
+check_outputs_free "$FORCE" "$FROM" "$DEST" "$DATABIN" "$SRC" "$TGT"
 WORK=$(make_workdir "$DEST")
 trap 'rm -rf "$WORK"' EXIT
 

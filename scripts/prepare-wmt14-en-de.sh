@@ -10,6 +10,7 @@
 # Cased (no lowercasing), as the WMT14 papers; newstest2014 has 3003 sentence pairs.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 WMT14_EUROPARL_URL="${WMT14_EUROPARL_URL:-http://statmt.org/wmt13/training-parallel-europarl-v7.tgz}"
 WMT14_COMMONCRAWL_URL="${WMT14_COMMONCRAWL_URL:-http://statmt.org/wmt13/training-parallel-commoncrawl.tgz}"
@@ -39,6 +40,8 @@ Prepare WMT14 En-De (fairseq's standard recipe) and binarise it for fairseq.
   --valid-every N      valid = every N-th training line (default: 100)
   --max-len N          drop training/valid pairs longer than N BPE tokens (default: 250)
   --workers N          processes for tokenisation / BPE / fairseq-preprocess (default: min(nproc, 8))
+  --force              replace outputs of an earlier run (DEST/raw, tok, code, train.L ...,
+                       DATABIN); without it the recipe refuses to overwrite them
   -h, --help           this help
 
 Environment: WMT14_EUROPARL_URL, WMT14_COMMONCRAWL_URL, WMT14_NC_URL, WMT14_NC9_URL, WMT14_TEST_URL,
@@ -46,13 +49,14 @@ RECIPE_CONNECT_TIMEOUT (seconds, default 20).
 EOF
 }
 
-FROM="" DEST="" DATABIN="" SRC=en TGT=de BPE=subword_nmt MERGES=40000 LOWER=0 JOINED=1 EVERY=100 MAXLEN=250 ICML17=0
+FORCE=0 FROM="" DEST="" DATABIN="" SRC=en TGT=de BPE=subword_nmt MERGES=40000 LOWER=0 JOINED=1 EVERY=100 MAXLEN=250 ICML17=0
 WORKERS=$(default_workers)
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
+        --force) FORCE=1; shift ;;
         --from) need_value "$1" "$#" "${2:-}"; FROM=$2; shift 2 ;;
         --dest) need_value "$1" "$#" "${2:-}"; DEST=$2; shift 2 ;;
         --databin) need_value "$1" "$#" "${2:-}"; DATABIN=$2; shift 2 ;;
@@ -81,6 +85,7 @@ check_python_deps
 if (( ICML17 )); then NC=news-commentary-v9; NC_URL=$WMT14_NC9_URL; else NC=news-commentary-v12; NC_URL=$WMT14_NC_URL; fi
 CORPORA=(europarl-v7 commoncrawl "$NC")
 
+check_outputs_free "$FORCE" "$FROM" "$DEST" "$DATABIN" "$SRC" "$TGT"
 WORK=$(make_workdir "$DEST")
 trap 'rm -rf "$WORK"' EXIT
 

@@ -8,6 +8,7 @@
 #   (ratio 1.5, 1..250 tokens, as clean-corpus-n.perl); fairseq-preprocess (joined dictionary). Cased.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 WMT16_EUROPARL_URL="${WMT16_EUROPARL_URL:-http://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz}"
 WMT16_SETIMES_URL="${WMT16_SETIMES_URL:-https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip}"
@@ -35,6 +36,8 @@ Prepare WMT16 En-Ro (Europarl v8 + SETIMES2; newsdev2016 / newstest2016) and bin
   --no-joined-dictionary  separate source and target dictionaries (default: joined)
   --max-len N          drop training pairs longer than N BPE tokens (default: 250)
   --workers N          processes for tokenisation / BPE / fairseq-preprocess (default: min(nproc, 8))
+  --force              replace outputs of an earlier run (DEST/raw, tok, code, train.L ...,
+                       DATABIN); without it the recipe refuses to overwrite them
   -h, --help           this help
 
 Environment: WMT16_EUROPARL_URL, WMT16_SETIMES_URL, WMT16_DEV_URL, WMT16_TEST_URL,
@@ -42,13 +45,14 @@ RECIPE_CONNECT_TIMEOUT (seconds, default 20).
 EOF
 }
 
-FROM="" DEST="" DATABIN="" SRC=en TGT=ro BPE=subword_nmt MERGES=32000 LOWER=0 JOINED=1 MAXLEN=250 NODIAC=0
+FORCE=0 FROM="" DEST="" DATABIN="" SRC=en TGT=ro BPE=subword_nmt MERGES=32000 LOWER=0 JOINED=1 MAXLEN=250 NODIAC=0
 WORKERS=$(default_workers)
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
+        --force) FORCE=1; shift ;;
         --from) need_value "$1" "$#" "${2:-}"; FROM=$2; shift 2 ;;
         --dest) need_value "$1" "$#" "${2:-}"; DEST=$2; shift 2 ;;
         --databin) need_value "$1" "$#" "${2:-}"; DATABIN=$2; shift 2 ;;
@@ -76,6 +80,7 @@ check_from "$FROM"
 check_python_deps
 [[ "$BPE" == fastbpe ]] && check_fastbpe
 
+check_outputs_free "$FORCE" "$FROM" "$DEST" "$DATABIN" "$SRC" "$TGT"
 WORK=$(make_workdir "$DEST")
 trap 'rm -rf "$WORK"' EXIT
 

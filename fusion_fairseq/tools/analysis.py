@@ -10,10 +10,15 @@ What lives here is only what those scripts have in common; each script keeps its
   user error).
 * Checkpoint loading with fairseq's ``checkpoint_utils``: :func:`load_model` (``--data`` given),
   :func:`load_checkpoint_state` + :func:`model_from_state` (``--data`` optional), and the checks
-  and their messages, which name the flag (:func:`check_checkpoint_file`, :func:`check_data_dir`).
+  and their messages, which name the flag (:func:`check_checkpoint_file`, :func:`check_data_dir`);
+  :func:`read_checkpoint` reports a damaged or non-checkpoint file in one line naming it.
+* Output files: :func:`add_force_argument` and :func:`check_outputs`, called before any work, so
+  that no script replaces a file other than its own earlier output without ``--force``, nor
+  fails only after its work.
 * Sentences to token ids: :func:`build_bpe`, :func:`encode_sentence` (unknown words are an error
   unless ``--allow-unk``), :func:`token_strings`, :func:`beam_search`, :func:`teacher_forced_input`.
-* Small argparse helpers for the flags several scripts share and :func:`write_json`.
+* Small argparse helpers for the flags several scripts share (:func:`positive` for --beam,
+  --timeout ...) and :func:`write_json`.
 
 Importing this module imports the plugin (``fusion_fairseq``), which registers its models, so a
 script needs no ``--user-dir``.
@@ -95,6 +100,72 @@ def check_bpe_arguments(parser, args):
         parser.error("--bpe-codes needs --bpe subword_nmt")
 
 
+def positive(kind: type, flag: str):
+    """argparse type: a positive ``kind`` (int or float); the error names the flag and the value."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive {'integer' if kind is int else 'number'}, "
+                                             f"got {text!r}")
+        return value
+
+    return parse
+
+
+def add_force_argument(parser):
+    """``--force``: the only way a script replaces an existing file that is not its own earlier
+    output (see :func:`check_outputs`)."""
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --out/--json file even if it is no earlier figure/JSON output "
+                        "(default: refuse)")
+
+
+def same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+FIGURE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"%PDF", b"%!PS", b"<?xml", b"<svg")
+
+
+def earlier_output(path: str, flag: str) -> bool:
+    """True when the existing file ``path`` is what ``flag`` writes: a figure matplotlib saves
+    (PNG, PDF, PS, SVG) for ``--out``, JSON for ``--json``; a rerun may replace it."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+            if flag == "--json":
+                json.loads(head + handle.read())
+                return True
+    except (OSError, ValueError):
+        return False
+    return head.lstrip().startswith(FIGURE_SIGNATURES)
+
+
+def check_outputs(args, outputs, inputs=()) -> None:
+    """Called before any work: each output (``(flag, path)``, path None when not asked for) must
+    go to an existing directory, be no directory itself, differ from the other outputs and from
+    every input (``(flag, path)``; not even --force replaces an input). An existing file is
+    replaced only when it is an earlier output of the same kind (a rerun); any other file only
+    with ``args.force``. A :class:`UsageError` naming the flag otherwise."""
+    given = [(flag, path) for flag, path in outputs if path]
+    for index, (flag, path) in enumerate(given):
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path} is a directory; give a file name")
+        for other_flag, other in list(given[:index]) + [(f, p) for f, p in inputs if p]:
+            if same_file(path, other):
+                raise UsageError(f"{flag} {path} is the same file as {other_flag} {other}; give another name")
+        if os.path.exists(path) and not earlier_output(path, flag) and not getattr(args, "force", False):
+            kind = "JSON" if flag == "--json" else "figure"
+            raise UsageError(f"{flag} {path} exists and is no earlier {kind} output; pass --force to replace it, "
+                             "or give another name")
+
+
 def write_json(path: str, result) -> None:
     """Write ``result`` to ``path`` as indented JSON (``--json OUT``) and say so on stdout."""
     with open(path, "w") as handle:
@@ -120,6 +191,26 @@ def check_checkpoint_file(path: str) -> None:
         raise UsageError(f"--path {path}: no such checkpoint file")
 
 
+def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--path"):
+    """The state of checkpoint ``path`` (``overrides`` applied to its configuration). A file
+    that is missing, damaged (truncated, empty, random bytes), not a torch file (text) or not a
+    fairseq checkpoint is a one-line :class:`UsageError` naming the flag and the file."""
+    from fairseq import checkpoint_utils
+
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag} {path}: no such checkpoint file")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
+    except Exception as error:  # noqa: BLE001 - any unreadable file: truncated, not a zip, refused pickle ...
+        reason = " ".join(str(error).split())[:300]
+        raise UsageError(f"{flag} {path}: cannot read the checkpoint, the file is damaged or not a fairseq "
+                         f"checkpoint ({type(error).__name__}: {reason})") from None
+    if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
+        raise UsageError(f"{flag} {path}: cannot read the checkpoint, a torch file without a fairseq model "
+                         "and configuration")
+    return state
+
+
 def check_data_dir(data: str) -> None:
     """``--data``: a :class:`UsageError` unless the data directory exists."""
     if not os.path.isdir(data):
@@ -129,15 +220,10 @@ def check_data_dir(data: str) -> None:
 def load_model(path: str, data: str, user_dir: Optional[str] = None):
     """``(model, cfg, task)`` of checkpoint ``path`` with the task's data directory ``data``
     (``--data``, required), the model in eval mode."""
-    from fairseq import checkpoint_utils
-
     import_user_dir(user_dir)
     check_checkpoint_file(path)
     check_data_dir(data)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
-    model = models[0]
-    model.eval()
-    return model, cfg, task
+    return model_from_state(path, read_checkpoint(path, {"data": data}))
 
 
 def model_args(state):
@@ -152,15 +238,13 @@ def load_checkpoint_state(path: str, data: Optional[str], overrides: Optional[di
     """The checkpoint state of ``path`` read with ``overrides`` (and ``data``, the optional
     ``--data``) applied. Without ``data`` the directory stored in the checkpoint must exist; the
     error then calls the checkpoint ``checkpoint_name``. Errors name the flag."""
-    from fairseq import checkpoint_utils
-
     import_user_dir(user_dir)
     check_checkpoint_file(path)
     overrides = dict(overrides or {})
     if data is not None:
         check_data_dir(data)
         overrides["data"] = data
-    state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
+    state = read_checkpoint(path, overrides)
     if data is None:
         cfg = state.get("cfg")
         stored = cfg["task"].get("data") if cfg is not None and cfg.get("task") is not None else \
