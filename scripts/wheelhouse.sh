@@ -12,7 +12,7 @@
 # the oldest glibc the torch and ve-fairseq wheels themselves support), never built for this host.
 set -euo pipefail
 
-usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "wheelhouse.sh: $*" >&2; exit 2; }
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
