@@ -221,3 +221,15 @@ def test_bad_surface_fusion_variant_is_refused(capsys):
     with pytest.raises(ValueError, match="--surface-fusion-variant got 'authors'; allowed: paper, released"):
         type(model).build_model(args, SimpleNamespace(source_dictionary=model.encoder.dictionary,
                                                         target_dictionary=model.decoder.dictionary))
+
+
+def test_surface_fusion_variant_without_surface_fusion_is_warned_about(caplog):
+    def variant_warnings():
+        return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "variant" in r.getMessage()]
+
+    build_model("fusion_transformer", *TINY, "--surface-fusion-variant", "released")
+    assert variant_warnings() == ["flag without effect: --surface-fusion-variant released: it changes "
+                                  "SurfaceFusion, and --surface-fusion is none"]
+    caplog.clear()
+    build_model("fusion_transformer", *TINY, "--surface-fusion", "soft", "--surface-fusion-variant", "released")
+    assert variant_warnings() == []

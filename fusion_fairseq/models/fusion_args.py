@@ -256,6 +256,9 @@ def unused_fusion_flags(args):
     if args.surface_fusion_lambda != 0.8 and args.surface_fusion != "hard":
         unused.append(f"--surface-fusion-lambda {args.surface_fusion_lambda}: only hard SurfaceFusion (Eq. 6) "
                       f"interpolates, and --surface-fusion is {args.surface_fusion}")
+    if args.surface_fusion_variant != "paper" and args.surface_fusion == "none":
+        unused.append(f"--surface-fusion-variant {args.surface_fusion_variant}: it changes SurfaceFusion, and "
+                      "--surface-fusion is none")
     return unused
 
 
