@@ -83,6 +83,10 @@ class SurfaceFusion(nn.Module):
       4. dropout (``embedding_dropout``, the model's --dropout) on the embedding values.
     Reading of 4: the released code reuses the mask of the encoder's input dropout for the values;
     here the values get their own mask of the same rate (the encoder does not hand its mask out).
+    Both variants share Phi: the released code's ``hard`` mode is Eq. 6 with tau = 1 and its
+    ``soft_5`` mode Eq. 7 with tau = 5. Its query is the output of decoder layer 6 (``--sf-idx 5``)
+    before any final LayerNorm, which for the post-norm 6-layer models of the paper is the decoder
+    output used here.
     """
 
     def __init__(self, kind: str, embed_dim: int, num_heads: int, lam: float, tau: float, dropout: float = 0.0,
