@@ -3,8 +3,8 @@
 * torch's safe unpickler reads fairseq checkpoints (below);
 * configuration strings fairseq would ``eval()`` are parsed as literals first
   (:func:`parse_config_literal`, :func:`require_literal_transformer_config`);
-* only fairseq-train's --finetune-from-model may start parameters a checkpoint lacks
-  (:func:`is_fine_tuning`);
+* only fairseq-train's --finetune-from-model may start parameters a checkpoint file lacks
+  (:func:`may_start_parameters_fresh`);
 * the plugin's configuration errors print as one line (:func:`print_plugin_errors_in_one_line`).
 
 Let torch's safe unpickler read fairseq checkpoints without turning safe loading off.
@@ -151,19 +151,23 @@ def require_literal_transformer_config(args):
 # --------------------------------------------------------------------------------------------
 # only fine-tuning may start parameters fresh
 # --------------------------------------------------------------------------------------------
-# A model may start parameters a checkpoint lacks from their fresh initialisation only when
+# A model may start parameters a checkpoint file lacks from their fresh initialisation only when
 # fairseq-train starts from --finetune-from-model (Dou et al. initialise their aggregation
 # models from a trained vanilla model). fairseq's model hook ``upgrade_state_dict_named`` cannot
-# see why it is loading, so the decision fairseq's ``checkpoint_utils.load_checkpoint`` takes is
-# recorded here while that function runs; every other load (fairseq-generate, resuming from
-# checkpoint_last.pt, ``load_model_ensemble``) leaves it unset.
+# see why it is loading, so the two entry points through which fairseq loads checkpoint files
+# record it while they run: ``checkpoint_utils.load_checkpoint`` (fairseq-train: fine-tuning, or
+# resuming from checkpoint_last.pt) and ``checkpoint_utils.load_model_ensemble_and_task``
+# (fairseq-generate, -interactive, -validate, hub models, the analysis scripts). A
+# ``model.load_state_dict(...)`` called directly in code is the caller's own initialisation
+# and, like fine-tuning, may start the parameters it lacks fresh.
 
-_fine_tuning = contextvars.ContextVar("fusion_fairseq_fine_tuning", default=False)
+FINE_TUNING, OTHER_CHECKPOINT_LOAD = "fine-tuning", "other checkpoint load"
+_checkpoint_load = contextvars.ContextVar("fusion_fairseq_checkpoint_load", default=None)
 
 
-def is_fine_tuning() -> bool:
-    """True only inside fairseq-train's load of its --finetune-from-model checkpoint."""
-    return _fine_tuning.get()
+def may_start_parameters_fresh() -> bool:
+    """False only inside a load of a checkpoint file that is not fine-tuning."""
+    return _checkpoint_load.get() != OTHER_CHECKPOINT_LOAD
 
 
 def starts_from_pretrained_model(cfg, trainer) -> bool:
@@ -178,26 +182,36 @@ def starts_from_pretrained_model(cfg, trainer) -> bool:
     return not os.path.exists(last)
 
 
-def mark_fine_tuning_loads():
-    """Wrap ``fairseq.checkpoint_utils.load_checkpoint`` (fairseq-train's only way to load a
-    checkpoint) so that :func:`is_fine_tuning` tells the model hook what fairseq decided.
-    Idempotent; behaviour of the wrapped function is unchanged."""
+def _recording(original, kind_of_load):
+    """``original`` run with ``kind_of_load(*args, **kwargs)`` recorded for the model hook."""
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        token = _checkpoint_load.set(kind_of_load(*args, **kwargs))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _checkpoint_load.reset(token)
+
+    wrapper.records_checkpoint_loads = True
+    return wrapper
+
+
+def _training_load(cfg, trainer, **passthrough_args):
+    return FINE_TUNING if starts_from_pretrained_model(cfg, trainer) else OTHER_CHECKPOINT_LOAD
+
+
+def record_checkpoint_loads():
+    """Wrap fairseq's two checkpoint-loading entry points (see above) so that
+    :func:`may_start_parameters_fresh` tells the model hook why it is loading. Idempotent; the
+    wrapped functions behave as before. ``load_model_ensemble`` and the CLIs look the functions
+    up in ``checkpoint_utils`` when they call them, so they reach the wrappers."""
     from fairseq import checkpoint_utils
 
-    original = checkpoint_utils.load_checkpoint
-    if getattr(original, "marks_fine_tuning", False):
+    if getattr(checkpoint_utils.load_checkpoint, "records_checkpoint_loads", False):
         return
-
-    @functools.wraps(original)
-    def load_checkpoint(cfg, trainer, **passthrough_args):
-        token = _fine_tuning.set(starts_from_pretrained_model(cfg, trainer))
-        try:
-            return original(cfg, trainer, **passthrough_args)
-        finally:
-            _fine_tuning.reset(token)
-
-    load_checkpoint.marks_fine_tuning = True
-    checkpoint_utils.load_checkpoint = load_checkpoint
+    checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, _training_load)
+    checkpoint_utils.load_model_ensemble_and_task = _recording(
+        checkpoint_utils.load_model_ensemble_and_task, lambda *args, **kwargs: OTHER_CHECKPOINT_LOAD)
 
 
 class MissingParametersError(ValueError):

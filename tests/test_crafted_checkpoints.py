@@ -211,3 +211,12 @@ def test_fine_tuning_rule_is_fairseqs(tmp_path):
     (tmp_path / "checkpoint_last.pt").write_bytes(b"")
     assert not starts_from_pretrained_model(cfg, trainer)  # resuming, not fine-tuning
     assert not starts_from_pretrained_model(SimpleNamespace(**{**vars(cfg), "finetune_from_model": None}), trainer)
+
+
+def test_a_state_dict_loaded_in_code_is_the_callers_initialisation():
+    """No checkpoint file is read: the caller chose the vanilla weights, as with fine-tuning."""
+    from model_building import build_model
+
+    vanilla = build_model("fusion_transformer", *TINY_TRANSFORMER)
+    fusion = build_model("fusion_transformer", *TINY_TRANSFORMER, "--fuse-decoder", "sa")
+    fusion.load_state_dict(vanilla.state_dict(), strict=True)

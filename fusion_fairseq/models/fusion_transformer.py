@@ -18,7 +18,7 @@ from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from fusion_fairseq.checkpoint_safety import (
-    is_fine_tuning,
+    may_start_parameters_fresh,
     missing_parameters_error,
     require_literal_transformer_config,
 )
@@ -166,18 +166,19 @@ class FusionTransformerModel(TransformerModel):
         """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al.
         2018 do): when the checkpoint holds no fusion parameter at all, every shared parameter
         is loaded (the names are the vanilla model's) and the fusion parameters keep this
-        model's fresh initialisation. Only fairseq-train's load of its --finetune-from-model
-        checkpoint may do that (:func:`checkpoint_safety.is_fine_tuning`); any other load of such
-        a checkpoint (fairseq-generate with fusion switched on by --model-overrides, resuming
-        from another configuration's checkpoint_last.pt) raises an error naming the missing
-        parameters. A checkpoint with some fusion parameters is left as it is, so a mismatched
+        model's fresh initialisation. Of the loads of checkpoint files, only fairseq-train's load
+        of its --finetune-from-model checkpoint may do that
+        (:func:`checkpoint_safety.may_start_parameters_fresh`; so may a ``load_state_dict`` called
+        in code); any other (fairseq-generate with fusion switched on by --model-overrides,
+        resuming from another configuration's checkpoint_last.pt) raises an error naming the
+        missing parameters. A checkpoint with some fusion parameters is left as it is, so a mismatched
         fusion configuration still fails the strict load, naming the keys."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if any(is_fusion_parameter(key) for key in state_dict):
             return
         fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}
-        if fresh and not is_fine_tuning():
+        if fresh and not may_start_parameters_fresh():
             raise missing_parameters_error(fresh, "fusion")
         if fresh:
             logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
