@@ -25,9 +25,13 @@ TESTED_TORCH_VERSIONS = ("2.11.0", "2.11.0+cu128", "2.13.0", "2.13.0+cpu")
 WHEELHOUSE = os.path.join(REPO_ROOT, "scripts", "wheelhouse.sh")
 
 
-def project_requirements():
+def project_metadata():
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as handle:
-        return [Requirement(line) for line in tomllib.load(handle)["project"]["dependencies"]]
+        return tomllib.load(handle)["project"]
+
+
+def project_requirements():
+    return [Requirement(line) for line in project_metadata()["dependencies"]]
 
 
 def torch_requirements(requirements, python_version):
@@ -54,8 +58,7 @@ def test_fairseq_requirements_admit_the_tested_torch(torch_version):
 
 
 def test_python_versions_are_those_fairseq_has_wheels_for():
-    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as handle:
-        supported = SpecifierSet(tomllib.load(handle)["project"]["requires-python"])
+    supported = SpecifierSet(project_metadata()["requires-python"])
     assert [v for v in ("3.11", "3.12", "3.13") if supported.contains(v)] == ["3.11", "3.12"]
 
 
