@@ -190,3 +190,19 @@ def test_build_time_errors_print_one_line(tiny_data_bin, tmp_path, flags, messag
     assert "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert ": error: " in last_line and message in last_line
+
+
+@pytest.mark.parametrize("arch,changes,message", [
+    ("layerwise_coordination", {"embed_dim": "512"}, "--embed-dim must be a positive integer, got '512'"),
+    ("layerwise_coordination", {"layers": 2.0}, "--layers must be a positive integer, got 2.0"),
+    ("dense_fconv", {"embed_bottleneck_dim": "64"}, "--embed-bottleneck-dim must be a positive integer, got '64'"),
+    ("dense_fconv", {"growth_dim": "64"}, "--growth-dim must be a positive integer, got '64'"),
+    ("dense_transformer", {"summary_every": "5"}, "--summary-every must be 0 (no summary layers) or >= 2"),
+])
+def test_wrong_types_for_the_other_architectures_are_named(arch, changes, message):
+    args = parse_model_args(arch)
+    vars(args).update(changes)  # as --model-overrides or a checkpoint would give them
+    joined = dictionary_of_size(10)
+    with pytest.raises(ValueError) as error:
+        ARCH_MODEL_REGISTRY[arch].build_model(args, SimpleNamespace(source_dictionary=joined, target_dictionary=joined))
+    assert str(error.value).startswith(message)

@@ -59,7 +59,7 @@ from fusion_fairseq.modules.dense_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import check_dropout_args, positive_int
+from .fusion_args import check_dropout_args, check_positive_ints, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +129,7 @@ def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
     if args.dense_attention not in DENSE_ATTENTION_KINDS:
         raise ValueError(f"--dense-attention must be one of {', '.join(DENSE_ATTENTION_KINDS)}, got {args.dense_attention!r}")
     if args.embed_bottleneck_dim is not None:
-        if args.embed_bottleneck_dim <= 0:
-            raise ValueError(f"--embed-bottleneck-dim must be a positive integer, got {args.embed_bottleneck_dim}")
+        check_positive_ints(args, {"embed_bottleneck_dim": "--embed-bottleneck-dim"})
         for flag, width in embed_dims:
             if args.embed_bottleneck_dim > width:
                 raise ValueError(

@@ -333,11 +333,17 @@ def check_encoder_layer_fusion_args(args):
         )
 
 
-def check_mlrf_args(args):
-    for dest, flag in POSITIVE_INT_FLAGS.items():
+def check_positive_ints(args, table):
+    """Raise ``ValueError`` for the first value of ``table`` (dest -> flag) that is no positive
+    integer (e.g. text given by --model-overrides)."""
+    for dest, flag in table.items():
         value = getattr(args, dest)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(positive_int_error(flag, value))
+
+
+def check_mlrf_args(args):
+    check_positive_ints(args, POSITIVE_INT_FLAGS)
     check_real_flags(args, {"fusion_dropout": REAL_FLAGS["fusion_dropout"]})
     for dest, flag in BOOLEAN_FLAGS.items():
         if not isinstance(getattr(args, dest), bool):

@@ -23,7 +23,14 @@ from fusion_fairseq.modules.coordination_layer import CoordinationLayer
 from fusion_fairseq.modules.resettable_positions import position_embedding, sinusoidal_positions
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import DROPOUT_FLAGS, PROBABILITY, check_dropout_args, positive_int, real_in_range
+from .fusion_args import (
+    DROPOUT_FLAGS,
+    PROBABILITY,
+    check_dropout_args,
+    check_positive_ints,
+    positive_int,
+    real_in_range,
+)
 
 SOURCE, TARGET = 0, 1
 
@@ -224,6 +231,8 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         layerwise_coordination(args)
         check_dropout_args(args)  # values read from a checkpoint or --model-overrides
+        check_positive_ints(args, {"layers": "--layers", "embed_dim": "--embed-dim",
+                                   "ffn_embed_dim": "--ffn-embed-dim", "attention_heads": "--attention-heads"})
         if task.source_dictionary != task.target_dictionary:
             raise ValueError(
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
