@@ -3,13 +3,14 @@ registered model family (``FAMILIES``: every model in ``conformance_utils.TINY_O
 new family is covered as soon as it has its tiny overrides), as fairseq's own
 ``tests/test_binaries.py`` exercises them on its models:
 
-fairseq-generate with sampling (top-k), diverse beam search, ``--prefix-size``,
+fairseq-generate with sampling (top-k), diverse beam search, diverse siblings, ``--prefix-size``,
 ``--match-source-len``, ``--nbest``, ``--print-alignment``, ``--score-reference``, ``--lenpen`` /
 ``--unkpen`` and ``--retain-dropout``; fairseq-validate; fairseq-interactive, plain and with
 lexically constrained decoding; the hub API (``from_pretrained`` -> ``translate`` / ``sample`` /
-``generate``); and resuming training from ``checkpoint_last.pt``. Every command runs with
-fairseq's default ``--required-batch-size-multiple`` (8), so each one also checks that every
-sentence is translated or scored.
+``generate``); and resuming training from ``checkpoint_last.pt``. Every command but diverse beam
+search (see there) runs with fairseq's default ``--required-batch-size-multiple`` (8), so each one
+also checks that every sentence is translated or scored. Activation checkpointing and alignments
+of every configuration are checked in process by ``test_conformance.py``.
 
 Each family trains one tiny checkpoint, once per session; all its commands then run in ONE
 interpreter (``conformance_utils.run_in_one_interpreter``), each exactly as ``python -m``.
@@ -48,14 +49,14 @@ GENERATE_FEATURES = {
     # fairseq bug, with or without the plugin)
     "diverse-beam": ("--diverse-beam-groups", "2", "--diverse-beam-strength", "0.5", "--beam", "4",
                      "--required-batch-size-multiple", "1"),
+    "diverse-siblings": ("--diversity-rate", "0.5", "--beam", "6"),
     "prefix-size": ("--prefix-size", "2", "--beam", "3"),
     "match-source-len": ("--match-source-len", "--beam", "3"),
-    "nbest": ("--nbest", "3", "--beam", "3"),
-    "print-alignment": ("--print-alignment", "--beam", "3"),
+    "nbest+print-alignment": ("--nbest", "3", "--print-alignment", "--beam", "3"),
     "score-reference": ("--score-reference",),
-    "lenpen-unkpen": ("--lenpen", "0.5", "--unkpen", "5", "--beam", "3"),
-    "retain-dropout": ("--retain-dropout", "--beam", "3"),
+    "lenpen+unkpen+retain-dropout": ("--lenpen", "0.5", "--unkpen", "5", "--retain-dropout", "--beam", "3"),
 }
+NBEST = {"nbest+print-alignment": 3, "sampling-topk": 2}
 SHORT_OUTPUT = ("--max-len-b", "12")  # an untrained model rarely ends early: fairseq's default is 200 tokens
 INTERACTIVE_INPUT = "w1 w2 w3\nw4 w5 w6 w7\n"
 CONSTRAINED_INPUT = "w1 w2 w3\tW9 W8\nw4 w5 w6 w7\tW0\n"  # source TAB constraints (target words)
@@ -157,16 +158,10 @@ family_ids = pytest.mark.parametrize("family", FAMILIES, ids=lambda v: v.id)
 
 
 @family_ids
-@pytest.mark.parametrize("feature", sorted(set(GENERATE_FEATURES) - {"nbest", "sampling-topk"}))
+@pytest.mark.parametrize("feature", sorted(GENERATE_FEATURES))
 def test_generate_feature_translates_every_sentence(family, feature, family_runs):
-    assert_every_sentence(family_runs(family).run(f"generate:{feature}").stdout)
-
-
-@family_ids
-def test_generate_nbest_and_sampling(family, family_runs):
-    runs = family_runs(family)
-    assert_every_sentence(runs.run("generate:nbest").stdout, nbest=3)
-    assert_every_sentence(runs.run("generate:sampling-topk").stdout, nbest=2)
+    """A hypothesis (--nbest of them) for every test sentence, and a BLEU line."""
+    assert_every_sentence(family_runs(family).run(f"generate:{feature}").stdout, nbest=NBEST.get(feature, 1))
 
 
 @family_ids
@@ -197,16 +192,18 @@ def test_generate_score_reference_scores_the_reference(family, family_runs):
 
 @family_ids
 def test_generate_print_alignment(family, family_runs):
-    """One ``A-`` line per sentence: a source-target pair for each hypothesis token (EOS
+    """One ``A-`` line per hypothesis: a source-target pair for each hypothesis token (EOS
     excluded), the source index within the source's words."""
-    output = family_runs(family).run("generate:print-alignment").stdout
-    sources, best = single(output, "S"), hypotheses(output)
+    output = family_runs(family).run("generate:nbest+print-alignment").stdout
+    sources, found = single(output, "S"), hypotheses(output)
     alignments = lines_by_id(output, "A")
     assert sorted(alignments) == list(range(TEST_SENTENCES)), output[-2000:]
     for i, rows in alignments.items():
-        pairs = [tuple(map(int, pair.split("-"))) for pair in rows[0][0].split()]
-        assert [t for _, t in pairs] == list(range(len(best[i][0]))), (i, pairs, best[i][0])
-        assert all(0 <= s < len(sources[i]) for s, _ in pairs), (i, pairs, sources[i])
+        assert len(rows) == len(found[i]) == 3
+        for row, hypothesis in zip(rows, found[i]):
+            pairs = [tuple(map(int, pair.split("-"))) for pair in row[0].split()]
+            assert [t for _, t in pairs] == list(range(len(hypothesis))), (i, pairs, hypothesis)
+            assert all(0 <= s < len(sources[i]) for s, _ in pairs), (i, pairs, sources[i])
 
 
 @family_ids
