@@ -89,12 +89,16 @@ def test_dense_connection_sum_adds_the_layers_own_outputs():
     assert top.item() == 7.0
 
 
-def test_dense_connection_mean_is_the_default_and_averages_the_layers_own_outputs():
+def test_dense_connection_mean_averages_the_layers_own_outputs():
     # O1 = 1, H1 = 1; O2 = L(H1) = 2, H2 = (1 + 2) / 2 = 1.5; O3 = L(H2) = 2.5, H3 = (1 + 2 + 2.5) / 3
-    top, states = DenseConnection(3).run(torch.tensor([0.0]), add_one)
+    top, states = DenseConnection(3, "mean").run(torch.tensor([0.0]), add_one)
     assert [s.item() for s in states] == pytest.approx([0.0, 1.0, 1.5, 5.5 / 3])
     assert top.item() == pytest.approx(5.5 / 3)
-    assert parse_model_args("fusion_transformer").dense_connection == "mean"
+
+
+def test_dense_connection_default_is_layernorm():
+    assert DenseConnection(3).reading == "layernorm"
+    assert parse_model_args("fusion_transformer").dense_connection == "layernorm"
     assert parse_model_args("fusion_transformer", "--dense-connection", "literal").dense_connection == "literal"
 
 
@@ -102,7 +106,7 @@ def test_dense_connection_layernorm_normalises_eq4_without_parameters():
     def output(index, layer_input, states):
         return torch.tensor([1.0, 3.0]) * (index + 1)
 
-    dense = DenseConnection(2, "layernorm")
+    dense = DenseConnection(2)
     assert not list(dense.parameters())
     _, states = dense.run(torch.zeros(2), output)
     assert states[1].tolist() == pytest.approx([-1.0, 1.0], abs=1e-4)  # LN([1, 3])
@@ -110,7 +114,7 @@ def test_dense_connection_layernorm_normalises_eq4_without_parameters():
 
 
 def test_dense_connection_unknown_reading_is_an_error():
-    with pytest.raises(ValueError, match="--dense-connection got 'half'; allowed: mean, literal, sum, layernorm"):
+    with pytest.raises(ValueError, match="--dense-connection got 'half'; allowed: layernorm, literal, sum, mean"):
         DenseConnection(3, "half")
 
 
@@ -122,7 +126,7 @@ def top_decoder_state_norm(model):
     return features.norm(dim=-1).mean().item()
 
 
-@pytest.mark.parametrize("reading,low,high", [("mean", 0.8, 1.2), ("layernorm", 0.8, 1.2), ("literal", 10.0, 64.0)])
+@pytest.mark.parametrize("reading,low,high", [("layernorm", 0.8, 1.2), ("mean", 0.8, 1.2), ("literal", 10.0, 64.0)])
 def test_dense_connection_scale_from_the_same_vanilla_weights(reading, low, high):
     # six decoder layers: the literal sum doubles every layer; the default keeps the vanilla scale
     six = [*TINY, "--encoder-layers", "6", "--decoder-layers", "6"]

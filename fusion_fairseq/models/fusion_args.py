@@ -154,9 +154,9 @@ def add_deep_representation_args(parser):
                             "iterative (Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
     parser.add_argument("--dense-connection", choices=DENSE_CONNECTION_READINGS,
                         metavar="{" + ",".join(DENSE_CONNECTION_READINGS) + "}",
-                        help="reading of Eq. 4 for --aggregate-* dense: the mean of the layers' own outputs "
-                        "(default), Eq. 4 to the letter (sum of the accumulated states, doubling every layer) "
-                        "the plain sum of the layers' own outputs, or Eq. 4 followed by a LayerNorm without parameters")
+                        help="reading of Eq. 4 for --aggregate-* dense: Eq. 4 followed by a LayerNorm without "
+                        "parameters (default), Eq. 4 to the letter (the sum of the accumulated states, doubling every "
+                        "layer), or the sum or the mean of the layers' own outputs")
     parser.add_argument("--aggregation-fn", choices=AGGREGATION_FUNCTIONS, metavar="{sigmoid,relu,attention}",
                         help="the function F inside the aggregation node AGG (Table 4; paper: sigmoid)")
     parser.add_argument("--aggregation-residual", choices=AGGREGATION_RESIDUALS, metavar="{none,top,all}",

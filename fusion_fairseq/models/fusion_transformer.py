@@ -223,10 +223,11 @@ def fusion_defaults(args):
 def deep_representation_defaults(args):
     """Dou et al. (2018): no aggregation unless asked; AGG with sigmoid and residuals from all
     inputs (the paper's choice, Table 4); vanilla self-attention (k = 1); dense connection as
-    the mean of the layers' outputs (see :class:`DenseConnection` for the readings of Eq. 4)."""
+    Eq. 4 followed by a LayerNorm without parameters (see :class:`DenseConnection` for the
+    readings of Eq. 4 and their measurement)."""
     args.aggregate_encoder = getattr(args, "aggregate_encoder", "none")
     args.aggregate_decoder = getattr(args, "aggregate_decoder", "none")
-    args.dense_connection = getattr(args, "dense_connection", "mean")
+    args.dense_connection = getattr(args, "dense_connection", "layernorm")
     args.aggregation_fn = getattr(args, "aggregation_fn", "sigmoid")
     args.aggregation_residual = getattr(args, "aggregation_residual", "all")
     args.multi_layer_attention = getattr(args, "multi_layer_attention", 1)

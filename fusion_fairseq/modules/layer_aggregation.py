@@ -34,7 +34,7 @@ class PlainStack(nn.Module):
         return states[-1], states
 
 
-DENSE_CONNECTION_READINGS = ("mean", "literal", "sum", "layernorm")
+DENSE_CONNECTION_READINGS = ("layernorm", "literal", "sum", "mean")
 
 
 class DenseConnection(PlainStack):
@@ -42,27 +42,33 @@ class DenseConnection(PlainStack):
 
     Paper: Eq. 4 and Table 1 (+0.0M, +0.30 BLEU), fine-tuned from a trained vanilla model.
     With O^l = Layer(H^{l-1}) the layer's own output (fairseq's layer, residual and LayerNorm
-    included), four readings:
+    included), four readings, none with parameters:
 
-    * ``literal``: Eq. 4 to the letter, the sum of the accumulated states H^i. H^l is then
-      2^{l-1} times a layer output's scale: at Transformer-Base, from the same vanilla weights,
-      the top decoder state has norm 429 against 23 and the logits 19 times the vanilla scale.
-    * ``sum``: the sum of the layers' own outputs, H^l = sum_{i=1}^{l} O^i, as DenseNet's
-      "every layer reads every previous layer's features" with addition in place of
-      concatenation; grows l times.
-    * ``mean`` (default): that sum divided by l, H^l = (1/l) sum_{i=1}^{l} O^i, keeping
-      "the state size constant" (Sec. 3.1.1) in scale as well as in width.
-    * ``layernorm``: Eq. 4 to the letter followed by a LayerNorm without parameters (the
-      table's +0.0M), H^l = LN(O^l + sum_{i=1}^{l-1} H^i): the literal direction at the scale
-      of a layer output.
+    * ``layernorm`` (default): Eq. 4 followed by a LayerNorm without parameters,
+      H^l = LN(O^l + sum_{i=1}^{l-1} H^i): the literal direction at a layer output's scale.
+    * ``literal``: Eq. 4 to the letter, the sum of the accumulated states H^i, which doubles
+      every layer (H^l holds 2^{l-2} copies of H^1).
+    * ``sum``: the layers' own outputs summed, H^l = sum_{i=1}^{l} O^i (DenseNet's "every layer
+      reads every earlier layer", by addition); grows l times.
+    * ``mean``: that sum divided by l, H^l = (1/l) sum_{i=1}^{l} O^i.
 
-    Reading: ``mean``, the one that keeps a vanilla checkpoint's scale, so that fine-tuning
-    starts from its predictions (Table 1's models are fine-tuned from one). Figures, from
-    ``scripts/dense_connection_readings.py`` and a Multi30k fine-tuning run, are in
-    examples/deep_representations/README.md ("Dense connection: which reading").
+    Scale, from the same vanilla weights at Transformer-Base (6+6, d = 512, vocabulary 32k,
+    random initialisation, ``python scripts/dense_connection_readings.py``): top decoder state
+    norm vanilla 22.6, literal 434.8, sum 78.5, mean 20.1, layernorm 22.6; logit std 19.17,
+    3.46, 0.89 and 1.00 times the vanilla's.
+
+    Reading: ``layernorm``, the one that fine-tuned best from a trained vanilla model. Multi30k
+    De-En, 3+3 layers, d = 128 (the comparison's small preset), vanilla trained 600 updates
+    (valid NLL 3.954 bits, test BLEU 25.46), then 150 fine-tuning updates per reading, one seed,
+    on a 2-core CPU machine; valid NLL at the start -> after 150 updates, test BLEU (beam 5):
+    literal 9.355 -> 4.094, 24.07; sum 6.880 -> 3.932, 25.62; mean 5.845 -> 4.025, 25.91;
+    layernorm 6.097 -> 3.998, 26.33 (the vanilla model continued: 3.713, 28.94). ``sum`` has
+    the lowest NLL at 3 layers but grows with depth (3.46 times the logit scale at 6 layers);
+    ``layernorm`` has the best BLEU and keeps the scale at any depth. Commands:
+    examples/deep_representations/README.md ("Dense connection: which reading of Eq. 4").
     """
 
-    def __init__(self, num_layers: int, reading: str = "mean"):
+    def __init__(self, num_layers: int, reading: str = "layernorm"):
         super().__init__(num_layers)
         if reading not in DENSE_CONNECTION_READINGS:
             raise ValueError(f"--dense-connection got {reading!r}; allowed: {', '.join(DENSE_CONNECTION_READINGS)}")
@@ -183,7 +189,7 @@ class HierarchicalAggregation(PlainStack):
 
 def build_layer_aggregation(strategy: str, num_layers: int, embed_dim: int, hidden_dim: int,
                             function: str = "sigmoid", residual: str = "all", num_heads: int = 1,
-                            dense_reading: str = "mean") -> PlainStack:
+                            dense_reading: str = "layernorm") -> PlainStack:
     """The stack wiring for ``strategy`` in :data:`AGGREGATION_STRATEGIES`."""
     def make_node(num_inputs: int, top_input: int) -> AggregationNode:
         return AggregationNode(num_inputs, embed_dim, hidden_dim, function, residual, top_input, num_heads)
