@@ -20,9 +20,9 @@ decoding sentences/s (fairseq-generate's summary line). Everything is written un
 and the files ``results.md``/``results.json``; a re-run overwrites only those files it wrote itself
 and never deletes a directory.
 
-    python -m fusion_fairseq.tools.quickstart                                 # synthetic, ~7 min on 2 CPU cores
+    python -m fusion_fairseq.tools.quickstart                                 # synthetic, 392 s on 2 CPU cores
     python -m fusion_fairseq.tools.quickstart --train-size 300 --max-update 20  # smoke run
-    python -m fusion_fairseq.tools.quickstart --data ../shared/data/multi30k/tok --src de --tgt en
+    python -m fusion_fairseq.tools.quickstart --data data/multi30k.de-en/tok --src de --tgt en   # scripts/prepare-multi30k.sh
 
 Defaults (learning rate 1e-3, 150 warm-up updates, 600 updates of 2,048 tokens): at a peak of
 2e-3 or 3e-3 the MLRF model's self-attention fusion over decoder layers puts ~99% of its weight on
