@@ -220,3 +220,38 @@ def test_a_state_dict_loaded_in_code_is_the_callers_initialisation():
     vanilla = build_model("fusion_transformer", *TINY_TRANSFORMER)
     fusion = build_model("fusion_transformer", *TINY_TRANSFORMER, "--fuse-decoder", "sa")
     fusion.load_state_dict(vanilla.state_dict(), strict=True)
+
+
+# --- a dense-connection checkpoint saved before --dense-connection existed -------------------
+
+@pytest.fixture(scope="module")
+def dense_checkpoint_without_reading(tiny_data_bin, tmp_path_factory):
+    """A dense-aggregation checkpoint whose configuration lacks ``dense_connection``, as every
+    one saved before the flag did (their dense layers were Eq. 4 to the letter)."""
+    save_dir = tmp_path_factory.mktemp("dense_old")
+    trained = train(tiny_data_bin, str(save_dir), "fusion_transformer", *TINY_TRANSFORMER,
+                    "--aggregate-encoder", "dense", "--dense-connection", "literal")
+    state = torch.load(trained)
+    del vars(state["cfg"]["model"])["dense_connection"]
+    path = save_dir / "old.pt"
+    torch.save(state, path)
+    return str(path)
+
+
+def test_an_old_dense_checkpoint_is_not_read_as_the_new_default(dense_checkpoint_without_reading):
+    with pytest.raises(ValueError, match=r"--aggregate-encoder dense but no --dense-connection .*'literal'"):
+        checkpoint_utils.load_model_ensemble_and_task([dense_checkpoint_without_reading])
+
+
+def test_an_old_dense_checkpoint_loads_as_trained_with_the_override(dense_checkpoint_without_reading):
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [dense_checkpoint_without_reading], arg_overrides={"dense_connection": "literal"})
+    assert cfg.model.dense_connection == "literal"
+    assert models[0].encoder.aggregation.reading == "literal"
+
+
+def test_a_new_dense_checkpoint_keeps_its_reading(tiny_data_bin, tmp_path):
+    trained = train(tiny_data_bin, str(tmp_path), "fusion_transformer", *TINY_TRANSFORMER,
+                    "--aggregate-encoder", "dense")
+    _, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([trained])
+    assert cfg.model.dense_connection == "layernorm"

@@ -227,10 +227,25 @@ def deep_representation_defaults(args):
     readings of Eq. 4 and their measurement)."""
     args.aggregate_encoder = getattr(args, "aggregate_encoder", "none")
     args.aggregate_decoder = getattr(args, "aggregate_decoder", "none")
-    args.dense_connection = getattr(args, "dense_connection", "layernorm")
+    args.dense_connection = getattr(args, "dense_connection", None) or default_dense_connection(args)
     args.aggregation_fn = getattr(args, "aggregation_fn", "sigmoid")
     args.aggregation_residual = getattr(args, "aggregation_residual", "all")
     args.multi_layer_attention = getattr(args, "multi_layer_attention", 1)
+
+
+def default_dense_connection(args):
+    """``layernorm``, except for a checkpoint loaded for anything but fine-tuning whose
+    configuration has no ``dense_connection`` (saved before the flag existed): its dense layers
+    were trained with Eq. 4 to the letter, and reading them as ``layernorm`` would change the
+    model without a word, so the load is refused with the override that restores them."""
+    dense_sides = [side for side in ("encoder", "decoder") if getattr(args, f"aggregate_{side}") == "dense"]
+    if dense_sides and not may_start_parameters_fresh():
+        raise ValueError(
+            f"the checkpoint's configuration has --aggregate-{dense_sides[0]} dense but no --dense-connection "
+            "(saved before that flag existed, when dense connection was Eq. 4 to the letter); load it with "
+            "--model-overrides \"{'dense_connection': 'literal'}\" to keep what it was trained as"
+        )
+    return "layernorm"
 
 
 def encoder_layer_fusion_defaults(args):
