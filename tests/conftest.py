@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny parallel corpus binarised by fairseq-preprocess, and helpers to run
 fairseq's real command-line entry points with this plugin as ``--user-dir``."""
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -13,6 +14,15 @@ from fusion_fairseq.cli import user_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = user_dir()
+SCRIPTS = os.path.join(REPO_ROOT, "scripts")
+
+
+def load_script(name):
+    """``scripts/NAME.py`` imported as a module, so that tests call its functions directly."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_reversal_corpus(directory, sizes=(("train", 300), ("valid", 30), ("test", 12)), seed=0):

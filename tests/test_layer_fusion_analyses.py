@@ -9,7 +9,6 @@ process (freshly initialised weights: enough for shapes, normalisation and the e
 import argparse
 import ast
 import copy
-import importlib.util
 import json
 import math
 import os
@@ -20,22 +19,13 @@ import torch.nn.functional as F
 from fairseq import checkpoint_utils, tasks
 from fairseq.data import Dictionary
 
-from conftest import TINY_MLRF_FLAGS, USER_DIR, run_cli
+from conftest import REPO_ROOT, TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO_ROOT, "scripts")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_WIDTH_FLAGS = [flag for i, flag in enumerate(TINY_MLRF_FLAGS)
                     if not flag.startswith("--fusion-") and not TINY_MLRF_FLAGS[i - 1].startswith("--fusion-")]
 NUM_ENCODER_LAYERS = 2  # TINY_MLRF_FLAGS: 2 encoder and 2 decoder layers, d = 16
 MASK_ERROR = "--mask-encoder-layer {} does not exist: the encoder has layers 0 (embedding) to 2"
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

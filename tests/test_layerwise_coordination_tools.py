@@ -2,7 +2,6 @@
 Figure 4) and scripts/decoding_cost.py (per-step decoding cost vs source length)."""
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -11,19 +10,11 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from conftest import USER_DIR, run_cli
+from conftest import REPO_ROOT, USER_DIR, load_script, run_cli
 from model_building import parse_model_args
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SOURCE, TARGET = "w3 w17 w5", "W5 W17 W3"
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +11,8 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import REPO_ROOT, load_script
+
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "plot_fusion_attention.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SOURCE, TARGET = "w3 w17 w5", "W5 W17 W3"
@@ -20,10 +20,7 @@ SOURCE, TARGET = "w3 w17 w5", "W5 W17 W3"
 
 @pytest.fixture(scope="module")
 def plot_script():
-    spec = importlib.util.spec_from_file_location("plot_fusion_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("plot_fusion_attention")
 
 
 def load(checkpoint, data_bin):

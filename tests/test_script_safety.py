@@ -1,7 +1,6 @@
 """Scripts never replace a user's files, check their outputs before the work, refuse a
 non-positive --beam / --timeout, and report a damaged checkpoint file in one line naming it."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO_ROOT, "scripts")
+from conftest import SCRIPTS, load_script
+
 RECIPES = {
     "prepare-multi30k.sh": ("de", "en"),
     "prepare-iwslt14.sh": ("de", "en"),
@@ -73,13 +72,6 @@ def test_from_and_dest_the_same_directory_is_refused_even_with_force(tmp_path, f
 
 
 # --- analysis scripts: outputs, --beam, --timeout --------------------------------------------
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def scripts():
