@@ -225,6 +225,7 @@ def check_fusion_args(args):
         value = getattr(args, dest)
         if value not in choices:
             raise ValueError(f"{flag} got {value!r}; allowed: {', '.join(choices)}")
+    check_real_flags(args, REAL_FLAGS)
     reads_every_layer = [
         f"{flag} {getattr(args, dest)}"
         for dest, flag in (("fuse_encoder", "--fuse-encoder"), ("fuse_decoder", "--fuse-decoder"),
@@ -295,7 +296,6 @@ def check_deep_representation_args(args):
 
 
 def check_encoder_layer_fusion_args(args):
-    check_real_flags(args, REAL_FLAGS)
     if tau_error(args.surface_fusion_tau):
         raise ValueError(tau_error(args.surface_fusion_tau))
     if args.layer_attention != "none" and args.fuse_encoder != "none":
@@ -344,7 +344,6 @@ def check_positive_ints(args, table):
 
 def check_mlrf_args(args):
     check_positive_ints(args, POSITIVE_INT_FLAGS)
-    check_real_flags(args, {"fusion_dropout": REAL_FLAGS["fusion_dropout"]})
     for dest, flag in BOOLEAN_FLAGS.items():
         if not isinstance(getattr(args, dest), bool):
             raise ValueError(f"{flag} is a switch: True or False, got {getattr(args, dest)!r}")
