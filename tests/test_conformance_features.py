@@ -58,6 +58,9 @@ GENERATE_FEATURES = {
 }
 NBEST = {"nbest+print-alignment": 3, "sampling-topk": 2}
 SHORT_OUTPUT = ("--max-len-b", "12")  # an untrained model rarely ends early: fairseq's default is 200 tokens
+# data loading in the command's own process: the commands run one after another in one interpreter,
+# where each left-over loader worker would hold up the next command for seconds at shutdown
+IN_PROCESS = ("--num-workers", "0")
 INTERACTIVE_INPUT = "w1 w2 w3\nw4 w5 w6 w7\n"
 CONSTRAINED_INPUT = "w1 w2 w3\tW9 W8\nw4 w5 w6 w7\tW0\n"  # source TAB constraints (target words)
 
@@ -85,17 +88,17 @@ def family_plan(variant: Variant, data_bin: str, save_dir: str) -> List[CliRun]:
     def train(updates: int) -> List[str]:
         return [data_bin, "--user-dir", user_dir(), "--arch", variant.arch, *flags_of(variant),
                 "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", str(updates),
-                "--save-dir", save_dir, "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints"]
+                "--save-dir", save_dir, "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints", *IN_PROCESS]
 
     plan = [CliRun("train", "fairseq_cli.train", train(5))]
     plan += [CliRun(f"generate:{name}", "fairseq_cli.generate",
-                    [data_bin, "--user-dir", user_dir(), "--path", checkpoint, *SHORT_OUTPUT, *flags])
+                    [data_bin, "--user-dir", user_dir(), "--path", checkpoint, *SHORT_OUTPUT, *IN_PROCESS, *flags])
              for name, flags in GENERATE_FEATURES.items()]
     plan.append(CliRun("validate", "fairseq_cli.validate", [
         data_bin, "--user-dir", user_dir(), "--task", "translation", "--path", checkpoint, "--valid-subset", "valid",
-        "--batch-size", "16",
+        "--batch-size", "16", *IN_PROCESS,
     ]))
-    interactive = [data_bin, "--user-dir", user_dir(), "--path", checkpoint, *SHORT_OUTPUT, "--beam", "3",
+    interactive = [data_bin, "--user-dir", user_dir(), "--path", checkpoint, *SHORT_OUTPUT, *IN_PROCESS, "--beam", "3",
                    "--source-lang", "src", "--target-lang", "tgt"]
     plan.append(CliRun("interactive", "fairseq_cli.interactive", interactive, stdin=INTERACTIVE_INPUT))
     plan.append(CliRun("interactive:constraints", "fairseq_cli.interactive", [*interactive, "--constraints"],
