@@ -412,6 +412,11 @@ class CliRun:
     error: Optional[str] = None
 
 
+# Data loading in the command's own process: commands run one after another in one interpreter,
+# where each left-over loader worker would hold up the next command for seconds at its shutdown.
+IN_PROCESS = ("--num-workers", "0")
+
+
 def cli_pipeline(data_bin: str, arch: str, flags: Sequence[str], save_dir: str) -> List[CliRun]:
     """fairseq-train (5 updates) -> fairseq-generate (beam 3) -> fairseq-interactive (beam 3, two
     sentences on stdin), each with ``--user-dir``."""
@@ -420,15 +425,15 @@ def cli_pipeline(data_bin: str, arch: str, flags: Sequence[str], save_dir: str) 
         CliRun("train", "fairseq_cli.train", [
             data_bin, "--user-dir", user_dir(), "--arch", arch, *flags,
             "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", "5",
-            "--save-dir", save_dir, "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints",
+            "--save-dir", save_dir, "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints", *IN_PROCESS,
         ]),
         # fairseq's default --required-batch-size-multiple 8: 8 + 4 test sentences, the last
         # batch kept by the plugin (fairseq_fixes), so all 12 must be translated
         CliRun("generate", "fairseq_cli.generate", [
-            data_bin, "--user-dir", user_dir(), "--path", checkpoint, "--beam", "3",
+            data_bin, "--user-dir", user_dir(), "--path", checkpoint, "--beam", "3", *IN_PROCESS,
         ]),
         CliRun("interactive", "fairseq_cli.interactive", [
-            data_bin, "--user-dir", user_dir(), "--path", checkpoint, "--beam", "3",
+            data_bin, "--user-dir", user_dir(), "--path", checkpoint, "--beam", "3", *IN_PROCESS,
             "--source-lang", "src", "--target-lang", "tgt",
         ], stdin="w1 w2 w3\nw4 w5 w6 w7\n"),
     ]

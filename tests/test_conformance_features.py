@@ -27,6 +27,7 @@ import torch
 
 from conformance_utils import (
     FAMILIES,
+    IN_PROCESS,
     CliRun,
     Variant,
     data_bin_fixture,
@@ -58,9 +59,6 @@ GENERATE_FEATURES = {
 }
 NBEST = {"nbest+print-alignment": 3, "sampling-topk": 2}
 SHORT_OUTPUT = ("--max-len-b", "12")  # an untrained model rarely ends early: fairseq's default is 200 tokens
-# data loading in the command's own process: the commands run one after another in one interpreter,
-# where each left-over loader worker would hold up the next command for seconds at shutdown
-IN_PROCESS = ("--num-workers", "0")
 INTERACTIVE_INPUT = "w1 w2 w3\nw4 w5 w6 w7\n"
 CONSTRAINED_INPUT = "w1 w2 w3\tW9 W8\nw4 w5 w6 w7\tW0\n"  # source TAB constraints (target words)
 
