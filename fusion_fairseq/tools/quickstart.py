@@ -20,7 +20,7 @@ decoding sentences/s (fairseq-generate's summary line). Everything is written un
 and the files ``results.md``/``results.json``; a re-run overwrites only those files it wrote itself
 and never deletes a directory.
 
-    python -m fusion_fairseq.tools.quickstart                                 # synthetic, 392 s on 2 CPU cores
+    python -m fusion_fairseq.tools.quickstart                                 # synthetic, 242 s on 2 CPU cores
     python -m fusion_fairseq.tools.quickstart --train-size 300 --max-update 20  # smoke run
     python -m fusion_fairseq.tools.quickstart --data data/multi30k.de-en/tok --src de --tgt en   # scripts/prepare-multi30k.sh
 
