@@ -8,6 +8,28 @@ check_int() {  # check_int FLAG VALUE MIN
     [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || usage_error "$1: invalid value '$2' (expected an integer >= $3)"
 }
 
+# The options every recipe has, for the last branch of its option loop
+# (`*) take_common_option "$@"; shift "$TAKEN" ;;`): -h/--help, --user-dir, --dry-run, "--" (the
+# rest goes to fairseq-train, in EXTRA) and the positional arguments (POSITIONAL). Sets TAKEN to
+# the number of arguments used.
+take_common_option() {
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --user-dir) need_value "$1" "$#"; USER_DIR=$2; TAKEN=2 ;;
+        --dry-run) DRY_RUN=1; TAKEN=1 ;;
+        --) EXTRA=("${@:2}"); TAKEN=$# ;;
+        -*) usage_error "unknown option $1" ;;
+        *) POSITIONAL+=("$1"); TAKEN=1 ;;
+    esac
+}
+
+# DATA_BIN and VARIANT, the two positional arguments every recipe takes
+take_data_bin_and_variant() {
+    [[ ${#POSITIONAL[@]} -eq 2 ]] || usage_error "expected DATA_BIN and VARIANT, got ${#POSITIONAL[@]} positional argument(s)"
+    DATA_BIN=${POSITIONAL[0]}
+    VARIANT=${POSITIONAL[1]}
+}
+
 # GPUS, when not given: nvidia-smi's count, else 1
 default_gpus() {
     [[ -z "$GPUS" ]] || return 0

@@ -63,23 +63,16 @@ POSITIONAL=()
 EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        -h|--help) usage; exit 0 ;;
         --layers) need_value "$1" "$#"; check_int "$1" "$2" 1; LAYERS=$((10#$2)); shift 2 ;;
         --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;
         --max-tokens) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_TOKENS=$2; shift 2 ;;
         --max-epoch) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_EPOCH=$2; shift 2 ;;
         --patience) need_value "$1" "$#"; check_int "$1" "$2" 1; PATIENCE=$2; shift 2 ;;
         --seed) need_value "$1" "$#"; check_int "$1" "$2" 0; SEED=$2; shift 2 ;;
-        --user-dir) need_value "$1" "$#"; USER_DIR=$2; shift 2 ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        --) shift; EXTRA=("$@"); break ;;
-        -*) usage_error "unknown option $1" ;;
-        *) POSITIONAL+=("$1"); shift ;;
+        *) take_common_option "$@"; shift "$TAKEN" ;;
     esac
 done
-[[ ${#POSITIONAL[@]} -eq 2 ]] || usage_error "expected DATA_BIN and VARIANT, got ${#POSITIONAL[@]} positional argument(s)"
-DATA_BIN=${POSITIONAL[0]}
-VARIANT=${POSITIONAL[1]}
+take_data_bin_and_variant
 [[ -d "$DATA_BIN" ]] || usage_error "DATA_BIN $DATA_BIN: no such directory"
 
 # the joined dictionary: fairseq-preprocess --joined-dictionary writes two identical dict files

@@ -62,23 +62,16 @@ POSITIONAL=()
 EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        -h|--help) usage; exit 0 ;;
         --setting) need_value "$1" "$#"; SETTING=$2; shift 2 ;;
         --stage) need_value "$1" "$#"; STAGE=$2; shift 2 ;;
         --hops) need_value "$1" "$#"; check_int "$1" "$2" 1; HOPS=$((10#$2)); shift 2 ;;
         --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;
         --stage1) need_value "$1" "$#"; STAGE1=$2; shift 2 ;;
         --gpus) need_value "$1" "$#"; check_int "$1" "$2" 1; GPUS=$((10#$2)); shift 2 ;;
-        --user-dir) need_value "$1" "$#"; USER_DIR=$2; shift 2 ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        --) shift; EXTRA=("$@"); break ;;
-        -*) usage_error "unknown option $1" ;;
-        *) POSITIONAL+=("$1"); shift ;;
+        *) take_common_option "$@"; shift "$TAKEN" ;;
     esac
 done
-[[ ${#POSITIONAL[@]} -eq 2 ]] || usage_error "expected DATA_BIN and VARIANT, got ${#POSITIONAL[@]} positional argument(s)"
-DATA_BIN=${POSITIONAL[0]}
-VARIANT=${POSITIONAL[1]}
+take_data_bin_and_variant
 [[ -d "$DATA_BIN" ]] || usage_error "DATA_BIN $DATA_BIN: no such directory"
 [[ "$STAGE" == 1 || "$STAGE" == 2 ]] || usage_error "--stage: invalid value '$STAGE' (expected 1 or 2)"
 

@@ -52,21 +52,14 @@ POSITIONAL=()
 EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        -h|--help) usage; exit 0 ;;
         --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;
         --gpus) need_value "$1" "$#"; check_int "$1" "$2" 1; GPUS=$2; shift 2 ;;
         --max-tokens) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_TOKENS=$2; shift 2 ;;
         --max-update) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_UPDATE=$2; shift 2 ;;
-        --user-dir) need_value "$1" "$#"; USER_DIR=$2; shift 2 ;;
-        --dry-run) DRY_RUN=1; shift ;;
-        --) shift; EXTRA=("$@"); break ;;
-        -*) usage_error "unknown option $1" ;;
-        *) POSITIONAL+=("$1"); shift ;;
+        *) take_common_option "$@"; shift "$TAKEN" ;;
     esac
 done
-[[ ${#POSITIONAL[@]} -eq 2 ]] || usage_error "expected DATA_BIN and VARIANT, got ${#POSITIONAL[@]} positional argument(s)"
-DATA_BIN=${POSITIONAL[0]}
-VARIANT=${POSITIONAL[1]}
+take_data_bin_and_variant
 
 # ---------------------------------------------------------------------------------------------
 # the variant's model flags (every preset already has Transformer-Base dimensions and dropout 0.3)
