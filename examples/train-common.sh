@@ -8,6 +8,12 @@ check_int() {  # check_int FLAG VALUE MIN
     [[ "$2" =~ ^[0-9]+$ ]] && (( 10#$2 >= $3 )) || usage_error "$1: invalid value '$2' (expected an integer >= $3)"
 }
 
+# what take_common_option sets, before the recipe's option loop
+USER_DIR=""
+DRY_RUN=0
+POSITIONAL=()
+EXTRA=()
+
 # The options every recipe has, for the last branch of its option loop
 # (`*) take_common_option "$@"; shift "$TAKEN" ;;`): -h/--help, --user-dir, --dry-run, "--" (the
 # rest goes to fairseq-train, in EXTRA) and the positional arguments (POSITIONAL). Sets TAKEN to

@@ -52,10 +52,6 @@ VANILLA=""
 GPUS=""
 MAX_TOKENS=4096
 MAX_UPDATE=100000
-USER_DIR=""
-DRY_RUN=0
-POSITIONAL=()
-EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;

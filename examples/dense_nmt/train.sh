@@ -44,10 +44,6 @@ source "$REPO_ROOT/examples/train-common.sh"
 
 EMBED=""
 SAVE_ROOT=checkpoints/densenmt
-USER_DIR=""
-DRY_RUN=0
-POSITIONAL=()
-EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --embed) need_value "$1" "$#"; check_int "$1" "$2" 1; EMBED=$((10#$2)); shift 2 ;;

@@ -57,10 +57,6 @@ MAX_TOKENS=2048
 MAX_EPOCH=100
 PATIENCE=10
 SEED=1
-USER_DIR=""
-DRY_RUN=0
-POSITIONAL=()
-EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --layers) need_value "$1" "$#"; check_int "$1" "$2" 1; LAYERS=$((10#$2)); shift 2 ;;

@@ -56,10 +56,6 @@ HOPS=4
 SAVE_ROOT=""
 STAGE1=""
 GPUS=""
-USER_DIR=""
-DRY_RUN=0
-POSITIONAL=()
-EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --setting) need_value "$1" "$#"; SETTING=$2; shift 2 ;;

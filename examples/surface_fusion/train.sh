@@ -46,10 +46,6 @@ SAVE_ROOT=checkpoints/surface-fusion-wmt16-ro-en
 GPUS=""
 MAX_TOKENS=4096
 MAX_UPDATE=60000
-USER_DIR=""
-DRY_RUN=0
-POSITIONAL=()
-EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;
