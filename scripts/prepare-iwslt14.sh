@@ -10,7 +10,6 @@
 # Expected sizes on the real data: 160239 train / 7283 valid / 6750 test sentence pairs.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 IWSLT14_URL="${IWSLT14_URL:-https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}"
 TEST_SETS=(IWSLT14.TED.dev2010 IWSLT14.TEDX.dev2012 IWSLT14.TED.tst2010 IWSLT14.TED.tst2011 IWSLT14.TED.tst2012)

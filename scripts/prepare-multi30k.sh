@@ -4,7 +4,6 @@
 # Splits: train (29k) / val (1014) -> valid / test_2016_flickr (1000) -> test.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 MULTI30K_URL="${MULTI30K_URL:-https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw}"
 LANGS=(en de fr cs)

@@ -10,7 +10,6 @@
 # Cased (no lowercasing), as the WMT14 papers; newstest2014 has 3003 sentence pairs.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 WMT14_EUROPARL_URL="${WMT14_EUROPARL_URL:-http://statmt.org/wmt13/training-parallel-europarl-v7.tgz}"
 WMT14_COMMONCRAWL_URL="${WMT14_COMMONCRAWL_URL:-http://statmt.org/wmt13/training-parallel-commoncrawl.tgz}"

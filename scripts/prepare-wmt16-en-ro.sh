@@ -8,7 +8,6 @@
 #   (ratio 1.5, 1..250 tokens, as clean-corpus-n.perl); fairseq-preprocess (joined dictionary). Cased.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prepare-outputs.sh"
 
 WMT16_EUROPARL_URL="${WMT16_EUROPARL_URL:-http://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz}"
 WMT16_SETIMES_URL="${WMT16_SETIMES_URL:-https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip}"
