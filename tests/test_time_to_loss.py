@@ -52,9 +52,10 @@ def test_a_log_without_validation_is_refused(tmp_path):
 
 
 def test_recipe_trains_both_models_and_reports(tiny_joined_data_bin, tmp_path):
-    out = tmp_path / "out"
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    cwd.mkdir()
     result = subprocess.run(["bash", RECIPE, tiny_joined_data_bin, str(out)], capture_output=True, text=True,
-                            timeout=900, env={**os.environ, "MAX_UPDATE": "4", "VALID_EVERY": "2", "MAX_TOKENS": "300",
+                            cwd=cwd, timeout=900, env={**os.environ, "MAX_UPDATE": "4", "VALID_EVERY": "2", "MAX_TOKENS": "300",
                                               "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "target: the reference's best validation NLL" in result.stdout
@@ -63,6 +64,10 @@ def test_recipe_trains_both_models_and_reports(tiny_joined_data_bin, tmp_path):
     assert residual["reference"] and residual["updates_to_target"] is not None
     assert sorted(map(int, residual["curve"])) == [2, 4] and sorted(map(int, dense["curve"])) == [2, 4]
     assert "FConvModel" in (out / "residual.log").read_text() and "DenseFConvModel" in (out / "dense.log").read_text()
+    # each model probes its own save directory inside OUT: the two concurrent runs sharing fairseq's
+    # default ./checkpoints raced on its probe file (FileNotFoundError: 'checkpoints/dummy')
+    assert list(cwd.iterdir()) == []
+    assert {p.name for p in out.glob("checkpoints-*")} == {"checkpoints-residual", "checkpoints-dense"}
 
 
 def test_recipe_refuses_a_directory_without_data(tmp_path):

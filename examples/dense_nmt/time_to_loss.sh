@@ -26,7 +26,10 @@ mkdir -p "$OUT"
 
 train() {  # name, model flags...
   local name=$1; shift
+  # --no-save still probes the save directory (writes and deletes a file there): one per model, inside
+  # OUT, so the two concurrent runs never race on it and nothing lands in the caller's directory.
   OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" "$@" \
+    --save-dir "$OUT/checkpoints-$name" \
     --optimizer nag --momentum 0.99 --lr 0.25 --clip-norm 0.1 \
     --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.1 \
     --dropout 0.2 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
