@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 
+import numpy as np
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -463,6 +464,25 @@ def test_mlrf_recipe_stage_1_is_the_papers_mle_training(tmp_path):
     assert args.save_dir == "checkpoints/mlrf-iwslt-de-en/both-fnn-sa/stage1" and args.finetune_from_model is None
 
 
+def sentences_per_update(args, gpus):
+    """What fairseq's batching makes of the recipe's --batch-size on ``gpus`` GPUs, for a long run of
+    sentences of equal length."""
+    from fairseq.data import data_utils
+
+    batches = data_utils.batch_by_size(np.arange(1000), lambda i: 10, max_sentences=args.batch_size,
+                                       required_batch_size_multiple=args.required_batch_size_multiple)
+    return len(batches[0]) * gpus
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8, 16])
+def test_mlrf_recipe_updates_see_the_papers_80_and_32_sentences_on_any_gpu_count(gpus, tmp_path):
+    """80/4 = 20 sentences a GPU would be rounded down to 16 by fairseq's default
+    --required-batch-size-multiple 8: 64 sentences an update instead of 80."""
+    stage_1 = parsed_recipe("mlrf", tmp_path, "both-fnn-sa", "--gpus", str(gpus))
+    stage_2 = parsed_recipe("mlrf", tmp_path, "both-fnn-sa", "--gpus", str(gpus), "--stage", "2")
+    assert (sentences_per_update(stage_1, gpus), sentences_per_update(stage_2, gpus)) == (80, 32)
+
+
 def test_mlrf_recipe_stage_2_restarts_adam_from_stage_1(tmp_path):
     """Then "we restart Adam and continue the training for additional 20 epochs with a fixed learning
     rate 5e-5 and a smaller mini-batch of 32": the stage 1 weights with a fresh optimiser, schedule,
@@ -533,6 +553,10 @@ def test_dense_nmt_recipe_is_the_papers_training_setting(variant, arch, flags, t
     assert (args.optimizer, args.lr, args.momentum, args.lr_scheduler, args.lr_shrink, args.stop_min_lr) == \
         ("nag", [0.25], 0.99, "reduce_lr_on_plateau", 0.1, 1e-4)
     assert args.criterion == "cross_entropy" and args.batch_size == (48 if "en-de" in variant or variant == "convs2s" else 32)
+    # one GPU: on more, every GPU would take a batch of its own and multiply the paper's (fairseq's
+    # default world size is the visible GPU count, so the command itself must say it)
+    words = train_recipe("dense_nmt", tmp_path, variant).stdout.split()
+    assert words[words.index("--distributed-world-size") + 1] == "1" and args.distributed_world_size == 1
 
 
 def test_dense_nmt_recipe_baselines_are_the_residual_convs2s(tmp_path):

@@ -14,7 +14,7 @@ Usage: $PROG DATA_BIN VARIANT [options] [-- extra fairseq-train arguments]
 
 Train one model of Shen et al. (2018): NAG, lr 0.25, shrunk by 10 whenever the validation loss stops
 improving, stopped below lr 1e-4; batches of 32 sentences (IWSLT14 De-En, Turkish-English) or 48
-(WMT14 En-De); decode with beam 5 (README.md).
+(WMT14 En-De), on one GPU; decode with beam 5 (README.md).
 
 VARIANT (IWSLT14 De-En / Tr-En, embedding 256):
   4l-2 | 4l-1        DenseNMT-4L-2 / -4L-1 (Table 1): growth 128, DenseAtt-2 / DenseAtt-1
@@ -96,6 +96,9 @@ COMMAND=(
     --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.1 --stop-min-lr 1e-4
     --dropout 0.2 --criterion cross_entropy
     --batch-size "$BATCH"
+    # one GPU, as the paper (its speeds are on a single M40): fairseq would otherwise train on every
+    # visible GPU, each with its own batch of 32 (48), which multiplies the paper's batch
+    --distributed-world-size 1
     --save-dir "$SAVE_DIR" --keep-last-epochs 5
     --log-format simple --log-interval 100
     "${EXTRA[@]}"

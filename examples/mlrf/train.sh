@@ -129,6 +129,8 @@ COMMAND=(
     "${MODEL[@]}"
     --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-9 --clip-norm 0.0 --weight-decay 0.0
     "${SCHEDULE[@]}"
+    # fairseq rounds a GPU's batch down to a multiple of 8 by default: 80/4 = 20 would give 16
+    --required-batch-size-multiple 1
     --criterion cross_entropy
     --save-dir "$SAVE_DIR" --keep-last-epochs 5
     --log-format simple --log-interval 100
