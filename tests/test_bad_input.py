@@ -146,6 +146,11 @@ def test_dense_models_check_dropout(arch):
     (["--surface-fusion", "soft", "--surface-fusion-lambda", "0.5"],
      "--surface-fusion-lambda 0.5: only hard SurfaceFusion (Eq. 6) interpolates, and --surface-fusion is soft"),
     (["--surface-fusion-lambda", "0.5"], "--surface-fusion is none"),
+    (["--fuse-encoder", "avg", "--fusion-no-layer-embedding"],
+     "--fusion-no-layer-embedding: only self-attention and FNN fusion read the layer embedding, "
+     "and --fuse-encoder/--fuse-decoder are avg/none"),
+    (["--aggregate-encoder", "linear", "--dense-connection", "sum"],
+     "--dense-connection sum: it reads dense aggregation, and --aggregate-encoder/--aggregate-decoder are linear/none"),
 ])
 def test_idle_fusion_flags_are_warned_about(caplog, flags, warning):
     build_model("fusion_transformer", *TINY, *flags)
@@ -156,6 +161,7 @@ def test_idle_fusion_flags_are_warned_about(caplog, flags, warning):
 @pytest.mark.parametrize("flags", [
     [], ["--fuse-decoder", "sa", "--fusion-hops", "2"], ["--layer-attention", "fine", "--layer-attention-dropconnect", "0.5"],
     ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.5"], ["--fusion-hops", "4"],
+    ["--fuse-encoder", "fnn", "--fusion-no-layer-embedding"], ["--aggregate-decoder", "dense", "--dense-connection", "sum"],
 ])
 def test_flags_in_use_give_no_warning(caplog, flags):
     build_model("fusion_transformer", *TINY, *flags)

@@ -257,6 +257,12 @@ def unused_fusion_flags(args):
     if args.surface_fusion_lambda != 0.8 and args.surface_fusion != "hard":
         unused.append(f"--surface-fusion-lambda {args.surface_fusion_lambda}: only hard SurfaceFusion (Eq. 6) "
                       f"interpolates, and --surface-fusion is {args.surface_fusion}")
+    if args.fusion_no_layer_embedding and not {"sa", "fnn"} & {args.fuse_encoder, args.fuse_decoder}:
+        unused.append("--fusion-no-layer-embedding: only self-attention and FNN fusion read the layer embedding, "
+                      f"and --fuse-encoder/--fuse-decoder are {args.fuse_encoder}/{args.fuse_decoder}")
+    if args.dense_connection != "layernorm" and "dense" not in (args.aggregate_encoder, args.aggregate_decoder):
+        unused.append(f"--dense-connection {args.dense_connection}: it reads dense aggregation, and "
+                      f"--aggregate-encoder/--aggregate-decoder are {args.aggregate_encoder}/{args.aggregate_decoder}")
     if args.surface_fusion_variant != "paper" and args.surface_fusion == "none":
         unused.append(f"--surface-fusion-variant {args.surface_fusion_variant}: it changes SurfaceFusion, and "
                       "--surface-fusion is none")
