@@ -600,7 +600,7 @@ def test_dense_nmt_recipe_small_embeddings(tmp_path):
 
 def test_deep_representations_recipe_has_the_papers_88m_transformer_base(tmp_path):
     """Dou et al. Table 1: Transformer-Base has 88.0M parameters: source, target and softmax matrices
-    of their own (all shared: about 61M); 88.0M with about 28.6K BPE types per side."""
+    of their own (all shared: about 61M); 88.1M (88,068,096) with 28.6K BPE types per side."""
     from model_building import build_model, count_parameters
 
     args = parsed_recipe("deep_representations", tmp_path, "vanilla", "--gpus", "1")
