@@ -19,15 +19,18 @@ class LayerAttention(nn.Module):
 
     DropConnect (Wan et al., 2013), p = 0.3 in the paper: "randomly drops each w_{m,n,d} with a
     probability p and divides W by 1 - p". Reading: the dropped elements are those of the
-    learnable W, i.e. the logits w~ before the softmax, as the authors' released code does;
-    the softmax then renormalises, so the weights over encoder layers always sum to 1 in
-    training as in evaluation. Dropping the normalised weights instead leaves sums anywhere
-    from 0 up (std about 0.25 at p = 0.3) and zeroes the embedding layer on 30% of steps.
+    learnable W, i.e. the logits w~ before the softmax, as the authors' released code does
+    under its ``--ta-dropconnect`` flag; the softmax then renormalises, so the weights over
+    encoder layers always sum to 1 in training as in evaluation. Dropping the normalised weights
+    instead (the released code without that flag, its default, with p = 0.1) leaves sums
+    anywhere from 0 up (std about 0.25 at p = 0.3) and zeroes the embedding layer on 30% of steps.
     Reading: the initial logits are zero, i.e. every decoder layer starts from the uniform
     average of the encoder layers (the paper does not state an initialisation; a dropped zero
-    logit is still zero, so DropConnect acts only once the logits have moved away from 0).
-    Unlike the released code, no LayerNorm and no dropout is applied to the fused memory S_m:
-    the paper's Sec. 3.2 gives S_m as the weighted sum alone.
+    logit is still zero, so DropConnect acts only once the logits have moved away from 0). The
+    released code draws them from U(-r, r), r = sqrt(2 / (M + N + 1)).
+    Unlike the released code, nothing is applied around the weighted sum: the paper's Sec. 3.2
+    gives S_m as the weighted sum alone and X_0 as the word embedding. The released code adds a
+    LayerNorm and dropout on S_m, and dropout, word dropout and a LayerNorm on X_0.
 
     ``masked_layer`` (analysis, Sec. 3.3 / Figure 2): that encoder layer's weight is set to zero
     and the others are renormalised (exactly w_n / (1 - w_masked)); encoding is unchanged.
