@@ -14,6 +14,7 @@ the same thing twice are refused with an error (see ``fusion_args.check_fusion_a
 import logging
 from typing import Optional
 
+import torch
 from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
@@ -22,7 +23,7 @@ from fusion_fairseq.checkpoint_safety import (
     missing_parameters_error,
     require_literal_transformer_config,
 )
-from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
+from fusion_fairseq.modules import FeedForwardFusion, LayerAttention, SurfaceFusion, build_layer_fusion
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
@@ -50,7 +51,8 @@ def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
     """The layer embedding E of MLRF Eq. 4, one table for encoder and decoder ("we use a shared
     layer embedding for the encoder and the decoder"), initialised from U(-0.1, 0.1) (Sec. 4.2).
     Rows cover h0..hL of the deepest side that uses self-attention or FNN fusion (Table 4
-    ablates the layer embedding for Enc-FNN)."""
+    ablates the layer embedding for Enc-FNN). An FNN fusion saved before it read this table loads
+    as the function it was trained as (:func:`upgrade_fnn_layer_embedding`)."""
     sides = [side for side in ("encoder", "decoder") if getattr(args, f"fuse_{side}") in ("sa", "fnn")]
     if not sides or args.fusion_no_layer_embedding:
         return None
@@ -115,6 +117,63 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
     )
 
 
+def fusion_function_key(prefix: str, side: str, parameter: str) -> str:
+    return f"{prefix}{side}.output_fusion.function.{parameter}"
+
+
+def fusion_functions_reading_layer_embedding(model):
+    """``{side: fusion function}`` for the sides whose fusion reads the shared layer embedding."""
+    functions = {}
+    for side in ("encoder", "decoder"):
+        fusion = getattr(model, side).output_fusion
+        if fusion is not None and getattr(fusion.function, "layer_embedding", None) is not None:
+            functions[side] = fusion.function
+    return functions
+
+
+def upgrade_fnn_layer_embedding(model, state_dict, prefix):
+    """Load an FNN fusion saved before it read the shared layer embedding E of MLRF Eq. 4 as the
+    function it was trained as, phi(Z) = FNN([z^1; ...; z^L]) (:class:`FeedForwardFusion` adds E's
+    rows to the layers before concatenating them, so a zero E computes exactly that):
+      * when no fusion of the checkpoint holds E (Enc-FNN, Dec-FNN, Both-FNN), E is loaded as zeros;
+      * when self-attention fusion on the other side holds a trained E (Both-FNN-SA), E cannot be
+        zero for one side only, so the FNN fusion reads no layer embedding (the table keeps the
+        checkpoint's rows, h0..hL of the self-attention side), and a checkpoint saved from this
+        model is read the same way again.
+    Only an FNN fusion whose own weights are in the checkpoint is completed: a checkpoint without
+    them is left as it is (refused by the strict load, or by the vanilla-checkpoint rule of
+    ``upgrade_state_dict_named``)."""
+    readers = fusion_functions_reading_layer_embedding(model)
+    table_keys = {side: fusion_function_key(prefix, side, "layer_embedding.weight") for side in readers}
+    stale = [side for side, function in readers.items() if isinstance(function, FeedForwardFusion)
+             and fusion_function_key(prefix, side, "ffn.fc1.weight") in state_dict
+             and table_keys[side] not in state_dict]
+    if not stale:
+        return
+    trained = [key for key in table_keys.values() if key in state_dict]
+    if trained:
+        detach_fnn_layer_embedding(readers, stale, state_dict[trained[0]].shape)
+        logger.warning("checkpoint has no %s (saved before FNN fusion read the layer embedding) and its "
+                       "self-attention fusion's table is trained: that FNN fusion reads no layer embedding, the "
+                       "function it was trained as", ", ".join(table_keys[side] for side in stale))
+        return
+    zeros = torch.zeros_like(readers[stale[0]].layer_embedding.weight)
+    for key in table_keys.values():
+        state_dict[key] = zeros
+    logger.warning("checkpoint has no %s (saved before FNN fusion read the layer embedding): loaded as "
+                   "zeros: the function it was trained as", ", ".join(table_keys.values()))
+
+
+def detach_fnn_layer_embedding(readers, fnn_sides, trained_shape):
+    """The FNN fusions of ``fnn_sides`` read no layer embedding; the table, left to the other
+    side's self-attention fusion, takes the ``trained_shape`` its checkpoint has."""
+    for side, function in readers.items():
+        if side in fnn_sides:
+            function.layer_embedding = None
+        elif function.layer_embedding.weight.shape != trained_shape:
+            function.layer_embedding = nn.Embedding(*trained_shape).to(function.layer_embedding.weight)
+
+
 @register_model("fusion_transformer")
 class FusionTransformerModel(TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
@@ -172,10 +231,12 @@ class FusionTransformerModel(TransformerModel):
         in code); any other (fairseq-generate with fusion switched on by --model-overrides,
         resuming from another configuration's checkpoint_last.pt) raises an error naming the
         missing parameters. A checkpoint with some fusion parameters is left as it is, so a mismatched
-        fusion configuration still fails the strict load, naming the keys."""
+        fusion configuration still fails the strict load, naming the keys; the one exception is an
+        FNN fusion saved before it read the layer embedding (:func:`upgrade_fnn_layer_embedding`)."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if any(is_fusion_parameter(key) for key in state_dict):
+            upgrade_fnn_layer_embedding(self, state_dict, prefix)
             return
         fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}
         if fresh and not may_start_parameters_fresh():
