@@ -113,6 +113,9 @@ def test_a_vanishing_temperature_is_refused(capsys):
      "--mask-encoder-layer must be an integer, got '2'"),
     ({"dropout": 1.5}, "--dropout must be in [0, 1), got 1.5"),
     ({"attention_dropout": -0.1}, "--attention-dropout must be in [0, 1), got -0.1"),
+    # compared with a number before they were type-checked: a bare TypeError
+    ({"multi_layer_attention": "2"}, "--multi-layer-attention must be a positive integer, got '2'"),
+    ({"decoder_layerdrop": "0.1"}, "--decoder-layerdrop must be a number in [0, 1), got '0.1'"),
 ])
 def test_wrong_types_from_model_overrides_are_named(changes, message):
     """--model-overrides values reach the checks untyped: a ValueError naming the flag, no TypeError."""

@@ -70,6 +70,7 @@ REAL_FLAGS = {
 }
 DROPOUT_FLAGS = {"dropout": "--dropout", "attention_dropout": "--attention-dropout",
                  "activation_dropout": "--activation-dropout"}
+LAYERDROP_FLAGS = {"encoder_layerdrop": "--encoder-layerdrop", "decoder_layerdrop": "--decoder-layerdrop"}
 BOOLEAN_FLAGS = {
     "fusion_independent_w1": "--fusion-independent-w1",
     "fusion_no_embedding_layer": "--fusion-no-embedding-layer",
@@ -225,7 +226,11 @@ def check_fusion_args(args):
         value = getattr(args, dest)
         if value not in choices:
             raise ValueError(f"{flag} got {value!r}; allowed: {', '.join(choices)}")
+    # every value's type before any comparison: --model-overrides can hand in text
     check_real_flags(args, REAL_FLAGS)
+    check_real_flags(args, {dest: (flag, PROBABILITY) for dest, flag in LAYERDROP_FLAGS.items()})
+    check_positive_ints(args, POSITIVE_INT_FLAGS)
+    check_switches(args, BOOLEAN_FLAGS)
     reads_every_layer = [
         f"{flag} {getattr(args, dest)}"
         for dest, flag in (("fuse_encoder", "--fuse-encoder"), ("fuse_decoder", "--fuse-decoder"),
@@ -348,11 +353,15 @@ def check_positive_ints(args, table):
             raise ValueError(positive_int_error(flag, value))
 
 
-def check_mlrf_args(args):
-    check_positive_ints(args, POSITIVE_INT_FLAGS)
-    for dest, flag in BOOLEAN_FLAGS.items():
+def check_switches(args, table):
+    """Raise ``ValueError`` for the first value of ``table`` (dest -> flag) that is not True or
+    False: a text such as 'yes' from --model-overrides would otherwise read as True."""
+    for dest, flag in table.items():
         if not isinstance(getattr(args, dest), bool):
             raise ValueError(f"{flag} is a switch: True or False, got {getattr(args, dest)!r}")
+
+
+def check_mlrf_args(args):
     with_layer_embedding = ("sa", "fnn")
     if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
             and not args.fusion_no_layer_embedding:
