@@ -22,12 +22,17 @@ TINY_FCONV = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--decod
 TABLE = "output_fusion.function.layer_embedding.weight"
 
 
-def train(data_bin, save_dir, arch, *flags):
-    run_cli(
+def train_log(data_bin, save_dir, arch, *flags, updates=2):
+    result = run_cli(
         "fairseq_cli.train", data_bin, "--user-dir", USER_DIR, "--arch", arch, *flags,
-        "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", "2",
+        "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", str(updates),
         "--save-dir", save_dir, "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints",
     )
+    return result.stdout + result.stderr
+
+
+def train(data_bin, save_dir, arch, *flags):
+    train_log(data_bin, save_dir, arch, *flags)
     return f"{save_dir}/checkpoint_last.pt"
 
 
@@ -115,21 +120,30 @@ def test_an_fnn_fusion_saved_without_layer_embedding_loads_as_trained(vanilla_ch
 
 
 @pytest.mark.parametrize("name", ["Enc-FNN", "Dec-FNN", "Both-FNN"])
-def test_without_self_attention_fusion_the_fnn_layer_embedding_loads_as_zeros(vanilla_checkpoint, tmp_path, caplog, name):
+def test_an_old_fnn_fusion_computes_what_a_zero_layer_embedding_does(vanilla_checkpoint, tmp_path, caplog, name):
     config = MLRF_CONFIGURATIONS[name]
     model = build_from(vanilla_checkpoint, **config)
     old = save_with_model(vanilla_checkpoint, tmp_path / "old.pt",
                           saved_before_fnn_read_the_layer_embedding(model, config), **config)
     with caplog.at_level(logging.WARNING, logger="fusion_fairseq"):
         models, _ = checkpoint_utils.load_model_ensemble([old])
-    side = fnn_sides(config)[0]
-    assert not getattr(models[0], side).output_fusion.function.layer_embedding.weight.any()
-    assert "zeros: the function it was trained as" in caplog.text
+    assert "as if it were zeros: the function it was trained as" in caplog.text
+    assert not any("layer_embedding" in key for key in models[0].state_dict())  # the parameters it was saved with
 
     zeroed = build_from(vanilla_checkpoint, **config)
     with torch.no_grad():
-        getattr(zeroed, side).output_fusion.function.layer_embedding.weight.zero_()
+        getattr(zeroed, fnn_sides(config)[0]).output_fusion.function.layer_embedding.weight.zero_()
     assert torch.equal(translate_scores(models[0]), translate_scores(zeroed))
+
+
+def test_training_resumes_from_an_fnn_fusion_saved_without_layer_embedding(tiny_data_bin, tmp_path):
+    """Enc-FNN trained with no layer embedding has the parameters an FNN fusion had before it read
+    one; fairseq-train resumes from its checkpoint_last.pt, optimizer state included."""
+    flags = [*TINY_TRANSFORMER, "--fuse-encoder", "fnn"]
+    train(tiny_data_bin, str(tmp_path), "fusion_transformer", *flags, "--fusion-no-layer-embedding")
+    log = train_log(tiny_data_bin, str(tmp_path), "fusion_transformer", *flags, updates=4)
+    assert f"checkpoint has no encoder.{TABLE}" in log
+    assert torch.load(tmp_path / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 4
 
 
 def test_a_new_fnn_checkpoint_keeps_its_layer_embedding(vanilla_checkpoint, tmp_path):
@@ -138,11 +152,13 @@ def test_a_new_fnn_checkpoint_keeps_its_layer_embedding(vanilla_checkpoint, tmp_
     new = save_with_model(vanilla_checkpoint, tmp_path / "new.pt", model.state_dict(), **config)
     models, _ = checkpoint_utils.load_model_ensemble([new])
     assert torch.equal(translate_scores(models[0]), translate_scores(model))
-    assert models[0].encoder.output_fusion.function.layer_embedding is models[0].decoder.output_fusion.function.layer_embedding
+    encoder, decoder = (getattr(models[0], side).output_fusion.function for side in ("encoder", "decoder"))
+    assert encoder.layer_embedding is decoder.layer_embedding
 
 
 def test_a_vanilla_checkpoint_with_fnn_fusion_switched_on_is_still_refused(vanilla_checkpoint):
-    with pytest.raises(MissingParametersError, match=r"the checkpoint has no fusion parameters .*encoder\.output_fusion\."):
+    with pytest.raises(MissingParametersError,
+                       match=r"the checkpoint has no fusion parameters .*encoder\.output_fusion\."):
         checkpoint_utils.load_model_ensemble([vanilla_checkpoint], arg_overrides={"fuse_encoder": "fnn"})
 
 

@@ -14,7 +14,6 @@ the same thing twice are refused with an error (see ``fusion_args.check_fusion_a
 import logging
 from typing import Optional
 
-import torch
 from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
@@ -52,7 +51,7 @@ def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
     layer embedding for the encoder and the decoder"), initialised from U(-0.1, 0.1) (Sec. 4.2).
     Rows cover h0..hL of the deepest side that uses self-attention or FNN fusion (Table 4
     ablates the layer embedding for Enc-FNN). An FNN fusion saved before it read this table loads
-    as the function it was trained as (:func:`upgrade_fnn_layer_embedding`)."""
+    without it, the function it was trained as (:func:`upgrade_fnn_layer_embedding`)."""
     sides = [side for side in ("encoder", "decoder") if getattr(args, f"fuse_{side}") in ("sa", "fnn")]
     if not sides or args.fusion_no_layer_embedding:
         return None
@@ -133,13 +132,14 @@ def fusion_functions_reading_layer_embedding(model):
 
 def upgrade_fnn_layer_embedding(model, state_dict, prefix):
     """Load an FNN fusion saved before it read the shared layer embedding E of MLRF Eq. 4 as the
-    function it was trained as, phi(Z) = FNN([z^1; ...; z^L]) (:class:`FeedForwardFusion` adds E's
-    rows to the layers before concatenating them, so a zero E computes exactly that):
-      * when no fusion of the checkpoint holds E (Enc-FNN, Dec-FNN, Both-FNN), E is loaded as zeros;
-      * when self-attention fusion on the other side holds a trained E (Both-FNN-SA), E cannot be
-        zero for one side only, so the FNN fusion reads no layer embedding (the table keeps the
-        checkpoint's rows, h0..hL of the self-attention side), and a checkpoint saved from this
-        model is read the same way again.
+    function it was trained as, phi(Z) = FNN([z^1; ...; z^L]): that FNN fusion reads no layer
+    embedding, which :class:`FeedForwardFusion` computes exactly as a zero E (it adds E's rows to
+    the layers before concatenating them).
+    Reading: no E rather than a zero E, because the other side's self-attention fusion may hold a
+    trained E in the checkpoint (Both-FNN-SA), which one shared table cannot also be zero for; and
+    so that the model has the parameters it was saved with (fairseq-train resumes its optimizer
+    state) and a checkpoint saved from it is read the same way again. What is left of E keeps the
+    checkpoint's rows (h0..hL of the self-attention side).
     Only an FNN fusion whose own weights are in the checkpoint is completed: a checkpoint without
     them is left as it is (refused by the strict load, or by the vanilla-checkpoint rule of
     ``upgrade_state_dict_named``)."""
@@ -150,28 +150,15 @@ def upgrade_fnn_layer_embedding(model, state_dict, prefix):
              and table_keys[side] not in state_dict]
     if not stale:
         return
-    trained = [key for key in table_keys.values() if key in state_dict]
-    if trained:
-        detach_fnn_layer_embedding(readers, stale, state_dict[trained[0]].shape)
-        logger.warning("checkpoint has no %s (saved before FNN fusion read the layer embedding) and its "
-                       "self-attention fusion's table is trained: that FNN fusion reads no layer embedding, the "
-                       "function it was trained as", ", ".join(table_keys[side] for side in stale))
-        return
-    zeros = torch.zeros_like(readers[stale[0]].layer_embedding.weight)
-    for key in table_keys.values():
-        state_dict[key] = zeros
-    logger.warning("checkpoint has no %s (saved before FNN fusion read the layer embedding): loaded as "
-                   "zeros: the function it was trained as", ", ".join(table_keys.values()))
-
-
-def detach_fnn_layer_embedding(readers, fnn_sides, trained_shape):
-    """The FNN fusions of ``fnn_sides`` read no layer embedding; the table, left to the other
-    side's self-attention fusion, takes the ``trained_shape`` its checkpoint has."""
+    for side in stale:
+        readers.pop(side).layer_embedding = None
     for side, function in readers.items():
-        if side in fnn_sides:
-            function.layer_embedding = None
-        elif function.layer_embedding.weight.shape != trained_shape:
-            function.layer_embedding = nn.Embedding(*trained_shape).to(function.layer_embedding.weight)
+        saved_shape = state_dict[table_keys[side]].shape if table_keys[side] in state_dict else None
+        if saved_shape is not None and function.layer_embedding.weight.shape != saved_shape:
+            function.layer_embedding = nn.Embedding(*saved_shape).to(function.layer_embedding.weight)
+    logger.warning("checkpoint has no %s (saved before FNN fusion read the layer embedding): that FNN fusion reads "
+                   "none, as if it were zeros: the function it was trained as",
+                   ", ".join(table_keys[side] for side in stale))
 
 
 @register_model("fusion_transformer")
