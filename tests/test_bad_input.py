@@ -154,6 +154,17 @@ def test_dense_models_check_dropout(arch):
      "and --fuse-encoder/--fuse-decoder are avg/none"),
     (["--aggregate-encoder", "linear", "--dense-connection", "sum"],
      "--dense-connection sum: it reads dense aggregation, and --aggregate-encoder/--aggregate-decoder are linear/none"),
+    (["--fusion-independent-w1"], "--fusion-independent-w1: only self-attention fusion has W1 (Eq. 5), and "
+                                  "--fuse-encoder/--fuse-decoder are none/none"),
+    (["--fuse-decoder", "avg", "--fusion-attn-dim", "32"], "--fusion-attn-dim 32: only self-attention fusion"),
+    (["--fusion-ffn-dim", "24"], "--fusion-ffn-dim 24: only FNN and self-attention fusion have a fusion FNN"),
+    (["--fusion-dropout", "0.5"], "--fusion-dropout 0.5: only FNN and self-attention fusion"),
+    (["--fusion-no-layernorm"], "--fusion-no-layernorm: it acts on layer fusion"),
+    (["--fusion-no-embedding-layer"], "--fusion-no-embedding-layer: it acts on layer fusion"),
+    (["--aggregate-encoder", "dense", "--aggregation-fn", "relu"],
+     "--aggregation-fn relu: only iterative and hierarchical aggregation and multi-layer attention"),
+    (["--aggregation-residual", "top"], "--aggregation-residual top: only iterative and hierarchical"),
+    (["--surface-fusion-tau", "3"], "--surface-fusion-tau 3.0: it is SurfaceFusion's temperature, and --surface-fusion is none"),
 ])
 def test_idle_fusion_flags_are_warned_about(caplog, flags, warning):
     build_model("fusion_transformer", *TINY, *flags)
@@ -165,9 +176,18 @@ def test_idle_fusion_flags_are_warned_about(caplog, flags, warning):
     [], ["--fuse-decoder", "sa", "--fusion-hops", "2"], ["--layer-attention", "fine", "--layer-attention-dropconnect", "0.5"],
     ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.5"], ["--fusion-hops", "4"],
     ["--fuse-encoder", "fnn", "--fusion-no-layer-embedding"], ["--aggregate-decoder", "dense", "--dense-connection", "sum"],
+    ["--fuse-decoder", "avg", "--fusion-no-layernorm", "--fusion-ffn-dim", "32"],  # 2 x 16: the default
+    ["--aggregate-decoder", "hierarchical", "--aggregation-fn", "relu"], ["--surface-fusion", "soft", "--surface-fusion-tau", "3"],
 ])
 def test_flags_in_use_give_no_warning(caplog, flags):
     build_model("fusion_transformer", *TINY, *flags)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_presets_own_values_are_not_taken_for_idle_flags(caplog):
+    """mlrf_nist_zh_en sets independent W1 and its own fusion sizes; its baseline (no fusion) gives
+    no warning for what the user never passed."""
+    build_model("mlrf_nist_zh_en", "--fuse-decoder", "none")
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 

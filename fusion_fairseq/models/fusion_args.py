@@ -250,27 +250,78 @@ def check_fusion_args(args):
     warn_unused_fusion_flags(args)
 
 
+def _fusion_sides(args):
+    return f"--fuse-encoder/--fuse-decoder are {args.fuse_encoder}/{args.fuse_decoder}"
+
+
+def _aggregation_sides(args):
+    return f"--aggregate-encoder/--aggregate-decoder are {args.aggregate_encoder}/{args.aggregate_decoder}"
+
+
+def _fuses_with(args, *functions):
+    return bool(set(functions) & {args.fuse_encoder, args.fuse_decoder})
+
+
+def _has_aggregation_nodes(args):
+    return bool({"iterative", "hierarchical"} & {args.aggregate_encoder, args.aggregate_decoder}) \
+        or args.multi_layer_attention > 1
+
+
+# dest -> (what reads it, whether this configuration does, the configuration that says it does not)
+IDLE_FLAG_RULES = {
+    "fusion_hops": ("only self-attention fusion (--fuse-encoder/--fuse-decoder sa) has hops",
+                    lambda a: _fuses_with(a, "sa"), _fusion_sides),
+    "fusion_attn_dim": ("only self-attention fusion has an attention FNN (Eq. 5)",
+                        lambda a: _fuses_with(a, "sa"), _fusion_sides),
+    "fusion_independent_w1": ("only self-attention fusion has W1 (Eq. 5)", lambda a: _fuses_with(a, "sa"), _fusion_sides),
+    "fusion_ffn_dim": ("only FNN and self-attention fusion have a fusion FNN",
+                       lambda a: _fuses_with(a, "fnn", "sa"), _fusion_sides),
+    "fusion_dropout": ("only FNN and self-attention fusion have a fusion FNN",
+                       lambda a: _fuses_with(a, "fnn", "sa"), _fusion_sides),
+    "fusion_no_layer_embedding": ("only self-attention and FNN fusion read the layer embedding",
+                                  lambda a: _fuses_with(a, "fnn", "sa"), _fusion_sides),
+    "fusion_no_layernorm": ("it acts on layer fusion", lambda a: _fuses_with(a, "avg", "fnn", "sa"), _fusion_sides),
+    "fusion_no_embedding_layer": ("it acts on layer fusion", lambda a: _fuses_with(a, "avg", "fnn", "sa"), _fusion_sides),
+    "aggregation_fn": ("only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes",
+                       _has_aggregation_nodes, _aggregation_sides),
+    "aggregation_residual": ("only iterative and hierarchical aggregation and multi-layer attention have aggregation "
+                             "nodes", _has_aggregation_nodes, _aggregation_sides),
+    "dense_connection": ("it reads dense aggregation", lambda a: "dense" in (a.aggregate_encoder, a.aggregate_decoder),
+                         _aggregation_sides),
+    "layer_attention_dropconnect": ("it drops layer-attention weights", lambda a: a.layer_attention != "none",
+                                    lambda a: f"--layer-attention is {a.layer_attention}"),
+    "surface_fusion_lambda": ("only hard SurfaceFusion (Eq. 6) interpolates", lambda a: a.surface_fusion == "hard",
+                              lambda a: f"--surface-fusion is {a.surface_fusion}"),
+    "surface_fusion_tau": ("it is SurfaceFusion's temperature", lambda a: a.surface_fusion != "none",
+                           lambda a: f"--surface-fusion is {a.surface_fusion}"),
+    "surface_fusion_variant": ("it changes SurfaceFusion", lambda a: a.surface_fusion != "none",
+                               lambda a: f"--surface-fusion is {a.surface_fusion}"),
+}
+
+
+def architecture_default(args, dest):
+    """The value the architecture gives ``dest`` by itself (its function of fairseq's
+    ARCH_CONFIG_REGISTRY run on a copy of ``args`` without ``dest``), so that a preset's own
+    value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    fill_defaults = ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None), ARCH_CONFIG_REGISTRY["fusion_transformer"])
+    probe = argparse.Namespace(**{key: value for key, value in vars(args).items() if key != dest})
+    fill_defaults(probe)
+    return getattr(probe, dest)
+
+
 def unused_fusion_flags(args):
     """The fusion flags that do nothing in this configuration although they hold a value other
-    than their default (at its default a flag does nothing either way), each with the reason."""
+    than the architecture's own (at that value a flag does nothing either way), each with the reason."""
     unused = []
-    if args.fusion_hops != 4 and "sa" not in (args.fuse_encoder, args.fuse_decoder):
-        unused.append(f"--fusion-hops {args.fusion_hops}: only self-attention fusion (--fuse-encoder/--fuse-decoder sa) has hops")
-    if args.layer_attention_dropconnect != 0.3 and args.layer_attention == "none":
-        unused.append(f"--layer-attention-dropconnect {args.layer_attention_dropconnect}: "
-                      "it drops layer-attention weights and --layer-attention is none")
-    if args.surface_fusion_lambda != 0.8 and args.surface_fusion != "hard":
-        unused.append(f"--surface-fusion-lambda {args.surface_fusion_lambda}: only hard SurfaceFusion (Eq. 6) "
-                      f"interpolates, and --surface-fusion is {args.surface_fusion}")
-    if args.fusion_no_layer_embedding and not {"sa", "fnn"} & {args.fuse_encoder, args.fuse_decoder}:
-        unused.append("--fusion-no-layer-embedding: only self-attention and FNN fusion read the layer embedding, "
-                      f"and --fuse-encoder/--fuse-decoder are {args.fuse_encoder}/{args.fuse_decoder}")
-    if args.dense_connection != "layernorm" and "dense" not in (args.aggregate_encoder, args.aggregate_decoder):
-        unused.append(f"--dense-connection {args.dense_connection}: it reads dense aggregation, and "
-                      f"--aggregate-encoder/--aggregate-decoder are {args.aggregate_encoder}/{args.aggregate_decoder}")
-    if args.surface_fusion_variant != "paper" and args.surface_fusion == "none":
-        unused.append(f"--surface-fusion-variant {args.surface_fusion_variant}: it changes SurfaceFusion, and "
-                      "--surface-fusion is none")
+    for dest, (reader, in_use, configuration) in IDLE_FLAG_RULES.items():
+        value = getattr(args, dest)
+        if in_use(args) or value == architecture_default(args, dest):
+            continue
+        flag = "--" + dest.replace("_", "-")
+        given = flag if isinstance(value, bool) else f"{flag} {value}"
+        unused.append(f"{given}: {reader}, and {configuration(args)}")
     return unused
 
 
