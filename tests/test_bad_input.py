@@ -224,6 +224,8 @@ def test_build_time_errors_print_one_line(tiny_data_bin, tmp_path, flags, messag
 @pytest.mark.parametrize("arch,changes,message", [
     ("layerwise_coordination", {"embed_dim": "512"}, "--embed-dim must be a positive integer, got '512'"),
     ("layerwise_coordination", {"layers": 2.0}, "--layers must be a positive integer, got 2.0"),
+    # a text switch read as True, then a strict-load size mismatch
+    ("layerwise_coordination", {"no_layer_sharing": "yes"}, "--no-layer-sharing is a switch: True or False, got 'yes'"),
     ("dense_fconv", {"embed_bottleneck_dim": "64"}, "--embed-bottleneck-dim must be a positive integer, got '64'"),
     ("dense_fconv", {"growth_dim": "64"}, "--growth-dim must be a positive integer, got '64'"),
     ("dense_transformer", {"summary_every": "5"}, "--summary-every must be 0 (no summary layers) or >= 2"),

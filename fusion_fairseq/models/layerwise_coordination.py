@@ -28,11 +28,14 @@ from .fusion_args import (
     PROBABILITY,
     check_dropout_args,
     check_positive_ints,
+    check_switches,
     positive_int,
     real_in_range,
 )
 
 SOURCE, TARGET = 0, 1
+SWITCHES = ("normalize_before", "no_scale_embedding", "no_layer_sharing", "no_mixed_attention",
+            "no_language_embedding", "no_position_embedding")
 
 
 class CoordinationEmbedding(nn.Module):
@@ -233,6 +236,7 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         check_dropout_args(args)  # values read from a checkpoint or --model-overrides
         check_positive_ints(args, {"layers": "--layers", "embed_dim": "--embed-dim",
                                    "ffn_embed_dim": "--ffn-embed-dim", "attention_heads": "--attention-heads"})
+        check_switches(args, {dest: "--" + dest.replace("_", "-") for dest in SWITCHES})
         if task.source_dictionary != task.target_dictionary:
             raise ValueError(
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
