@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 import fusion_fairseq
 from conftest import TINY_MLRF_FLAGS
 from fusion_fairseq.cli import user_dir
+from fusion_fairseq.models import activation_checkpointing
 
 TOLERANCE = 1e-5
 
@@ -236,10 +237,10 @@ class SavedActivationBytes:
     """Counts the bytes of the tensors autograd keeps for backward while the context is open
     (each storage once, parameters excluded): the activation memory that is live when backward
     starts, i.e. the peak that activation checkpointing lowers. fairseq's re-entrant checkpoint
-    saves a layer's inputs only (the layer runs without autograd); torch's non-re-entrant one
-    drops what is saved inside its region, to be recomputed in backward. Not seen by the hooks:
-    the inputs a non-re-entrant region keeps for that recomputation (one tensor per checkpointed
-    layer), so there the count is a lower bound."""
+    saves a layer's inputs only (the layer runs without autograd), which the hooks see; torch's
+    non-re-entrant one (the plugin's ``call_checkpointed``) drops what is saved inside its
+    region and keeps the region's inputs for the recomputation outside autograd's saved
+    tensors, so those inputs are counted where the plugin hands them to torch's checkpoint."""
 
     def __init__(self, model):
         self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -251,17 +252,27 @@ class SavedActivationBytes:
             self.storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
+    def checkpoint_counting_inputs(self, function, *args, **kwargs):
+        for value in [*args, *kwargs.values()]:
+            for tensor in value if isinstance(value, (list, tuple)) else [value]:
+                if torch.is_tensor(tensor):
+                    self.pack(tensor)
+        return self.checkpoint(function, *args, **kwargs)
+
     @property
     def total(self) -> int:
         return sum(self.storages.values())
 
     def __enter__(self):
+        self.checkpoint = activation_checkpointing.checkpoint
+        activation_checkpointing.checkpoint = self.checkpoint_counting_inputs
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor)
         self.hooks.__enter__()
         return self
 
     def __exit__(self, *exc):
         self.hooks.__exit__(*exc)
+        activation_checkpointing.checkpoint = self.checkpoint
 
 
 def training_step(model, batch, seed: int = 7):
