@@ -3,7 +3,7 @@
 source sentence grows (He et al., NeurIPS 2018).
 
     python scripts/decoding_cost.py [--lengths 8,16,32,64,128] [--steps 32] [--repeats 5] \\
-        [--clock wall|process] [--threads 1] [--json cost.json] [--markdown cost.md]
+        [--clock wall|process] [--threads 1] [--json cost.json] [--markdown cost.md] [--force]
 
 Why: in layer-wise coordination every one of the N (paper: 14) target layers attends, at every
 decoding step, to the source states of the layer below, in one softmax with the preceding target
@@ -81,13 +81,17 @@ Training tokens/s and decoding sentences/s against the vanilla Transformer are m
 project's general benchmark (``fusion_fairseq/tools/benchmark.py``); this script only scans the source
 length.
 
+``--json`` and ``--markdown`` are checked before any measurement: their directory must exist, and
+an existing file is replaced only when it is this script's earlier output (marked
+``"written_by": "fusion-fairseq decoding_cost.py"``; the Markdown in a first-line comment), any
+other file only with ``--force``.
+
 Exit status: 0; 1 when the structural check fails; 2 on bad settings (the message names the flag).
 """
 
 import argparse
 import contextlib
 import io
-import json
 import os
 import platform
 import shlex
@@ -110,6 +114,13 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 import fusion_fairseq  # noqa: E402,F401  (registers the plugin's models)
+from fusion_fairseq.tools.analysis import (  # noqa: E402
+    UsageError,
+    add_force_argument,
+    check_outputs,
+    write_json,
+    write_markdown,
+)
 
 PROG = "decoding_cost.py"
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
@@ -183,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output tokens of the (untimed) structural-check runs")
     parser.add_argument("--json", metavar="OUT", help="write the settings, environment and every number as JSON")
     parser.add_argument("--markdown", metavar="OUT", help="write the tables as Markdown")
+    add_force_argument(parser)
     return parser
 
 
@@ -647,19 +659,16 @@ def format_markdown(result) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
+        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)], script=PROG)
         result = run(args)
-    except CostError as error:
+    except (CostError, UsageError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     print(format_text(result))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, result, PROG)
     if args.markdown:
-        with open(args.markdown, "w") as handle:
-            handle.write(format_markdown(result))
-        print(f"wrote {args.markdown}")
+        write_markdown(args.markdown, format_markdown(result), PROG)
     return 0 if result["structure_passed"] else 1
 
 

@@ -72,6 +72,7 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     load_checkpoint_state,
     model_from_state,
     run_main,
+    save_figure,
     use_agg_backend,
     write_json,
 )
@@ -83,6 +84,7 @@ import matplotlib.ticker  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+PROG = "embedding_analysis.py"
 MATRICES = ("encoder", "decoder", "output")
 
 
@@ -289,7 +291,7 @@ def run_spectrum(args) -> Dict:
     print(f"wrote {args.out}")
     result = {"threshold": args.threshold, "x_axis": args.x_axis, "curves": curves}
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, result, PROG)
     return result
 
 
@@ -320,7 +322,7 @@ def plot_spectrum(curves: List[Dict], args):
     ax.grid(True, which="major", linewidth=0.3)
     ax.tick_params(which="both", labelsize=7)
     ax.legend(fontsize=7)
-    fig.savefig(args.out, dpi=args.dpi)
+    save_figure(fig, args.out, PROG, dpi=args.dpi)
     plt.close(fig)
 
 
@@ -428,19 +430,19 @@ def run_cosine(args) -> Dict:
                   f"e.g. {', '.join(r['oov_examples'][:5])}")
     result = {"dict": args.dict, "pair_lines": lines, "pairs": len(pairs), "rows": rows}
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, result, PROG)
     return result
 
 
 def run(args) -> Dict:
     inputs = [("--path", path) for path in args.path] + [("--dict", getattr(args, "dict", None))]
-    check_outputs(args, [("--out", getattr(args, "out", None)), ("--json", args.json)], inputs)
+    check_outputs(args, [("--out", getattr(args, "out", None)), ("--json", args.json)], inputs, script=PROG)
     return run_spectrum(args) if args.command == "spectrum" else run_cosine(args)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    return run_main(run, args, f"embedding_analysis.py {args.command}")
+    return run_main(run, args, f"{PROG} {args.command}")
 
 
 if __name__ == "__main__":

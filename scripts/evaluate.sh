@@ -31,15 +31,17 @@ Usage: $PROG DATA_BIN CHECKPOINT [options] [-- extra fairseq-generate arguments]
                        papers and fairseq's get_compound_split_bleu.sh (default: on for WMT14 En-De)
   --no-compound-split
   --out DIR            where to keep the outputs (default: CHECKPOINT_DIR/eval-SUBSET-beamN)
+  --force              replace outputs in an --out DIR that an earlier run of this script did not write
+                       (default: refuse before any work; its own earlier outputs are replaced)
   -h, --help           this help
 
 Outputs in DIR: generate-SUBSET.txt (fairseq-generate), hyp.tok (BPE removed, original order), hyp.detok,
-bleu.txt and scores.json.
+bleu.txt and scores.json; .written_by marks DIR as written by $PROG.
 EOF
 }
 
 DATA="" CKPT="" USER_DIR="" SUBSET=test BEAM=5 LENPEN=1.0 BATCH=128 MAXTOK="" SRC="" TGT="" REF="" TOKREF=""
-LOWER="" COMPOUND="" OUT=""
+LOWER="" COMPOUND="" OUT="" FORCE=0
 EXTRA=()
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
@@ -66,6 +68,7 @@ while [[ $# -gt 0 ]]; do
         --compound-split) COMPOUND=1; shift ;;
         --no-compound-split) COMPOUND=0; shift ;;
         --out) need_value "$1" "$#" "${2:-}"; OUT=$2; shift 2 ;;
+        --force) FORCE=1; shift ;;
         --) shift; EXTRA=("$@"); break ;;
         -*) usage_error "unknown option '$1' (fairseq-generate options go after --)" ;;
         *) if [[ -z "$DATA" ]]; then DATA=$1; elif [[ -z "$CKPT" ]]; then CKPT=$1
@@ -106,7 +109,9 @@ if [[ -z "$LOWER" ]]; then LOWER=$(recipe_get LOWERCASE); LOWER=${LOWER:-0}; fi
 if [[ -z "$COMPOUND" ]]; then COMPOUND=$(recipe_get COMPOUND_SPLIT); COMPOUND=${COMPOUND:-0}; fi
 
 OUT=${OUT:-$(dirname "$CKPT")/eval-$SUBSET-beam$BEAM}
-mkdir -p "$OUT"
+check_out_dir "$FORCE" --out "$OUT" "generate-$SUBSET.txt" "generate-$SUBSET.log" hyp.tok hyp.detok ref.fairseq.tok \
+    bleu.txt scores.json
+stamp_out_dir "$OUT"
 GEN="$OUT/generate-$SUBSET.txt"
 
 args=("$DATA" --path "$CKPT" --gen-subset "$SUBSET" --source-lang "$SRC" --target-lang "$TGT"

@@ -66,6 +66,7 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     positive,
     read_checkpoint,
     run_main,
+    save_figure,
     use_agg_backend,
     write_json,
 )
@@ -76,6 +77,7 @@ use_agg_backend()
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+PROG = "mask_encoder_layers.py"
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
 LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")
 FORBIDDEN_FORWARDED = {
@@ -312,7 +314,7 @@ def plot(rows: List[Dict], metric: str, title: str, out: str, dpi: int):
         pad = 0.15 * (high - low) or 1.0
         ax.set_ylim(low - pad, high + pad)
     fig.suptitle(title, fontsize=8)
-    fig.savefig(out, dpi=dpi)
+    save_figure(fig, out, PROG, dpi=dpi)
     plt.close(fig)
 
 
@@ -330,7 +332,7 @@ def check_kept_outputs(args) -> None:
 
 
 def run(args) -> Dict:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)], script=PROG)
     check_kept_outputs(args)
     check_data_dir(args.data)
     kind, num_encoder_layers = encoder_layer_range(args.path)
@@ -395,12 +397,12 @@ def run(args) -> Dict:
              f"({kind_name} layer attention), {args.gen_subset}, beam {args.beam}", args.out, args.dpi)
         print(f"wrote {args.out}")
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, result, PROG)
     return result
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_main(run, parse_args(argv), "mask_encoder_layers.py")
+    return run_main(run, parse_args(argv), PROG)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     model_args,
     model_from_state,
     run_main,
+    save_figure,
     use_agg_backend,
     write_json,
 )
@@ -60,6 +61,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+PROG = "plot_layer_attention.py"
 KIND_NAMES = {
     "coarse": "coarse-grained layer attention (one weight per decoder/encoder layer pair)",
     "fine": "fine-grained layer attention",
@@ -190,12 +192,12 @@ def plot(matrix: np.ndarray, dec_labels: List[str], enc_labels: List[str], layou
     colorbar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
     colorbar.set_label("weight", fontsize=8)
     colorbar.ax.tick_params(labelsize=7)
-    fig.savefig(out, dpi=dpi)
+    save_figure(fig, out, PROG, dpi=dpi)
     plt.close(fig)
 
 
 def run(args) -> dict:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)], script=PROG)
     overrides = {"mask_encoder_layer": None}  # the stored weights, whatever the checkpoint was saved with
     state = load_checkpoint_state(args.path, args.data, overrides, args.user_dir)
     margs = model_args(state)
@@ -243,12 +245,12 @@ def run(args) -> dict:
         if args.per_dim:
             result["weights_per_dim"] = weights.tolist()
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, result, PROG)
     return result
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_main(run, parse_args(argv), "plot_layer_attention.py")
+    return run_main(run, parse_args(argv), PROG)
 
 
 if __name__ == "__main__":

@@ -222,6 +222,31 @@ tokenize_files() {
 
 count_lines() { wc -l < "$1" | tr -d ' '; }
 
+# check_out_dir FORCE FLAG DIR NAME...: called before any work by a script that writes the files
+# NAME... into the directory DIR (its FLAG, e.g. --out; made if missing). A DIR holding any of them
+# is refused unless it carries this script's stamp (stamp_out_dir: DIR is the script's own earlier
+# output, a rerun replaces it) or FORCE is 1 (--force), naming what it would replace. Other files
+# in DIR are never touched.
+OUT_DIR_STAMP=.written_by
+check_out_dir() {
+    local force=$1 flag=$2 dir=$3 name found=()
+    shift 3
+    [[ ! -e "$dir" || -d "$dir" ]] || usage_error "$flag '$dir' is not a directory"
+    [[ "$(cat "$dir/$OUT_DIR_STAMP" 2>/dev/null)" == "fusion-fairseq $PROG" ]] && return 0
+    for name in "$@" "$OUT_DIR_STAMP"; do
+        [[ -e "$dir/$name" ]] && found+=("$name")
+    done
+    if (( ${#found[@]} > 0 && ! force )); then
+        usage_error "$flag '$dir' holds files that $PROG did not write: ${found[*]}; pass --force to replace" \
+            "them, or give another $flag"
+    fi
+    return 0
+}
+
+stamp_out_dir() {  # stamp_out_dir DIR: make DIR and mark it as this script's output (see check_out_dir)
+    mkdir -p "$1" && printf 'fusion-fairseq %s\n' "$PROG" > "$1/$OUT_DIR_STAMP"
+}
+
 report_done() {  # report_done DATABIN TEXTDIR SRC TGT
     local databin=$1 text=$2 src=$3 tgt=$4 s
     log "done."

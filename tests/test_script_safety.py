@@ -1,6 +1,7 @@
 """Scripts never replace a user's files, check their outputs before the work, refuse a
 non-positive --beam / --timeout, and report a damaged checkpoint file in one line naming it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -104,37 +105,101 @@ ALL_SCRIPTS = ["mask_encoder_layers", "plot_layer_attention", "plot_fusion_atten
                "embedding_analysis", "plot_mixed_attention"]
 
 
+def users_figure(path, **savefig_options):
+    """A figure the user made with matplotlib (no mark of any script)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.plot([0, 1])
+    fig.savefig(path, **savefig_options)
+    plt.close(fig)
+    return path
+
+
 @pytest.mark.parametrize("name", ALL_SCRIPTS)
 @pytest.mark.parametrize("flag", ["--out", "--json"])
-def test_existing_outputs_are_refused_before_the_work(scripts, capsys, tmp_path, name, flag):
-    """A checkpoint that does not exist shows that the check comes first: nothing is loaded."""
-    existing = tmp_path / "mine.png"
-    existing.write_bytes(b"my figure")
+def test_a_users_file_is_refused_before_the_work(scripts, capsys, tmp_path, name, flag):
+    """A user's own figure or JSON (valid files of the kind the flag writes) is kept byte for
+    byte; a checkpoint that does not exist shows that the check comes first: nothing is loaded."""
+    existing = users_figure(tmp_path / "fig.png") if flag == "--out" else tmp_path / "config.json"
+    if flag == "--json":
+        existing.write_text('{"lr": 0.0005, "rows": []}\n')
+    before = existing.read_bytes()
     other = ["--out", tmp_path / "new.png"] if flag == "--json" else []
     code, err = run(scripts, capsys, name, *required_arguments(name, tmp_path / "missing.pt", tmp_path),
                     flag, existing, *other)
-    kind = "JSON" if flag == "--json" else "figure"
     assert code == 2
-    assert err.strip() == f"{err.split(':')[0]}: error: {flag} {existing} exists and is no earlier {kind} output; " \
-                          "pass --force to replace it, or give another name"
-    assert existing.read_bytes() == b"my figure"
+    assert err.strip() == f"{err.split(':')[0]}: error: {flag} {existing} exists and was not written by " \
+                          f"{name}.py; pass --force to replace it, or give another name"
+    assert existing.read_bytes() == before
 
 
-@pytest.mark.parametrize("flag,content,replaced", [
-    ("--out", b"\x89PNG\r\n\x1a\n...", True), ("--out", b"%PDF-1.4 ...", True), ("--out", b"my notes", False),
-    ("--json", b'{"rows": []}', True), ("--json", b"w1 w2 w3", False), ("--json", b"", False),
-])
-def test_only_an_earlier_output_is_replaced_without_force(tmp_path, flag, content, replaced):
-    from fusion_fairseq.tools.analysis import UsageError, check_outputs
+FIGURE_FORMATS = ["png", "pdf", "svg", "svgz", "ps", "eps"]
 
-    existing = tmp_path / "output"
-    existing.write_bytes(content)
-    if replaced:
-        check_outputs(SimpleNamespace(force=False), [(flag, str(existing))])
-    else:
-        with pytest.raises(UsageError, match="exists and is no earlier"):
-            check_outputs(SimpleNamespace(force=False), [(flag, str(existing))])
-    check_outputs(SimpleNamespace(force=True), [(flag, str(existing))])
+
+def check(path, script="plot_layer_attention.py", force=False):
+    from fusion_fairseq.tools.analysis import check_outputs
+
+    check_outputs(SimpleNamespace(force=force), [("--out", str(path))], script=script)
+
+
+@pytest.mark.parametrize("extension", FIGURE_FORMATS)
+def test_a_figure_is_replaced_without_force_only_when_the_script_wrote_it(tmp_path, extension):
+    import matplotlib.pyplot as plt
+
+    from fusion_fairseq.tools.analysis import UsageError, file_mark, save_figure
+
+    ours, users = tmp_path / f"ours.{extension}", users_figure(tmp_path / f"users.{extension}")
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.plot([0, 1])
+    save_figure(fig, str(ours), "plot_layer_attention.py", dpi=50)
+    plt.close(fig)
+    assert file_mark(str(ours)) == "fusion-fairseq plot_layer_attention.py"
+    check(ours)
+    for refused in ({"path": users}, {"path": ours, "script": "plot_fusion_attention.py"}):
+        with pytest.raises(UsageError, match="exists and was not written by .*; pass --force to replace it"):
+            check(**refused)
+        check(**refused, force=True)
+
+
+def test_json_and_markdown_are_replaced_without_force_only_when_the_script_wrote_them(tmp_path, capsys):
+    from fusion_fairseq.tools.analysis import UsageError, check_outputs, file_mark, write_json, write_markdown
+
+    ours_json, ours_md = tmp_path / "ours.json", tmp_path / "ours.md"
+    write_json(str(ours_json), {"rows": [1]}, "decoding_cost.py")
+    write_markdown(str(ours_md), "# Table\n", "decoding_cost.py")
+    assert json.loads(ours_json.read_text()) == {"written_by": "fusion-fairseq decoding_cost.py", "rows": [1]}
+    assert ours_md.read_text() == "<!-- written_by: fusion-fairseq decoding_cost.py -->\n# Table\n"
+    assert file_mark(str(ours_json)) == file_mark(str(ours_md)) == "fusion-fairseq decoding_cost.py"
+    outputs = [("--json", str(ours_json)), ("--markdown", str(ours_md))]
+    check_outputs(SimpleNamespace(force=False), outputs, script="decoding_cost.py")
+    users = {"config.json": b'{"rows": []}', "other_script.json": b'{"written_by": "fusion-fairseq plot_layer_attention.py"}',
+             "notes.md": b"# my notes\n", "empty.json": b"", "text.json": b"w1 w2 w3"}
+    for name, content in users.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(UsageError, match=f"--json .*{name} exists and was not written by decoding_cost.py"):
+            check_outputs(SimpleNamespace(force=False), [("--json", str(tmp_path / name))], script="decoding_cost.py")
+        assert (tmp_path / name).read_bytes() == content
+    with pytest.raises(UsageError, match="was not written by fusion-fairseq-benchmark"):
+        check_outputs(SimpleNamespace(force=False), outputs, script="fusion-fairseq-benchmark")
+
+
+def test_a_script_reruns_into_its_own_outputs_without_force(scripts, capsys, tiny_mlrf_checkpoint, tiny_data_bin,
+                                                            tmp_path):
+    figure, weights = tmp_path / "fig.png", tmp_path / "weights.json"
+    argv = [*required_arguments("plot_fusion_attention", tiny_mlrf_checkpoint, tiny_data_bin),
+            "--out", figure, "--json", weights]
+    for _ in range(2):
+        code, err = run(scripts, capsys, "plot_fusion_attention", *argv)
+        assert code == 0, err
+    assert json.loads(weights.read_text())["written_by"] == "fusion-fairseq plot_fusion_attention.py"
+    from PIL import Image
+
+    with Image.open(figure) as image:
+        assert image.info["Software"] == "fusion-fairseq plot_fusion_attention.py"
 
 
 @pytest.mark.parametrize("name", ["mask_encoder_layers", "plot_layer_attention", "plot_fusion_attention"])
@@ -169,6 +234,108 @@ def test_non_positive_beam_and_timeout_are_refused(scripts, capsys, tmp_path, na
     code, err = run(scripts, capsys, name, *required_arguments(name, tmp_path / "ckpt.pt", tmp_path), flag, value)
     kind = "number" if flag == "--timeout" else "integer"
     assert code == 2 and f"argument {flag}: {flag} must be a positive {kind}, got '{value}'" in err
+
+
+# --- measurements: decoding_cost.py, the benchmark -------------------------------------------
+
+class Measured(Exception):
+    """Raised in place of the measurement: the output checks let it start."""
+
+
+def measurement_refused(main, measure, monkeypatch, capsys, argv):
+    """Exit status and stderr of ``main(argv)`` with ``measure`` replaced by :class:`Measured`
+    (None, None when the checks let the measurement start)."""
+    def measure_nothing(*args, **kwargs):
+        raise Measured
+
+    monkeypatch.setattr(*measure, measure_nothing)
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    except Measured:
+        return None, None
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def decoding_cost():
+    return load_script("decoding_cost")
+
+
+def measurements(decoding_cost):
+    from fusion_fairseq.tools import benchmark
+
+    return {"decoding_cost.py": (decoding_cost.main, (decoding_cost, "run")),
+            "fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"))}
+
+
+@pytest.mark.parametrize("script", ["decoding_cost.py", "fusion-fairseq-benchmark"])
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_measurements_check_their_outputs_first(decoding_cost, monkeypatch, capsys, tmp_path, script, flag):
+    from fusion_fairseq.tools.analysis import write_json, write_markdown
+
+    main, measure = measurements(decoding_cost)[script]
+    missing = tmp_path / "nonexistent" / "x.out"
+    code, err = measurement_refused(main, measure, monkeypatch, capsys, [flag, missing])
+    assert code == 2 and err.strip().splitlines()[-1] == \
+        f"{script}: error: {flag} {missing}: the directory {missing.parent} does not exist"
+    users = tmp_path / "mine.out"
+    users.write_text('{"my": "settings"}\n')
+    code, err = measurement_refused(main, measure, monkeypatch, capsys, [flag, users])
+    assert code == 2 and err.strip().splitlines()[-1] == \
+        f"{script}: error: {flag} {users} exists and was not written by {script}; pass --force to replace it, " \
+        "or give another name"
+    assert users.read_text() == '{"my": "settings"}\n'
+    assert measurement_refused(main, measure, monkeypatch, capsys, [flag, users, "--force"]) == (None, None)
+    ours = tmp_path / "ours.out"
+    (write_json if flag == "--json" else write_markdown)(str(ours), {} if flag == "--json" else "", script)
+    assert measurement_refused(main, measure, monkeypatch, capsys, [flag, ours]) == (None, None)
+
+
+# --- evaluate.sh ------------------------------------------------------------------------------
+
+def evaluate(tmp_path, out, *args):
+    """evaluate.sh on a stand-in data directory and checkpoint, with a Python that fails at once:
+    the run stops at fairseq-generate (exit status 1) once its checks have passed."""
+    data = tmp_path / "data-bin"
+    data.mkdir(exist_ok=True)
+    (data / "test.de-en.de.idx").write_bytes(b"")
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "ref.en").write_text("a reference\n")
+    return subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), str(data), str(tmp_path / "checkpoint.pt"),
+                           "--src", "de", "--tgt", "en", "--ref", str(tmp_path / "ref.en"), "--no-user-dir",
+                           "--out", str(out), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": "false"})
+
+
+def test_evaluate_refuses_an_out_dir_holding_files_it_did_not_write(tmp_path):
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "hyp.tok").write_text("my hypotheses\n")
+    (out / "scores.json").write_text('{"bleu": 30.1}\n')
+    (out / "notes.txt").write_text("mine, not an output of evaluate.sh\n")
+    before = snapshot(out)
+    result = evaluate(tmp_path, out)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == f"evaluate.sh: error: --out '{out}' holds files that evaluate.sh did not " \
+        "write: hyp.tok scores.json; pass --force to replace them, or give another --out"
+    assert snapshot(out) == before and not (out / ".written_by").exists()
+    result = evaluate(tmp_path, out, "--force")
+    assert result.returncode == 1 and "fairseq-generate failed" in result.stderr
+    assert (out / "notes.txt").read_text() == "mine, not an output of evaluate.sh\n"
+
+
+def test_evaluate_reruns_into_its_own_out_dir(tmp_path):
+    out = tmp_path / "eval"
+    for _ in range(2):
+        result = evaluate(tmp_path, out)
+        assert result.returncode == 1 and "fairseq-generate failed" in result.stderr, result.stderr
+    assert (out / ".written_by").read_text() == "fusion-fairseq evaluate.sh\n"
+    assert (out / "generate-test.log").exists()
+    (tmp_path / "file").write_text("mine\n")
+    result = evaluate(tmp_path, tmp_path / "file")
+    assert result.returncode == 2 and f"--out '{tmp_path / 'file'}' is not a directory" in result.stderr
 
 
 # --- damaged checkpoint files ----------------------------------------------------------------

@@ -112,13 +112,15 @@ the one thread; with more threads it sums their CPU time, i.e. it measures work,
 The JSON records the environment (device, dtype, torch / fairseq / Python versions, threads,
 load average), the settings, and per configuration: arch, flags, skipped width flags,
 model-specific arguments, parameters, per-round tokens/s and sentences/s with their medians,
-ratio statistics, decoded hypothesis lengths and memory.
+ratio statistics, decoded hypothesis lengths and memory. ``--json`` and ``--markdown`` are checked
+before any measurement: an existing file is replaced only when it is an earlier output of the
+benchmark (marked ``"written_by": "fusion-fairseq-benchmark"``; the Markdown in a first-line
+comment), any other file only with ``--force``.
 """
 
 import argparse
 import contextlib
 import io
-import json
 import os
 import platform
 import shlex
@@ -138,7 +140,9 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
+from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, write_json, write_markdown
 
+PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
 PLUGIN_PACKAGE = fusion_fairseq.__name__  # not __name__: this file may run as __main__
 BASELINE_NAME = "vanilla"
 DEFAULT_BASELINE_ARCH = "transformer"
@@ -869,7 +873,7 @@ def _non_negative_int(text):
 def build_parser() -> argparse.ArgumentParser:
     defaults = BenchmarkSettings()
     parser = argparse.ArgumentParser(
-        prog="fusion-fairseq-benchmark",
+        prog=PROG,
         description="Training and decoding speed, parameters and peak memory of this plugin's models "
                     "against fairseq's vanilla transformer, interleaved in one process. "
                     "See the module docstring of fusion_fairseq.tools.benchmark for the method.",
@@ -932,6 +936,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--no-flops", action="store_true", help="skip counting the floating-point operations")
     group.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     group.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
+    add_force_argument(group)
     return parser
 
 
@@ -958,21 +963,24 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
         print("\n".join(plugin_archs()))
         return {}
     try:
+        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)], script=PROG)
+    except UsageError as exc:  # one line, before any measurement
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_status) from None
+    try:
         settings = settings_from_args(args)
         check_settings(settings)
         configs = build_configs(args.archs, args.variant, args.baseline_arch)
         result = run_benchmark(configs, settings)
     except BenchmarkError as exc:
         parser.error(str(exc))
-    result["command"] = shlex.join(["fusion-fairseq-benchmark", *argv])
+    result["command"] = shlex.join([PROG, *argv])
     table = markdown_table(result)
     print(table)
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=2)
+        write_json(args.json, result, PROG)
     if args.markdown:
-        with open(args.markdown, "w") as out:
-            out.write(table)
+        write_markdown(args.markdown, table, PROG)
     return result
 
 
