@@ -191,6 +191,16 @@ def test_a_presets_own_values_are_not_taken_for_idle_flags(caplog):
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
+def test_growth_dim_without_a_dense_side_is_warned_about(caplog):
+    build_model("dense_transformer", "--no-dense-encoder", "--no-dense-decoder", "--growth-dim", "24")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["flag without effect: --growth-dim 24: it is the dense layers' width, and both "
+                        "--no-dense-encoder and --no-dense-decoder are set"]
+    caplog.clear()
+    build_model("dense_transformer", "--no-dense-encoder", "--no-dense-decoder")  # the architecture's own width
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_summary_every_beyond_the_depth_is_warned_about(caplog):
     four_layers = ["--encoder-layers", "[(8, 3)] * 4", "--decoder-layers", "[(8, 3)] * 4"]
     build_model("dense_fconv", *four_layers, "--summary-every", "4")  # a summary after layer 3
@@ -229,6 +239,14 @@ def test_build_time_errors_print_one_line(tiny_data_bin, tmp_path, flags, messag
     ("dense_fconv", {"embed_bottleneck_dim": "64"}, "--embed-bottleneck-dim must be a positive integer, got '64'"),
     ("dense_fconv", {"growth_dim": "64"}, "--growth-dim must be a positive integer, got '64'"),
     ("dense_transformer", {"summary_every": "5"}, "--summary-every must be 0 (no summary layers) or >= 2"),
+    # a text switch read as True, a text width handed to torch, a text kernel compared with 0
+    ("dense_fconv", {"no_dense_encoder": "yes"}, "--no-dense-encoder is a switch: True or False, got 'yes'"),
+    ("dense_transformer", {"no_dense_decoder": "no"}, "--no-dense-decoder is a switch: True or False, got 'no'"),
+    ("dense_fconv", {"no_dense_encoder": True, "residual_dim": "8"}, "--residual-dim must be a positive integer, got '8'"),
+    ("dense_fconv", {"encoder_layers": "[(8, 'x')] * 2"},
+     "--encoder-layers: hidden sizes and kernel widths must be integers, got (8, 'x')"),
+    ("dense_fconv", {"no_dense_encoder": True, "encoder_layers": "[(8.5, 3)] * 2"},
+     "--encoder-layers: hidden sizes and kernel widths must be integers, got (8.5, 3)"),
 ])
 def test_wrong_types_for_the_other_architectures_are_named(arch, changes, message):
     args = parse_model_args(arch)

@@ -59,7 +59,7 @@ from fusion_fairseq.modules.dense_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import check_dropout_args, check_positive_ints, positive_int
+from .fusion_args import architecture_default, check_dropout_args, check_positive_ints, check_switches, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +119,14 @@ def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
     """Errors naming the flag, the value and what is allowed, for args that did not come through
     argparse (or combinations argparse cannot see)."""
     check_dropout_args(args)
+    check_switches(args, {"no_dense_encoder": "--no-dense-encoder", "no_dense_decoder": "--no-dense-decoder"})
     if args.growth_dim is not None and (type(args.growth_dim) is not int or args.growth_dim <= 0):
         raise ValueError(f"--growth-dim must be a positive integer, got {args.growth_dim!r}")
+    if getattr(args, "residual_dim", None) is not None:
+        check_positive_ints(args, {"residual_dim": "--residual-dim"})
+    if args.no_dense_encoder and args.no_dense_decoder and args.growth_dim != architecture_default(args, "growth_dim"):
+        logger.warning("flag without effect: --growth-dim %s: it is the dense layers' width, and both "
+                       "--no-dense-encoder and --no-dense-decoder are set", args.growth_dim)
     if type(args.summary_every) is not int or args.summary_every < 0 or args.summary_every == 1:
         raise ValueError(
             f"--summary-every must be 0 (no summary layers) or >= 2 (one summary layer after every "
@@ -181,6 +187,8 @@ def layer_spec(spec_text: str, flag: str, growth_dim: Optional[int]) -> List[Tup
         if residual not in (0, 1):
             raise ValueError(f"{flag}: only residual=1 (previous layer) is supported, got {residual} in {spec_text!r}")
         width = growth_dim if growth_dim is not None else width
+        if type(width) is not int or type(kernel) is not int:
+            raise ValueError(f"{flag}: hidden sizes and kernel widths must be integers, got {(width, kernel)} in {spec_text!r}")
         if width <= 0 or kernel <= 0:
             raise ValueError(f"{flag}: hidden sizes and kernel widths must be positive, got {(width, kernel)}")
         layers.append((width, kernel))
