@@ -7,6 +7,7 @@ from . import checkpoint_safety
 
 checkpoint_safety.allow_fairseq_checkpoint_types()
 checkpoint_safety.record_checkpoint_loads()
+checkpoint_safety.check_loaded_configurations()
 checkpoint_safety.print_plugin_errors_in_one_line()
 
 from . import fairseq_fixes  # noqa: E402,F401  (fairseq issue #5036: keeps the last partial batch)

@@ -3,8 +3,11 @@
 * torch's safe unpickler reads fairseq checkpoints (below);
 * configuration strings fairseq would ``eval()`` are parsed as literals first
   (:func:`parse_config_literal`, :func:`require_literal_transformer_config`);
+* a checkpoint's stored task and criterion configuration is checked the same way when the file is
+  read (:func:`require_literal_task_and_criterion`);
 * only fairseq-train's --finetune-from-model may start parameters a checkpoint file lacks
-  (:func:`may_start_parameters_fresh`);
+  (:func:`may_start_parameters_fresh`), and --model-overrides cannot change the structure a
+  checkpoint was trained with (:func:`structural_override_errors`);
 * the plugin's configuration errors print as one line (:func:`print_plugin_errors_in_one_line`).
 
 Let torch's safe unpickler read fairseq checkpoints without turning safe loading off.
@@ -225,6 +228,213 @@ def missing_parameters_error(names, what: str) -> MissingParametersError:
         "(load the checkpoint with the configuration it was trained with, e.g. without --model-overrides "
         "that switch fusion on, or train into an empty --save-dir)"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# a checkpoint's task and criterion configuration is checked when it is read
+# --------------------------------------------------------------------------------------------
+# Loading a checkpoint without a task (fairseq-validate, hub models' from_pretrained, the
+# analysis scripts) builds the task stored in it, and fairseq-validate also builds its stored
+# criterion. fairseq's tasks and criteria eval() some of their configuration strings while they
+# are built, whatever the model's architecture:
+#   left_pad_source, left_pad_target   ``utils.eval_bool`` in multilingual_translation (and
+#                                      semisupervised_translation), online_backtranslation and
+#                                      translation_multi_simple_epoch (MultilingualDatasetManager)
+#   feature_encoder_spec               ``eval`` in audio_pretraining's RawAudioDataset
+#   wer_args                           ``eval`` in the ctc criterion
+# ``checkpoint_utils.load_checkpoint_to_cpu`` is fairseq's one reader of checkpoint files (every
+# loader looks it up in ``checkpoint_utils`` when it calls it), so the plugin checks every state
+# it returns: each of these fields, in the stored ``cfg.task`` / ``cfg.criterion`` (omegaconf
+# nodes or Namespaces) and in a legacy flat ``args`` Namespace, must be a literal (True or False
+# for the booleans), which fairseq's eval turns into the same value without running code. A field
+# a task does not have is checked all the same: an honest configuration holds literals there.
+
+EVALUATED_FIELDS = {
+    "task": {"left_pad_source": bool, "left_pad_target": bool, "feature_encoder_spec": object},
+    "criterion": {"wer_args": object},
+}
+_ABSENT = object()
+
+
+def stored_value(section, field: str):
+    """``field`` of a stored configuration section (a Namespace, an omegaconf node or a dict);
+    ``_ABSENT`` when the section has no such field or its interpolation does not resolve (then
+    fairseq cannot read it either)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(section, argparse.Namespace):
+        return getattr(section, field, _ABSENT)
+    if not isinstance(section, (dict, DictConfig)) or field not in section:
+        return _ABSENT
+    try:
+        return section[field]
+    except OmegaConfBaseException:
+        return _ABSENT
+
+
+def stored_sections(state):
+    """``(name, section)`` of the task and criterion configuration stored in a checkpoint state:
+    the ``cfg`` sections and, for a legacy checkpoint, its flat ``args`` as both."""
+    args = state.get("args")
+    if isinstance(args, argparse.Namespace):
+        yield from (("task", args), ("criterion", args))
+    cfg = state.get("cfg")
+    for name in EVALUATED_FIELDS:
+        section = stored_value(cfg, name)
+        if section is not _ABSENT and section is not None:
+            yield name, section
+
+
+def require_literal_task_and_criterion(state, path):
+    """Raise :class:`ConfigLiteralError` naming ``path`` and the field for any field of
+    :data:`EVALUATED_FIELDS` in ``state`` that fairseq would evaluate to anything but a literal."""
+    if not isinstance(state, dict):
+        return
+    for name, section in stored_sections(state):
+        for field, kind in EVALUATED_FIELDS[name].items():
+            value = stored_value(section, field)
+            if isinstance(value, str):
+                _require_literal_field(value, kind, f"checkpoint {path}: {name} {field}", name)
+
+
+def _require_literal_field(text, kind, where, built):
+    evaluated = f"fairseq would evaluate it when building the {built}"
+    try:
+        value = parse_config_literal(text, where)
+    except ConfigLiteralError as error:
+        value = error
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigLiteralError(f"{where} {text!r} is not True or False; {evaluated}")
+    if isinstance(value, ConfigLiteralError):
+        raise ConfigLiteralError(f"{value}; {evaluated}")
+
+
+# --------------------------------------------------------------------------------------------
+# --model-overrides cannot change the structure a checkpoint was trained with
+# --------------------------------------------------------------------------------------------
+# A fusion configuration switched on at load whose parameters the checkpoint lacks fails (above),
+# but several of the plugin's flags change the model without adding a parameter (a dense
+# connection with its LayerNorm, the aggregation residuals, attention heads, ...): fairseq's
+# strict load passes and the model computes another function. So, in loads through
+# ``load_model_ensemble_and_task`` (fairseq-generate, -interactive, -validate, hub models, the
+# analysis scripts: never fine-tuning, whose model is built from the command line and whose load
+# takes no overrides), an override may set a flag of :data:`STRUCTURAL_FLAGS` only when the
+# checkpoint's stored model configuration lacks that field (saved before the flag existed: the
+# model's own checks then name the value it needs, e.g. ``dense_connection``, ``summary_layer``,
+# ``residual_dim``) or holds the same value. Flags that tune a trained model (dropouts,
+# SurfaceFusion's lambda and tau, DropConnect) and the analysis flag ``mask_encoder_layer`` stay
+# free. The refusal comes after the load itself, so an override that needs parameters the
+# checkpoint lacks still fails naming them.
+
+_DENSE_FLAGS = ("growth_dim", "summary_every", "dense_attention", "embed_bottleneck_dim", "no_dense_encoder",
+                "no_dense_decoder")
+STRUCTURAL_FLAGS = {
+    "fusion_transformer": (
+        "fuse_encoder", "fuse_decoder", "fusion_hops", "fusion_attn_dim", "fusion_ffn_dim", "fusion_independent_w1",
+        "fusion_no_embedding_layer", "fusion_no_layer_embedding", "fusion_no_layernorm",
+        "aggregate_encoder", "aggregate_decoder", "dense_connection", "aggregation_fn", "aggregation_residual",
+        "multi_layer_attention", "layer_attention", "surface_fusion", "surface_fusion_variant",
+    ),
+    "dense_transformer": _DENSE_FLAGS,
+    "dense_fconv": _DENSE_FLAGS + ("summary_layer", "residual_dim"),
+    "layerwise_coordination": (
+        "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "no_scale_embedding",
+        "no_layer_sharing", "no_mixed_attention", "no_language_embedding", "no_position_embedding",
+    ),
+}
+
+
+class StructuralOverrideError(ValueError):
+    """--model-overrides changes a structural flag against the checkpoint's configuration."""
+
+
+_structure_conflicts = contextvars.ContextVar("fusion_fairseq_structure_conflicts", default=None)
+
+
+def stored_model_config(state):
+    """The model configuration of a checkpoint state: legacy ``args`` or ``cfg.model``."""
+    args = state.get("args")
+    return args if args is not None else stored_value(state.get("cfg"), "model")
+
+
+def structural_flags(model_config):
+    """The :data:`STRUCTURAL_FLAGS` of the plugin model whose architecture ``model_config`` names."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    arch = stored_value(model_config, "arch")
+    if arch is _ABSENT:
+        arch = stored_value(model_config, "_name")
+    return STRUCTURAL_FLAGS.get(ARCH_MODEL_NAME_REGISTRY.get(arch) if isinstance(arch, str) else None, ())
+
+
+def structural_override_errors(path, stored_config, overrides):
+    """A :class:`StructuralOverrideError` for each override of a structural flag that the
+    stored configuration holds with another value."""
+    errors = []
+    for flag in structural_flags(stored_config):
+        trained = stored_value(stored_config, flag)
+        if flag not in overrides or trained is _ABSENT or _same_value(overrides[flag], trained):
+            continue
+        errors.append(StructuralOverrideError(
+            f"--model-overrides sets {flag} {overrides[flag]!r} but checkpoint {path} was trained with {flag} "
+            f"{trained!r}: a structural flag cannot change at load (the model would compute another function); "
+            "load it without that override, or start a model of the new configuration from it with "
+            "fairseq-train --finetune-from-model"
+        ))
+    return errors
+
+
+def _same_value(override, trained):
+    """Equal, or equal as text (--model-overrides may hand in '2' for 2)."""
+    return override == trained or str(override) == str(trained)
+
+
+def _checked_reader(read):
+    """fairseq's ``load_checkpoint_to_cpu`` (``read``) checking each state it returns."""
+    @functools.wraps(read)
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        state = read(path, arg_overrides, load_on_all_ranks)
+        require_literal_task_and_criterion(state, path)
+        conflicts = _structure_conflicts.get()
+        if conflicts is not None and arg_overrides and isinstance(state, dict):
+            if set(structural_flags(stored_model_config(state))) & set(arg_overrides):
+                # the state holds the overridden values: read the stored ones (only for such overrides)
+                stored = stored_model_config(read(path, None, load_on_all_ranks))
+                conflicts.extend(structural_override_errors(path, stored, arg_overrides))
+        return state
+
+    load_checkpoint_to_cpu.checks_loaded_configurations = True
+    return load_checkpoint_to_cpu
+
+
+def _refusing_structural_overrides(load):
+    """fairseq's ``load_model_ensemble_and_task`` (``load``), raising the first structural
+    override found by the reader once the load itself went through."""
+    @functools.wraps(load)
+    def load_model_ensemble_and_task(*args, **kwargs):
+        conflicts = []
+        token = _structure_conflicts.set(conflicts)
+        try:
+            loaded = load(*args, **kwargs)
+        finally:
+            _structure_conflicts.reset(token)
+        if conflicts:
+            raise conflicts[0]
+        return loaded
+
+    return load_model_ensemble_and_task
+
+
+def check_loaded_configurations():
+    """Wrap ``checkpoint_utils.load_checkpoint_to_cpu`` and ``load_model_ensemble_and_task`` as
+    described in the two sections above. Idempotent; honest checkpoints load as before."""
+    from fairseq import checkpoint_utils
+
+    if getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_loaded_configurations", False):
+        return
+    checkpoint_utils.load_checkpoint_to_cpu = _checked_reader(checkpoint_utils.load_checkpoint_to_cpu)
+    checkpoint_utils.load_model_ensemble_and_task = _refusing_structural_overrides(
+        checkpoint_utils.load_model_ensemble_and_task)
 
 
 # --------------------------------------------------------------------------------------------

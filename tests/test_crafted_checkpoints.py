@@ -2,24 +2,28 @@
 fine-tuning.
 
 Configuration strings that fairseq would ``eval()`` while building a plugin model (dense_fconv's
-layer specs, the Transformer's ``adaptive_softmax_cutoff`` and ``xformers_att_config``) are
-parsed as literals; each crafted checkpoint below holds a string that creates a file when
-evaluated."""
+layer specs, the Transformer's ``adaptive_softmax_cutoff`` and ``xformers_att_config``) or the
+task and criterion stored in a checkpoint (``left_pad_source``/``left_pad_target`` of the
+multilingual tasks, ctc's ``wer_args``) are parsed as literals; each crafted checkpoint below holds
+a string that creates a file when evaluated. --model-overrides cannot change a structural flag
+against the value a checkpoint was trained with."""
 
 import os
 import subprocess
 import sys
 
+from argparse import Namespace
 from types import SimpleNamespace
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from conftest import TINY_MLRF_FLAGS, USER_DIR, run_cli
+from conftest import TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
 from fusion_fairseq.checkpoint_safety import (
     ConfigLiteralError,
     MissingParametersError,
+    StructuralOverrideError,
     parse_config_literal,
     starts_from_pretrained_model,
 )
@@ -165,6 +169,92 @@ def test_non_literals_are_refused_naming_the_flag(text, why):
     assert "\n" not in message
 
 
+# --- the stored task and criterion: their evaluated strings are parsed, never evaluated ------
+
+def with_stored(checkpoint, tmp_path, name="crafted.pt", **sections):
+    """``checkpoint`` with whole sections of its stored configuration (``task``, ``criterion``) replaced."""
+    state = torch.load(checkpoint)
+    state["cfg"].update(sections)
+    path = tmp_path / name
+    torch.save(state, path)
+    return str(path)
+
+
+def multilingual_task(marker, data_bin):
+    """A multilingual_translation task, whose setup ``eval()``s ``left_pad_source``."""
+    return Namespace(task="multilingual_translation", left_pad_source=touch_payload(marker, "True"),
+                     left_pad_target="False", lang_pairs="src-tgt", data=data_bin)
+
+
+def ctc_criterion(marker):
+    """A ctc criterion, whose constructor ``eval()``s ``wer_args``."""
+    return {"_name": "ctc", "wer_args": touch_payload(marker, "(None, None, 0.0, 0.0)")}
+
+
+def validate(data_bin, checkpoint, *flags):
+    return run_unchecked("fairseq_cli.validate", data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
+                         "--max-tokens", "1000", "--valid-subset", "test", *flags)
+
+
+def test_validate_refuses_a_crafted_criterion_in_one_line(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    marker = tmp_path / "created_by_checkpoint"
+    path = with_stored(no_fusion_checkpoint, tmp_path, criterion=ctc_criterion(marker))
+    result = validate(tiny_data_bin, path, "--task", "translation")
+    assert not marker.exists()
+    assert_one_line_error(result, f"checkpoint {path}: criterion wer_args", "is not a literal (it contains BoolOp)",
+                          "fairseq would evaluate it when building the criterion")
+
+
+def test_validate_refuses_a_crafted_task_in_one_line(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    marker = tmp_path / "created_by_checkpoint"
+    path = with_stored(no_fusion_checkpoint, tmp_path, task=multilingual_task(marker, tiny_data_bin))
+    result = validate(tiny_data_bin, path, "--task", "multilingual_translation", "--lang-pairs", "src-tgt")
+    assert not marker.exists()
+    assert_one_line_error(result, f"checkpoint {path}: task left_pad_source", "is not True or False",
+                          "fairseq would evaluate it when building the task")
+
+
+def test_the_hub_api_refuses_a_crafted_task(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    marker = tmp_path / "created_by_checkpoint"
+    with_stored(no_fusion_checkpoint, tmp_path, task=multilingual_task(marker, tiny_data_bin))
+    with pytest.raises(ConfigLiteralError, match="task left_pad_source .* is not True or False; fairseq would evaluate"):
+        FusionTransformerModel.from_pretrained(str(tmp_path), checkpoint_file="crafted.pt",
+                                               data_name_or_path=tiny_data_bin)
+    assert not marker.exists()
+
+
+def test_an_analysis_script_refuses_a_crafted_task(no_fusion_checkpoint, tiny_data_bin, tmp_path, capsys):
+    marker = tmp_path / "created_by_checkpoint"
+    path = with_stored(no_fusion_checkpoint, tmp_path, task=multilingual_task(marker, tiny_data_bin))
+    code = load_script("plot_layer_attention").main(
+        ["--path", path, "--data", tiny_data_bin, "--out", str(tmp_path / "heatmap.png")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0 and "task left_pad_source" in error and "fairseq would evaluate it" in error
+    assert not marker.exists()
+
+
+def test_a_legacy_args_checkpoint_is_checked_too(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    """Checkpoints saved before fairseq's omegaconf configuration keep one flat ``args``."""
+    marker = tmp_path / "created_by_checkpoint"
+    state = torch.load(no_fusion_checkpoint)
+    state["args"] = Namespace(**{**vars(state["cfg"]["model"]), **vars(multilingual_task(marker, tiny_data_bin))})
+    state["cfg"] = None
+    path = tmp_path / "legacy.pt"
+    torch.save(state, path)
+    with pytest.raises(ConfigLiteralError, match=f"checkpoint {path}: task left_pad_source .* is not True or False"):
+        checkpoint_utils.load_model_ensemble_and_task([str(path)])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("value", [True, "False", None])
+def test_literal_task_booleans_load(no_fusion_checkpoint, tmp_path, value):
+    state = torch.load(no_fusion_checkpoint)
+    state["cfg"]["task"]["left_pad_source"] = value
+    path = tmp_path / "literal.pt"
+    torch.save(state, path)
+    checkpoint_utils.load_checkpoint_to_cpu(str(path))
+
+
 # --- item: only fine-tuning starts fusion parameters fresh -----------------------------------
 
 @pytest.mark.parametrize("overrides,missing", [
@@ -180,6 +270,32 @@ def test_generate_with_fusion_overrides_fails_in_one_line(no_fusion_checkpoint, 
     result = generate(tiny_data_bin, no_fusion_checkpoint, "--model-overrides", "{'fuse_decoder': 'sa'}")
     assert_one_line_error(result, "the checkpoint has no fusion parameters", "decoder.output_fusion.")
     assert "H-" not in result.stdout
+
+
+@pytest.mark.parametrize("flag", ["aggregate_encoder", "aggregate_decoder"])
+def test_a_parameter_free_structure_switched_on_at_load_is_refused(no_fusion_checkpoint, flag):
+    """A dense connection with its default LayerNorm reading has no parameters: the strict load
+    alone would pass and the model would compute another function."""
+    with pytest.raises(StructuralOverrideError, match=(
+            f"--model-overrides sets {flag} 'dense' but checkpoint {no_fusion_checkpoint} was trained with "
+            f"{flag} 'none': a structural flag cannot change at load")):
+        checkpoint_utils.load_model_ensemble_and_task([no_fusion_checkpoint], arg_overrides={flag: "dense"})
+
+
+def test_generate_with_a_structural_override_fails_in_one_line(no_fusion_checkpoint, tiny_data_bin):
+    result = generate(tiny_data_bin, no_fusion_checkpoint, "--model-overrides", "{'aggregate_decoder': 'dense'}")
+    assert_one_line_error(result, "--model-overrides sets aggregate_decoder 'dense'",
+                          "was trained with aggregate_decoder 'none'")
+    assert "H-" not in result.stdout
+
+
+def test_overrides_that_keep_the_trained_structure_load(no_fusion_checkpoint):
+    """The trained value of a structural flag and the flags that tune or analyse a trained model
+    (dropout, mask_encoder_layer) are accepted."""
+    overrides = {"aggregate_decoder": "none", "multi_layer_attention": 1, "fusion_no_layernorm": False,
+                 "mask_encoder_layer": None, "dropout": 0.0}
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([no_fusion_checkpoint], arg_overrides=overrides)
+    assert cfg.model.aggregate_decoder == "none" and cfg.model.dropout == 0.0
 
 
 def test_resuming_another_configuration_is_an_error(no_fusion_checkpoint, tiny_data_bin, tmp_path):
@@ -247,6 +363,17 @@ def test_an_old_dense_checkpoint_loads_as_trained_with_the_override(dense_checkp
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
         [dense_checkpoint_without_reading], arg_overrides={"dense_connection": "literal"})
     assert cfg.model.dense_connection == "literal"
+    assert models[0].encoder.aggregation.reading == "literal"
+
+
+def test_the_dense_connection_reading_cannot_change_at_load(dense_checkpoint_without_reading, tmp_path):
+    state = torch.load(dense_checkpoint_without_reading)
+    vars(state["cfg"]["model"])["dense_connection"] = "literal"  # as it was trained
+    path = str(tmp_path / "literal.pt")
+    torch.save(state, path)
+    with pytest.raises(StructuralOverrideError, match="sets dense_connection 'layernorm' .* trained with dense_connection 'literal'"):
+        checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"dense_connection": "layernorm"})
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"dense_connection": "literal"})
     assert models[0].encoder.aggregation.reading == "literal"
 
 
