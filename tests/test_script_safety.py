@@ -236,7 +236,7 @@ def test_non_positive_beam_and_timeout_are_refused(scripts, capsys, tmp_path, na
     assert code == 2 and f"argument {flag}: {flag} must be a positive {kind}, got '{value}'" in err
 
 
-# --- measurements: decoding_cost.py, the benchmark -------------------------------------------
+# --- measurements: decoding_cost.py, the benchmark, time_to_loss ---------------------------------
 
 class Measured(Exception):
     """Raised in place of the measurement: the output checks let it start."""
@@ -263,34 +263,43 @@ def decoding_cost():
     return load_script("decoding_cost")
 
 
-def measurements(decoding_cost):
-    from fusion_fairseq.tools import benchmark
+def measurements(decoding_cost, tmp_path):
+    """``{script: (main, (module, the function doing the work), arguments it needs)}``."""
+    from fusion_fairseq.tools import benchmark, time_to_loss
 
-    return {"decoding_cost.py": (decoding_cost.main, (decoding_cost, "run")),
-            "fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"))}
+    return {"decoding_cost.py": (decoding_cost.main, (decoding_cost, "run"), []),
+            "fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"), []),
+            "time_to_loss": (time_to_loss.main, (time_to_loss, "compare"),
+                             ["--reference", tmp_path / "residual.log", tmp_path / "dense.log"])}
 
 
-@pytest.mark.parametrize("script", ["decoding_cost.py", "fusion-fairseq-benchmark"])
-@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+@pytest.mark.parametrize("script,flag", [
+    ("decoding_cost.py", "--json"), ("decoding_cost.py", "--markdown"), ("fusion-fairseq-benchmark", "--json"),
+    ("fusion-fairseq-benchmark", "--markdown"), ("time_to_loss", "--json"),
+])
 def test_measurements_check_their_outputs_first(decoding_cost, monkeypatch, capsys, tmp_path, script, flag):
     from fusion_fairseq.tools.analysis import write_json, write_markdown
 
-    main, measure = measurements(decoding_cost)[script]
+    main, function, needed = measurements(decoding_cost, tmp_path)[script]
+
+    def measure(*argv):
+        return measurement_refused(main, function, monkeypatch, capsys, [*needed, *argv])
+
     missing = tmp_path / "nonexistent" / "x.out"
-    code, err = measurement_refused(main, measure, monkeypatch, capsys, [flag, missing])
-    assert code == 2 and err.strip().splitlines()[-1] == \
-        f"{script}: error: {flag} {missing}: the directory {missing.parent} does not exist"
+    code, err = measure(flag, missing)
+    assert code == 2 and err.strip().splitlines()[-1].endswith(
+        f": error: {flag} {missing}: the directory {missing.parent} does not exist")
     users = tmp_path / "mine.out"
     users.write_text('{"my": "settings"}\n')
-    code, err = measurement_refused(main, measure, monkeypatch, capsys, [flag, users])
-    assert code == 2 and err.strip().splitlines()[-1] == \
-        f"{script}: error: {flag} {users} exists and was not written by {script}; pass --force to replace it, " \
-        "or give another name"
+    code, err = measure(flag, users)
+    assert code == 2 and err.strip().splitlines()[-1].endswith(
+        f": error: {flag} {users} exists and was not written by {script}; pass --force to replace it, "
+        "or give another name")
     assert users.read_text() == '{"my": "settings"}\n'
-    assert measurement_refused(main, measure, monkeypatch, capsys, [flag, users, "--force"]) == (None, None)
+    assert measure(flag, users, "--force") == (None, None)
     ours = tmp_path / "ours.out"
     (write_json if flag == "--json" else write_markdown)(str(ours), {} if flag == "--json" else "", script)
-    assert measurement_refused(main, measure, monkeypatch, capsys, [flag, ours]) == (None, None)
+    assert measure(flag, ours) == (None, None)
 
 
 # --- evaluate.sh ------------------------------------------------------------------------------

@@ -7,7 +7,11 @@ and reports, per log, the first validated update at or below it and the training
 there (the sum of fairseq's ``train_wall`` up to that update: time spent in training steps,
 validation excluded; interpolated between log lines).
 
-    python -m fusion_fairseq.tools.time_to_loss --reference residual.log dense.log [--json out.json]
+    python -m fusion_fairseq.tools.time_to_loss --reference residual.log dense.log [--json out.json] [--force]
+
+``--json`` is checked before the logs are read: an existing file is replaced only when it is an
+earlier output of this tool (``"written_by": "fusion-fairseq time_to_loss"``), any other file only
+with ``--force``.
 """
 
 import argparse
@@ -16,6 +20,7 @@ import re
 import sys
 from typing import Dict, List, Optional
 
+from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, write_json
 from fusion_fairseq.tools.comparison import learning_curve, updates_to_reach
 
 TRAIN_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
@@ -93,12 +98,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--reference", required=True, help="fairseq-train log of the reference (e.g. residual) model")
     parser.add_argument("logs", nargs="+", help="fairseq-train logs of the models to compare")
     parser.add_argument("--json", help="also write the result as JSON")
+    add_force_argument(parser)
     args = parser.parse_args(argv)
+    try:
+        check_outputs(args, [("--json", args.json)], inputs=[("--reference", args.reference)] +
+                      [("log", log) for log in args.logs], script="time_to_loss")
+    except UsageError as error:
+        parser.exit(error.exit_status, f"{parser.prog}: error: {error}\n")
     result = compare(args.reference, args.logs)
     print(format_table(result))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result, "time_to_loss")
     return result
 
 
