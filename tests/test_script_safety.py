@@ -105,7 +105,7 @@ ALL_SCRIPTS = ["mask_encoder_layers", "plot_layer_attention", "plot_fusion_atten
                "embedding_analysis", "plot_mixed_attention"]
 
 
-def users_figure(path, **savefig_options):
+def users_figure(path):
     """A figure the user made with matplotlib (no mark of any script)."""
     import matplotlib
 
@@ -114,7 +114,7 @@ def users_figure(path, **savefig_options):
 
     fig, ax = plt.subplots(figsize=(1, 1))
     ax.plot([0, 1])
-    fig.savefig(path, **savefig_options)
+    fig.savefig(path)
     plt.close(fig)
     return path
 
@@ -176,8 +176,8 @@ def test_json_and_markdown_are_replaced_without_force_only_when_the_script_wrote
     assert file_mark(str(ours_json)) == file_mark(str(ours_md)) == "fusion-fairseq decoding_cost.py"
     outputs = [("--json", str(ours_json)), ("--markdown", str(ours_md))]
     check_outputs(SimpleNamespace(force=False), outputs, script="decoding_cost.py")
-    users = {"config.json": b'{"rows": []}', "other_script.json": b'{"written_by": "fusion-fairseq plot_layer_attention.py"}',
-             "notes.md": b"# my notes\n", "empty.json": b"", "text.json": b"w1 w2 w3"}
+    users = {"config.json": b'{"rows": []}', "notes.md": b"# my notes\n", "empty.json": b"", "text.json": b"w1 w2 w3",
+             "other_script.json": b'{"written_by": "fusion-fairseq plot_layer_attention.py"}'}
     for name, content in users.items():
         (tmp_path / name).write_bytes(content)
         with pytest.raises(UsageError, match=f"--json .*{name} exists and was not written by decoding_cost.py"):
@@ -189,6 +189,8 @@ def test_json_and_markdown_are_replaced_without_force_only_when_the_script_wrote
 
 def test_a_script_reruns_into_its_own_outputs_without_force(scripts, capsys, tiny_mlrf_checkpoint, tiny_data_bin,
                                                             tmp_path):
+    from PIL import Image
+
     figure, weights = tmp_path / "fig.png", tmp_path / "weights.json"
     argv = [*required_arguments("plot_fusion_attention", tiny_mlrf_checkpoint, tiny_data_bin),
             "--out", figure, "--json", weights]
@@ -196,8 +198,6 @@ def test_a_script_reruns_into_its_own_outputs_without_force(scripts, capsys, tin
         code, err = run(scripts, capsys, "plot_fusion_attention", *argv)
         assert code == 0, err
     assert json.loads(weights.read_text())["written_by"] == "fusion-fairseq plot_fusion_attention.py"
-    from PIL import Image
-
     with Image.open(figure) as image:
         assert image.info["Software"] == "fusion-fairseq plot_fusion_attention.py"
 

@@ -123,8 +123,8 @@ def add_force_argument(parser):
     """``--force``: the only way a script replaces an existing file that it did not write itself
     (see :func:`check_outputs`)."""
     parser.add_argument("--force", action="store_true",
-                        help="replace an existing output file that this script did not write (default: refuse; "
-                        "its own earlier output is replaced)")
+                        help="replace an existing output file that this script did not write, which is refused "
+                        "otherwise (its own earlier output is replaced without --force)")
 
 
 def same_file(a: str, b: str) -> bool:
