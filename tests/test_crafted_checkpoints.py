@@ -19,7 +19,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from conftest import TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
+from conftest import TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli, saved_without_config_field
 from fusion_fairseq.checkpoint_safety import (
     ConfigLiteralError,
     MissingParametersError,
@@ -347,11 +347,7 @@ def dense_checkpoint_without_reading(tiny_data_bin, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("dense_old")
     trained = train(tiny_data_bin, str(save_dir), "fusion_transformer", *TINY_TRANSFORMER,
                     "--aggregate-encoder", "dense", "--dense-connection", "literal")
-    state = torch.load(trained)
-    del vars(state["cfg"]["model"])["dense_connection"]
-    path = save_dir / "old.pt"
-    torch.save(state, path)
-    return str(path)
+    return saved_without_config_field(trained, "dense_connection", save_dir / "old.pt")
 
 
 def test_an_old_dense_checkpoint_is_not_read_as_the_new_default(dense_checkpoint_without_reading):

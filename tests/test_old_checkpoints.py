@@ -13,7 +13,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, tasks
 
-from conftest import TINY_MLRF_FLAGS, USER_DIR, run_cli
+from conftest import TINY_MLRF_FLAGS, USER_DIR, run_cli, saved_without_config_field
 from fusion_fairseq.checkpoint_safety import MissingParametersError
 
 TINY_TRANSFORMER = TINY_MLRF_FLAGS[:16]  # its dimensions, without the fusion flags
@@ -181,11 +181,7 @@ def narrow_residual_decoder_checkpoint(tiny_data_bin, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("dense_enc_old")
     trained = train(tiny_data_bin, str(save_dir), "dense_fconv_iwslt_de_en", *TINY_FCONV, "--no-dense-decoder",
                     "--residual-dim", "8")
-    state = torch.load(trained)
-    del vars(state["cfg"]["model"])["residual_dim"]
-    path = save_dir / "old.pt"
-    torch.save(state, path)
-    return str(path)
+    return saved_without_config_field(trained, "residual_dim", save_dir / "old.pt")
 
 
 def test_a_narrow_residual_side_is_refused_naming_the_override(narrow_residual_decoder_checkpoint):
