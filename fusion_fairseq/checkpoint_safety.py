@@ -349,6 +349,9 @@ class StructuralOverrideError(ValueError):
 
 
 _structure_conflicts = contextvars.ContextVar("fusion_fairseq_structure_conflicts", default=None)
+# while fairseq-train resumes (loads a checkpoint other than its --finetune-from-model start):
+# (the command line's model configuration, the conflicts found)
+_resumed_with = contextvars.ContextVar("fusion_fairseq_resumed_with", default=None)
 
 
 def stored_model_config(state):
@@ -389,6 +392,22 @@ def _same_value(override, trained):
     return override == trained or str(override) == str(trained)
 
 
+def structural_resume_errors(path, stored_config, command_line_config):
+    """A :class:`StructuralOverrideError` for each structural flag that fairseq-train's command
+    line gives another value than the checkpoint it resumes from was trained with."""
+    errors = []
+    for flag in structural_flags(stored_config):
+        trained, given = stored_value(stored_config, flag), stored_value(command_line_config, flag)
+        if trained is _ABSENT or given is _ABSENT or _same_value(given, trained):
+            continue
+        errors.append(StructuralOverrideError(
+            f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
+            f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
+            "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
+        ))
+    return errors
+
+
 def _checked_reader(read):
     """fairseq's ``load_checkpoint_to_cpu`` (``read``) checking each state it returns."""
     @functools.wraps(read)
@@ -401,6 +420,10 @@ def _checked_reader(read):
                 # the state holds the overridden values: read the stored ones (only for such overrides)
                 stored = stored_model_config(read(path, None, load_on_all_ranks))
                 conflicts.extend(structural_override_errors(path, stored, arg_overrides))
+        resumed = _resumed_with.get()
+        if resumed is not None and isinstance(state, dict):
+            command_line_config, resume_conflicts = resumed
+            resume_conflicts.extend(structural_resume_errors(path, stored_model_config(state), command_line_config))
         return state
 
     load_checkpoint_to_cpu.checks_loaded_configurations = True
@@ -425,9 +448,32 @@ def _refusing_structural_overrides(load):
     return load_model_ensemble_and_task
 
 
+def _refusing_structural_changes_on_resume(load_checkpoint):
+    """fairseq-train's ``load_checkpoint`` (``load_checkpoint``), raising the first structural
+    flag that its command line changes against the checkpoint it resumes from. The model is
+    built from the command line, so a flag that adds no parameter would otherwise change the
+    model silently. Fine-tuning (:func:`starts_from_pretrained_model`) is exempt: it starts a
+    new configuration on purpose."""
+    @functools.wraps(load_checkpoint)
+    def wrapper(cfg, trainer, **passthrough_args):
+        conflicts = []
+        resuming = not starts_from_pretrained_model(cfg, trainer)
+        token = _resumed_with.set((trainer.cfg.model, conflicts) if resuming else None)
+        try:
+            loaded = load_checkpoint(cfg, trainer, **passthrough_args)
+        finally:
+            _resumed_with.reset(token)
+        if conflicts:
+            raise conflicts[0]
+        return loaded
+
+    return wrapper
+
+
 def check_loaded_configurations():
-    """Wrap ``checkpoint_utils.load_checkpoint_to_cpu`` and ``load_model_ensemble_and_task`` as
-    described in the two sections above. Idempotent; honest checkpoints load as before."""
+    """Wrap ``checkpoint_utils.load_checkpoint_to_cpu``, ``load_model_ensemble_and_task`` and
+    ``load_checkpoint`` as described in the two sections above. Idempotent; honest checkpoints
+    load as before."""
     from fairseq import checkpoint_utils
 
     if getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_loaded_configurations", False):
@@ -435,6 +481,7 @@ def check_loaded_configurations():
     checkpoint_utils.load_checkpoint_to_cpu = _checked_reader(checkpoint_utils.load_checkpoint_to_cpu)
     checkpoint_utils.load_model_ensemble_and_task = _refusing_structural_overrides(
         checkpoint_utils.load_model_ensemble_and_task)
+    checkpoint_utils.load_checkpoint = _refusing_structural_changes_on_resume(checkpoint_utils.load_checkpoint)
 
 
 # --------------------------------------------------------------------------------------------

@@ -310,6 +310,23 @@ def test_resuming_another_configuration_is_an_error(no_fusion_checkpoint, tiny_d
     assert_one_line_error(result, "the checkpoint has no fusion parameters", "decoder.output_fusion.")
 
 
+def test_resuming_with_a_parameter_free_structural_change_is_an_error(tiny_data_bin, tmp_path):
+    """A dense connection adds no parameter, so the strict load of checkpoint_last.pt passes and the
+    resumed model would compute another function than the one trained so far."""
+    save_dir = str(tmp_path / "resume")
+    train(tiny_data_bin, save_dir, "fusion_transformer", *TINY_TRANSFORMER)
+    resume = ["fairseq_cli.train", tiny_data_bin, "--user-dir", USER_DIR, "--arch", "fusion_transformer",
+              *TINY_TRANSFORMER, "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", "3",
+              "--save-dir", save_dir, "--no-progress-bar", "--no-epoch-checkpoints"]
+    result = run_unchecked(*resume, "--aggregate-decoder", "dense")
+    assert_one_line_error(result, "fairseq-train resumes from", "trained with aggregate_decoder 'none'",
+                          "the command line gives aggregate_decoder 'dense'")
+    assert torch.load(os.path.join(save_dir, "checkpoint_last.pt"))["optimizer_history"][-1]["num_updates"] == 2
+    resumed = run_unchecked(*resume)  # the same configuration resumes
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert torch.load(os.path.join(save_dir, "checkpoint_last.pt"))["optimizer_history"][-1]["num_updates"] == 3
+
+
 def test_fine_tuning_starts_fusion_parameters_fresh(no_fusion_checkpoint, tiny_data_bin, tmp_path):
     checkpoint = train(tiny_data_bin, str(tmp_path / "finetune"), "fusion_transformer", *TINY_TRANSFORMER,
                        "--fuse-decoder", "sa", "--finetune-from-model", no_fusion_checkpoint, updates=1)
