@@ -138,9 +138,13 @@ def test_an_old_fnn_fusion_computes_what_a_zero_layer_embedding_does(vanilla_che
 
 def test_training_resumes_from_an_fnn_fusion_saved_without_layer_embedding(tiny_data_bin, tmp_path):
     """Enc-FNN trained with no layer embedding has the parameters an FNN fusion had before it read
-    one; fairseq-train resumes from its checkpoint_last.pt, optimizer state included."""
+    one, and with its stored --fusion-no-layer-embedding switched off, the configuration such a
+    checkpoint holds; fairseq-train resumes from its checkpoint_last.pt, optimizer state included."""
     flags = [*TINY_TRANSFORMER, "--fuse-encoder", "fnn"]
-    train(tiny_data_bin, str(tmp_path), "fusion_transformer", *flags, "--fusion-no-layer-embedding")
+    last = train(tiny_data_bin, str(tmp_path), "fusion_transformer", *flags, "--fusion-no-layer-embedding")
+    state = torch.load(last)
+    vars(state["cfg"]["model"])["fusion_no_layer_embedding"] = False
+    torch.save(state, last)
     log = train_log(tiny_data_bin, str(tmp_path), "fusion_transformer", *flags, updates=4)
     assert f"checkpoint has no encoder.{TABLE}" in log
     assert torch.load(tmp_path / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 4
