@@ -1,7 +1,19 @@
-# Shared helpers of the paper recipes examples/*/train.sh. Source it after setting PROG and
-# REPO_ROOT; do not run it.
+# Shared helpers of the paper recipes examples/*/train.sh, which source it first; do not run it.
+# Sets PROG (the recipe's name, for messages) and REPO_ROOT.
+
+PROG="$(basename "$0")"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
+common_options_usage() {  # the end of a recipe's usage text, the options all recipes share; $1: example extra arguments
+    cat <<EOF
+  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
+  --dry-run          print the fairseq-train command and exit
+  -h, --help         this help
+Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
+  -- $1
+EOF
+}
 usage_error() { printf '%s: error: %s\n(see %s --help)\n' "$PROG" "$*" "$PROG" >&2; exit 2; }
 need_value() { if [[ "$2" -lt 2 ]]; then usage_error "$1 needs a value"; fi; }
 check_int() {  # check_int FLAG VALUE MIN

@@ -4,9 +4,8 @@
 # See examples/deep_representations/README.md for the variants, their flags and the readings.
 set -euo pipefail
 
-PROG="$(basename "$0")"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../train-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../train-common.sh"  # PROG, REPO_ROOT and the shared helpers
 
 usage() {
     cat <<EOF
@@ -36,16 +35,9 @@ Options:
                      that one update sees 8 x 4096 tokens, the paper's 8 GPUs x 4096 tokens
   --max-tokens N     tokens per GPU batch (default: 4096)
   --max-update N     updates (default: 100000)
-  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
-  --dry-run          print the fairseq-train command and exit
-  -h, --help         this help
-Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
-  -- --fp16 --max-epoch 30
 EOF
+    common_options_usage "--fp16 --max-epoch 30"
 }
-
-# shellcheck source=../train-common.sh
-source "$REPO_ROOT/examples/train-common.sh"
 
 SAVE_ROOT=checkpoints/deeprep-wmt14-en-de
 VANILLA=""

@@ -4,9 +4,8 @@
 # See examples/dense_nmt/README.md for the models, the readings and evaluation.
 set -euo pipefail
 
-PROG="$(basename "$0")"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../train-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../train-common.sh"  # PROG, REPO_ROOT and the shared helpers
 
 usage() {
     cat <<EOF
@@ -31,16 +30,9 @@ Options:
   --embed E          Table 1's smaller embeddings (64, 128): embeddings and softmax of width E, projected
                      back to 256 (IWSLT variants only)
   --save-root DIR    checkpoints go to DIR/VARIANT[-embedE] (default: checkpoints/densenmt)
-  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
-  --dry-run          print the fairseq-train command and exit
-  -h, --help         this help
-Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
-  -- --fp16 --seed 2
 EOF
+    common_options_usage "--fp16 --seed 2"
 }
-
-# shellcheck source=../train-common.sh
-source "$REPO_ROOT/examples/train-common.sh"
 
 EMBED=""
 SAVE_ROOT=checkpoints/densenmt

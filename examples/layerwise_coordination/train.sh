@@ -5,9 +5,8 @@
 # See examples/layerwise_coordination/README.md for the recipe, the readings and evaluation.
 set -euo pipefail
 
-PROG="$(basename "$0")"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../train-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../train-common.sh"  # PROG, REPO_ROOT and the shared helpers
 
 usage() {
     cat <<EOF
@@ -40,16 +39,9 @@ Options:
   --patience N       stop when the validation loss has not improved for N epochs (default: 10; the
                      paper uses the validation set for early stopping)
   --seed N           (default: 1)
-  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
-  --dry-run          print the fairseq-train command and exit
-  -h, --help         this help
-Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
-  -- --fp16 --update-freq 2
 EOF
+    common_options_usage "--fp16 --update-freq 2"
 }
-
-# shellcheck source=../train-common.sh
-source "$REPO_ROOT/examples/train-common.sh"
 
 SAVE_ROOT=checkpoints/lwc-iwslt14-de-en
 LAYERS=""

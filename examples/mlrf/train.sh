@@ -4,9 +4,8 @@
 # See examples/mlrf/README.md for the stages, the readings and evaluation.
 set -euo pipefail
 
-PROG="$(basename "$0")"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../train-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../train-common.sh"  # PROG, REPO_ROOT and the shared helpers
 
 usage() {
     cat <<EOF
@@ -39,16 +38,9 @@ Options:
                      (default: SAVE_ROOT/VARIANT[-hopsN]/stage1/checkpoint_last.pt)
   --gpus N           GPUs to train on (default: nvidia-smi's count, else 1); each GPU gets 80/N (stage 2:
                      32/N) sentences, so that one update sees the paper's batch; N must divide 16
-  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
-  --dry-run          print the fairseq-train command and exit
-  -h, --help         this help
-Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
-  -- --fp16 --seed 2
 EOF
+    common_options_usage "--fp16 --seed 2"
 }
-
-# shellcheck source=../train-common.sh
-source "$REPO_ROOT/examples/train-common.sh"
 
 SETTING=iwslt-de-en
 STAGE=1

@@ -5,9 +5,8 @@
 # See examples/surface_fusion/README.md for the variants, the analyses and the readings.
 set -euo pipefail
 
-PROG="$(basename "$0")"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../train-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../train-common.sh"  # PROG, REPO_ROOT and the shared helpers
 
 usage() {
     cat <<EOF
@@ -31,16 +30,9 @@ Options:
   --max-tokens N     tokens per GPU batch (default: 4096); --update-freq is 16384 / (N x GPUs), so that one
                      update sees the paper's 16K-token batch
   --max-update N     updates (default: 60000, the paper's 60K steps)
-  --user-dir DIR     fairseq --user-dir (default: \$(fusion-fairseq-user-dir), else this checkout's plugin)
-  --dry-run          print the fairseq-train command and exit
-  -h, --help         this help
-Arguments after -- are appended to fairseq-train's (the last occurrence of a flag wins), e.g.
-  -- --fp16 --seed 2
 EOF
+    common_options_usage "--fp16 --seed 2"
 }
-
-# shellcheck source=../train-common.sh
-source "$REPO_ROOT/examples/train-common.sh"
 
 SAVE_ROOT=checkpoints/surface-fusion-wmt16-ro-en
 GPUS=""
