@@ -228,3 +228,88 @@ def test_every_method_uses_known_flags():
         assert args.arch == method.arch
         if method.style == "encdec":
             assert args.share_all_embeddings and args.encoder_embed_dim == 256 and args.decoder_layers == 3
+
+
+def test_auto_budget_provisional_runs_and_composition(tmp_path, monkeypatch):
+    """--max-update auto: the first seed's Transformer trains in chunks until its curve is flat, the
+    other runs stop at --provisional-update meanwhile and then go on to the budget; the composition is
+    chosen from the first seed's curves; --stage train evaluates nothing, --stage evaluate trains nothing."""
+    monkeypatch.setattr(comparison, "PLATEAU_WINDOW", 2)
+    monkeypatch.setattr(comparison, "BUDGET_STEP", 2)
+    monkeypatch.setattr(comparison, "PLATEAU_DELTA", 1e9)  # flat at the first validation with one 2 updates earlier
+    monkeypatch.setattr(comparison, "COMPONENTS", ("surface_fusion", "fgla"))
+    raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
+    _write_raw(raw)
+    argv = _argv(raw, out, ["transformer", "surface_fusion", "fgla", "composition"])
+    argv[argv.index("--max-update") + 1] = "auto"
+    argv[argv.index("--seeds") + 1:argv.index("--seeds") + 3] = ["1"]
+    main(argv + ["--provisional-update", "2", "--stage", "train"])
+    with open(os.path.join(out, "budget.json")) as f:
+        budget = json.load(f)
+    assert (budget["plateau_update"], budget["budget"]) == (4, 4)
+    with open(os.path.join(out, "composition.json")) as f:
+        assert json.load(f)["components"] in (["surface_fusion", "fgla"], ["fgla", "surface_fusion"])
+    for method in ("transformer", "surface_fusion", "fgla", "composition"):
+        rdir = os.path.join(out, "runs", method, "seed1")
+        assert comparison.saved_updates(os.path.join(rdir, "checkpoints")) == 4
+        assert not os.path.exists(os.path.join(rdir, "done.json"))
+        with open(os.path.join(rdir, "sessions.json")) as f:
+            sessions = json.load(f)
+        assert all(s["commit"] for s in sessions)
+    with open(os.path.join(out, "runs", "fgla", "seed1", "sessions.json")) as f:
+        assert [s["target"] for s in json.load(f)] == [2, 4]  # provisional, then the budget
+    results = main(argv + ["--stage", "evaluate"])
+    assert [run["status"] for row in results["methods"] for run in row["runs"]] == ["done"] * 4
+    assert all(run["updates"] == 4 for row in results["methods"] for run in row["runs"])
+
+
+def test_plateau_and_budget_rule():
+    curve = {250: 5.0, 500: 4.0, 750: 3.5, 1000: 3.48, 1250: 3.485, 1500: 3.475}
+    # 1250: best 3.48 against 3.5 up to 750 (a worse validation ends nothing); 1500: 3.475 against 3.48
+    assert comparison.plateau_update(curve, 0.01, 500) == 1500
+    assert comparison.plateau_update({**curve, 1500: 3.3}, 0.01, 500) is None
+    assert comparison.calibrated_budget(1250) == 1500 and comparison.calibrated_budget(1500) == 1500
+
+
+def test_composition_rule():
+    nll = {"a": 3.0, "b": 3.1, "c": 3.2, "d": 3.4}
+    everything = lambda names: True  # noqa: E731
+    assert comparison.choose_components(nll, 3.3, everything) == ["a", "b", "c"]
+    assert comparison.choose_components(nll, 3.3, lambda names: not {"a", "b"} <= set(names)) == ["a", "c"]
+    assert comparison.choose_components(nll, 3.05, everything) == ["a", "b"]  # fewer than two beat it: the two best
+
+
+def _fake_checkpoint(path, updates):
+    import torch
+
+    torch.save({"optimizer_history": [{"num_updates": updates}], "model": {}}, path)
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
+    save = str(tmp_path)
+    last = os.path.join(save, "checkpoint_last.pt")
+    for update in (250, 500):
+        _fake_checkpoint(os.path.join(save, f"checkpoint_1_{update}.pt"), update)
+    _fake_checkpoint(last, 500)
+    with open(last, "r+b") as f:  # killed while fairseq copied it
+        f.truncate(os.path.getsize(last) // 2)
+    comparison.resume_from_newest_intact(save)
+    assert comparison.checkpoint_updates(last) == 500
+    printed = capsys.readouterr().out
+    assert "resuming from checkpoint_1_500.pt (update 500): checkpoint_last.pt was missing or unreadable" in printed
+    assert [n for n in os.listdir(save) if n.startswith("checkpoint_last.pt.unreadable-")]  # kept, not deleted
+
+    _fake_checkpoint(last, 250)  # killed between the interval checkpoint and the copy
+    comparison.resume_from_newest_intact(save)
+    assert comparison.checkpoint_updates(last) == 500 and "checkpoint_last.pt was older" in capsys.readouterr().out
+
+    with open(os.path.join(save, "checkpoint_1_750.pt"), "wb") as f:
+        f.write(b"not a checkpoint")
+    os.remove(last)
+    comparison.resume_from_newest_intact(save)
+    assert comparison.checkpoint_updates(last) == 500
+    assert "checkpoint_1_750.pt is unreadable" in capsys.readouterr().out
+
+    os.remove(os.path.join(save, "checkpoint_1_750.pt"))
+    comparison.resume_from_newest_intact(save)  # intact and the newest: left alone
+    assert capsys.readouterr().out == "" and comparison.checkpoint_updates(last) == 500

@@ -47,11 +47,12 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -128,11 +129,12 @@ def resolve_methods(names: Sequence[str]) -> List[Method]:
         wanted += [n.strip() for n in item.split(",") if n.strip()]
     if not wanted:
         raise ComparisonError(f"--methods: no method given (known methods: {', '.join(METHODS)})")
-    unknown = [n for n in wanted if n not in METHODS]
+    known = {**METHODS, COMPOSITION: COMPOSITION_PLACEHOLDER}
+    unknown = [n for n in wanted if n not in known]
     if unknown:
         raise ComparisonError(f"--methods: unknown method(s) {', '.join(repr(n) for n in unknown)}; known methods: "
-                              f"{', '.join(METHODS)}")
-    return [METHODS[n] for n in dict.fromkeys(wanted)]
+                              f"{', '.join(known)}")
+    return [known[n] for n in dict.fromkeys(wanted)]
 
 
 # ----------------------------------------------------------------------------------------------- width
@@ -219,18 +221,18 @@ def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int,
 
 # ------------------------------------------------------------------------------------------- settings
 def common_train_flags(settings: argparse.Namespace, src: str, tgt: str) -> List[str]:
-    """Everything but the model, the criterion, the seed, the device and the paths: identical for all."""
+    """Everything but the model, the criterion, the seed, the budget, the device and the paths: identical for all."""
     return [
         "--task", "translation", "--source-lang", src, "--target-lang", tgt,
         "--dropout", str(settings.dropout),
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
         "--lr", str(settings.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup),
         "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001",
-        "--max-tokens", str(settings.max_tokens), "--max-update", str(settings.max_update),
-        # validate + checkpoint every --eval-every updates and at the end only (not at epoch ends)
+        "--max-tokens", str(settings.max_tokens),
+        # validate + checkpoint every --eval-every updates and at the end only (not at epoch ends); every
+        # interval checkpoint is kept: they are the resume points and the candidates of the evaluation
         "--save-interval-updates", str(settings.eval_every), "--validate-interval-updates", str(settings.eval_every),
-        "--save-interval", "1000000", "--validate-interval", "1000000",
-        "--keep-interval-updates", "1", "--no-epoch-checkpoints",
+        "--save-interval", "1000000", "--validate-interval", "1000000", "--no-epoch-checkpoints",
         # checkpoint selection on the NLL: the diversity criterion's loss includes its regulariser
         "--best-checkpoint-metric", "nll_loss",
         "--log-format", "json", "--log-interval", str(settings.log_interval),
@@ -251,7 +253,7 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
 
 
 def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int) -> List[str]:
-    """fairseq-train's argv of one run, without the save dir and the device (see :func:`run_argv`)."""
+    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_worker`)."""
     return [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
             *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"]),
             "--seed", str(seed), *shlex.split(settings.train_args or "")]
@@ -414,6 +416,157 @@ def _read_json(path: str):
         return None
 
 
+# ---------------------------------------------------------------------------------------------- budget
+#: ``--max-update auto``: the Transformer of the first seed trains in chunks of PLATEAU_WINDOW updates
+#: until its best validation NLL (fairseq's ``valid_nll_loss``, bits per target token) improves by less
+#: than PLATEAU_DELTA over PLATEAU_WINDOW updates; that update, rounded up to a multiple of BUDGET_STEP,
+#: is the budget of every run. The other runs train up to ``--provisional-update`` meanwhile (the
+#: learning-rate schedule does not depend on the budget, so nothing they did is redone).
+PLATEAU_DELTA = 0.01
+PLATEAU_WINDOW = 500
+BUDGET_STEP = 500
+BUDGET_RULE = (f"the first validation at which the first seed's Transformer's best validation NLL (bits) is less "
+               f"than {PLATEAU_DELTA} below its best {PLATEAU_WINDOW} updates earlier, rounded up to a multiple "
+               f"of {BUDGET_STEP}")
+
+
+def plateau_update(curve: Dict[int, float], delta: float = PLATEAU_DELTA, window: int = PLATEAU_WINDOW) -> Optional[int]:
+    """The first validated update ``u`` whose best NLL so far is less than ``delta`` below the best
+    NLL up to ``u - window``; None while the curve still improves. Reading of "improves by less than
+    0.01 over 500 updates": best-so-far values, so one noisy validation neither ends nor prolongs it."""
+    bests: List[Tuple[int, float]] = []
+    for update, nll in sorted(curve.items()):
+        bests.append((update, min(nll, bests[-1][1]) if bests else nll))
+        earlier = [best for u, best in bests if u <= update - window]
+        if earlier and earlier[-1] - bests[-1][1] < delta:
+            return update
+    return None
+
+
+def calibrated_budget(plateau: int) -> int:
+    return BUDGET_STEP * math.ceil(plateau / BUDGET_STEP)
+
+
+def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
+    """(update, NLL) of the best validation at or before ``budget``."""
+    update = min((u for u in curve if u <= budget), key=lambda u: (curve[u], u))
+    return update, curve[update]
+
+
+# ----------------------------------------------------------------------------------------- composition
+#: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
+#: any run of the comparison has been scored.
+COMPONENTS = ("mlrf", "deeprep", "surface_fusion", "fgla")
+COMPOSITION = "composition"
+COMPOSITION_RULE = (
+    "the components (" + ", ".join(COMPONENTS) + ") whose first-seed best validation NLL within the budget is "
+    "below the Transformer's, best first, each added when fairseq builds it together with those already chosen; "
+    "when fewer than two qualify, the two best that build together")
+
+
+def choose_components(best_nll: Dict[str, float], baseline_nll: float, builds) -> List[str]:
+    """:data:`COMPOSITION_RULE`; ``builds(names)`` tells whether a composition of ``names`` builds."""
+    ranked = sorted(best_nll, key=lambda name: (best_nll[name], name))
+
+    def greedy(candidates):
+        chosen: List[str] = []
+        for name in candidates:
+            if builds(chosen + [name]):
+                chosen.append(name)
+        return chosen
+
+    chosen = greedy([name for name in ranked if best_nll[name] < baseline_nll])
+    return chosen if len(chosen) >= 2 else greedy(ranked)[:2]
+
+
+def composed_method(components: Sequence[str]) -> Method:
+    parts = [METHODS[name] for name in components]
+    return Method(
+        COMPOSITION, "Composition: " + " + ".join(name for name in components), "fusion_transformer features composed",
+        "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
+        criterion=next((part.criterion for part in parts if part.criterion), ()),
+        note=f"chosen by rule: {COMPOSITION_RULE}")
+
+
+COMPOSITION_PLACEHOLDER = Method(COMPOSITION, "Composition (chosen after the first seed)", "fusion_transformer features "
+                                 "composed", "fusion_transformer", note=f"chosen by rule: {COMPOSITION_RULE}")
+
+
+# ----------------------------------------------------------------------------------------- checkpoints
+INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
+
+
+def interval_checkpoints(save_dir: str) -> Dict[int, str]:
+    """{update: path} of fairseq's interval checkpoints, which it writes atomically (a temporary
+    file renamed), so one that exists is complete."""
+    found = {}
+    if os.path.isdir(save_dir):
+        for name in os.listdir(save_dir):
+            m = INTERVAL_CHECKPOINT.fullmatch(name)
+            if m:
+                found[int(m.group(1))] = os.path.join(save_dir, name)
+    return dict(sorted(found.items()))
+
+
+def saved_updates(save_dir: str) -> int:
+    return max(interval_checkpoints(save_dir), default=0)
+
+
+def checkpoint_updates(path: str) -> Optional[int]:
+    """The update count stored in checkpoint ``path``; None when it cannot be read (truncated, empty)."""
+    import torch
+
+    import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return int(state["optimizer_history"][-1]["num_updates"])
+    except Exception:  # noqa: BLE001 - any unreadable file: truncated, not a zip, not a checkpoint
+        return None
+
+
+def resume_from_newest_intact(save_dir: str) -> None:
+    """Make ``checkpoint_last.pt``, which fairseq resumes from, the newest checkpoint that reads.
+
+    fairseq writes ``checkpoint_last.pt`` by copying the interval checkpoint (not atomically), so a
+    run killed during the copy leaves it truncated and every later resume fails; killed between the
+    two writes, it is older than the interval checkpoint. Either way the newest intact interval
+    checkpoint replaces it (atomically); an unreadable file is kept beside it, renamed, and said."""
+    last = os.path.join(save_dir, "checkpoint_last.pt")
+    last_updates = checkpoint_updates(last) if os.path.exists(last) else None
+    for update, path in reversed(interval_checkpoints(save_dir).items()):
+        if last_updates is not None and last_updates >= update:
+            return
+        if checkpoint_updates(path) != update:
+            print(f"[compare] {path} is unreadable; looking for an older checkpoint", flush=True)
+            continue
+        _set_aside_unreadable(last, last_updates)
+        shutil.copyfile(path, last + ".tmp")
+        os.replace(last + ".tmp", last)
+        print(f"[compare] resuming from {os.path.basename(path)} (update {update}): checkpoint_last.pt was "
+              + ("older" if last_updates is not None else "missing or unreadable"), flush=True)
+        return
+    _set_aside_unreadable(last, last_updates)
+
+
+def _set_aside_unreadable(last: str, last_updates: Optional[int]) -> None:
+    if last_updates is None and os.path.exists(last):
+        aside = f"{last}.unreadable-{int(time.time())}"
+        os.replace(last, aside)
+        print(f"[compare] {last} is unreadable (kept as {aside})", flush=True)
+
+
+def code_commit() -> Optional[str]:
+    """The commit of the code that runs (``+modified`` when tracked files differ from it); None outside git."""
+    def git(*args):
+        return subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return git("rev-parse", "HEAD") + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 # ---------------------------------------------------------------------------------------------- runs
 def run_dir(out: str, method: str, seed: int) -> str:
     return os.path.join(out, "runs", method, f"seed{seed}")
@@ -429,8 +582,9 @@ def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe
         "method": method.name, "seed": seed, "arch": method.arch, "params": plan_entry["params"],
         "train_argv": argv,  # the comparable part: the same in every session of this run
         "save_dir": os.path.join(rdir, "checkpoints"),
-        "data_bin": data_bin, "max_update": settings.max_update,
-        "beam": settings.beam, "gen_args": settings.gen_args, "recipe": recipe,
+        "data_bin": data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": recipe,
+        "device": settings.device, "device_flags": device_flags(settings.device),
+        "keep_checkpoints": settings.keep_checkpoints,
     }
 
 
@@ -465,13 +619,15 @@ def run_is_locked(rdir: str) -> bool:
 
 
 def check_config(rdir: str, config: dict) -> None:
+    """Refuse a run directory started with other training flags (the plugin's location aside: a pinned
+    checkout of the same code may resume or evaluate it)."""
     stored = _read_json(os.path.join(rdir, "config.json"))
     if stored is None:
         return
-    if stored.get("train_argv") != config["train_argv"]:
-        old, new = _flag_values(stored.get("train_argv") or []), _flag_values(config["train_argv"])
-        diff = [f"{flag} {' '.join(old.get(flag, ['(absent)']))} -> {' '.join(new.get(flag, ['(absent)']))}"
-                for flag in sorted(set(old) | set(new)) if old.get(flag) != new.get(flag)]
+    old, new = _flag_values(stored.get("train_argv") or []), _flag_values(config["train_argv"])
+    diff = [f"{flag} {' '.join(old.get(flag, ['(absent)']))} -> {' '.join(new.get(flag, ['(absent)']))}"
+            for flag in sorted(set(old) | set(new)) if flag != "--user-dir" and old.get(flag) != new.get(flag)]
+    if diff:
         raise ComparisonError(
             f"{rdir} was started with other settings ({'; '.join(diff)[:600]}); "
             "use another --out, the original settings, or delete that run directory")
@@ -490,34 +646,26 @@ def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
     return values
 
 
-def run_one(method: Method, seed: int, config: dict, rdir: str, settings, env: dict) -> str:
-    """Train (or resume) + evaluate one run in a worker process. Returns its status."""
+def run_step(name: str, rdir: str, step: str, updates: int, env: dict) -> str:
+    """One step of a run in a worker process: ``train`` up to ``updates``, or ``evaluate`` the run at
+    that budget. Returns "done", "running" (another process holds the run) or "failed"."""
     lock = RunLock(rdir)
     if not lock.acquire():
-        log(f"{method.name} seed {seed}: running in another process, skipped")
+        log(f"{name}: running in another process, skipped")
         return "running"
     try:
-        if os.path.isfile(os.path.join(rdir, "done.json")):
-            log(f"{method.name} seed {seed}: already done, not retrained")
-            return "done"
-        config = dict(config, device=settings.device, device_flags=device_flags(settings.device),
-                      keep_checkpoints=settings.keep_checkpoints)
-        _write_json(os.path.join(rdir, "config.json"), config)
-        resumed = os.path.isfile(os.path.join(rdir, "checkpoints", "checkpoint_last.pt"))
-        log(f"{method.name} seed {seed}: {'resuming from checkpoint_last.pt' if resumed else 'training'} "
+        log(f"{name}: {'training up to update' if step == 'train' else 'evaluating at update'} {updates} "
             f"-> {rdir}/run.log")
         started = time.time()
         with open(os.path.join(rdir, "run.log"), "a", encoding="utf-8") as log_file:
-            log_file.write(f"\n==== session {datetime.now(timezone.utc).isoformat(timespec='seconds')} pid {os.getpid()}\n")
+            log_file.write(f"\n==== {step} {datetime.now(timezone.utc).isoformat(timespec='seconds')} pid {os.getpid()}\n")
             log_file.flush()
-            rc = subprocess.call([sys.executable, "-m", "fusion_fairseq.tools.comparison", "_worker", rdir],
+            rc = subprocess.call([sys.executable, "-m", "fusion_fairseq.tools.comparison", f"_{step}", rdir, str(updates)],
                                  stdout=log_file, stderr=subprocess.STDOUT, env=env)
-        done = _read_json(os.path.join(rdir, "done.json"))
-        if rc != 0 or done is None:
-            log(f"{method.name} seed {seed}: FAILED (exit {rc}) after {time.time() - started:.0f}s; see {rdir}/run.log")
+        if rc != 0:
+            log(f"{name}: {step} FAILED (exit {rc}) after {time.time() - started:.0f}s; see {rdir}/run.log")
             return "failed"
-        log(f"{method.name} seed {seed}: done in {time.time() - started:.0f}s: sacreBLEU {done['sacrebleu']}, "
-            f"tokenised BLEU {done['tokenized_bleu']}")
+        log(f"{name}: {step} finished in {time.time() - started:.0f}s")
         return "done"
     finally:
         lock.release()
@@ -576,51 +724,67 @@ def last_log_time(log_path: str) -> Optional[float]:
         return None
 
 
-def worker_main(rdir: str) -> None:
+def _fairseq_logging() -> None:
     import logging
 
     # fairseq-train's own log format (the learning curves are read from its "| valid |" json lines);
     # force: importing the plugin may already have configured the root logger
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
                         level=logging.INFO, stream=sys.stdout, force=True)
-    config = _read_json(os.path.join(rdir, "config.json"))
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    import fairseq_cli.generate as fairseq_generate
-    import fairseq_cli.train as fairseq_train
-    import torch
 
-    sessions_path = os.path.join(rdir, "sessions.json")
-    sessions = _read_json(sessions_path) or []
-    log_path = os.path.join(rdir, "run.log")
-    for session in sessions:  # an interrupted session ends at the last fairseq log line before this one
+
+def close_interrupted_sessions(sessions: List[dict], log_path: str) -> None:
+    """A session killed before it could record its end ends at the last fairseq log line."""
+    for session in sessions:
         if session.get("end") is None:
             session["end"] = max(session["start"], last_log_time(log_path) or session["start"])
             session["to_update"] = last_logged_update(log_path)
             session["interrupted"] = True
-    device = device_description(config["device"])
-    trained_path = os.path.join(rdir, "trained.json")
-    if not os.path.isfile(trained_path):
-        session = {"start": time.time(), "end": None, "device": device, "from_update": last_logged_update(log_path)}
-        sessions.append(session)
-        _write_json(sessions_path, sessions)
-        argv = [*config["train_argv"], "--save-dir", config["save_dir"], *config["device_flags"]]
-        print("$ fairseq-train " + " ".join(shlex.quote(a) for a in argv), flush=True)
-        parser = options.get_training_parser()
-        args = options.parse_args_and_arch(parser, argv)
-        cfg = convert_namespace_to_omegaconf(args)
-        fairseq_train.distributed_utils.call_main(cfg, fairseq_train.main)
-        session["end"] = time.time()
-        session["to_update"] = last_logged_update(log_path)
-        _write_json(sessions_path, sessions)
-        _write_json(trained_path, {"updates": session["to_update"], "finished": session["end"]})
-    train_seconds = sum((s["end"] or time.time()) - s["start"] for s in sessions)
+
+
+def train_worker(rdir: str, target: int) -> None:
+    """fairseq-train's own code, in this process, resuming the run up to update ``target``."""
+    _fairseq_logging()
+    config = _read_json(os.path.join(rdir, "config.json"))
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    import fairseq_cli.train as fairseq_train
+
+    sessions_path, log_path = os.path.join(rdir, "sessions.json"), os.path.join(rdir, "run.log")
+    sessions = _read_json(sessions_path) or []
+    close_interrupted_sessions(sessions, log_path)
+    resume_from_newest_intact(config["save_dir"])
+    session = {"start": time.time(), "end": None, "device": device_description(config["device"]),
+               "from_update": saved_updates(config["save_dir"]), "target": target, "commit": code_commit()}
+    sessions.append(session)
+    _write_json(sessions_path, sessions)
+    argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", config["save_dir"], *config["device_flags"]]
+    print("$ fairseq-train " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    fairseq_train.distributed_utils.call_main(convert_namespace_to_omegaconf(args), fairseq_train.main)
+    session["end"], session["to_update"] = time.time(), saved_updates(config["save_dir"])
+    _write_json(sessions_path, sessions)
+
+
+def evaluate_worker(rdir: str, budget: int) -> None:
+    """Translate the test set with the checkpoint of the best validation NLL within ``budget`` and
+    score it as ``scripts/evaluate.sh`` does; writes ``done.json`` last."""
+    _fairseq_logging()
+    config = _read_json(os.path.join(rdir, "config.json"))
+    from fairseq import options
+    import fairseq_cli.generate as fairseq_generate
+    import torch
+
+    log_path = os.path.join(rdir, "run.log")
+    sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
+    train_seconds = sum((s["end"] or s["start"]) - s["start"] for s in sessions)
+    best_update, best_nll = best_within(learning_curve(log_path), budget)
+    checkpoint = interval_checkpoints(config["save_dir"])[best_update]
 
     # ---- test: fairseq-generate + scoring, as scripts/evaluate.sh
     recipe = config["recipe"]
     eval_dir = os.path.join(rdir, f"eval-test-beam{config['beam']}")
     os.makedirs(eval_dir, exist_ok=True)
-    checkpoint = os.path.join(config["save_dir"], "checkpoint_best.pt")
     started = time.time()
     gen_argv = [config["data_bin"], "--path", checkpoint, "--gen-subset", "test",
                 "--source-lang", recipe["SRC"], "--target-lang", recipe["TGT"], "--beam", str(config["beam"]),
@@ -659,25 +823,26 @@ def worker_main(rdir: str) -> None:
             m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
             if m:
                 logged_params = int(m.group(1).replace(",", ""))
-    updates = _read_json(trained_path)["updates"]
     done = {
         "method": config["method"], "seed": config["seed"], "arch": config["arch"],
         "sacrebleu": scores["sacrebleu"], "tokenized_bleu": scores["tokenized_bleu"],
         "sacrebleu_signature": scores["sacrebleu_signature"], "sacrebleu_full": scores["sacrebleu_full"],
         "tokenized_bleu_full": scores["tokenized_bleu_full"], "test_sentences": scores["sentences"],
-        "params": logged_params or config["params"], "updates": updates,
+        "params": logged_params or config["params"], "updates": budget,
+        "best_update": best_update, "best_valid_nll": best_nll,
         "train_seconds": round(train_seconds, 1), "generate_seconds": round(generate_seconds, 1),
         "updates_per_second": round(sum((s.get("to_update") or 0) - s.get("from_update", 0) for s in sessions) /
                                     max(1e-9, train_seconds), 3),
-        "devices": sorted({s["device"] for s in sessions} | {device}),
+        "devices": sorted({s["device"] for s in sessions}),
+        "trained_by": sorted({s.get("commit") or "unknown" for s in sessions}), "evaluated_by": code_commit(),
         "checkpoint": checkpoint, "eval_dir": eval_dir,
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
     }
     if not config.get("keep_checkpoints"):
-        # keep checkpoint_best.pt (the scored model); the rest only served resuming
+        # keep the scored checkpoint; the rest only served resuming
         for name in os.listdir(config["save_dir"]):
-            if name.endswith(".pt") and name != "checkpoint_best.pt":
+            if name.endswith(".pt") and os.path.join(config["save_dir"], name) != checkpoint:
                 os.remove(os.path.join(config["save_dir"], name))
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker: written last
 
@@ -794,6 +959,7 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
         entry = plan.get(method.name, {})
         rows.append({
             "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
+            "method_flags": list(method.flags),
             "flags": entry.get("model_flags"), "criterion": list(method.criterion or DEFAULT_CRITERION),
             "params": entry.get("params"), "matched": ({entry["matched_flag"]: entry["matched_value"]}
                                                        if entry.get("matched_flag") else None),
@@ -890,7 +1056,7 @@ def markdown(results: dict) -> str:
         params = r["params"]
         delta = f"{100 * (params - baseline) / baseline:+.1f}%" if params and baseline else "–"
         n = sum(run["status"] == "done" for run in r["runs"])
-        lines.append(f"| {r['title']} | {params:,} | {delta} | " + " | ".join(cells) +
+        lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | {delta} | " + " | ".join(cells) +
                      f" | {_fmt_stats(r['sacrebleu'])} | {_fmt_stats(r['tokenized_bleu'])} | {n}/{len(r['runs'])} |")
     lines += ["", "## Runs", "",
               "| method | seed | status | updates | training time | updates/s | test decoding | device | finished |",
@@ -906,8 +1072,7 @@ def markdown(results: dict) -> str:
     lines += ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | note |",
               "|---|---|---|---|---|"]
     for r in rows:
-        method = METHODS[r["method"]]
-        flags = [method.arch and f"--arch {method.arch}", " ".join(method.flags)]
+        flags = [f"--arch {r['arch']}", " ".join(r["method_flags"])]
         if r.get("matched"):
             (flag, value), = r["matched"].items()
             flags.append(f"{flag} {value} (matched)")
@@ -993,6 +1158,10 @@ def _positive_int(text):
     return value
 
 
+def _budget(text):
+    return "auto" if text == "auto" else _positive_int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compare_methods.py",
@@ -1002,7 +1171,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--methods", nargs="+", default=[",".join(METHODS)],
-                   help="methods (space- or comma-separated) from: " + ", ".join(METHODS))
+                   help="methods (space- or comma-separated) from: " + ", ".join(METHODS) + f"; and '{COMPOSITION}': "
+                   f"{COMPOSITION_RULE}")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
@@ -1017,7 +1187,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=_positive_int, default=800)
+    g.add_argument("--max-update", type=_budget, default=800,
+                   help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
+                   BUDGET_RULE + ")")
+    g.add_argument("--provisional-update", type=_positive_int, default=4000,
+                   help="with --max-update auto: how far the other runs train while the budget is calibrated")
     g.add_argument("--max-tokens", type=_positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=_positive_int, default=250, help="inverse-sqrt warm-up updates")
@@ -1032,7 +1206,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=_positive_int,
                    help="torch threads per run (default: torch's own; with --jobs N on CPU: cores / N)")
     g.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep checkpoint_last.pt of finished runs (default: only checkpoint_best.pt is kept)")
+                   help="keep every checkpoint of evaluated runs (default: only the scored one is kept)")
+    g.add_argument("--stage", choices=("all", "train", "evaluate"), default="all",
+                   help="train: train every run to the budget and evaluate none (e.g. from a pinned checkout); "
+                   "evaluate: evaluate the runs that reached it and train none")
     g.add_argument("--report-only", action="store_true", help="train nothing; collect what exists and write the report")
     g.add_argument("--log-interval", type=_positive_int, default=50, help=argparse.SUPPRESS)
     return p
@@ -1050,60 +1227,220 @@ def worker_env(settings) -> dict:
     return env
 
 
+class Experiment:
+    """The runs of one ``--out``: which step each needs next, in which order, and the report.
+
+    Every decision is read back from the run directories (interval checkpoints, logs, ``budget.json``,
+    ``composition.json``), so an invocation killed at any point is continued by the next one."""
+
+    def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
+        self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
+        self.out = settings.out
+        self.record_budget()
+        self.plan = make_plan(self.concrete_methods(), settings.width, settings, data_bin, recipe, self.out)
+        self.env = worker_env(settings)
+
+    # ---- what the runs are
+    def runs(self) -> List[Tuple[str, int]]:
+        """(method, seed) in training order: seed-major, so the first pieces are a full one-seed table."""
+        return [(method.name, seed) for seed in self.settings.seeds for method in self.methods]
+
+    def method(self, name: str) -> Optional[Method]:
+        """The method of that name; the composition only once it is chosen."""
+        if name != COMPOSITION:
+            return METHODS[name]
+        chosen = _read_json(os.path.join(self.out, "composition.json"))
+        return composed_method(chosen["components"]) if chosen else None
+
+    def concrete_methods(self) -> List[Method]:
+        return [m for m in (self.method(method.name) for method in self.methods) if m is not None]
+
+    def rdir(self, name: str, seed: int) -> str:
+        return run_dir(self.out, name, seed)
+
+    def save_dir(self, name: str, seed: int) -> str:
+        return os.path.join(self.rdir(name, seed), "checkpoints")
+
+    # ---- budget and composition, decided from the runs' curves
+    def record_budget(self) -> None:
+        """budget.json holds the budget of ``--out`` (for ``auto``, once calibrated); another one is refused."""
+        path = os.path.join(self.out, "budget.json")
+        known, asked = _read_json(path), self.settings.max_update
+        was = (known or {}).get("max_update")
+        if known and was != asked:
+            raise ComparisonError(f"{self.out} was started with other settings (--max-update {was} -> {asked}); use "
+                                  "another --out or the original settings")
+        if not known and asked != "auto" and not self.settings.report_only:
+            _write_json(path, {"max_update": asked, "budget": asked})
+
+    def budget(self) -> Optional[int]:
+        known = _read_json(os.path.join(self.out, "budget.json"))
+        return known["budget"] if known else None
+
+    def calibrate(self) -> None:
+        """Write budget.json once the calibration run's curve has flattened (never changed afterwards)."""
+        if self.budget() is not None:
+            return
+        name, seed = "transformer", self.settings.seeds[0]
+        curve = learning_curve(os.path.join(self.rdir(name, seed), "run.log"))
+        saved = saved_updates(self.save_dir(name, seed))
+        plateau = plateau_update({u: v for u, v in curve.items() if u <= saved}, PLATEAU_DELTA, PLATEAU_WINDOW)
+        if plateau is None:
+            return
+        budget = calibrated_budget(plateau)
+        _write_json(os.path.join(self.out, "budget.json"), {
+            "max_update": "auto", "budget": budget, "plateau_update": plateau, "rule": BUDGET_RULE,
+            "calibration_run": os.path.relpath(self.rdir(name, seed), self.out),
+            "curve": {str(u): v for u, v in curve.items() if u <= saved}})
+        log(f"budget calibrated: {budget} updates (validation NLL flat at update {plateau})")
+
+    def choose_composition(self) -> None:
+        """Write composition.json once every component's first seed has reached the budget."""
+        budget = self.budget()
+        if (COMPOSITION not in [m.name for m in self.methods] or budget is None
+                or os.path.isfile(os.path.join(self.out, "composition.json"))):
+            return
+        seed = self.settings.seeds[0]
+        names = ["transformer", *COMPONENTS]
+        if any(saved_updates(self.save_dir(name, seed)) < budget for name in names):
+            return
+        best = {name: best_within(learning_curve(os.path.join(self.rdir(name, seed), "run.log")), budget)[1]
+                for name in names}
+        count = _build_counter(self.data_bin, self.settings, self.recipe)
+
+        def builds(components):
+            method = composed_method(components)
+            try:
+                count(method, model_flags(method, self.settings.width))
+                return True
+            except (ValueError, SystemExit):
+                return False
+
+        components = choose_components({n: best[n] for n in COMPONENTS}, best["transformer"], builds)
+        _write_json(os.path.join(self.out, "composition.json"), {
+            "components": components, "rule": COMPOSITION_RULE, "seed": seed, "budget": budget,
+            "best_valid_nll": best})
+        log(f"composition chosen: {' + '.join(components)}")
+        self.plan = make_plan(self.concrete_methods(), self.settings.width, self.settings, self.data_bin, self.recipe,
+                              self.out)
+
+    # ---- the next step of a run
+    def target(self, name: str, seed: int, saved: int) -> int:
+        budget = self.budget()
+        if budget is not None:
+            return budget
+        if (name, seed) == ("transformer", self.settings.seeds[0]):
+            return (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW  # calibration: the next chunk
+        return self.settings.provisional_update
+
+    def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
+        """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
+        composition or another process."""
+        rdir = self.rdir(name, seed)
+        if os.path.isfile(os.path.join(rdir, "done.json")) or self.method(name) is None or run_is_locked(rdir):
+            return None
+        saved, budget = saved_updates(self.save_dir(name, seed)), self.budget()
+        if budget is not None and saved >= budget:
+            return None if self.settings.stage == "train" else ("evaluate", budget)
+        if self.settings.stage == "evaluate":
+            return None
+        target = self.target(name, seed, saved)
+        return ("train", target) if saved < target else None
+
+    def start(self, name: str, seed: int, step: str, updates: int) -> str:
+        method, rdir = self.method(name), self.rdir(name, seed)
+        if step == "train":
+            config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed, rdir)
+            check_config(rdir, config)
+            os.makedirs(rdir, exist_ok=True)
+            _write_json(os.path.join(rdir, "config.json"), config)
+        status = run_step(f"{name} seed {seed}", rdir, step, updates, self.env)
+        if step == "train" and status == "done" and saved_updates(self.save_dir(name, seed)) < updates:
+            log(f"{name} seed {seed}: fairseq-train stopped before update {updates}; see {rdir}/run.log")
+            return "failed"
+        return status
+
+    def run(self) -> List[str]:
+        """Train and evaluate until nothing is left that can go on; returns the failed runs."""
+        failed, running = set(), {}
+        with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
+            while True:
+                self.calibrate()
+                self.choose_composition()
+                for name, seed in self.runs():
+                    if len(running) >= self.settings.jobs:
+                        break
+                    step = None if (name, seed) in failed | set(running.values()) else self.next_step(name, seed)
+                    if step:
+                        running[pool.submit(self.start, name, seed, *step)] = (name, seed)
+                if not running:
+                    return [f"{name} seed {seed}" for name, seed in sorted(failed)]
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    run = running.pop(future)
+                    if future.result() == "failed":
+                        failed.add(run)
+                self.report(quiet=True)
+
+    def report(self, quiet: bool = False) -> dict:
+        budget = self.budget()
+        asked = self.settings.max_update
+        settings = argparse.Namespace(**{**vars(self.settings), "max_update": budget or (
+            asked if asked != "auto" else "auto (calibrating)")})
+        try:
+            return write_report(self.out, self.concrete_methods_or_placeholder(), self.settings.seeds, self.plan,
+                                settings, self.settings.width, self.data_bin)
+        except Exception as error:  # noqa: BLE001 - a report must not stop the training of the other runs
+            if not quiet:
+                raise
+            log(f"warning: could not write the intermediate report: {error}")
+            return {}
+
+    def concrete_methods_or_placeholder(self) -> List[Method]:
+        return [self.method(m.name) or m for m in self.methods]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     settings = build_parser().parse_args(argv)
     methods = resolve_methods(settings.methods)
     import logging
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be at DEBUG
-    if "transformer" not in [m.name for m in methods]:
-        log("note: the baseline 'transformer' is not among --methods; its size is still the matching target")
-    if len(set(settings.seeds)) != len(settings.seeds):
-        raise ComparisonError("--seeds: repeated seed")
+    check_method_choice(settings, [m.name for m in methods])
     if settings.device is None:
         settings.device = "cuda" if _cuda_available() else "cpu"
     settings.out = os.path.abspath(settings.out)
     os.makedirs(settings.out, exist_ok=True)
-    width = settings.width
     data_bin = prepare_data(settings)
-    recipe = read_recipe_env(data_bin)
-    plan = make_plan(methods, width, settings, data_bin, recipe, settings.out)
-    env = worker_env(settings)
-    jobs = []
-    for seed in settings.seeds:  # seed-major: the first pieces are a full one-seed table
-        for method in methods:
-            rdir = run_dir(settings.out, method.name, seed)
-            config = run_config(method, plan[method.name], settings, data_bin, recipe, seed, rdir)
-            check_config(rdir, config)
-            jobs.append((method, seed, config, rdir))
-    pending = [j for j in jobs if not os.path.isfile(os.path.join(j[3], "done.json"))]
-    for method, seed, _, rdir in jobs:
-        if os.path.isfile(os.path.join(rdir, "done.json")):
-            log(f"{method.name} seed {seed}: already done, not retrained")
-    log(f"{len(jobs) - len(pending)} of {len(jobs)} runs done; "
-        + ("reporting only" if settings.report_only else f"{len(pending)} to train with {settings.jobs} job(s) on "
+    experiment = Experiment(settings, methods, data_bin, read_recipe_env(data_bin))
+    done = [run for run in experiment.runs() if os.path.isfile(os.path.join(experiment.rdir(*run), "done.json"))]
+    for name, seed in done:
+        log(f"{name} seed {seed}: already done, not retrained")
+    log(f"{len(done)} of {len(experiment.runs())} runs done; "
+        + ("reporting only" if settings.report_only else f"stage '{settings.stage}' with {settings.jobs} job(s) on "
            f"{settings.device}") + f"; results -> {settings.out}/results.md")
-    statuses = {}
-    if not settings.report_only and pending:
-        write_report(settings.out, methods, settings.seeds, plan, settings, width, data_bin)  # the table so far
-        def task(job):
-            method, seed, config, rdir = job
-            status = run_one(method, seed, config, rdir, settings, env)
-            statuses[(method.name, seed)] = status
-            try:
-                write_report(settings.out, methods, settings.seeds, plan, settings, width, data_bin)
-            except Exception as error:  # a report must not stop the training of the other runs
-                log(f"warning: could not write the intermediate report: {error}")
-            return status
-
-        with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
-            list(pool.map(task, pending))
-    results = write_report(settings.out, methods, settings.seeds, plan, settings, width, data_bin)
-    failed = [f"{m} seed {s}" for (m, s), st in statuses.items() if st == "failed"]
+    failed = []
+    if not settings.report_only:
+        experiment.report()  # the table so far
+        failed = experiment.run()
+    results = experiment.report()
     log(f"wrote {settings.out}/results.md, results.json and learning_curves.png")
     if failed:
         raise ComparisonError(f"{len(failed)} run(s) failed: {', '.join(failed)} (see their run.log)")
     return results
+
+
+def check_method_choice(settings, names: List[str]) -> None:
+    if len(set(settings.seeds)) != len(settings.seeds):
+        raise ComparisonError("--seeds: repeated seed")
+    if "transformer" not in names:
+        if settings.max_update == "auto":
+            raise ComparisonError("--max-update auto: the budget is calibrated on 'transformer'; add it to --methods")
+        log("note: the baseline 'transformer' is not among --methods; its size is still the matching target")
+    missing = [name for name in ("transformer", *COMPONENTS) if name not in names]
+    if COMPOSITION in names and missing:
+        raise ComparisonError(f"--methods: '{COMPOSITION}' is chosen from the runs of {', '.join(COMPONENTS)} and "
+                              f"transformer; add {', '.join(missing)}")
 
 
 def _cuda_available() -> bool:
@@ -1116,7 +1453,7 @@ def _cuda_available() -> bool:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "_worker":
-        worker_main(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] in ("_train", "_evaluate"):
+        (train_worker if sys.argv[1] == "_train" else evaluate_worker)(sys.argv[2], int(sys.argv[3]))
     else:
         main()

@@ -1,0 +1,133 @@
+"""Golden outputs: the fixed-seed loss and gradient norm of every configuration the project must keep
+computing the same function for, on one fixed batch, stored as numbers in ``golden_outputs.json``.
+
+Two sets of configurations:
+
+* every configuration of the converged comparison (``fusion_fairseq/tools/comparison.py``) at its
+  ``--small`` width with the matched sizes it trains, and every composition of its
+  ``fusion_transformer`` components that builds, so that the code on main provably computes what the
+  pinned checkout of the running comparison computes;
+* every registered architecture and preset at the conformance suite's tiny width.
+
+``python tests/golden_outputs.py --write`` stores the numbers of the code as it is;
+``python tests/golden_outputs.py --compare`` prints every difference, bit for bit.
+"""
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import tempfile
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from conformance_utils import ARCHITECTURES, build_like_fairseq_train, flags_of, Variant  # noqa: E402
+from conftest import preprocess, write_reversal_corpus  # noqa: E402
+from fusion_fairseq.tools import comparison  # noqa: E402
+
+GOLDEN_PATH = os.path.join(HERE, "golden_outputs.json")
+#: the sizes the comparison matched on Multi30k (plan.json of its --small run; 7,872 joined types)
+COMPARISON_MATCHED = {"layerwise_coordination": 7, "dense_transformer": 104}
+BATCH_SENTENCES = 8
+SEED = 7
+
+
+def comparison_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
+    """{id: (arch, model flags, criterion flags)} of the comparison's rows and compositions."""
+    width = comparison.parse_width(comparison.SMALL_WIDTH)
+    methods = dict(comparison.METHODS)
+    for size in range(2, len(comparison.COMPONENTS) + 1):
+        for names in itertools.combinations(comparison.COMPONENTS, size):
+            methods["composition:" + "+".join(names)] = comparison.composed_method(names)
+    return {
+        f"comparison/{name}": (method.arch, comparison.model_flags(method, width, COMPARISON_MATCHED.get(name))[2:],
+                               list(method.criterion or comparison.DEFAULT_CRITERION))
+        for name, method in methods.items()
+    }
+
+
+def architecture_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
+    return {f"architecture/{arch}": (arch, flags_of(Variant(arch, arch)), list(comparison.DEFAULT_CRITERION))
+            for arch in ARCHITECTURES}
+
+
+def configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
+    return {**comparison_configurations(), **architecture_configurations()}
+
+
+def make_data_bin(directory: str) -> str:
+    """The conformance suite's tiny corpus (a fixed seed) with one joined dictionary."""
+    write_reversal_corpus(os.path.join(directory, "raw"))
+    return preprocess(os.path.join(directory, "raw"), os.path.join(directory, "bin"), joined=True)
+
+
+def golden_output(data_bin: str, arch: str, flags: Sequence[str], criterion: Sequence[str]) -> Dict[str, float]:
+    """Loss, NLL and gradient norm of the first sentences of the training set, in training mode
+    (dropout on) with fixed seeds, through fairseq's task and criterion as fairseq-train builds them."""
+    built = build_like_fairseq_train(data_bin, arch, [*flags, *criterion], seed=1)
+    criterion_module = built.task.build_criterion(built.args)
+    built.task.load_dataset("train")
+    dataset = built.task.dataset("train")
+    sample = dataset.collater([dataset[i] for i in range(BATCH_SENTENCES)])
+    model = built.model.train()
+    torch.manual_seed(SEED)
+    loss, _, logging_output = criterion_module(model, sample)
+    loss.backward()
+    squares = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None)
+    return {"loss": loss.item(), "nll_loss": float(logging_output["nll_loss"]), "grad_norm": math.sqrt(squares)}
+
+
+def compute(data_bin: str, ids: Sequence[str] = ()) -> Dict[str, Dict[str, float]]:
+    wanted = configurations()
+    return {key: golden_or_refusal(data_bin, key, *wanted[key]) for key in (ids or wanted)}
+
+
+def golden_or_refusal(data_bin: str, key: str, arch: str, flags: Sequence[str], criterion: Sequence[str]):
+    """A composition whose components define the same thing twice is refused when built: its golden
+    output is that refusal."""
+    try:
+        return golden_output(data_bin, arch, flags, criterion)
+    except (ValueError, SystemExit):
+        if not key.startswith("comparison/composition:"):
+            raise
+        return {"refused": 1.0}
+
+
+def read_golden() -> Dict[str, Dict[str, float]]:
+    with open(GOLDEN_PATH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help=f"store the current numbers in {GOLDEN_PATH}")
+    action.add_argument("--compare", action="store_true", help="print every number that differs from the stored one")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as directory:
+        outputs = compute(make_data_bin(directory))
+    if args.write:
+        with open(GOLDEN_PATH, "w", encoding="utf-8") as f:
+            json.dump(outputs, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"wrote {len(outputs)} configurations to {GOLDEN_PATH}")
+        return 0
+    stored = read_golden()
+    differences = [f"{key} {name}: stored {stored[key][name]!r}, now {value!r}"
+                   for key, values in outputs.items() for name, value in values.items()
+                   if key not in stored or stored[key][name] != value]
+    missing = sorted(set(stored) - set(outputs))
+    print("\n".join(differences + [f"{key}: stored, no longer computed" for key in missing]) or
+          f"all {len(outputs)} configurations identical, bit for bit")
+    return 1 if differences or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The golden outputs (tests/golden_outputs.py): every compared configuration of the converged
+comparison and every architecture and preset still computes the stored loss, NLL and gradient norm
+on the fixed batch. The comparison trains from a pinned checkout; this proves main computes the same
+functions. Tolerance 1e-5 relative: the numbers were stored on one CPU with one thread, and other
+CPUs' float32 kernels may sum in another order; ``python tests/golden_outputs.py --compare`` checks
+them bit for bit on the machine that stored them."""
+
+import pytest
+import torch
+
+import golden_outputs
+from fusion_fairseq.tools import comparison
+
+STORED = golden_outputs.read_golden()
+CONFIGURATIONS = golden_outputs.configurations()
+
+
+@pytest.fixture(scope="module")
+def golden_data_bin(tmp_path_factory):
+    return golden_outputs.make_data_bin(str(tmp_path_factory.mktemp("golden")))
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_every_configuration_has_a_stored_golden_output():
+    assert sorted(CONFIGURATIONS) == sorted(STORED)
+    compared = {key.split("/", 1)[1] for key in CONFIGURATIONS if key.startswith("comparison/")}
+    assert set(comparison.METHODS) <= compared
+
+
+@pytest.mark.parametrize("key", sorted(CONFIGURATIONS))
+def test_golden_output_is_unchanged(key, golden_data_bin, one_thread):
+    output = golden_outputs.golden_or_refusal(golden_data_bin, key, *CONFIGURATIONS[key])
+    assert output.keys() == STORED[key].keys()
+    for name, value in output.items():
+        assert value == pytest.approx(STORED[key][name], rel=1e-5), f"{key} {name}"
+
+
+def test_a_changed_function_changes_the_golden_output(golden_data_bin, one_thread):
+    arch, flags, criterion = CONFIGURATIONS["comparison/surface_fusion"]
+    changed = [*flags[:-1], "0.7"]  # --surface-fusion-lambda 0.8 -> 0.7
+    assert flags[-2:] == ["--surface-fusion-lambda", "0.8"]
+    output = golden_outputs.golden_output(golden_data_bin, arch, changed, criterion)
+    assert output["grad_norm"] != pytest.approx(STORED["comparison/surface_fusion"]["grad_norm"], rel=1e-5)
