@@ -661,7 +661,8 @@ def run_step(name: str, rdir: str, step: str, updates: int, env: dict) -> str:
             log_file.write(f"\n==== {step} {datetime.now(timezone.utc).isoformat(timespec='seconds')} pid {os.getpid()}\n")
             log_file.flush()
             rc = subprocess.call([sys.executable, "-m", "fusion_fairseq.tools.comparison", f"_{step}", rdir, str(updates)],
-                                 stdout=log_file, stderr=subprocess.STDOUT, env=env)
+                                 stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                 cwd=rdir)  # -m imports from the working directory first: never another checkout
         if rc != 0:
             log(f"{name}: {step} FAILED (exit {rc}) after {time.time() - started:.0f}s; see {rdir}/run.log")
             return "failed"
