@@ -6,6 +6,7 @@ Load with ``--user-dir $(fusion-fairseq-user-dir)`` or ``import fusion_fairseq``
 from . import checkpoint_safety
 
 checkpoint_safety.allow_fairseq_checkpoint_types()
+checkpoint_safety.read_weights_only()
 checkpoint_safety.record_checkpoint_loads()
 checkpoint_safety.check_loaded_configurations()
 checkpoint_safety.print_plugin_errors_in_one_line()

@@ -64,6 +64,29 @@ def allow_fairseq_checkpoint_types():
     torch.serialization.add_safe_globals(list(FAIRSEQ_CHECKPOINT_TYPES))
 
 
+class _TorchReadingWeightsOnly:
+    """torch as fairseq's ``checkpoint_utils`` sees it: the same module, except that ``load``
+    always unpickles with ``weights_only=True``. fairseq's main branch passes
+    ``weights_only=False`` (since "Pt2.6 compatibility", #5611), which would bypass the
+    allow-list above and run a crafted pickle; ve-fairseq 0.12.3 passes nothing."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def load(*args, **kwargs):
+        return torch.load(*args, **{**kwargs, "weights_only": True})
+
+
+def read_weights_only():
+    """Let every ``torch.load`` in fairseq's ``checkpoint_utils`` (its reader of checkpoint
+    files) read weights only, whatever fairseq passes (idempotent)."""
+    from fairseq import checkpoint_utils
+
+    if not isinstance(checkpoint_utils.torch, _TorchReadingWeightsOnly):
+        checkpoint_utils.torch = _TorchReadingWeightsOnly()
+
+
 # --------------------------------------------------------------------------------------------
 # configuration strings are parsed, never evaluated
 # --------------------------------------------------------------------------------------------

@@ -53,3 +53,33 @@ def test_an_omegaconf_configured_checkpoint_loads(tiny_mlrf_checkpoint, tmp_path
     torch.save(state, path)
     reloaded = torch.load(path)
     assert reloaded["cfg"].model.arch == "mlrf_iwslt_de_en"
+
+
+@pytest.fixture
+def fairseq_main_reader(monkeypatch):
+    """``load_checkpoint_to_cpu`` as fairseq's main branch has it since "Pt2.6 compatibility"
+    (#5611): ``torch.load(..., weights_only=False)``. Made from the installed function's source,
+    run in its module's namespace, and wrapped by the plugin's checks as the installed one is."""
+    import inspect
+
+    from fusion_fairseq.checkpoint_safety import _checked_reader
+
+    installed = checkpoint_utils.load_checkpoint_to_cpu.__wrapped__
+    call = 'torch.load(f, map_location=torch.device("cpu"))'
+    source = inspect.getsource(installed)
+    assert call in source
+    namespace = dict(vars(checkpoint_utils))
+    exec(source.replace(call, call[:-1] + ", weights_only=False)"), namespace)
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", _checked_reader(namespace["load_checkpoint_to_cpu"]))
+
+
+def test_safe_loading_holds_when_fairseq_passes_weights_only_false(fairseq_main_reader, tiny_mlrf_checkpoint,
+                                                                      tmp_path):
+    marker = tmp_path / "pwned"
+    crafted = tmp_path / "crafted.pt"
+    torch.save({"model": {}, "args": None, "payload": WritesAFileWhenUnpickled(str(marker))}, crafted)
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(crafted))
+    assert not marker.exists()
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint])  # honest ones load
+    assert type(models[0]).__name__ == "FusionTransformerModel"
