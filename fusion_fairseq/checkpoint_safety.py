@@ -97,8 +97,9 @@ def read_weights_only():
 # load. The plugin's models parse them with :func:`parse_config_literal` first and refuse
 # anything that is not a literal.
 
-# A layer spec such as "[(128, 3)] * 9 + [(256, 3)] * 4" repeats lists; this bounds the length of
-# a repeated list so that a crafted count cannot exhaust memory.
+# A layer spec such as "[(128, 3)] * 9 + [(256, 3)] * 4" repeats lists; this bounds the number of
+# items of the whole value (those of nested tuples, lists and dicts included, each repetition and
+# concatenation counted), so that a crafted count cannot exhaust memory or time.
 MAX_LIST_LENGTH = 10_000
 _LITERAL_CONSTANTS = (int, float, str, bool, type(None))
 
@@ -110,51 +111,80 @@ class ConfigLiteralError(ValueError):
 def parse_config_literal(text, flag: str):
     """The value of configuration string ``text`` (the value of ``flag``), read without running
     any code: numbers, strings, booleans, ``None``, tuples, lists and dicts of them, a leading
-    minus sign, and fairseq's list arithmetic ``[...] * N`` and ``[...] + [...]``. Anything else
-    (names, calls, attributes, comprehensions, lambdas) raises :class:`ConfigLiteralError`
-    naming the flag and the text. Non-strings are returned as they are."""
+    minus sign, and fairseq's list arithmetic ``[...] * N`` and ``[...] + [...]``, with at most
+    :data:`MAX_LIST_LENGTH` items in all. Anything else (names, calls, attributes, comprehensions,
+    lambdas) raises :class:`ConfigLiteralError` naming the flag and the text. Non-strings are
+    returned as they are."""
     if not isinstance(text, str):
         return text
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        return _literal(ast.parse(text.strip(), mode="eval").body, flag, text)[0]
     except SyntaxError:
         raise ConfigLiteralError(_literal_error(flag, text, "it does not parse")) from None
-    return _literal_value(tree.body, flag, text)
+    except RecursionError:  # "[0]+[0]+..." thousands of terms long
+        raise ConfigLiteralError(_literal_error(flag, text, "it is nested too deeply")) from None
 
 
 def _literal_error(flag, text, why):
-    return (f"{flag} {text!r} is not a literal ({why}); allowed: numbers, strings, tuples, lists and "
-            "dicts of them, and list repetition/concatenation such as [(512, 3)] * 4 + [(1024, 3)]")
+    shown = repr(text) if len(text) <= 200 else f"{text[:200]!r}... ({len(text)} characters)"
+    return (f"{flag} {shown} is not a literal ({why}); allowed: numbers, strings, tuples, lists and "
+            f"dicts of them, and list repetition/concatenation such as [(512, 3)] * 4 + [(1024, 3)], "
+            f"at most {MAX_LIST_LENGTH} items in all")
 
 
-def _literal_value(node, flag, text):
+def _too_many_items(flag, text):
+    return ConfigLiteralError(_literal_error(
+        flag, text, f"only list + list and list * N giving at most {MAX_LIST_LENGTH} items are allowed"))
+
+
+def _literal(node, flag, text):
+    """``(value, items)`` of ``node``: ``items`` counts the elements of its tuples, lists and dicts."""
     if isinstance(node, ast.Constant) and isinstance(node.value, _LITERAL_CONSTANTS):
-        return node.value
+        return node.value, 0
     if isinstance(node, (ast.Tuple, ast.List)):
-        items = [_literal_value(item, flag, text) for item in node.elts]
-        return tuple(items) if isinstance(node, ast.Tuple) else items
+        parts = [_literal(item, flag, text) for item in node.elts]
+        values = [value for value, _ in parts]
+        return _bounded(tuple(values) if isinstance(node, ast.Tuple) else values,
+                        len(parts) + sum(items for _, items in parts), flag, text)
     if isinstance(node, ast.Dict) and None not in node.keys:
-        return {_literal_value(key, flag, text): _literal_value(value, flag, text)
-                for key, value in zip(node.keys, node.values)}
+        keys = [_literal(key, flag, text) for key in node.keys]
+        values = [_literal(value, flag, text) for value in node.values]
+        for key, _ in keys:
+            _require_hashable(key, flag, text)
+        return _bounded({key: value for (key, _), (value, _) in zip(keys, values)},
+                        len(keys) + sum(items for _, items in keys + values), flag, text)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        operand = _literal_value(node.operand, flag, text)
+        operand, _ = _literal(node.operand, flag, text)
         if isinstance(operand, (int, float)) and not isinstance(operand, bool):
-            return -operand if isinstance(node.op, ast.USub) else operand
+            return (-operand if isinstance(node.op, ast.USub) else operand), 0
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
         return _sequence_arithmetic(node, flag, text)
     raise ConfigLiteralError(_literal_error(flag, text, f"it contains {type(node).__name__}"))
 
 
+def _require_hashable(key, flag, text):
+    try:
+        hash(key)
+    except TypeError:
+        raise ConfigLiteralError(_literal_error(flag, text, f"the dict key {key!r} is not hashable")) from None
+
+
+def _bounded(value, items, flag, text):
+    if items > MAX_LIST_LENGTH:
+        raise _too_many_items(flag, text)
+    return value, items
+
+
 def _sequence_arithmetic(node, flag, text):
-    left, right = _literal_value(node.left, flag, text), _literal_value(node.right, flag, text)
+    (left, left_items), (right, right_items) = _literal(node.left, flag, text), _literal(node.right, flag, text)
     if isinstance(node.op, ast.Add) and isinstance(left, (list, tuple)) and type(left) is type(right):
-        return left + right
+        return _bounded(left, left_items + right_items, flag, text)[0] + right, left_items + right_items
     if isinstance(node.op, ast.Mult):
-        sequence, count = (left, right) if isinstance(left, (list, tuple)) else (right, left)
-        if isinstance(sequence, (list, tuple)) and type(count) is int and 0 <= len(sequence) * count <= MAX_LIST_LENGTH:
-            return sequence * count
-    raise ConfigLiteralError(_literal_error(
-        flag, text, f"only list + list and list * N giving at most {MAX_LIST_LENGTH} items are allowed"))
+        (sequence, items), count = ((left, left_items), right) if isinstance(left, (list, tuple)) \
+            else ((right, right_items), left)
+        if isinstance(sequence, (list, tuple)) and type(count) is int and count >= 0:
+            return _bounded(sequence, items * count, flag, text)[0] * count, items * count
+    raise _too_many_items(flag, text)
 
 
 def require_literal_transformer_config(args):

@@ -158,6 +158,11 @@ def test_literals_read_as_python_would(text):
     ("lambda: 0", "it contains Lambda"),
     ("[(1, 1)] * 10001", "at most 10000 items"),
     ("[(1, 1)] * 5000 * 3", "at most 10000 items"),
+    ("[1] * 10000 + [1] * 10000", "at most 10000 items"),
+    pytest.param("+".join(["[1] * 10000"] * 200), "at most 10000 items", id="200 terms"),
+    ("[[1] * 10000] * 10000", "at most 10000 items"),
+    ("{[1]: 2}", "the dict key [1] is not hashable"),
+    pytest.param("[0]" + "+[0]" * 5000, "it is nested too deeply", id="5001 terms"),
     ("2 ** 100", "it contains BinOp"),
     ("[(1, 2)", "it does not parse"),
 ])
@@ -165,7 +170,7 @@ def test_non_literals_are_refused_naming_the_flag(text, why):
     with pytest.raises(ConfigLiteralError) as error:
         layer_spec(text, "--encoder-layers", None)
     message = str(error.value)
-    assert message.startswith(f"--encoder-layers {text!r} is not a literal") and why in message
+    assert message.startswith(f"--encoder-layers {text[:200]!r}") and why in message
     assert "\n" not in message
 
 
