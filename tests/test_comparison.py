@@ -14,7 +14,8 @@ from fusion_fairseq.tools.comparison import METHODS, Width, main, match_paramete
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_RAW = [os.path.join(os.path.dirname(REPO), "shared", "data", "multi30k", "raw"), "/work/shared/data/multi30k/raw"]
-SPLITS = {"train": 300, "val": 50, "test_2016_flickr": 50}
+SPLITS = {"train": 300, "val": 50, "test_2016_flickr": 50, "test_2017_flickr": 20, "test_2017_mscoco": 20,
+          "test_2018_flickr": 20}
 METHODS_UNDER_TEST = ["transformer", "surface_fusion"]
 SEEDS = [1, 2]
 

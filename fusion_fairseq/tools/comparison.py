@@ -41,6 +41,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -768,84 +769,213 @@ def train_worker(rdir: str, target: int) -> None:
 
 
 def evaluate_worker(rdir: str, budget: int) -> None:
-    """Translate the test set with the checkpoint of the best validation NLL within ``budget`` and
-    score it as ``scripts/evaluate.sh`` does; writes ``done.json`` last."""
+    """Translate every test set with two models of the run -- the checkpoint of the best validation
+    NLL within ``budget`` and the average of the last :data:`AVERAGED` checkpoints up to ``budget``
+    -- and score them as ``scripts/evaluate.sh`` does; writes ``done.json`` last."""
     _fairseq_logging()
     config = _read_json(os.path.join(rdir, "config.json"))
-    from fairseq import options
-    import fairseq_cli.generate as fairseq_generate
+    plan = _read_json(os.path.join(rdir, "evaluation.json"))
     import torch
 
-    log_path = os.path.join(rdir, "run.log")
     sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
     train_seconds = sum((s["end"] or s["start"]) - s["start"] for s in sessions)
-    best_update, best_nll = best_within(learning_curve(log_path), budget)
-    checkpoint = interval_checkpoints(config["save_dir"])[best_update]
-
-    # ---- test: fairseq-generate + scoring, as scripts/evaluate.sh
-    recipe = config["recipe"]
-    eval_dir = os.path.join(rdir, f"eval-test-beam{config['beam']}")
+    best_update, best_nll = best_within(learning_curve(os.path.join(rdir, "run.log")), budget)
+    checkpoints = interval_checkpoints(config["save_dir"])
+    eval_dir = os.path.join(rdir, f"eval-beam{config['beam']}")
     os.makedirs(eval_dir, exist_ok=True)
+    last = [path for update, path in checkpoints.items() if update <= budget][-AVERAGED:]
+    models = {"best": checkpoints[best_update],
+              "average": average_checkpoints(last, os.path.join(eval_dir, f"average-last{AVERAGED}.pt"))}
     started = time.time()
-    gen_argv = [config["data_bin"], "--path", checkpoint, "--gen-subset", "test",
-                "--source-lang", recipe["SRC"], "--target-lang", recipe["TGT"], "--beam", str(config["beam"]),
-                "--lenpen", "1.0", "--remove-bpe", "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128",
-                "--user-dir", PLUGIN_DIR, "--results-path", eval_dir, *config["device_flags"],
-                *shlex.split(config.get("gen_args") or "")]
-    print("$ fairseq-generate " + " ".join(shlex.quote(a) for a in gen_argv), flush=True)
-    gen_args = options.parse_args_and_arch(options.get_generation_parser(), gen_argv)
-    fairseq_generate.main(gen_args)
-    generate_seconds = time.time() - started
-    gen_file = os.path.join(eval_dir, "generate-test.txt")
-    with open(recipe["RAW_REF_test"], encoding="utf-8") as f:
-        n_ref = sum(1 for _ in f)
-    tool = _load_recipe_tool()
-    hyp_tok, hyp_detok = os.path.join(eval_dir, "hyp.tok"), os.path.join(eval_dir, "hyp.detok")
-    tool.main(["hyps", gen_file, "--hyp", hyp_tok, "--ref", os.path.join(eval_dir, "ref.fairseq.tok"),
-               "--expect", str(n_ref)])
-    tool.main(["detok", "--lang", recipe["TGT"], "-i", hyp_tok, "-o", hyp_detok])
-    bleu_argv = ["bleu", "--hyp-detok", hyp_detok, "--ref", recipe["RAW_REF_test"], "--hyp-tok", hyp_tok,
-                 "--tok-ref", recipe.get("TOK_REF_test") or os.path.join(eval_dir, "ref.fairseq.tok"),
-                 "--json", os.path.join(eval_dir, "scores.json")]
-    if recipe.get("LOWERCASE", "0") == "1":
-        bleu_argv.append("--lowercase")
-    if recipe.get("COMPOUND_SPLIT", "0") == "1":
-        bleu_argv.append("--compound-split")
-    buffer = __import__("io").StringIO()
-    with contextlib.redirect_stdout(buffer):
-        tool.main(bleu_argv)
-    with open(os.path.join(eval_dir, "bleu.txt"), "w", encoding="utf-8") as f:
-        f.write(buffer.getvalue())
-    print(buffer.getvalue(), flush=True)
-    scores = _read_json(os.path.join(eval_dir, "scores.json"))
-    logged_params = None
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
-            if m:
-                logged_params = int(m.group(1).replace(",", ""))
+    scores = {kind: {name: translate_and_score(config, path, test_set, os.path.join(eval_dir, kind, name))
+                     for name, test_set in plan["test_sets"].items()}
+              for kind, path in models.items()}
+    lowercase = config["recipe"].get("LOWERCASE", "0") == "1"
+    for per_set in scores.values():
+        per_set["all"] = concatenated_bleu(per_set, lowercase)
+    headline = scores["best"][next(iter(plan["test_sets"]))]
     done = {
         "method": config["method"], "seed": config["seed"], "arch": config["arch"],
-        "sacrebleu": scores["sacrebleu"], "tokenized_bleu": scores["tokenized_bleu"],
-        "sacrebleu_signature": scores["sacrebleu_signature"], "sacrebleu_full": scores["sacrebleu_full"],
-        "tokenized_bleu_full": scores["tokenized_bleu_full"], "test_sentences": scores["sentences"],
-        "params": logged_params or config["params"], "updates": budget,
+        "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
+        "sacrebleu_signature": headline["sacrebleu_signature"], "scores": scores,
+        "params": logged_parameters(os.path.join(rdir, "run.log")) or config["params"], "updates": budget,
         "best_update": best_update, "best_valid_nll": best_nll,
-        "train_seconds": round(train_seconds, 1), "generate_seconds": round(generate_seconds, 1),
+        "averaged_updates": [int(INTERVAL_CHECKPOINT.fullmatch(os.path.basename(p)).group(1)) for p in last],
+        "train_seconds": round(train_seconds, 1), "generate_seconds": round(time.time() - started, 1),
         "updates_per_second": round(sum((s.get("to_update") or 0) - s.get("from_update", 0) for s in sessions) /
                                     max(1e-9, train_seconds), 3),
         "devices": sorted({s["device"] for s in sessions}),
         "trained_by": sorted({s.get("commit") or "unknown" for s in sessions}), "evaluated_by": code_commit(),
-        "checkpoint": checkpoint, "eval_dir": eval_dir,
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
     }
-    if not config.get("keep_checkpoints"):
-        # keep the scored checkpoint; the rest only served resuming
-        for name in os.listdir(config["save_dir"]):
-            if name.endswith(".pt") and os.path.join(config["save_dir"], name) != checkpoint:
-                os.remove(os.path.join(config["save_dir"], name))
+    if not config.get("keep_checkpoints"):  # keep the scored models; the rest only served resuming
+        for path in {*checkpoints.values(), os.path.join(config["save_dir"], "checkpoint_last.pt"),
+                     os.path.join(config["save_dir"], "checkpoint_best.pt")} - {models["best"]}:
+            if os.path.exists(path):
+                os.remove(path)
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker: written last
+
+
+def logged_parameters(log_path: str) -> Optional[int]:
+    found = None
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
+            if m:
+                found = int(m.group(1).replace(",", ""))
+    return found
+
+
+def average_checkpoints(paths: Sequence[str], out: str) -> str:
+    """One checkpoint whose parameters are the mean of ``paths``' (fairseq's usual averaging of the
+    last checkpoints; its script is not in the pip package). The rest is the last checkpoint's,
+    without the optimizer state, which no decoder reads."""
+    import torch
+
+    import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
+
+    states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
+    averaged = dict(states[-1], last_optimizer_state=None)
+    averaged["model"] = {name: sum(state["model"][name].double() for state in states).div(len(states))
+                         .to(tensor.dtype) for name, tensor in states[-1]["model"].items()}
+    torch.save(averaged, out + ".tmp")
+    os.replace(out + ".tmp", out)
+    return out
+
+
+def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:
+    """fairseq-generate (beam, --remove-bpe) on one binarised test set, then detokenised sacreBLEU and
+    tokenised BLEU as scripts/evaluate.sh computes them. Returns the scores (and the hypothesis file)."""
+    from fairseq import options
+    import fairseq_cli.generate as fairseq_generate
+
+    recipe = config["recipe"]
+    os.makedirs(out_dir, exist_ok=True)
+    gen_argv = [test_set["data"], "--path", checkpoint, "--gen-subset", "test",
+                "--source-lang", recipe["SRC"], "--target-lang", recipe["TGT"], "--beam", str(config["beam"]),
+                "--lenpen", "1.0", "--remove-bpe", "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128",
+                "--user-dir", PLUGIN_DIR, "--results-path", out_dir, *config["device_flags"],
+                *shlex.split(config.get("gen_args") or "")]
+    print("$ fairseq-generate " + " ".join(shlex.quote(a) for a in gen_argv), flush=True)
+    fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
+    tool = _load_recipe_tool()
+    hyp_tok, hyp_detok = os.path.join(out_dir, "hyp.tok"), os.path.join(out_dir, "hyp.detok")
+    with open(test_set["raw_ref"], encoding="utf-8") as f:
+        n_ref = sum(1 for _ in f)
+    tool.main(["hyps", os.path.join(out_dir, "generate-test.txt"), "--hyp", hyp_tok,
+               "--ref", os.path.join(out_dir, "ref.fairseq.tok"), "--expect", str(n_ref)])
+    tool.main(["detok", "--lang", recipe["TGT"], "-i", hyp_tok, "-o", hyp_detok])
+    bleu_argv = ["bleu", "--hyp-detok", hyp_detok, "--ref", test_set["raw_ref"], "--hyp-tok", hyp_tok,
+                 "--tok-ref", test_set["tok_ref"], "--json", os.path.join(out_dir, "scores.json")]
+    if recipe.get("LOWERCASE", "0") == "1":
+        bleu_argv.append("--lowercase")
+    if recipe.get("COMPOUND_SPLIT", "0") == "1":
+        bleu_argv.append("--compound-split")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        tool.main(bleu_argv)
+    print(printed.getvalue(), flush=True)
+    scores = _read_json(os.path.join(out_dir, "scores.json"))
+    keys = ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")
+    return {**{key: scores[key] for key in keys}, "hyp_detok": hyp_detok, "raw_ref": test_set["raw_ref"]}
+
+
+# ------------------------------------------------------------------------------------------- test sets
+#: Multi30k's four English test sets; the first is the one prepare-multi30k.sh binarises as ``test``.
+TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
+AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follow do
+
+
+def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str) -> Dict[str, dict]:
+    """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
+    dictionaries, exactly as scripts/prepare-multi30k.sh prepares its one test set, under
+    ``OUT/test-sets/NAME``; made once. Returns {name: {"data", "raw_ref", "tok_ref"}}."""
+    codes = os.path.join(os.path.dirname(data_bin), "code")
+    src, tgt = recipe["SRC"], recipe["TGT"]
+    sets = {}
+    for name in TEST_SETS:
+        where = os.path.join(out, "test-sets", name)
+        sets[name] = {"data": os.path.join(where, "bin"), "raw_ref": os.path.join(where, f"raw.{tgt}"),
+                      "tok_ref": os.path.join(where, f"tok.{tgt}")}
+        if os.path.isfile(os.path.join(where, "bin", "done")):
+            continue
+        raw_dir = raw or default_raw()
+        needed = [os.path.join(raw_dir or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
+        missing = [path for path in needed if not os.path.isfile(path)]
+        if missing:
+            raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw DIR "
+                                  "with the Multi30k test files, and data made by scripts/prepare-multi30k.sh)")
+        log(f"preparing the test set {name}")
+        _binarise_test_set(os.path.join(raw_dir, name), where, codes, data_bin, recipe)
+    return sets
+
+
+def _binarise_test_set(raw_prefix: str, where: str, codes: str, data_bin: str, recipe: dict) -> None:
+    tool = _load_recipe_tool()
+    src, tgt = recipe["SRC"], recipe["TGT"]
+    os.makedirs(where, exist_ok=True)
+    for lang in (src, tgt):
+        shutil.copyfile(f"{raw_prefix}.{lang}", os.path.join(where, f"raw.{lang}"))
+        lowercase = ["--lowercase"] if recipe.get("LOWERCASE", "0") == "1" else []
+        tool.main(["tokenize", "--lang", lang, "--workers", "1", "--normalize-punct", *lowercase,
+                   "--io", os.path.join(where, f"raw.{lang}"), os.path.join(where, f"tok.{lang}")])
+        tool.main(["apply-bpe", "--impl", recipe.get("BPE", "subword_nmt"), "--codes", codes, "--workers", "1",
+                   "--io", os.path.join(where, f"tok.{lang}"), os.path.join(where, f"bpe.{lang}")])
+    command = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
+               "--testpref", os.path.join(where, "bpe"), "--destdir", os.path.join(where, "bin"), "--workers", "1",
+               "--srcdict", os.path.join(data_bin, f"dict.{src}.txt"), "--tgtdict", os.path.join(data_bin, f"dict.{tgt}.txt")]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ComparisonError(f"binarising {where} failed (exit {result.returncode}): {result.stderr[-2000:]}")
+    with open(os.path.join(where, "bin", "done"), "w", encoding="utf-8") as f:
+        f.write("\n")
+
+
+# ------------------------------------------------------------------------------------ paired bootstrap
+BOOTSTRAP_SAMPLES = 1000
+BOOTSTRAP_SEED = 12345  # sacrebleu's default
+
+
+def paired_bootstrap(references: List[str], baseline: List[str], system: List[str], lowercase: bool) -> dict:
+    """sacreBLEU's paired bootstrap resampling (``--paired-bs``, 1000 samples, its seed): the system's
+    and the baseline's BLEU, the p-value sacrebleu reports, and the 95% confidence interval of the
+    difference system - baseline over the same resampled test sets."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    bleu = BLEU(lowercase=lowercase)
+    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": bleu}, [references], test_type="bs",
+                      n_samples=BOOTSTRAP_SAMPLES)
+    _, results = test()
+    stats = [np.array(bleu._extract_corpus_statistics(hyps, [references]), dtype="float32")
+             for hyps in (baseline, system)]
+    indices = np.random.default_rng(BOOTSTRAP_SEED).choice(len(references), size=(BOOTSTRAP_SAMPLES, len(references)))
+    differences = np.array([bleu._compute_score_from_stats(stats[1][i].sum(0)).score -
+                            bleu._compute_score_from_stats(stats[0][i].sum(0)).score for i in indices])
+    low, high = np.percentile(differences, [2.5, 97.5])
+    base, sys_ = results["BLEU"]
+    return {"baseline": round(base.score, 2), "system": round(sys_.score, 2),
+            "difference": round(sys_.score - base.score, 2), "ci95": [round(float(low), 2), round(float(high), 2)],
+            "p_value": sys_.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
+            "signature": str(bleu.get_signature())}
+
+
+def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
+    """Detokenised sacreBLEU of the test sets together (one corpus)."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(lowercase=lowercase)
+    score = bleu.corpus_score(read_concatenated(scores, "hyp_detok"), [read_concatenated(scores, "raw_ref")])
+    return {"sacrebleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
+            "sentences": sum(scores[name]["sentences"] for name in TEST_SETS)}
+
+
+def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
+    lines: List[str] = []
+    for name in TEST_SETS:
+        with open(scores[name][key], encoding="utf-8") as f:
+            lines += [line.rstrip("\n") for line in f]
+    return lines
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -869,6 +999,34 @@ def learning_curve(log_path: str) -> Dict[int, float]:
             except (ValueError, KeyError):
                 continue
     return dict(sorted(curve.items()))
+
+
+def test_scores(done: dict) -> dict:
+    """{"test": {kind: {test set or "all": sacreBLEU}}, "test_tokenized": ...} of a finished run."""
+    scores = done.get("scores") or {}
+    return {"test": {kind: {name: s["sacrebleu"] for name, s in sets.items()} for kind, sets in scores.items()},
+            "test_tokenized": {kind: {name: s["tokenized_bleu"] for name, s in sets.items() if "tokenized_bleu" in s}
+                               for kind, sets in scores.items()}}
+
+
+def paired_with_baseline(out: str, method: str, seed: int, lowercase: bool) -> Optional[dict]:
+    """{kind: paired bootstrap against the Transformer of the same seed} on the concatenated test sets,
+    once both runs are evaluated (cached in the run's paired.json); None for the Transformer itself."""
+    rdir, base_dir = run_dir(out, method, seed), run_dir(out, "transformer", seed)
+    system, baseline = (_read_json(os.path.join(d, "done.json")) for d in (rdir, base_dir))
+    if method == "transformer" or not (system and baseline and system.get("scores") and baseline.get("scores")):
+        return None
+    path = os.path.join(rdir, "paired.json")
+    key = [system["finished"], baseline["finished"]]
+    cached = _read_json(path)
+    if cached and cached.get("key") == key:
+        return cached["paired"]
+    paired = {kind: paired_bootstrap(read_concatenated(baseline["scores"][kind], "raw_ref"),
+                                     read_concatenated(baseline["scores"][kind], "hyp_detok"),
+                                     read_concatenated(system["scores"][kind], "hyp_detok"), lowercase)
+              for kind in system["scores"]}
+    _write_json(path, {"key": key, "paired": paired})
+    return paired
 
 
 def summarise(values: Sequence[float]) -> Optional[dict]:
@@ -930,6 +1088,7 @@ def add_updates_to_baseline_nll(rows: List[dict]) -> None:
 def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, settings, width: Width,
             data_bin: str) -> dict:
     rows = []
+    lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
     for method in methods:
         runs, curves = [], []
         for seed in seeds:
@@ -943,6 +1102,7 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
                 run.update(status="done", **{k: done[k] for k in (
                     "sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
                     "updates_per_second", "devices", "finished", "sacrebleu_signature")})
+                run.update(test_scores(done), paired=paired_with_baseline(out, method.name, seed, lowercase))
             else:
                 updates = last_logged_update(os.path.join(rdir, "run.log"))
                 status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
@@ -967,6 +1127,8 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
             "note": method.note, "runs": runs,
             "sacrebleu": summarise([r["sacrebleu"] for r in finished]),
             "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
+            "test": {kind: {name: summarise([r["test"][kind][name] for r in finished if r.get("test", {}).get(kind)])
+                            for name in (*TEST_SETS, "all")} for kind in CHECKPOINT_KINDS},
             "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()},
             "curve_seeds": len(curves),
         })
@@ -1069,6 +1231,7 @@ def markdown(results: dict) -> str:
                 f"{_fmt_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
                 f"{_fmt_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} | "
                 f"{run.get('finished', '–')} |")
+    lines += test_set_tables(rows, seeds)
     lines += learning_speed_table(rows, seeds, s["max_update"])
     lines += ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | note |",
               "|---|---|---|---|---|"]
@@ -1081,6 +1244,41 @@ def markdown(results: dict) -> str:
                      f"`{' '.join(r['criterion'][1:2])}` | {r['note']} |")
     lines += ["", "![validation NLL against updates](learning_curves.png)", ""]
     return "\n".join(lines)
+
+
+CHECKPOINT_KINDS = {"best": "the checkpoint of the best validation NLL",
+                    "average": f"the average of the last {AVERAGED} checkpoints"}
+
+
+def test_set_tables(rows: List[dict], seeds: List[int]) -> List[str]:
+    """Markdown: per kind of checkpoint, sacreBLEU on every test set and on all four together (mean ± std
+    over the finished seeds), and the paired difference to the Transformer of each seed (95% CI)."""
+    if not any(run.get("test") for r in rows for run in r["runs"]):
+        return []
+    short = {name: name.replace("test_", "") for name in TEST_SETS}
+    lines = []
+    for kind, title in CHECKPOINT_KINDS.items():
+        lines += ["", f"## Test sacreBLEU: {title}", "",
+                  f"Mean ± sample std over the finished seeds; Δ: the method minus the Transformer of the same seed "
+                  "on the four test sets together, with the 95% confidence interval of sacreBLEU's paired bootstrap "
+                  f"({BOOTSTRAP_SAMPLES} resamples), per seed.", "",
+                  "| method | " + " | ".join(short[n] for n in TEST_SETS) + " | all four | " +
+                  " | ".join(f"Δ seed {seed}" for seed in seeds) + " |",
+                  "|---|" + "---:|" * (len(TEST_SETS) + 1 + len(seeds))]
+        for r in rows:
+            cells = [_fmt_mean_std(r["test"][kind][name]) for name in (*TEST_SETS, "all")]
+            for run in r["runs"]:
+                paired = (run.get("paired") or {}).get(kind)
+                cells.append(f"{paired['difference']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}]"
+                             if paired else "–")
+            lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _fmt_mean_std(stats: Optional[dict]) -> str:
+    if not stats:
+        return "–"
+    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "")
 
 
 def learning_speed_table(rows: List[dict], seeds: List[int], max_update: int) -> List[str]:
@@ -1241,6 +1439,9 @@ class Experiment:
         self.plan = make_plan(self.concrete_methods(), settings.width, settings, data_bin, recipe, self.out)
         self.env = worker_env(settings)
 
+    def test_sets(self) -> Dict[str, dict]:
+        return prepare_test_sets(self.data_bin, self.recipe, self.settings.raw, self.out)
+
     # ---- what the runs are
     def runs(self) -> List[Tuple[str, int]]:
         """(method, seed) in training order: seed-major, so the first pieces are a full one-seed table."""
@@ -1355,6 +1556,8 @@ class Experiment:
             check_config(rdir, config)
             os.makedirs(rdir, exist_ok=True)
             _write_json(os.path.join(rdir, "config.json"), config)
+        else:
+            _write_json(os.path.join(rdir, "evaluation.json"), {"budget": updates, "test_sets": self.test_sets()})
         status = run_step(f"{name} seed {seed}", rdir, step, updates, self.env)
         if step == "train" and status == "done" and saved_updates(self.save_dir(name, seed)) < updates:
             log(f"{name} seed {seed}: fairseq-train stopped before update {updates}; see {rdir}/run.log")
@@ -1364,6 +1567,8 @@ class Experiment:
     def run(self) -> List[str]:
         """Train and evaluate until nothing is left that can go on; returns the failed runs."""
         failed, running = set(), {}
+        if self.settings.stage != "train":
+            self.test_sets()  # once, before the workers read them
         with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
             while True:
                 self.calibrate()
