@@ -314,3 +314,23 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
     os.remove(os.path.join(save, "checkpoint_1_750.pt"))
     comparison.resume_from_newest_intact(save)  # intact and the newest: left alone
     assert capsys.readouterr().out == "" and comparison.checkpoint_updates(last) == 500
+
+
+def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
+    raw, out, _ = smoke
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "results.md").write_text("my table\n")
+    (theirs / "learning_curves.png").write_bytes(b"my figure")
+    argv = _argv(raw, str(theirs), ["transformer"]) + ["--report-only", "--data-bin", os.path.join(out, "data", "data-bin")]
+    with pytest.raises(SystemExit, match=r"holds results.md, learning_curves.png, not written by compare_methods.py; "
+                                         r"pass --force"):
+        main(argv)
+    assert (theirs / "results.md").read_text() == "my table\n"
+    assert (theirs / "learning_curves.png").read_bytes() == b"my figure"
+    main(argv + ["--force"])
+    assert (theirs / "results.md").read_text().startswith("# One benchmark")
+    (theirs / "plan.json").write_text("not json")  # the tool's own cache, damaged: recomputed
+    main(argv)
+    with open(theirs / "plan.json") as f:
+        assert "transformer" in json.load(f)["entries"]

@@ -10,6 +10,8 @@
 #   bash examples/comparison/converged.sh train    [EXP]   start or resume the training (returns at once)
 #   bash examples/comparison/converged.sh status   [EXP]   is it training; the report of what exists
 #   bash examples/comparison/converged.sh evaluate [EXP]   evaluate the runs that reached the budget
+#   bash examples/comparison/converged.sh export   [EXP]   copy the report and every run's small results
+#                                                           into examples/comparison/converged/
 #
 # EXP (default $HOME/experiments/converged) keeps the data, checkpoints and logs; it must survive
 # between working sessions and never goes into the repository. Any step can be killed at any time and
@@ -23,6 +25,8 @@ ARGS=(--out "$EXP" --small --max-update auto --eval-every 250 --seeds 1 2 --jobs
       --methods transformer,mlrf,deeprep,surface_fusion,fgla,layerwise_coordination,dense_transformer,composition)
 PIDFILE=$EXP/train.pid
 mkdir -p "$EXP/logs"
+# EXP is this script's own: stamped as compare_methods.py's output directory (see its --force)
+[[ -f "$EXP/.written_by" ]] || printf 'fusion-fairseq compare_methods.py\n' > "$EXP/.written_by"
 
 training() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
@@ -52,6 +56,25 @@ case "$STEP" in
         echo "report: $EXP/results.md" ;;
     evaluate)
         nice -n 19 "${PYTHON:-python3}" "$REPO/scripts/compare_methods.py" "${ARGS[@]}" --stage evaluate ;;
+    export)
+        # the small results (report, scores, configuration, curves, logs; no checkpoints, no data) into
+        # the repository, from a report written anew
+        "${PYTHON:-python3}" "$REPO/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
+        DEST=$REPO/examples/comparison/converged
+        mkdir -p "$DEST"
+        for f in results.md results.json learning_curves.png budget.json composition.json plan.json; do
+            [[ -f "$EXP/$f" ]] && cp "$EXP/$f" "$DEST/$f"
+        done
+        for run in "$EXP"/runs/*/seed*; do
+            [[ -d "$run" ]] || continue
+            to=$DEST/runs/${run#"$EXP/runs/"}
+            mkdir -p "$to"
+            for f in config.json sessions.json done.json paired.json run.log; do
+                [[ -f "$run/$f" ]] && cp "$run/$f" "$to/$f"
+            done
+            (cd "$run" && find . -path './eval-*' -name scores.json -exec cp --parents {} "$to" \;)
+        done
+        echo "exported to $DEST" ;;
     *)
-        echo "usage: $0 train|status|evaluate [EXP]" >&2; exit 2 ;;
+        echo "usage: $0 train|status|evaluate|export [EXP]" >&2; exit 2 ;;
 esac

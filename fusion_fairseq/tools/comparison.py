@@ -364,11 +364,8 @@ def make_plan(methods: List[Method], width: Width, settings, data_bin: str, reci
     key = json.dumps({"width": str(width), "vocab": vocab, "dropout": settings.dropout, "train_args": settings.train_args,
                       "baseline": _method_spec(METHODS["transformer"])}, sort_keys=True)
     path = os.path.join(out, "plan.json")
-    cache = {}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            cache = json.load(f)
-    entries = cache.get("entries", {})
+    cache = _read_json(path)  # a cache: unreadable means recompute
+    entries = cache.get("entries", {}) if isinstance(cache, dict) else {}
     missing = [m for m in methods if m.name not in entries or entries[m.name].get("key") != _method_key(key, m)]
     if missing:
         log(f"computing model sizes ({', '.join(m.name for m in missing)}) ...")
@@ -1410,6 +1407,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train: train every run to the budget and evaluate none (e.g. from a pinned checkout); "
                    "evaluate: evaluate the runs that reached it and train none")
     g.add_argument("--report-only", action="store_true", help="train nothing; collect what exists and write the report")
+    g.add_argument("--force", action="store_true",
+                   help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
     g.add_argument("--log-interval", type=_positive_int, default=50, help=argparse.SUPPRESS)
     return p
 
@@ -1616,7 +1615,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if settings.device is None:
         settings.device = "cuda" if _cuda_available() else "cpu"
     settings.out = os.path.abspath(settings.out)
-    os.makedirs(settings.out, exist_ok=True)
+    claim_out_dir(settings.out, settings.force)
     data_bin = prepare_data(settings)
     experiment = Experiment(settings, methods, data_bin, read_recipe_env(data_bin))
     done = [run for run in experiment.runs() if os.path.isfile(os.path.join(experiment.rdir(*run), "done.json"))]
@@ -1634,6 +1633,28 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if failed:
         raise ComparisonError(f"{len(failed)} run(s) failed: {', '.join(failed)} (see their run.log)")
     return results
+
+
+OUT_STAMP, STAMP_TEXT = ".written_by", "fusion-fairseq compare_methods.py\n"
+OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "budget.json", "composition.json",
+             "runs", "data", "test-sets")
+
+
+def claim_out_dir(out: str, force: bool) -> None:
+    """--out is this tool's working directory, rewritten on every run: one it stamped is continued;
+    one holding files of its names that it did not stamp is refused without --force."""
+    stamp = os.path.join(out, OUT_STAMP)
+    if os.path.isfile(stamp):
+        with open(stamp, encoding="utf-8", errors="replace") as f:
+            if f.read() == STAMP_TEXT:
+                return
+    found = [name for name in OUT_NAMES if os.path.exists(os.path.join(out, name))]
+    if found and not force:
+        raise ComparisonError(f"--out {out} holds {', '.join(found)}, not written by compare_methods.py; pass --force "
+                              "to replace them, or give another --out")
+    os.makedirs(out, exist_ok=True)
+    with open(stamp, "w", encoding="utf-8") as f:
+        f.write(STAMP_TEXT)
 
 
 def check_method_choice(settings, names: List[str]) -> None:
