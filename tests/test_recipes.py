@@ -614,7 +614,9 @@ def test_surface_fusion_recipe_released_variant_and_lr(tmp_path):
     SurfaceFusion as their code does."""
     args = parsed_recipe("surface_fusion", tmp_path, "soft+released", "--gpus", "1")
     assert (args.surface_fusion, args.surface_fusion_variant, args.lr) == ("soft", "released", [5e-4])
-    assert parsed_recipe("surface_fusion", tmp_path, "hard", "--gpus", "1").surface_fusion_variant == "paper"
+    assert args.attention_dropout == 0.1  # the released code's base_architecture
+    paper = parsed_recipe("surface_fusion", tmp_path, "hard", "--gpus", "1")
+    assert (paper.surface_fusion_variant, paper.attention_dropout) == ("paper", 0.0)
     result = train_recipe("surface_fusion", tmp_path, "fgla+released")
     assert result.returncode == 2 and "+released is a SurfaceFusion variant" in result.stderr
 

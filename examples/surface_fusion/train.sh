@@ -22,7 +22,7 @@ VARIANT:
   hard       Table 2 "Hard fusion": SurfaceFusion, Eq. 6, lambda 0.8, tau 1 (--arch surface_fusion_wmt_en_ro)
   soft       Table 2 "Soft fusion": SurfaceFusion, Eq. 7, tau 5
   Append +released to hard or soft for SurfaceFusion as the authors' released code trains it
-  (--surface-fusion-variant released; see README.md), e.g. hard+released.
+  (--surface-fusion-variant released, attention dropout 0.1; see README.md), e.g. hard+released.
 
 Options:
   --save-root DIR    checkpoints go to DIR/VARIANT (default: checkpoints/surface-fusion-wmt16-ro-en)
@@ -63,7 +63,9 @@ case "$BASE" in
 esac
 if [[ "$BASE" != "$VARIANT" ]]; then
     [[ "$BASE" == hard || "$BASE" == soft ]] || usage_error "unknown VARIANT '$VARIANT': +released is a SurfaceFusion variant (hard+released, soft+released)"
-    ARCH+=(--surface-fusion-variant released)
+    # the released code's architecture (base_architecture of its transformer.py) also sets attention
+    # dropout 0.1, where fairseq's transformer_wmt_en_de keeps 0.0
+    ARCH+=(--surface-fusion-variant released --attention-dropout 0.1)
 fi
 [[ -d "$DATA_BIN" || $DRY_RUN -eq 1 ]] || usage_error "DATA_BIN $DATA_BIN: no such directory"
 
