@@ -413,28 +413,47 @@ def stored_model_config(state):
     return args if args is not None else stored_value(state.get("cfg"), "model")
 
 
+# fairseq builds the model that ``_name`` names, else the one ``arch`` (--arch) names: an override
+# of either is compared with the architecture the checkpoint was trained with.
+ARCHITECTURE_FIELDS = ("_name", "arch")
+
+
+def architecture(model_config):
+    """The architecture fairseq builds from ``model_config``: its ``_name``, else its ``arch``."""
+    for field in ARCHITECTURE_FIELDS:
+        value = stored_value(model_config, field)
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def structural_flags(model_config):
     """The :data:`STRUCTURAL_FLAGS` of the plugin model whose architecture ``model_config`` names."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    arch = stored_value(model_config, "arch")
-    if arch is _ABSENT:
-        arch = stored_value(model_config, "_name")
-    return STRUCTURAL_FLAGS.get(ARCH_MODEL_NAME_REGISTRY.get(arch) if isinstance(arch, str) else None, ())
+    return STRUCTURAL_FLAGS.get(ARCH_MODEL_NAME_REGISTRY.get(architecture(model_config)), ())
+
+
+def structure(model_config):
+    """The structural configuration: ``{"arch": architecture, flag: value}`` for the model's
+    :data:`STRUCTURAL_FLAGS` (``_ABSENT`` where the configuration lacks the field)."""
+    return {"arch": architecture(model_config),
+            **{flag: stored_value(model_config, flag) for flag in structural_flags(model_config)}}
 
 
 def structural_override_errors(path, stored_config, overrides):
-    """A :class:`StructuralOverrideError` for each override of a structural flag that the
-    stored configuration holds with another value."""
+    """A :class:`StructuralOverrideError` for each override of the architecture or of a
+    structural flag that the stored configuration holds with another value."""
+    trained = structure(stored_config)
     errors = []
-    for flag in structural_flags(stored_config):
-        trained = stored_value(stored_config, flag)
-        if flag not in overrides or trained is _ABSENT or _same_value(overrides[flag], trained):
+    for flag, value in overrides.items():
+        field = "arch" if flag in ARCHITECTURE_FIELDS else flag
+        if trained.get(field, _ABSENT) is _ABSENT or _same_value(value, trained[field]):
             continue
         errors.append(StructuralOverrideError(
-            f"--model-overrides sets {flag} {overrides[flag]!r} but checkpoint {path} was trained with {flag} "
-            f"{trained!r}: a structural flag cannot change at load (the model would compute another function); "
-            "load it without that override, or start a model of the new configuration from it with "
+            f"--model-overrides sets {flag} {value!r} but checkpoint {path} was trained with {field} "
+            f"{trained[field]!r}: a structural flag cannot change at load (the model would compute another "
+            "function); load it without that override, or start a model of the new configuration from it with "
             "fairseq-train --finetune-from-model"
         ))
     return errors
@@ -446,11 +465,14 @@ def _same_value(override, trained):
 
 
 def structural_resume_errors(path, stored_config, command_line_config):
-    """A :class:`StructuralOverrideError` for each structural flag that fairseq-train's command
-    line gives another value than the checkpoint it resumes from was trained with."""
+    """A :class:`StructuralOverrideError` for the architecture and each structural flag that
+    fairseq-train's command line gives another value than the checkpoint it resumes from was
+    trained with (a flag either configuration lacks is compared only through the architecture:
+    same architecture, same flags, except in a checkpoint saved before a flag existed)."""
+    stored, command_line = structure(stored_config), structure(command_line_config)
     errors = []
-    for flag in structural_flags(stored_config):
-        trained, given = stored_value(stored_config, flag), stored_value(command_line_config, flag)
+    for flag in dict.fromkeys([*stored, *command_line]):
+        trained, given = stored.get(flag, _ABSENT), command_line.get(flag, _ABSENT)
         if trained is _ABSENT or given is _ABSENT or _same_value(given, trained):
             continue
         errors.append(StructuralOverrideError(
@@ -469,7 +491,7 @@ def _checked_reader(read):
         require_literal_task_and_criterion(state, path)
         conflicts = _structure_conflicts.get()
         if conflicts is not None and arg_overrides and isinstance(state, dict):
-            if set(structural_flags(stored_model_config(state))) & set(arg_overrides):
+            if {*structure(stored_model_config(state)), *ARCHITECTURE_FIELDS} & set(arg_overrides):
                 # the state holds the overridden values: read the stored ones (only for such overrides)
                 stored = stored_model_config(read(path, None, load_on_all_ranks))
                 conflicts.extend(structural_override_errors(path, stored, arg_overrides))
@@ -483,6 +505,14 @@ def _checked_reader(read):
     return load_checkpoint_to_cpu
 
 
+def raise_first_conflict_instead(error, conflicts):
+    """A structural change found before the load failed (e.g. in fairseq's strict load of the
+    parameters that another fusion function has) is the reason to report, in one line; the
+    plugin's own errors (:class:`MissingParametersError` naming the parameters) stay as they are."""
+    if conflicts and plugin_value_error(error) is None:
+        raise conflicts[0] from None
+
+
 def _refusing_structural_overrides(load):
     """fairseq's ``load_model_ensemble_and_task`` (``load``), raising the first structural
     override found by the reader once the load itself went through."""
@@ -492,6 +522,9 @@ def _refusing_structural_overrides(load):
         token = _structure_conflicts.set(conflicts)
         try:
             loaded = load(*args, **kwargs)
+        except Exception as error:
+            raise_first_conflict_instead(error, conflicts)
+            raise
         finally:
             _structure_conflicts.reset(token)
         if conflicts:
@@ -514,6 +547,9 @@ def _refusing_structural_changes_on_resume(load_checkpoint):
         token = _resumed_with.set((trainer.cfg.model, conflicts) if resuming else None)
         try:
             loaded = load_checkpoint(cfg, trainer, **passthrough_args)
+        except Exception as error:
+            raise_first_conflict_instead(error, conflicts)
+            raise
         finally:
             _resumed_with.reset(token)
         if conflicts:

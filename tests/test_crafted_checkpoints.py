@@ -332,6 +332,70 @@ def test_resuming_with_a_parameter_free_structural_change_is_an_error(tiny_data_
     assert torch.load(os.path.join(save_dir, "checkpoint_last.pt"))["optimizer_history"][-1]["num_updates"] == 3
 
 
+@pytest.fixture(scope="module")
+def dense_checkpoint(tiny_data_bin, tmp_path_factory):
+    """Dense aggregation on both sides: no parameter beyond the vanilla Transformer's."""
+    return train(tiny_data_bin, str(tmp_path_factory.mktemp("dense")), "fusion_transformer", *TINY_TRANSFORMER,
+                 "--aggregate-encoder", "dense", "--aggregate-decoder", "dense")
+
+
+@pytest.fixture(scope="module")
+def vanilla_checkpoint(tiny_data_bin, tmp_path_factory):
+    return train(tiny_data_bin, str(tmp_path_factory.mktemp("vanilla")), "transformer", *TINY_TRANSFORMER)
+
+
+@pytest.mark.parametrize("field", ["_name", "arch"])
+def test_the_architecture_cannot_change_at_load(dense_checkpoint, field):
+    """fairseq builds the model of ``_name``: a vanilla Transformer would drop the aggregation."""
+    with pytest.raises(StructuralOverrideError, match=(
+            f"--model-overrides sets {field} 'transformer' but checkpoint .* was trained with arch 'fusion_transformer'")):
+        checkpoint_utils.load_model_ensemble_and_task([dense_checkpoint], arg_overrides={field: "transformer"})
+
+
+@pytest.mark.parametrize("overrides", [
+    {"fuse_decoder": "avg"}, {"fusion_hops": 2}, {"fusion_ffn_dim": 99}, {"fuse_encoder": "none"},
+    {"fusion_no_layernorm": True},
+])
+def test_parameter_changing_overrides_are_named_not_left_to_the_strict_load(tiny_mlrf_checkpoint, overrides):
+    [(flag, value)] = overrides.items()
+    with pytest.raises(StructuralOverrideError, match=f"--model-overrides sets {flag} {value!r} but checkpoint"):
+        checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint], arg_overrides=overrides)
+
+
+def test_generate_with_a_parameter_changing_override_fails_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin):
+    result = generate(tiny_data_bin, tiny_mlrf_checkpoint, "--model-overrides", "{'fusion_hops': 2}")
+    assert_one_line_error(result, "--model-overrides sets fusion_hops 2", "was trained with fusion_hops 4")
+
+
+def resume(data_bin, checkpoint, save_dir, arch, *flags):
+    """fairseq-train resuming from a copy of ``checkpoint`` as checkpoint_last.pt in ``save_dir``."""
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(open(checkpoint, "rb").read())
+    return run_unchecked(
+        "fairseq_cli.train", data_bin, "--user-dir", USER_DIR, "--arch", arch, *TINY_TRANSFORMER, *flags,
+        "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", "4", "--save-dir", save_dir,
+        "--no-progress-bar", "--no-epoch-checkpoints",
+    )
+
+
+def test_resuming_a_vanilla_checkpoint_with_dense_aggregation_is_an_error(vanilla_checkpoint, tiny_data_bin, tmp_path):
+    result = resume(tiny_data_bin, vanilla_checkpoint, tmp_path / "resume", "fusion_transformer",
+                    "--aggregate-encoder", "dense", "--aggregate-decoder", "dense")
+    assert_one_line_error(result, "trained with arch 'transformer'", "the command line gives arch 'fusion_transformer'")
+
+
+def test_resuming_a_dense_checkpoint_as_a_vanilla_transformer_is_an_error(dense_checkpoint, tiny_data_bin, tmp_path):
+    result = resume(tiny_data_bin, dense_checkpoint, tmp_path / "resume", "transformer")
+    assert_one_line_error(result, "trained with arch 'fusion_transformer'", "the command line gives arch 'transformer'")
+
+
+def test_resuming_with_another_fusion_function_fails_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path):
+    """The strict load fails first (another function has other parameters): the flag is named."""
+    result = resume(tiny_data_bin, tiny_mlrf_checkpoint, tmp_path / "resume", "mlrf_iwslt_de_en",
+                    *TINY_MLRF_FLAGS[16:], "--fuse-decoder", "avg")
+    assert_one_line_error(result, "trained with fuse_decoder 'sa'", "the command line gives fuse_decoder 'avg'")
+
+
 def test_fine_tuning_starts_fusion_parameters_fresh(no_fusion_checkpoint, tiny_data_bin, tmp_path):
     checkpoint = train(tiny_data_bin, str(tmp_path / "finetune"), "fusion_transformer", *TINY_TRANSFORMER,
                        "--fuse-decoder", "sa", "--finetune-from-model", no_fusion_checkpoint, updates=1)
