@@ -5,14 +5,17 @@
 #     Moses-tokenise, clean (length ratio 1.5, 1..175 tokens, as clean-corpus-n.perl), lowercase;
 #     valid = every 23rd line of that, train = the rest;
 #   test = IWSLT14.TED.dev2010 + IWSLT14.TEDX.dev2012 + IWSLT14.TED.tst2010 + tst2011 + tst2012
-#     (<seg> text of the XML files, ’ -> ', tokenised, lowercased);
-#   joint BPE (10000 merges) learned on train.de + train.en; fairseq-preprocess (joined dictionary).
+#     (<seg> text of the XML files, ’ -> ', tokenised, lowercased; --test-set he2018: without
+#     TEDX.dev2012, as He et al. 2018 Sec. 4.1 list it);
+#   joint BPE (10000 merges) learned on train.de + train.en; fairseq-preprocess (joined dictionary);
+#   --max-subwords N: then drop train/valid pairs with a side over N subwords (Wang et al. 2018, 100).
 # Expected sizes on the real data: 160239 train / 7283 valid / 6750 test sentence pairs.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/recipe-common.sh"
 
 IWSLT14_URL="${IWSLT14_URL:-https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz}"
 TEST_SETS=(IWSLT14.TED.dev2010 IWSLT14.TEDX.dev2012 IWSLT14.TED.tst2010 IWSLT14.TED.tst2011 IWSLT14.TED.tst2012)
+HE2018_TEST_SETS=(IWSLT14.TED.dev2010 IWSLT14.TED.tst2010 IWSLT14.TED.tst2011 IWSLT14.TED.tst2012)
 
 usage() {
     cat <<EOF
@@ -33,6 +36,10 @@ Prepare IWSLT14 De-En (the standard fairseq benchmark split) and binarise it for
   --valid-every N      valid = every N-th training line (default: 23)
   --max-len N          drop training pairs with a side longer than N tokens (default: 175)
   --ratio R            drop training pairs whose length ratio exceeds R (default: 1.5)
+  --max-subwords N     after BPE, drop train and valid pairs with a side longer than N subwords
+                       (default: 0, none; Wang et al. 2018 drop those over 100)
+  --test-set NAME      fairseq (default): dev2010 + TEDX.dev2012 + tst2010-2012, 6750 pairs, fairseq's
+                       standard and Wang et al. 2018's; he2018: dev2010 + tst2010-2012 (He et al. 2018)
   --workers N          processes for tokenisation / BPE / fairseq-preprocess (default: min(nproc, 8))
   --force              replace outputs of an earlier run (DEST/raw, tok, code, train.L ...,
                        DATABIN); without it the recipe refuses to overwrite them
@@ -42,7 +49,7 @@ Environment: IWSLT14_URL (archive URL), RECIPE_CONNECT_TIMEOUT (seconds, default
 EOF
 }
 
-FORCE=0 FROM="" DEST="" DATABIN="" SRC=de TGT=en BPE=subword_nmt MERGES=10000 LOWER=1 JOINED=1 EVERY=23 MAXLEN=175 RATIO=1.5
+FORCE=0 FROM="" DEST="" DATABIN="" SRC=de TGT=en BPE=subword_nmt MERGES=10000 LOWER=1 JOINED=1 EVERY=23 MAXLEN=175 RATIO=1.5 MAXSUB=0
 WORKERS=$(default_workers)
 split_equals "$@"
 set -- "${ARGS[@]+"${ARGS[@]}"}"
@@ -60,6 +67,9 @@ while [[ $# -gt 0 ]]; do
         --workers) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 1; WORKERS=$2; shift 2 ;;
         --valid-every) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 2; EVERY=$2; shift 2 ;;
         --max-len) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 1; MAXLEN=$2; shift 2 ;;
+        --max-subwords) need_value "$1" "$#" "${2:-}"; check_int "$1" "$2" 1; MAXSUB=$2; shift 2 ;;
+        --test-set) need_value "$1" "$#" "${2:-}"; check_choice "$1" "$2" fairseq he2018
+                    [[ "$2" == he2018 ]] && TEST_SETS=("${HE2018_TEST_SETS[@]}"); shift 2 ;;
         --ratio) need_value "$1" "$#" "${2:-}"
                  [[ "$2" =~ ^[0-9]+(\.[0-9]+)?$ ]] && [[ "$2" != 0 && ! "$2" =~ ^0+(\.0+)?$ ]] \
                      || usage_error "$1: invalid value '$2' (expected a positive number)"
@@ -127,6 +137,21 @@ done
 
 # 4. joint BPE, 5. binarise
 learn_and_apply_bpe "$BPE" "$MERGES" "$WORKERS" "$DEST/tok" "$DEST" "$SRC" "$TGT" train valid test
+if (( MAXSUB > 0 )); then
+    log "dropping train and valid pairs with a side over $MAXSUB subwords"
+    for split in train valid; do
+        also_in=("$DEST/tok/$split.de" "$DEST/tok/$split.en") also_out=("$WORK/tok.$split.de" "$WORK/tok.$split.en")
+        if [[ $split == valid ]]; then
+            also_in+=("$DEST/raw/valid.de" "$DEST/raw/valid.en"); also_out+=("$WORK/raw.valid.de" "$WORK/raw.valid.en")
+        fi
+        tool clean --ratio 1e9 --min 1 --max "$MAXSUB" --src-in "$DEST/$split.de" --tgt-in "$DEST/$split.en" \
+            --src-out "$WORK/bpe.$split.de" --tgt-out "$WORK/bpe.$split.en" --also-in "${also_in[@]}" --also-out "${also_out[@]}"
+        for l in de en; do
+            mv "$WORK/bpe.$split.$l" "$DEST/$split.$l"; mv "$WORK/tok.$split.$l" "$DEST/tok/$split.$l"
+            if [[ $split == valid ]]; then mv "$WORK/raw.valid.$l" "$DEST/raw/valid.$l"; fi
+        done
+    done
+fi
 binarise "$SRC" "$TGT" "$DEST" "$DATABIN" "$WORKERS" "$JOINED"
 write_recipe_env "$DATABIN" RECIPE=iwslt14 SRC="$SRC" TGT="$TGT" LOWERCASE="$LOWER" BPE="$BPE" \
     BPE_MERGES="$MERGES" COMPOUND_SPLIT=0 \

@@ -628,3 +628,40 @@ def test_layerwise_coordination_recipe_batch_counts_concatenated_pairs(tmp_path)
         (tmp_path / name).write_text("a 1\nb 1\n")
     args = parsed_recipe("layerwise_coordination", tmp_path, "coordination")
     assert args.max_tokens == 2048 and args.lr == [0.000988] and args.warmup_updates == 4000
+
+
+def test_iwslt14_recipe_he2018_test_set_subword_filter_and_separate_dictionaries(tmp_path):
+    """--test-set he2018 leaves TEDX.dev2012 out (He et al. 2018 Sec. 4.1); --max-subwords drops train
+    and valid pairs with a side over N subwords after BPE, keeping the valid references in step (Wang et
+    al. 2018: 100); --no-joined-dictionary gives each language its own dictionary (Wang et al.'s
+    8,389 / 6,428 types)."""
+    archive, _, test_numbers = write_fake_iwslt14(tmp_path / "orig")
+    dest = tmp_path / "dest"
+    run_script("prepare-iwslt14.sh", f"--from={archive}", "--dest", dest, "--workers", "1", "--bpe-merges", "300",
+               "--test-set", "he2018", "--max-subwords", "11", "--no-joined-dictionary")
+    dev2012 = {n for n in test_numbers if (n - 1000) // 100 == TEST_SETS.index("IWSLT14.TEDX.dev2012")}
+    assert [number_of(x) for x in lines(dest / "tok" / "test.en")] == [n for n in test_numbers if n not in dev2012]
+    unfiltered = tmp_path / "unfiltered"
+    run_script("prepare-iwslt14.sh", f"--from={archive}", "--dest", unfiltered, "--workers", "1", "--bpe-merges", "300")
+    for split in ("train", "valid"):
+        pairs = list(zip(lines(dest / f"{split}.de"), lines(dest / f"{split}.en")))
+        assert pairs and all(len(de.split()) <= 11 and len(en.split()) <= 11 for de, en in pairs)
+        assert len(pairs) < len(lines(unfiltered / f"{split}.de"))
+        for lang in ("de", "en"):
+            assert [unbpe(x) for x in lines(dest / f"{split}.{lang}")] == lines(dest / "tok" / f"{split}.{lang}")
+    assert len(lines(dest / "raw" / "valid.en")) == len(lines(dest / "valid.en"))
+    assert lines(dest / "data-bin" / "dict.de.txt") != lines(dest / "data-bin" / "dict.en.txt")
+    result = run_script("prepare-iwslt14.sh", "--test-set", "tst2099", check=False)
+    assert result.returncode == 2 and "--test-set: invalid value 'tst2099' (choose from: fairseq, he2018)" in result.stderr
+
+
+def test_layerwise_coordination_recipe_pre_norm_option(tmp_path):
+    """--pre-norm: pre-norm layers for the coordination stack and for the Transformer baseline (whose
+    tensor2tensor original is pre-norm); post-norm by default."""
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        (tmp_path / name).write_text("a 1\nb 1\n")
+    assert not parsed_recipe("layerwise_coordination", tmp_path, "coordination").normalize_before
+    assert parsed_recipe("layerwise_coordination", tmp_path, "coordination", "--pre-norm").normalize_before
+    baseline = parsed_recipe("layerwise_coordination", tmp_path, "transformer", "--pre-norm")
+    assert baseline.encoder_normalize_before and baseline.decoder_normalize_before
+    assert baseline.save_dir.endswith("transformer-prenorm")

@@ -38,6 +38,9 @@ Options:
   --max-epoch N      at most N epochs (default: 100)
   --patience N       stop when the validation loss has not improved for N epochs (default: 10; the
                      paper uses the validation set for early stopping)
+  --pre-norm         pre-norm layers (LayerNorm before each sub-layer, one on top), for every VARIANT;
+                     default post-norm. The paper does not say; its Transformer baseline, trained with
+                     tensor2tensor, is pre-norm (see README.md)
   --seed N           (default: 1)
 EOF
     common_options_usage "--fp16 --update-freq 2"
@@ -49,6 +52,7 @@ MAX_TOKENS=2048
 MAX_EPOCH=100
 PATIENCE=10
 SEED=1
+PRE_NORM=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --layers) need_value "$1" "$#"; check_int "$1" "$2" 1; LAYERS=$((10#$2)); shift 2 ;;
@@ -57,6 +61,7 @@ while [[ $# -gt 0 ]]; do
         --max-epoch) need_value "$1" "$#"; check_int "$1" "$2" 1; MAX_EPOCH=$2; shift 2 ;;
         --patience) need_value "$1" "$#"; check_int "$1" "$2" 1; PATIENCE=$2; shift 2 ;;
         --seed) need_value "$1" "$#"; check_int "$1" "$2" 0; SEED=$2; shift 2 ;;
+        --pre-norm) PRE_NORM=1; shift ;;
         *) take_common_option "$@"; shift "$TAKEN" ;;
     esac
 done
@@ -94,9 +99,12 @@ if [[ "$VARIANT" == transformer ]]; then
           --encoder-embed-dim 256 --decoder-embed-dim 256
           --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
           --encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.1)
+    (( PRE_NORM )) && ARCH+=(--encoder-normalize-before --decoder-normalize-before)
 else
     ARCH+=(--layers "$LAYERS")
+    (( PRE_NORM )) && ARCH+=(--normalize-before)
 fi
+if (( PRE_NORM )); then NAME="$NAME-prenorm"; fi
 
 default_user_dir
 
