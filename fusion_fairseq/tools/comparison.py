@@ -306,7 +306,8 @@ def prepare_data(args) -> str:
     log(f"preparing the data: {' '.join(shlex.quote(c) for c in command)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
     with open(log_path, "w", encoding="utf-8") as f:
-        rc = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT)
+        # the recipe's Python is this one (recipe-common.sh honours PYTHON), not the python3 first on PATH
+        rc = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHON": sys.executable})
     if rc != 0 or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
         with open(log_path, encoding="utf-8") as f:
             tail = f.read()[-3000:]
