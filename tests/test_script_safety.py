@@ -215,6 +215,17 @@ def test_output_directory_and_same_file_are_checked_first(scripts, capsys, tmp_p
     assert code == 2 and "is the same file as --path" in err and checkpoint.read_bytes() == b"precious"
 
 
+def test_an_output_hard_linked_to_the_checkpoint_is_refused_even_with_force(scripts, capsys, tmp_path):
+    """Two names of one file: comparing paths would let --force overwrite the checkpoint."""
+    checkpoint = tmp_path / "ck.pt"
+    checkpoint.write_bytes(b"precious")
+    os.link(checkpoint, tmp_path / "hard.json")
+    code, err = run(scripts, capsys, "plot_fusion_attention", *required_arguments("plot_fusion_attention", checkpoint,
+                    tmp_path), "--out", tmp_path / "fig.png", "--json", tmp_path / "hard.json", "--force")
+    assert code == 2 and f"--json {tmp_path / 'hard.json'} is the same file as --path {checkpoint}" in err
+    assert checkpoint.read_bytes() == b"precious"
+
+
 def test_mask_encoder_layers_refuses_earlier_kept_outputs(scripts, capsys, tmp_path):
     kept = tmp_path / "kept"
     kept.mkdir()

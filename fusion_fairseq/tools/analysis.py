@@ -128,7 +128,11 @@ def add_force_argument(parser):
 
 
 def same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
+    """The same file, also under two names (a hard link): compared by device and inode when both exist."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 # What the scripts write carries a mark, so that a rerun recognises its own earlier output and
