@@ -83,13 +83,23 @@ done
 [[ -z "$USER_DIR" || "$USER_DIR" == none || -d "$USER_DIR" ]] || usage_error "--user-dir: '$USER_DIR' is not a directory"
 [[ "$SUBSET" =~ ^[A-Za-z0-9_.-]+$ ]] || usage_error "--gen-subset: invalid value '$SUBSET'"
 
-recipe_get() {  # value of KEY in DATA/recipe.env, if any
+# recipe_get KEY [PATTERN ALLOWED]: the value of KEY in DATA/recipe.env, if any. A data-bin may come from
+# anyone: the file is data, read line by line and never sourced or evaluated, and a value that does not
+# match PATTERN (ALLOWED says what does) is refused naming the file. Call it as VAR=$(recipe_get ...) on
+# its own line, so that set -e stops the script when it refuses.
+recipe_get() {
+    local value
     [[ -f "$DATA/recipe.env" ]] || return 0
-    grep -E "^$1=" "$DATA/recipe.env" | head -n 1 | cut -d= -f2- || true
+    value=$(grep -E "^$1=" "$DATA/recipe.env" | head -n 1 | cut -d= -f2- || true)
+    if [[ -n "$value" && -n "${2:-}" && ! "$value" =~ $2 ]]; then
+        die "$DATA/recipe.env: $1 '$value' is not allowed (allowed: $3)"
+    fi
+    printf '%s\n' "$value"
 }
 
-SRC=${SRC:-$(recipe_get SRC)}
-TGT=${TGT:-$(recipe_get TGT)}
+LANGUAGE='^[A-Za-z][A-Za-z0-9_-]*$'
+if [[ -z "$SRC" ]]; then SRC=$(recipe_get SRC "$LANGUAGE" "a language code such as de"); fi
+if [[ -z "$TGT" ]]; then TGT=$(recipe_get TGT "$LANGUAGE" "a language code such as en"); fi
 if [[ -z "$SRC" || -z "$TGT" ]]; then
     pairs=$(for f in "$DATA/$SUBSET".*-*.*.idx; do [[ -e "$f" ]] || continue; b=${f##*/}; b=${b#"$SUBSET".}; echo "${b%%.*}"; done | sort -u)
     [[ -n "$pairs" ]] || usage_error "--gen-subset: no binarised '$SUBSET' data in $DATA"
@@ -105,8 +115,8 @@ REF=${REF:-$(recipe_get "RAW_REF_$SUBSET")}
 [[ -f "$REF" ]] || usage_error "--ref: '$REF' does not exist"
 TOKREF=${TOKREF:-$(recipe_get "TOK_REF_$SUBSET")}
 [[ -z "$TOKREF" || -f "$TOKREF" ]] || usage_error "--tok-ref: '$TOKREF' does not exist"
-if [[ -z "$LOWER" ]]; then LOWER=$(recipe_get LOWERCASE); LOWER=${LOWER:-0}; fi
-if [[ -z "$COMPOUND" ]]; then COMPOUND=$(recipe_get COMPOUND_SPLIT); COMPOUND=${COMPOUND:-0}; fi
+if [[ -z "$LOWER" ]]; then LOWER=$(recipe_get LOWERCASE '^[01]$' '0 or 1'); LOWER=${LOWER:-0}; fi
+if [[ -z "$COMPOUND" ]]; then COMPOUND=$(recipe_get COMPOUND_SPLIT '^[01]$' '0 or 1'); COMPOUND=${COMPOUND:-0}; fi
 
 OUT=${OUT:-$(dirname "$CKPT")/eval-$SUBSET-beam$BEAM}
 check_out_dir "$FORCE" --out "$OUT" "generate-$SUBSET.txt" "generate-$SUBSET.log" hyp.tok hyp.detok ref.fairseq.tok \

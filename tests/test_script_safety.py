@@ -346,6 +346,18 @@ def test_evaluate_refuses_an_out_dir_holding_files_it_did_not_write(tmp_path):
     assert (out / "notes.txt").read_text() == "mine, not an output of evaluate.sh\n"
 
 
+@pytest.mark.parametrize("key", ["LOWERCASE", "COMPOUND_SPLIT"])
+def test_evaluate_reads_recipe_env_as_data(tmp_path, key):
+    """bash arithmetic on a value evaluates the command substitutions in it: only 0 or 1 is read."""
+    marker = tmp_path / "PWNED"
+    (tmp_path / "data-bin").mkdir()
+    (tmp_path / "data-bin" / "recipe.env").write_text(f"{key}=BEAM[$(touch {marker})]\n")
+    result = evaluate(tmp_path, tmp_path / "eval")
+    assert result.returncode == 1 and not marker.exists()
+    assert result.stderr.strip() == f"evaluate.sh: error: {tmp_path / 'data-bin'}/recipe.env: {key} " \
+        f"'BEAM[$(touch {marker})]' is not allowed (allowed: 0 or 1)"
+
+
 def test_evaluate_reruns_into_its_own_out_dir(tmp_path):
     out = tmp_path / "eval"
     for _ in range(2):
