@@ -65,6 +65,7 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
+    add_dpi_argument,
     UsageError as ScriptError,
     add_force_argument,
     add_user_dir_argument,
@@ -120,7 +121,7 @@ def parse_args(argv: Optional[List[str]] = None):
     spectrum.add_argument("--threshold", type=float, default=0.1,
                           help="report the first index where s_i / s_1 falls below this (default: 0.1)")
     spectrum.add_argument("--out", required=True, help="PNG file to write")
-    spectrum.add_argument("--dpi", type=int, default=150)
+    add_dpi_argument(spectrum)
 
     cosine = commands.add_parser("cosine", help="mean cosine similarity of aligned word embeddings (Table 3)")
     common(cosine)

@@ -57,6 +57,8 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 
 # fusion_fairseq.tools.analysis imports the plugin (registers the models, allow-lists checkpoint types)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
+    add_dpi_argument,
+    finite,
     ReportedError,
     UsageError as ScriptError,
     add_force_argument,
@@ -105,7 +107,7 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument("--gen-subset", default="test", help="subset to translate (default: test)")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=4,
                         help="beam size (default: 4, the paper's Ro-En setting)")
-    parser.add_argument("--lenpen", type=float, default=1.0, help="length penalty (default: 1.0, Ro-En)")
+    parser.add_argument("--lenpen", type=finite("--lenpen"), default=1.0, help="length penalty (default: 1.0, Ro-En)")
     parser.add_argument("--remove-bpe", nargs="?", const="@@ ", default=None, metavar="SYMBOL",
                         help="remove BPE before scoring and counting length (as fairseq-generate; default '@@ ')")
     parser.add_argument("--layers", help="comma-separated encoder layers to mask, 0 = Emb (default: all, 0..N)")
@@ -119,7 +121,7 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument("--timeout", type=positive(float, "--timeout"), default=None,
                         help="seconds per fairseq-generate run")
     add_force_argument(parser)
-    parser.add_argument("--dpi", type=int, default=150)
+    add_dpi_argument(parser)
     args, forwarded = parser.parse_known_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")

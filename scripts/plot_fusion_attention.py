@@ -44,6 +44,7 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
+    add_dpi_argument,
     UsageError as PlotError,
     add_force_argument,
     add_text_input_arguments,
@@ -98,7 +99,7 @@ def parse_args(argv: Optional[List[str]] = None):
                         "the word fed into the decoder, or 'fed->predicted'")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=5,
                         help="beam size when translating (default: 5)")
-    parser.add_argument("--dpi", type=int, default=150)
+    add_dpi_argument(parser)
     add_force_argument(parser)
     args = parser.parse_args(argv)
     check_bpe_arguments(parser, args)

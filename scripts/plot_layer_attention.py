@@ -42,6 +42,7 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
+    add_dpi_argument,
     UsageError as ScriptError,
     add_force_argument,
     add_user_dir_argument,
@@ -86,7 +87,7 @@ def parse_args(argv: Optional[List[str]] = None):
                         "paper: the transpose, as in Figure 1 (x = decoder layer, y = encoder layer, "
                         "Emb at the bottom)")
     add_user_dir_argument(parser)
-    parser.add_argument("--dpi", type=int, default=150)
+    add_dpi_argument(parser)
     add_force_argument(parser)
     return parser.parse_args(argv)
 

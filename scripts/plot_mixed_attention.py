@@ -51,6 +51,8 @@ if REPO_ROOT not in sys.path:  # run from a checkout without installing the pack
 
 # fusion_fairseq.tools.analysis imports the plugin (registers the models; --user-dir is optional)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
+    add_dpi_argument,
+    finite,
     UsageError as PlotError,
     add_force_argument,
     add_text_input_arguments,
@@ -104,11 +106,11 @@ def parse_args(argv: Optional[List[str]] = None):
                         "position, or with the token predicted there")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=6,
                         help="beam size when translating (default: 6, as the paper)")
-    parser.add_argument("--lenpen", type=float, default=1.1,
+    parser.add_argument("--lenpen", type=finite("--lenpen"), default=1.1,
                         help="length penalty when translating (default: 1.1, as the paper for IWSLT)")
     parser.add_argument("--max-len", type=int, default=200,
                         help="when translating: at most this many target tokens (fairseq's max_len_b; default: 200)")
-    parser.add_argument("--dpi", type=int, default=150)
+    add_dpi_argument(parser)
     add_force_argument(parser)
     args = parser.parse_args(argv)
     check_bpe_arguments(parser, args)

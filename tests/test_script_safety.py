@@ -247,6 +247,22 @@ def test_non_positive_beam_and_timeout_are_refused(scripts, capsys, tmp_path, na
     assert code == 2 and f"argument {flag}: {flag} must be a positive {kind}, got '{value}'" in err
 
 
+@pytest.mark.parametrize("name", ALL_SCRIPTS)
+@pytest.mark.parametrize("value", ["0", "-5", "100000"])
+def test_a_dpi_out_of_range_is_refused(scripts, capsys, tmp_path, name, value):
+    """100000 dots per inch made a figure that exhausted memory."""
+    code, err = run(scripts, capsys, name, *required_arguments(name, tmp_path / "ckpt.pt", tmp_path), "--dpi", value)
+    assert code == 2 and f"argument --dpi: --dpi must be an integer from 1 to 1200, got '{value}'" in err
+
+
+@pytest.mark.parametrize("name", ["mask_encoder_layers", "plot_mixed_attention"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_length_penalty_that_is_no_finite_number_is_refused(scripts, capsys, tmp_path, name, value):
+    """mask_encoder_layers.py wrote --lenpen nan into its JSON, which then did not parse."""
+    code, err = run(scripts, capsys, name, *required_arguments(name, tmp_path / "ckpt.pt", tmp_path), "--lenpen", value)
+    assert code == 2 and f"argument --lenpen: --lenpen must be a finite number, got '{value}'" in err
+
+
 # --- measurements: decoding_cost.py, the benchmark, time_to_loss ---------------------------------
 
 class Measured(Exception):

@@ -30,6 +30,7 @@ import argparse
 import gzip
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -114,6 +115,43 @@ def positive(kind: type, flag: str):
         if value is None or not value > 0:
             raise argparse.ArgumentTypeError(f"{flag} must be a positive {'integer' if kind is int else 'number'}, "
                                              f"got {text!r}")
+        return value
+
+    return parse
+
+
+def integer_in(flag: str, low: int, high: int):
+    """argparse type: an integer from ``low`` to ``high``; the error names the flag, the value and the range."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer from {low} to {high}, got {text!r}")
+        return value
+
+    return parse
+
+
+# Figures are a few inches wide: 1200 dots per inch is print quality, and far more exhausts memory.
+MAX_DPI = 1200
+
+
+def add_dpi_argument(parser, default: int = 150):
+    parser.add_argument("--dpi", type=integer_in("--dpi", 1, MAX_DPI), default=default,
+                        help=f"resolution of the figure in dots per inch, 1 to {MAX_DPI} (default: {default})")
+
+
+def finite(flag: str):
+    """argparse type: a finite number (nan would be written as invalid JSON, and inf decodes nothing)."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{flag} must be a finite number, got {text!r}")
         return value
 
     return parse
