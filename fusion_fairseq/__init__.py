@@ -11,8 +11,8 @@ checkpoint_safety.record_checkpoint_loads()
 checkpoint_safety.check_loaded_configurations()
 checkpoint_safety.print_plugin_errors_in_one_line()
 
-from . import fairseq_fixes  # noqa: E402,F401  (fairseq issue #5036: keeps the last partial batch)
+from . import fairseq_fixes  # noqa: E402,F401  (last partial batch, #5036; training in CPU processes)
 
-from . import criterions, models  # noqa: E402,F401  (registration side effects)
+from . import criterions, lr_schedulers, models  # noqa: E402,F401  (registration side effects)
 
 __version__ = "0.1.0"

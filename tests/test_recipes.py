@@ -551,7 +551,9 @@ def test_dense_nmt_recipe_is_the_papers_training_setting(variant, arch, flags, t
     for key, value in flags.items():
         assert getattr(args, key) == value, key
     assert (args.optimizer, args.lr, args.momentum, args.lr_scheduler, args.lr_shrink, args.stop_min_lr) == \
-        ("nag", [0.25], 0.99, "reduce_lr_on_plateau", 0.1, 1e-4)
+        ("nag", [0.25], 0.99, "shrink_on_validation_increase", 0.1, 1e-4)
+    # WMT14 En-De: every epoch from the first rise on, as Gehring et al.
+    assert args.shrink_every_epoch_after_increase == (variant in ("en-de-15", "convs2s"))
     assert args.criterion == "cross_entropy" and args.batch_size == (48 if "en-de" in variant or variant == "convs2s" else 32)
     # one GPU: on more, every GPU would take a batch of its own and multiply the paper's (fairseq's
     # default world size is the visible GPU count, so the command itself must say it)
@@ -587,6 +589,8 @@ def recipe_model_flags(variant):
     (["bogus"], "unknown VARIANT 'bogus'"),
     (["en-de-15", "--embed", "64"], "--embed 64: the smaller embeddings of Table 1 are IWSLT models"),
     (["4l-2", "--embed", "512"], "--embed 512: must not exceed the embedding size 256"),
+    (["4l-2", "--summary-layer", "dense"], "--summary-layer: invalid value 'dense' (choose from: conv, linear)"),
+    (["convs2s", "--summary-layer", "conv"], "--summary-layer conv: VARIANT convs2s has no summary layers"),
 ])
 def test_dense_nmt_recipe_refuses_bad_arguments(argv, message, tmp_path):
     result = train_recipe("dense_nmt", tmp_path, *argv)
@@ -596,6 +600,12 @@ def test_dense_nmt_recipe_refuses_bad_arguments(argv, message, tmp_path):
 def test_dense_nmt_recipe_small_embeddings(tmp_path):
     args = parsed_recipe("dense_nmt", tmp_path, "4l-2", "--embed", "64")
     assert args.embed_bottleneck_dim == 64 and args.save_dir == "checkpoints/densenmt/4l-2-embed64"
+
+
+def test_dense_nmt_recipe_offers_both_summary_layer_readings(tmp_path):
+    assert parsed_recipe("dense_nmt", tmp_path, "8l-2").summary_layer == "linear"  # the preset's
+    args = parsed_recipe("dense_nmt", tmp_path, "8l-2", "--summary-layer", "conv")
+    assert args.summary_layer == "conv" and args.save_dir == "checkpoints/densenmt/8l-2-conv"
 
 
 def test_deep_representations_recipe_has_the_papers_88m_transformer_base(tmp_path):
