@@ -103,6 +103,19 @@ def test_a_vanishing_temperature_is_refused(capsys):
         check_fusion_args(valid_args(surface_fusion="hard", surface_fusion_tau=1e-30))
 
 
+def test_an_infinite_temperature_is_refused(capsys):
+    err = cli_error(capsys, "--surface-fusion", "soft", "--surface-fusion-tau", "inf")
+    assert "--surface-fusion-tau must be finite" in err and "got inf" in err
+    with pytest.raises(ValueError, match=r"--surface-fusion-tau must be finite .*got inf"):
+        check_fusion_args(valid_args(surface_fusion="soft", surface_fusion_tau=float("inf")))
+
+
+def test_a_bad_dropout_is_named_as_given_not_as_the_fusion_dropout_it_sets():
+    args = parse_model_args("fusion_transformer", *TINY, "--dropout", "nan", "--fuse-encoder", "fnn")
+    with pytest.raises(ValueError, match=r"^--dropout must be in \[0, 1\), got nan$"):
+        check_fusion_args(args)
+
+
 @pytest.mark.parametrize("changes,message", [
     ({"surface_fusion_lambda": "high"}, "--surface-fusion-lambda must be a number in [0, 1], got 'high'"),
     ({"surface_fusion_tau": None}, "--surface-fusion-tau must be a number > 0, got None"),

@@ -110,10 +110,13 @@ def _probability(flag):
 
 
 def tau_error(value):
-    """The temperature bound beyond "> 0" (see :data:`MIN_SURFACE_FUSION_TAU`), or None."""
+    """The temperature bounds beyond "> 0" (see :data:`MIN_SURFACE_FUSION_TAU`), or None."""
     if value < MIN_SURFACE_FUSION_TAU:
         return (f"--surface-fusion-tau must be at least {MIN_SURFACE_FUSION_TAU} (smaller temperatures scale the "
                 f"surface logits and their gradients by more than {1 / MIN_SURFACE_FUSION_TAU:g}), got {value!r}")
+    if value == float("inf"):
+        return (f"--surface-fusion-tau must be finite (an infinite temperature makes the surface distribution "
+                f"uniform, whatever the source), got {value!r}")
     return None
 
 
@@ -226,7 +229,9 @@ def check_fusion_args(args):
         value = getattr(args, dest)
         if value not in choices:
             raise ValueError(f"{flag} got {value!r}; allowed: {', '.join(choices)}")
-    # every value's type before any comparison: --model-overrides can hand in text
+    # every value's type before any comparison: --model-overrides can hand in text. The dropouts
+    # first: --fusion-dropout defaults to --dropout, so a bad --dropout is named as itself.
+    check_dropout_args(args)
     check_real_flags(args, REAL_FLAGS)
     check_real_flags(args, {dest: (flag, PROBABILITY) for dest, flag in LAYERDROP_FLAGS.items()})
     check_positive_ints(args, POSITIVE_INT_FLAGS)
@@ -246,7 +251,6 @@ def check_fusion_args(args):
     check_mlrf_args(args)
     check_deep_representation_args(args)
     check_encoder_layer_fusion_args(args)
-    check_dropout_args(args)
     warn_unused_fusion_flags(args)
 
 
