@@ -165,3 +165,12 @@ def test_bad_sizes(capsys, flags, message):
 def test_heads_must_divide_the_width():
     with pytest.raises(ValueError, match="--embed-dim 16 is not divisible by --attention-heads 3"):
         build_model("layerwise_coordination", *TINY, "--attention-heads", "3", joined=True)
+
+
+def test_separate_source_layers_need_two_layers_or_more():
+    """--layers 1 --no-layer-sharing trained with no source layer at all."""
+    flags = list(TINY)
+    flags[flags.index("--layers") + 1] = "1"
+    with pytest.raises(ValueError, match="--no-layer-sharing .* needs --layers 2 or more; --layers is 1"):
+        build_model("layerwise_coordination", *flags, "--no-layer-sharing", joined=True)
+    build_model("layerwise_coordination", *flags, joined=True)  # sharing its one layer is a model

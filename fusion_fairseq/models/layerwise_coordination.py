@@ -244,6 +244,9 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
             )
         if args.embed_dim % args.attention_heads:
             raise ValueError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads {args.attention_heads}")
+        if args.no_layer_sharing and args.layers < 2:
+            raise ValueError(f"--no-layer-sharing gives the source --layers - 1 layers of its own, so it needs "
+                             f"--layers 2 or more; --layers is {args.layers}")
         dictionary = task.source_dictionary
         embedding = CoordinationEmbedding(
             Embedding(len(dictionary), args.embed_dim, dictionary.pad()), args.dropout,
