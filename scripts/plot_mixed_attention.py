@@ -268,9 +268,11 @@ def run(args) -> dict:
     layer_index = check_layer(args.layer, num_layers)
     bpe = build_bpe(args)
     dictionary = task.source_dictionary
-    src_tokens = encode_sentence(args.source, dictionary, "--source", bpe, args.allow_unk)
+    src_tokens = encode_sentence(args.source, dictionary, "--source", bpe, args.allow_unk,
+                                 max_tokens=model.encoder.max_positions())
     if args.target is not None:
-        tgt_tokens = encode_sentence(args.target, task.target_dictionary, "--target", bpe, args.allow_unk)
+        tgt_tokens = encode_sentence(args.target, task.target_dictionary, "--target", bpe, args.allow_unk,
+                                     max_tokens=model.decoder.max_positions())
         target_from = "--target"
     else:
         tgt_tokens = translate(model, task, src_tokens, args.beam, args.lenpen, args.max_len)

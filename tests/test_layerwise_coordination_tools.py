@@ -161,6 +161,20 @@ def test_plot_unknown_word_and_non_coordination_checkpoint(plot_script, capsys, 
     assert not png.exists()
 
 
+def test_plot_refuses_a_source_longer_than_the_model_reads(plot_script, capsys, coordination_checkpoint,
+                                                           tiny_joined_data_bin, tmp_path):
+    """Beyond its positions the model fails, or the figure grows to gigabytes."""
+    model, _ = load(coordination_checkpoint, tiny_joined_data_bin)
+    limit = model.encoder.max_positions()
+    png = tmp_path / "fig.png"
+    code, _, err = run_plot(plot_script, capsys, "--path", coordination_checkpoint, "--data", tiny_joined_data_bin,
+                            "--source", " ".join([SOURCE.split()[0]] * limit), "--target", TARGET, "--layer", "1",
+                            "--out", str(png))
+    assert code == 2 and f"--source has {limit + 1} tokens (end of sentence included), but the model reads at " \
+        f"most {limit} positions" in err
+    assert not png.exists()
+
+
 TINY_COST = ["--lengths", "3,6,9", "--steps", "4", "--repeats", "1", "--batch-size", "2", "--beam", "3",
              "--vocab", "40", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--layers", "3",
              "--baseline-layers", "1", "--structure-steps", "3"]

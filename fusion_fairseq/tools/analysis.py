@@ -410,12 +410,14 @@ def build_bpe(args):
     return encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes))
 
 
-def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False) -> torch.Tensor:
+def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False,
+                    max_tokens: Optional[int] = None) -> torch.Tensor:
     """Token ids of ``text`` followed by EOS (as fairseq binarises sentences).
 
     ``text`` (the value of ``flag``) is split on whitespace after ``bpe``. A word that is not in
     ``dictionary`` is a :class:`UsageError` naming the flag and the word, or with ``allow_unk``
-    a warning on stderr and <unk>."""
+    a warning on stderr and <unk>. So is a sentence of more than ``max_tokens`` tokens (the
+    positions the model reads), which would fail inside the model or make a huge figure."""
     if bpe is not None:
         text = bpe.encode(text)
     words = text.split()
@@ -432,6 +434,9 @@ def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool 
             print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
         ids.append(index)
     ids.append(dictionary.eos())
+    if max_tokens is not None and len(ids) > max_tokens:
+        raise UsageError(f"{flag} has {len(ids)} tokens (end of sentence included), but the model reads at most "
+                         f"{max_tokens} positions; give a shorter sentence")
     return torch.tensor(ids, dtype=torch.long)
 
 
