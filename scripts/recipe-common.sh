@@ -258,12 +258,19 @@ report_done() {  # report_done DATABIN TEXTDIR SRC TGT
     echo "Train with e.g.: fairseq-train $(abspath "$databin") --arch transformer ..."
 }
 
+# real_path PATH: PATH with symbolic links resolved, also before it exists (through its nearest existing parent).
+real_path() {
+    local path=$1 rest=""
+    while [[ ! -d "$path" ]]; do rest="/$(basename "$path")$rest"; path=$(dirname "$path"); done
+    echo "$(cd "$path" && pwd -P)$rest"
+}
+
 # check_outputs_free FORCE FROM DEST DATABIN SRC TGT: called before any work. A recipe writes
 # DEST/{raw,tok,code,code.fastbpe}, DEST/{train,valid,test}.{SRC,TGT} and the files of DATABIN; if
 # any of them exists already (a user's own train.de, an earlier run), it refuses unless FORCE is 1
 # (--force), naming what it would replace. --from naming DEST, DEST/raw or DEST/tok is refused even
-# with --force: the recipe would overwrite the raw text it reads. Other files in DEST are never
-# touched.
+# with --force: the recipe would overwrite the raw text it reads; so is a DEST inside --from, where the
+# recipe's search for raw files would find the ones it writes. Other files in DEST are never touched.
 check_outputs_free() {
     local force=$1 from=$2 dest=$3 databin=$4 src=$5 tgt=$6 name written=()
     if [[ -n "$from" && -d "$from" ]]; then
@@ -275,6 +282,10 @@ check_outputs_free() {
                     "outputs there and would replace the raw text it reads; give another --dest"
             fi
         done
+        if [[ "$(real_path "$dest")/" == "$real_from/"* ]]; then
+            usage_error "--dest '$dest' is inside --from '$from': the recipe searches --from for its raw files" \
+                "and would find the ones it writes; give a --dest outside it"
+        fi
     fi
     for name in raw tok code code.fastbpe {train,valid,test}."$src" {train,valid,test}."$tgt"; do
         [[ -e "$dest/$name" ]] && written+=("$dest/$name")

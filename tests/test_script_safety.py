@@ -72,6 +72,22 @@ def test_from_and_dest_the_same_directory_is_refused_even_with_force(tmp_path, f
     assert snapshot(raw) == before
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_a_dest_inside_from_is_refused(tmp_path, force):
+    """The recipe searches --from for its raw files: a rerun found its own copies (cp: same file)."""
+    raw = tmp_path / "multi30k"
+    raw.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            (raw / f"{split}.{lang}").write_text(f"{split} {lang} text\n")
+    before = snapshot(raw)
+    result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", raw / "out", *force)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0] == f"prepare-multi30k.sh: error: --dest '{raw / 'out'}' is inside --from " \
+        f"'{raw}': the recipe searches --from for its raw files and would find the ones it writes; give a --dest outside it"
+    assert snapshot(raw) == before and not (raw / "out").exists()
+
+
 # --- analysis scripts: outputs, --beam, --timeout --------------------------------------------
 
 @pytest.fixture(scope="module")
