@@ -97,7 +97,7 @@ def aggregate(strategy, *more):
 # SurfaceFusion kinds, and compositions across families.
 OTHER_FUSION_VARIANTS = [
     Variant(f"aggregate={strategy}", "fusion_transformer", aggregate(strategy))
-    for strategy in ("dense", "linear", "iterative", "hierarchical")
+    for strategy in ("dense", "linear", "linear-output", "iterative", "hierarchical")
 ] + [
     Variant("hierarchical+relu+residual-top", "fusion_transformer",
             aggregate("hierarchical", "--aggregation-fn", "relu", "--aggregation-residual", "top")),

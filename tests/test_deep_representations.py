@@ -203,8 +203,26 @@ def test_table1_parameter_deltas_on_transformer_base():
     both = lambda side: ["--aggregate-encoder", side, "--aggregate-decoder", side]  # noqa: E731
     assert base_delta(*both("dense")) == 0
     assert base_delta(*both("linear")) == 2 * 28 * d * d == 14_680_064  # Table 1: +14.7M
+    assert base_delta(*both("linear-output")) == 2 * 6 * d * d == 3_145_728  # Eq. 5 as written: +3.1M
     assert base_delta(*both("iterative")) == 2 * 5 * node(2) == 31_493_120  # Table 1: +31.5M
     assert base_delta(*both("hierarchical")) == 2 * (node(2) + 2 * node(3)) == 23_090_176  # Table 1: +23.1M
+
+
+def test_eq5_as_written_combines_the_layers_once_at_the_output():
+    """linear-output: the layers are the vanilla stack's; the output is sum_l W_l H^l (H^0 excluded),
+    which starts as the vanilla output."""
+    torch.manual_seed(0)
+    vanilla = build_model("fusion_transformer", *TINY).eval()
+    combined = build_model("fusion_transformer", *TINY, "--aggregate-encoder", "linear-output").eval()
+    combined.load_state_dict(vanilla.state_dict(), strict=False)
+    tokens, lengths = torch.tensor([[5, 6, 7, 2]]), torch.tensor([4])
+    vanilla_out = vanilla.encoder(tokens, lengths, return_all_hiddens=True)
+    combined_out = combined.encoder(tokens, lengths, return_all_hiddens=True)
+    assert torch.allclose(combined_out["encoder_out"][0], vanilla_out["encoder_out"][0], atol=1e-6)
+    with torch.no_grad():
+        combined.encoder.aggregation.combination.weight.normal_()
+    changed = combined.encoder(tokens, lengths, return_all_hiddens=True)["encoder_out"][0]
+    assert not torch.allclose(changed, vanilla_out["encoder_out"][0], atol=1e-3)
 
 
 def test_multi_layer_attention_parameter_delta():
@@ -306,6 +324,10 @@ DEEPREP_TRAIN_SH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 @pytest.mark.parametrize("variant,expected", [
     ("vanilla", {"arch": "transformer_wmt_en_de", "criterion": "label_smoothed_cross_entropy"}),
+    # the control: the vanilla model continued with stage 2's restarted schedule and budget
+    ("vanilla-continued", {"arch": "transformer_wmt_en_de", "criterion": "label_smoothed_cross_entropy",
+                           "max_update": 100000, "warmup_updates": 4000}),
+    ("linear-output", {"aggregate_encoder": "linear-output", "aggregate_decoder": "linear-output"}),
     ("linear", {"arch": "deeprep_transformer_wmt_en_de", "aggregate_encoder": "linear", "aggregate_decoder": "linear"}),
     ("mla3", {"aggregate_encoder": "none", "multi_layer_attention": 3}),
     ("hierarchical+div", {"aggregate_decoder": "hierarchical", "diversity_lambda": 1.0,
@@ -332,6 +354,7 @@ def test_recipe_commands_parse_with_the_paper_settings(variant, expected, tmp_pa
 @pytest.mark.parametrize("argv,message", [
     (["bogus"], "unknown VARIANT 'bogus'"),
     (["vanilla+div"], "vanilla+div: the diversity regulariser"),
+    (["vanilla-continued+div"], "vanilla-continued+div: the diversity regulariser"),
     (["linear", "--gpus", "3"], "--gpus 3"),
     (["linear", "--max-update", "x"], "--max-update: invalid value 'x'"),
 ])

@@ -202,6 +202,16 @@ def test_sides_select_the_encoder_or_decoder_term_and_both_is_their_sum():
         assert div.item() == pytest.approx(expected.item(), rel=1e-6), sides
 
 
+def test_mean_combination_averages_the_two_sides():
+    model, sample = tiny_model(), tiny_sample()
+    encoder, decoder = expected_terms(model, sample)
+    averaged = DiversityCriterion(tiny_task(), False, 0.1, diversity_lambda=1.0, diversity_combine="mean")
+    div = averaged.compute_diversity(model(**sample["net_input"]), sample)[0]
+    assert div.item() == pytest.approx(((encoder + decoder) / 2).item(), rel=1e-6)
+    with pytest.raises(ValueError, match="--diversity-combine must be one of"):
+        DiversityCriterion(tiny_task(), False, 0.1, diversity_combine="max")
+
+
 def test_the_embedding_output_is_not_a_layer_and_padding_is_excluded():
     model, sample = tiny_model(), tiny_sample()
     net_output = model(**sample["net_input"])

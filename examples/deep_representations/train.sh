@@ -17,8 +17,11 @@ The vanilla Transformer-Base is trained from scratch; every other variant starts
 
 VARIANT (append +div to any of them for the layer-diversity regulariser, Eqs. 9-10, lambda 1.0):
   vanilla                          Table 1 row 1: Transformer-Base (--arch transformer_wmt_en_de)
+  vanilla-continued                the control: the vanilla model fine-tuned from itself with the same
+                                   restarted schedule and budget as every other variant
   dense | linear | iterative | hierarchical
                                    Table 1 rows 2-5: layer aggregation on encoder and decoder
+  linear-output                    Eq. 5 as written: one linear combination of the layers, at the output
   mla2 | mla3                      Table 1 rows 6-7: multi-layer attention, k = 2 / 3
   encoder-only | decoder-only      Table 3: hierarchical aggregation on one side (both = hierarchical)
   residual-none | residual-top     Table 4: hierarchical, residual connection from no / the top input
@@ -65,17 +68,17 @@ DIVERSITY=0
 if [[ "$BASE" != "$VARIANT" ]]; then DIVERSITY=1; fi
 ARCH=(--arch deeprep_transformer_wmt_en_de)  # hierarchical aggregation on both sides, Transformer-Base
 case "$BASE" in
-    vanilla) ARCH=(--arch transformer_wmt_en_de) ;;
-    dense|linear|iterative|hierarchical) ARCH+=(--aggregate-encoder "$BASE" --aggregate-decoder "$BASE") ;;
+    vanilla|vanilla-continued) ARCH=(--arch transformer_wmt_en_de) ;;
+    dense|linear|linear-output|iterative|hierarchical) ARCH+=(--aggregate-encoder "$BASE" --aggregate-decoder "$BASE") ;;
     mla2|mla3) ARCH+=(--aggregate-encoder none --aggregate-decoder none --multi-layer-attention "${BASE#mla}") ;;
     encoder-only) ARCH+=(--aggregate-encoder hierarchical --aggregate-decoder none) ;;
     decoder-only) ARCH+=(--aggregate-encoder none --aggregate-decoder hierarchical) ;;
     residual-none|residual-top) ARCH+=(--aggregation-residual "${BASE#residual-}") ;;
     fn-relu|fn-attention) ARCH+=(--aggregation-fn "${BASE#fn-}") ;;
-    *) usage_error "unknown VARIANT '$VARIANT' (choose from: vanilla dense linear iterative hierarchical mla2 mla3 encoder-only decoder-only residual-none residual-top fn-relu fn-attention, each optionally +div)" ;;
+    *) usage_error "unknown VARIANT '$VARIANT' (choose from: vanilla vanilla-continued dense linear linear-output iterative hierarchical mla2 mla3 encoder-only decoder-only residual-none residual-top fn-relu fn-attention, each optionally +div)" ;;
 esac
-if [[ $DIVERSITY -eq 1 && "$BASE" == vanilla ]]; then
-    usage_error "vanilla+div: the diversity regulariser is trained with the deep-representation variants (Table 1 rows 8-10)"
+if [[ $DIVERSITY -eq 1 && "$BASE" == vanilla* ]]; then
+    usage_error "$VARIANT: the diversity regulariser is trained with the deep-representation variants (Table 1 rows 8-10)"
 fi
 
 CRITERION=(--criterion label_smoothed_cross_entropy --label-smoothing 0.1)

@@ -15,11 +15,11 @@ positions, on the layer outputs only (the embedding output is not a layer).
 Readings:
   * Sides (``--diversity-sides``, default ``both``): the encoder stack (source positions,
     ``extra["encoder_states"]``) and the decoder stack (target positions,
-    ``extra["inner_states"]``) each get their own Eq. 10, and the two are *summed*
+    ``extra["inner_states"]``) each get their own Eq. 10, and the two are *summed* by default
     (L_div in [0, 2] with both sides). A side with fewer than 2 layers is skipped. So the
-    effective lambda is lambda per side: each side's diversity weighs as much as it would alone
-    (Eq. 9 has one L_diversity and does not say how the two stacks combine; averaging them
-    would be ``--diversity-lambda`` halved).
+    effective lambda is lambda per side: each side's diversity weighs as much as it would alone.
+    Eq. 9 has one L_diversity and does not say how the two stacks combine: ``--diversity-combine
+    mean`` averages them instead (L_div in [0, 1], an effective lambda of 1/2 per side).
   * Scale: LS_NLL is a sum over tokens that fairseq divides by ``sample_size`` (ntokens, or
     sentences under ``--sentence-avg``) before the update, while L_div is a per-position mean.
     Multiplying L_div by ``sample_size`` makes the optimised per-token objective
@@ -59,6 +59,7 @@ from fusion_fairseq.registry import register_criterion
 
 NAME = "label_smoothed_cross_entropy_with_layer_diversity"
 DIVERSITY_SIDES = ("both", "encoder", "decoder")
+DIVERSITY_COMBINATIONS = ("sum", "mean")
 
 
 @dataclass
@@ -71,7 +72,12 @@ class LabelSmoothedCrossEntropyWithLayerDiversityConfig(LabelSmoothedCrossEntrop
     diversity_sides: ChoiceEnum(DIVERSITY_SIDES) = field(
         default="both",
         metadata={"help": "layer stacks whose diversity (Eq. 10) is rewarded; with both, the "
-                          "encoder's and the decoder's terms are summed"},
+                          "encoder's and the decoder's terms are combined by --diversity-combine"},
+    )
+    diversity_combine: ChoiceEnum(DIVERSITY_COMBINATIONS) = field(
+        default="sum",
+        metadata={"help": "how the sides' Eq. 10 terms combine: sum (each side weighs lambda) or mean "
+                          "(the two share lambda)"},
     )
 
 
@@ -80,7 +86,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
     """``label_smoothed_cross_entropy`` minus ``lambda * L_div * sample_size`` (module docstring)."""
 
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 diversity_lambda=1.0, diversity_sides="both"):
+                 diversity_lambda=1.0, diversity_sides="both", diversity_combine="sum"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         diversity_lambda = float(diversity_lambda)
         if not math.isfinite(diversity_lambda) or diversity_lambda < 0:
@@ -91,8 +97,12 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         diversity_sides = str(diversity_sides)
         if diversity_sides not in DIVERSITY_SIDES:
             raise ValueError(f"--diversity-sides must be one of {DIVERSITY_SIDES}, got {diversity_sides!r}")
+        diversity_combine = str(diversity_combine)
+        if diversity_combine not in DIVERSITY_COMBINATIONS:
+            raise ValueError(f"--diversity-combine must be one of {DIVERSITY_COMBINATIONS}, got {diversity_combine!r}")
         self.diversity_lambda = diversity_lambda
         self.diversity_sides = diversity_sides
+        self.diversity_combine = diversity_combine
 
     # ------------------------------------------------------------------------------- loss
     def forward(self, model, sample, reduce=True):
@@ -138,7 +148,8 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
                 )
             logits = net_output[0]
             return logits.new_zeros((), dtype=torch.float32), per_side
-        return torch.stack(list(per_side.values())).sum(), per_side
+        terms = torch.stack(list(per_side.values()))
+        return (terms.sum() if self.diversity_combine == "sum" else terms.mean()), per_side
 
     def layer_states(self, net_output, sample) -> Dict[str, Tuple[list, Optional[Tensor]]]:
         """``{side: ([h0, h1, ..., hL], padding mask batch x time or None)}`` for the selected sides."""

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .aggregation_node import AggregationNode
 
-AGGREGATION_STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical")
+AGGREGATION_STRATEGIES = ("none", "dense", "linear", "linear-output", "iterative", "hierarchical")
 ApplyLayer = Callable[[int, Tensor, List[Tensor]], Tensor]
 
 
@@ -127,6 +127,28 @@ class LinearCombination(PlainStack):
         return self.combine(states), states
 
 
+class OutputLinearCombination(PlainStack):
+    """Eq. 5 as written: the vanilla stack, whose output is H-hat = sum_{l=1}^{L} W_l H^l, one
+    d x d matrix (no bias) per layer, H^0 excluded (``--aggregate-encoder linear-output``).
+
+    Paper: Eq. 5 combines the layers once, at the output; that gives L d^2 parameters a side,
+    +3.1M on both sides of Transformer-Base, where Table 1 lists +14.7M for linear combination,
+    which :class:`LinearCombination` (the default ``linear``) reproduces. Initialised as the
+    vanilla output (identity on H^L, zero on the others).
+    """
+
+    def __init__(self, num_layers: int, embed_dim: int):
+        super().__init__(num_layers)
+        self.combination = nn.Linear(num_layers * embed_dim, embed_dim, bias=False)
+        with torch.no_grad():
+            self.combination.weight.zero_()
+            self.combination.weight[:, -embed_dim:] = torch.eye(embed_dim)
+
+    def run(self, x0: Tensor, apply_layer: ApplyLayer) -> Tuple[Tensor, List[Tensor]]:
+        _, states = super().run(x0, apply_layer)
+        return self.combination(torch.cat(states[1:], dim=-1)), states
+
+
 class IterativeAggregation(PlainStack):
     """Eqs. 6-7 and Figure 1d: H^_1 = H^1, H^_l = AGG(H^l, H^_{l-1}); the output is H^_L. The
     aggregation chain reads the backbone without feeding back into it."""
@@ -200,6 +222,8 @@ def build_layer_aggregation(strategy: str, num_layers: int, embed_dim: int, hidd
         return DenseConnection(num_layers, dense_reading)
     if strategy == "linear":
         return LinearCombination(num_layers, embed_dim)
+    if strategy == "linear-output":
+        return OutputLinearCombination(num_layers, embed_dim)
     if strategy == "iterative":
         return IterativeAggregation(num_layers, make_node)
     if strategy == "hierarchical":

@@ -775,6 +775,8 @@ def evaluate_worker(rdir: str, budget: int) -> None:
     plan = _read_json(os.path.join(rdir, "evaluation.json"))
     import torch
 
+    from fusion_fairseq.tools.averaging import average_checkpoints
+
     sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
     train_seconds = sum((s["end"] or s["start"]) - s["start"] for s in sessions)
     best_update, best_nll = best_within(learning_curve(os.path.join(rdir, "run.log")), budget)
@@ -822,23 +824,6 @@ def logged_parameters(log_path: str) -> Optional[int]:
             if m:
                 found = int(m.group(1).replace(",", ""))
     return found
-
-
-def average_checkpoints(paths: Sequence[str], out: str) -> str:
-    """One checkpoint whose parameters are the mean of ``paths``' (fairseq's usual averaging of the
-    last checkpoints; its script is not in the pip package). The rest is the last checkpoint's,
-    without the optimizer state, which no decoder reads."""
-    import torch
-
-    import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
-
-    states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
-    averaged = dict(states[-1], last_optimizer_state=None)
-    averaged["model"] = {name: sum(state["model"][name].double() for state in states).div(len(states))
-                         .to(tensor.dtype) for name, tensor in states[-1]["model"].items()}
-    torch.save(averaged, out + ".tmp")
-    os.replace(out + ".tmp", out)
-    return out
 
 
 def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:

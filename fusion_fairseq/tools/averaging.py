@@ -1,0 +1,95 @@
+"""Checkpoint averaging: one checkpoint whose parameters are the mean of several (the last five, in
+the Transformer setups the papers follow). fairseq's own ``scripts/average_checkpoints.py`` is not
+in its pip package.
+
+    python scripts/average_checkpoints.py --dir checkpoints/vanilla --last 5 --output averaged.pt
+    python scripts/average_checkpoints.py --inputs a.pt b.pt --output averaged.pt
+"""
+
+import argparse
+import os
+import re
+import sys
+from typing import List, Optional, Sequence
+
+EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
+UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
+
+
+def average_checkpoints(paths: Sequence[str], out: str) -> str:
+    """Write to ``out`` (atomically) the last of ``paths`` with its parameters replaced by the mean of
+    all of theirs (in float64, stored in each parameter's own dtype) and without the optimizer
+    state, which no decoder reads. Returns ``out``."""
+    import torch
+
+    import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
+
+    states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
+    names = list(states[-1]["model"])
+    for path, state in zip(paths, states):
+        if list(state["model"]) != names:
+            raise ValueError(f"{path}: its parameters are not those of {paths[-1]}; average checkpoints of one model")
+    averaged = dict(states[-1], last_optimizer_state=None)
+    averaged["model"] = {name: (sum(state["model"][name].double() for state in states) / len(states))
+                         .to(states[-1]["model"][name].dtype) for name in names}
+    torch.save(averaged, out + ".tmp")
+    os.replace(out + ".tmp", out)
+    return out
+
+
+def last_checkpoints(directory: str, count: int, by_update: bool = False) -> List[str]:
+    """The ``count`` newest epoch checkpoints (``checkpointN.pt``) of ``directory``, or with
+    ``by_update`` its newest interval checkpoints (``checkpoint_E_U.pt``), oldest first."""
+    pattern = UPDATE_CHECKPOINT if by_update else EPOCH_CHECKPOINT
+    found = sorted((int(m.group(1)), name) for name in os.listdir(directory) if (m := pattern.fullmatch(name)))
+    return [os.path.join(directory, name) for _, name in found[-count:]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="average_checkpoints.py", description=__doc__.split("\n\n")[0])
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--inputs", nargs="+", help="the checkpoints to average")
+    which.add_argument("--dir", help="a fairseq --save-dir: average its --last newest checkpoints")
+    p.add_argument("--last", type=int, default=5, help="with --dir: how many (default: 5)")
+    p.add_argument("--by-update", action="store_true",
+                   help="with --dir: the interval checkpoints checkpoint_E_U.pt instead of the epoch ones")
+    p.add_argument("--output", required=True, help="the averaged checkpoint to write")
+    p.add_argument("--force", action="store_true", help="replace an existing --output (never one of the inputs)")
+    return p
+
+
+def fail(message: str):
+    sys.exit(f"average_checkpoints.py: error: {message}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    args = build_parser().parse_args(argv)
+    if args.dir is not None:
+        if args.last < 1:
+            fail(f"--last must be at least 1, got {args.last}")
+        if not os.path.isdir(args.dir):
+            fail(f"--dir {args.dir}: no such directory")
+        inputs = last_checkpoints(args.dir, args.last, args.by_update)
+        if len(inputs) < args.last:
+            fail(f"--dir {args.dir}: {len(inputs)} {'interval' if args.by_update else 'epoch'} checkpoint(s), "
+                 f"--last asks for {args.last}")
+    else:
+        inputs = args.inputs
+    missing = [path for path in inputs if not os.path.isfile(path)]
+    if missing:
+        fail(f"--inputs: no such file: {', '.join(missing)}")
+    if os.path.exists(args.output):
+        if any(os.path.samefile(args.output, path) for path in inputs):
+            fail(f"--output {args.output} is one of the checkpoints to average; give another file")
+        if not args.force:
+            fail(f"--output {args.output} exists; pass --force to replace it")
+    try:
+        average_checkpoints(inputs, args.output)
+    except Exception as error:  # noqa: BLE001 - a damaged or foreign file: one line naming them
+        fail(f"cannot average {', '.join(inputs)}: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
+    print(f"averaged {len(inputs)} checkpoints ({', '.join(os.path.basename(p) for p in inputs)}) -> {args.output}")
+    return args.output
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,15 @@
+#!/usr/bin/env python3
+"""Average the parameters of fairseq checkpoints (fusion_fairseq/tools/averaging.py).
+
+    python scripts/average_checkpoints.py --dir checkpoints/vanilla --last 5 --output averaged.pt
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fusion_fairseq.tools.averaging import main  # noqa: E402
+
+if __name__ == "__main__":
+    main()
