@@ -440,3 +440,23 @@ def test_a_torch_file_without_a_model_is_named(scripts, capsys, tiny_data_bin, t
     code, err = run(scripts, capsys, "plot_layer_attention", "--path", path, "--data", tiny_data_bin,
                     "--out", tmp_path / "fig.png")
     assert code == 2 and err.count("\n") == 1 and f"--path {path}: cannot read the checkpoint" in err
+
+
+@pytest.mark.parametrize("name", ALL_SCRIPTS)
+@pytest.mark.parametrize("kind,unknown", [("task", "nosuchtask"), ("architecture", "nosucharch")])
+def test_an_unknown_task_or_architecture_is_named(scripts, capsys, tiny_mlrf_checkpoint, tiny_data_bin, tmp_path,
+                                                  name, kind, unknown):
+    """fairseq failed deep in its registries (an AssertionError, or an IndexError building its message)."""
+    import torch
+
+    state = torch.load(tiny_mlrf_checkpoint)
+    if kind == "task":
+        state["cfg"]["task"]["_name"] = unknown
+    else:
+        vars(state["cfg"]["model"]).update(arch=unknown, _name=unknown)
+    path = tmp_path / "unknown.pt"
+    torch.save(state, path)
+    code, err = run(scripts, capsys, name, *required_arguments(name, path, tiny_data_bin), "--out", tmp_path / "fig.png")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f": error: --path {path}: the checkpoint's {kind} '{unknown}' is not one fairseq " \
+        "knows; pass the --user-dir that registers it" in err

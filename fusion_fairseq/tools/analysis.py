@@ -336,7 +336,26 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
     if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
         raise UsageError(f"{flag} {path}: cannot read the checkpoint, a torch file without a fairseq model "
                          "and configuration")
+    check_registered(state, path, flag)
     return state
+
+
+def check_registered(state, path: str, flag: str = "--path") -> None:
+    """A :class:`UsageError` naming the file unless fairseq knows the checkpoint's task and
+    architecture (a plugin not imported, or a crafted name, fails deep inside fairseq otherwise)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    from fusion_fairseq.checkpoint_safety import architecture, stored_value
+
+    cfg = state.get("cfg")
+    task = stored_value(stored_value(cfg, "task"), "_name") if cfg is not None else getattr(state["args"], "task", None)
+    arch = architecture(model_args(state))
+    for kind, name, known in (("task", task, TASK_REGISTRY), ("architecture", arch, {**MODEL_REGISTRY,
+                                                                                      **ARCH_MODEL_REGISTRY})):
+        if not isinstance(name, str) or name not in known:
+            raise UsageError(f"{flag} {path}: the checkpoint's {kind} {name!r} is not one fairseq knows; pass the "
+                             "--user-dir that registers it, or give a checkpoint of a registered one")
 
 
 def check_data_dir(data: str) -> None:
