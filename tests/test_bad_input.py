@@ -224,6 +224,44 @@ def test_summary_every_beyond_the_depth_is_warned_about(caplog):
                         "layers below the top layer; dense layers: encoder 4, decoder 4)"]
 
 
+@pytest.mark.parametrize("flags,warning", [
+    (["--layer-attention-dropconnect", "0.3"], "--layer-attention-dropconnect 0.3: it drops layer-attention weights"),
+    (["--aggregate-encoder", "dense", "--aggregation-residual", "all"], "--aggregation-residual all: only iterative"),
+    (["--aggregate-decoder", "linear", "--aggregation-residual=all"], "--aggregation-residual all: only iterative"),
+])
+def test_idle_flags_typed_at_the_architectures_value_are_warned_about(caplog, monkeypatch, flags, warning):
+    """The value alone cannot tell the paper's 0.3 typed by the user from the architecture's own."""
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", "data-bin", *flags])
+    build_model("fusion_transformer", *TINY, *[part for flag in flags for part in flag.split("=")])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warning in warnings[0]
+
+
+@pytest.mark.parametrize("flags,warning", [
+    (["--summary-layer", "linear", "--summary-every", "0"],
+     "--summary-layer linear: it is the kind of the summary layers, and --summary-every is 0 (no summary layers)"),
+    (["--residual-dim", "64"], "--residual-dim 64: it is the width of a residual side, and neither --no-dense-encoder "
+                               "nor --no-dense-decoder is set"),
+    (["--decoder-attention", "False"], "--decoder-attention False: the dense_fconv decoder attends to the source in "
+                                       "every layer (Sec. 3.2), and it cannot be switched off"),
+])
+def test_idle_dense_fconv_flags_are_warned_about(caplog, flags, warning):
+    build_model("dense_fconv", "--encoder-layers", "[(8, 3)] * 4", "--decoder-layers", "[(8, 3)] * 4", *flags)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"flag without effect: {warning}"]
+    caplog.clear()
+    build_model("dense_fconv_iwslt_de_en_8l")  # its own linear summary layers and residual width
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("flags", [["--layer-attention", "fine"], ["--fuse-encoder", "sa"]])
+def test_no_cross_attention_with_a_source_memory_is_refused(flags):
+    """The fusion would get no gradient and the output would ignore the source."""
+    with pytest.raises(ValueError, match=f"--no-cross-attention removes the decoder's attention to the source memory "
+                                         f"that {' '.join(flags)} builds"):
+        build_model("fusion_transformer", *TINY, *flags, "--no-cross-attention")
+
+
 # --- errors found while building print as one line -------------------------------------------
 
 @pytest.mark.parametrize("flags,message", [

@@ -59,7 +59,14 @@ from fusion_fairseq.modules.dense_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import architecture_default, check_dropout_args, check_positive_ints, check_switches, positive_int
+from .fusion_args import (
+    architecture_default,
+    check_dropout_args,
+    check_positive_ints,
+    check_switches,
+    positive_int,
+    warn_unused_flags,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -558,6 +565,18 @@ def side_layers(args, side: str) -> List[Tuple[int, int]]:
     return layers
 
 
+# dest -> (what reads it, whether this configuration does, the configuration that says it does not);
+# see fusion_args.IDLE_FLAG_RULES
+IDLE_FLAG_RULES = {
+    "summary_layer": ("it is the kind of the summary layers", lambda a: a.summary_every > 0,
+                      lambda a: f"--summary-every is {a.summary_every} (no summary layers)"),
+    "residual_dim": ("it is the width of a residual side", lambda a: a.no_dense_encoder or a.no_dense_decoder,
+                     lambda a: "neither --no-dense-encoder nor --no-dense-decoder is set"),
+    "decoder_attention": ("the dense_fconv decoder attends to the source in every layer (Sec. 3.2)",
+                          lambda a: False, lambda a: "it cannot be switched off"),
+}
+
+
 @register_model("dense_fconv")
 class DenseFConvModel(FConvModel):
     """DenseNMT (Shen et al. 2018) on fairseq's ConvS2S."""
@@ -590,6 +609,7 @@ class DenseFConvModel(FConvModel):
                 raise ValueError(f"--{flag.replace('_', '-')} is not supported by dense_fconv")
         if args.summary_layer not in SUMMARY_LAYER_KINDS:
             raise ValueError(f"--summary-layer got {args.summary_layer!r}; allowed: {', '.join(SUMMARY_LAYER_KINDS)}")
+        warn_unused_flags(args, IDLE_FLAG_RULES)
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_out_embed_dim = args.embed_bottleneck_dim

@@ -7,6 +7,7 @@ built in code or read from a checkpoint get the same errors.
 
 import argparse
 import logging
+import sys
 
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
 from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
@@ -251,7 +252,7 @@ def check_fusion_args(args):
     check_mlrf_args(args)
     check_deep_representation_args(args)
     check_encoder_layer_fusion_args(args)
-    warn_unused_fusion_flags(args)
+    warn_unused_flags(args)
 
 
 def _fusion_sides(args):
@@ -315,24 +316,32 @@ def architecture_default(args, dest):
     return getattr(probe, dest)
 
 
-def unused_fusion_flags(args):
-    """The fusion flags that do nothing in this configuration although they hold a value other
-    than the architecture's own (at that value a flag does nothing either way), each with the reason."""
+def on_command_line(flag: str) -> bool:
+    """Whether ``flag`` was typed on this process's command line (fairseq-train's): a value
+    equal to the architecture's own is then the user's choice too."""
+    return any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])
+
+
+def unused_flags(args, rules):
+    """The flags of ``rules`` (a table like :data:`IDLE_FLAG_RULES`) that do nothing in this
+    configuration, each with the reason: those holding a value other than the architecture's own,
+    and those typed on the command line. (A configuration read from a checkpoint holds every flag,
+    at the architecture's value where the user gave none: no warning then.)"""
     unused = []
-    for dest, (reader, in_use, configuration) in IDLE_FLAG_RULES.items():
+    for dest, (reader, in_use, configuration) in rules.items():
         value = getattr(args, dest)
-        if in_use(args) or value == architecture_default(args, dest):
-            continue
         flag = "--" + dest.replace("_", "-")
+        if in_use(args) or (value == architecture_default(args, dest) and not on_command_line(flag)):
+            continue
         given = flag if isinstance(value, bool) else f"{flag} {value}"
         unused.append(f"{given}: {reader}, and {configuration(args)}")
     return unused
 
 
-def warn_unused_fusion_flags(args):
+def warn_unused_flags(args, rules=IDLE_FLAG_RULES):
     """Warnings, not errors: a configuration with an idle flag still means what it says, and
     checkpoints trained with one must keep loading."""
-    for text in unused_fusion_flags(args):
+    for text in unused_flags(args, rules):
         logger.warning("flag without effect: %s", text)
 
 
@@ -364,6 +373,13 @@ def check_deep_representation_args(args):
 def check_encoder_layer_fusion_args(args):
     if tau_error(args.surface_fusion_tau):
         raise ValueError(tau_error(args.surface_fusion_tau))
+    source_memory = [f"--{dest.replace('_', '-')} {getattr(args, dest)}"
+                     for dest in ("layer_attention", "fuse_encoder", "aggregate_encoder") if getattr(args, dest) != "none"]
+    if getattr(args, "no_cross_attention", False) and source_memory:
+        raise ValueError(
+            f"--no-cross-attention removes the decoder's attention to the source memory that {' and '.join(source_memory)} "
+            "builds: it would get no gradient and the output would ignore the source; drop one of them"
+        )
     if args.layer_attention != "none" and args.fuse_encoder != "none":
         raise ValueError(
             f"--layer-attention {args.layer_attention} and --fuse-encoder {args.fuse_encoder} both define the "
