@@ -25,17 +25,6 @@ def load_script(name):
     return module
 
 
-def saved_without_config_field(checkpoint, field, path):
-    """``checkpoint`` saved again at ``path`` as a version from before ``field`` existed wrote it:
-    its stored model configuration lacks ``field``."""
-    import torch
-
-    state = torch.load(checkpoint)
-    del vars(state["cfg"]["model"])[field]
-    torch.save(state, path)
-    return str(path)
-
-
 def write_reversal_corpus(directory, sizes=(("train", 300), ("valid", 30), ("test", 12)), seed=0):
     """A toy language pair: the target is the source reversed and upper-cased."""
     rng = random.Random(seed)

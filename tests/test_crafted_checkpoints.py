@@ -19,7 +19,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from conftest import TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli, saved_without_config_field
+from conftest import TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
 from fusion_fairseq.checkpoint_safety import (
     ConfigLiteralError,
     MissingParametersError,
@@ -424,35 +424,18 @@ def test_a_state_dict_loaded_in_code_is_the_callers_initialisation():
     fusion.load_state_dict(vanilla.state_dict(), strict=True)
 
 
-# --- a dense-connection checkpoint saved before --dense-connection existed -------------------
+# --- the dense-connection reading of a checkpoint ----------------------------------------------
 
 @pytest.fixture(scope="module")
-def dense_checkpoint_without_reading(tiny_data_bin, tmp_path_factory):
-    """A dense-aggregation checkpoint whose configuration lacks ``dense_connection``, as every
-    one saved before the flag did (their dense layers were Eq. 4 to the letter)."""
-    save_dir = tmp_path_factory.mktemp("dense_old")
-    trained = train(tiny_data_bin, str(save_dir), "fusion_transformer", *TINY_TRANSFORMER,
-                    "--aggregate-encoder", "dense", "--dense-connection", "literal")
-    return saved_without_config_field(trained, "dense_connection", save_dir / "old.pt")
+def literal_dense_checkpoint(tiny_data_bin, tmp_path_factory):
+    """A dense-aggregation checkpoint trained with Eq. 4 to the letter."""
+    save_dir = tmp_path_factory.mktemp("dense_literal")
+    return train(tiny_data_bin, str(save_dir), "fusion_transformer", *TINY_TRANSFORMER,
+                 "--aggregate-encoder", "dense", "--dense-connection", "literal")
 
 
-def test_an_old_dense_checkpoint_is_not_read_as_the_new_default(dense_checkpoint_without_reading):
-    with pytest.raises(ValueError, match=r"--aggregate-encoder dense but no --dense-connection .*'literal'"):
-        checkpoint_utils.load_model_ensemble_and_task([dense_checkpoint_without_reading])
-
-
-def test_an_old_dense_checkpoint_loads_as_trained_with_the_override(dense_checkpoint_without_reading):
-    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
-        [dense_checkpoint_without_reading], arg_overrides={"dense_connection": "literal"})
-    assert cfg.model.dense_connection == "literal"
-    assert models[0].encoder.aggregation.reading == "literal"
-
-
-def test_the_dense_connection_reading_cannot_change_at_load(dense_checkpoint_without_reading, tmp_path):
-    state = torch.load(dense_checkpoint_without_reading)
-    vars(state["cfg"]["model"])["dense_connection"] = "literal"  # as it was trained
-    path = str(tmp_path / "literal.pt")
-    torch.save(state, path)
+def test_the_dense_connection_reading_cannot_change_at_load(literal_dense_checkpoint):
+    path = literal_dense_checkpoint
     refused = "sets dense_connection 'layernorm' .* trained with dense_connection 'literal'"
     with pytest.raises(StructuralOverrideError, match=refused):
         checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"dense_connection": "layernorm"})

@@ -327,14 +327,3 @@ def test_cli_train_then_generate(arch, tiny_data_bin, tmp_path):
     assert translated and f"Translated {len(hypotheses)} sentences" in translated[-1]
 
 
-def test_a_checkpoint_with_linear_summary_layers_names_the_override():
-    """State dicts from before --summary-layer have linear summary layers; the arguments stored with
-    them now default to conv: the load says which override restores the model."""
-    linear = tiny_model("dense_fconv_iwslt_de_en", "--summary-every", "3", "--summary-layer", "linear")
-    conv = tiny_model("dense_fconv_iwslt_de_en", "--summary-every", "3")
-    with pytest.raises(ValueError, match=r"--summary-layer conv: the checkpoint has linear summary layers; load it "
-                                         r"with --model-overrides \"\{'summary_layer': 'linear'\}\""):
-        conv.load_state_dict(linear.state_dict())
-    restored = tiny_model("dense_fconv_iwslt_de_en", "--summary-every", "3", "--summary-layer", "linear")
-    restored.load_state_dict(linear.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), linear.state_dict().values()))

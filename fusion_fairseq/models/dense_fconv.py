@@ -41,7 +41,6 @@ from fairseq.models.fconv import (
     FConvModel,
     Linear,
     LinearizedConv1d,
-    PositionalEmbedding,
     base_architecture as fconv_base_architecture,
     extend_conv_spec,
 )
@@ -507,52 +506,6 @@ class DenseFConvDecoder(FConvDecoder):
 SUMMARY_LAYER_KINDS = ("conv", "linear")
 
 
-def summary_layer_kind(state_dict) -> Optional[str]:
-    """``linear`` or ``conv`` for the summary layers a state dict holds, None without any."""
-    keys = [key for key in state_dict if ".summaries." in key]
-    if not keys:
-        return None
-    return "linear" if any(".projection." in key for key in keys) else "conv"
-
-
-# The convolutions of each side, as the state dict names them.
-CONVOLUTIONS = {"encoder": "layer_convolutions", "decoder": "convolutions"}
-
-
-def residual_widths(state_dict, side: str) -> Optional[List[int]]:
-    """The layer widths of ``side`` in a state dict when that side is residual (it has ConvS2S's
-    input projection; each conv + GLU outputs twice its width), None when it is dense."""
-    if f"{side}.input_projection.bias" not in state_dict:
-        return None
-    widths = []
-    while f"{side}.{CONVOLUTIONS[side]}.{len(widths)}.bias" in state_dict:
-        widths.append(state_dict[f"{side}.{CONVOLUTIONS[side]}.{len(widths)}.bias"].shape[0] // 2)
-    return widths
-
-
-def widths_text(widths: List[int]) -> str:
-    return str(widths[0]) if len(set(widths)) == 1 else ", ".join(map(str, widths))
-
-
-def residual_width_error(residual_dim, saved_widths: dict, built_widths: dict) -> Optional[ValueError]:
-    """The error for a checkpoint whose residual sides are not as wide as the model's (``{side:
-    widths}``; before ``--residual-dim`` a residual side took the layer sizes), naming the
-    override that loads it: the one width it has, or None (the layer sizes) for several."""
-    mismatched = [side for side, built in built_widths.items() if built and saved_widths.get(side)
-                  and len(saved_widths[side]) == len(built) and saved_widths[side] != built]
-    if not mismatched:
-        return None
-    found = {width for widths in saved_widths.values() if widths for width in widths}
-    override = found.pop() if len(found) == 1 else None
-    side = mismatched[0]
-    return ValueError(
-        f"--residual-dim {residual_dim}: the checkpoint's residual {side} has layers of width "
-        f"{widths_text(saved_widths[side])}, this model's {widths_text(built_widths[side])} "
-        f"(a checkpoint saved before --residual-dim took the --{side}-layers sizes); load it with "
-        f"--model-overrides \"{{'residual_dim': {override}}}\""
-    )
-
-
 def side_layers(args, side: str) -> List[Tuple[int, int]]:
     """``(width, kernel)`` per layer of one side. A residual side in a dense model (the Table 2
     ablations) has the residual BASE model's width (``--residual-dim``), not the growth size:
@@ -625,28 +578,7 @@ class DenseFConvModel(FConvModel):
             summary_every=args.summary_every, bottleneck_dim=args.embed_bottleneck_dim,
             share_embed=args.share_input_output_embed, summary_layer=args.summary_layer,
         )
-        model = cls(encoder, decoder)
-        model.summary_layer, model.residual_dim = args.summary_layer, args.residual_dim
-        return model
-
-    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """Refuse, naming the override, a checkpoint whose summary layers are of the other kind
-        (before ``--summary-layer`` existed they were linear, and such a checkpoint's arguments
-        now default to conv) or whose residual side is narrower or wider than the model's (before
-        ``--residual-dim`` existed a residual side took the layer sizes, 128 in the IWSLT presets,
-        and such a checkpoint's arguments now default to BASE's width)."""
-        saved = summary_layer_kind(state_dict)
-        if saved is not None and saved != self.summary_layer:
-            raise ValueError(
-                f"--summary-layer {self.summary_layer}: the checkpoint has {saved} summary layers; load it "
-                f"with --model-overrides \"{{'summary_layer': '{saved}'}}\" (or train with --summary-layer {saved})"
-            )
-        sides = ("encoder", "decoder")
-        error = residual_width_error(self.residual_dim, {side: residual_widths(state_dict, side) for side in sides},
-                                     {side: residual_widths(self.state_dict(), side) for side in sides})
-        if error is not None:
-            raise error
-        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        return cls(encoder, decoder)
 
 
 @register_model_architecture("dense_fconv", "dense_fconv")

@@ -22,7 +22,7 @@ from fusion_fairseq.checkpoint_safety import (
     missing_parameters_error,
     require_literal_transformer_config,
 )
-from fusion_fairseq.modules import FeedForwardFusion, LayerAttention, SurfaceFusion, build_layer_fusion
+from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
@@ -50,8 +50,7 @@ def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
     """The layer embedding E of MLRF Eq. 4, one table for encoder and decoder ("we use a shared
     layer embedding for the encoder and the decoder"), initialised from U(-0.1, 0.1) (Sec. 4.2).
     Rows cover h0..hL of the deepest side that uses self-attention or FNN fusion (Table 4
-    ablates the layer embedding for Enc-FNN). An FNN fusion saved before it read this table loads
-    without it, the function it was trained as (:func:`upgrade_fnn_layer_embedding`)."""
+    ablates the layer embedding for Enc-FNN)."""
     sides = [side for side in ("encoder", "decoder") if getattr(args, f"fuse_{side}") in ("sa", "fnn")]
     if not sides or args.fusion_no_layer_embedding:
         return None
@@ -116,51 +115,6 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
     )
 
 
-def fusion_function_key(prefix: str, side: str, parameter: str) -> str:
-    return f"{prefix}{side}.output_fusion.function.{parameter}"
-
-
-def fusion_functions_reading_layer_embedding(model):
-    """``{side: fusion function}`` for the sides whose fusion reads the shared layer embedding."""
-    functions = {}
-    for side in ("encoder", "decoder"):
-        fusion = getattr(model, side).output_fusion
-        if fusion is not None and getattr(fusion.function, "layer_embedding", None) is not None:
-            functions[side] = fusion.function
-    return functions
-
-
-def upgrade_fnn_layer_embedding(model, state_dict, prefix):
-    """Load an FNN fusion saved before it read the shared layer embedding E of MLRF Eq. 4 as the
-    function it was trained as, phi(Z) = FNN([z^1; ...; z^L]): that FNN fusion reads no layer
-    embedding, which :class:`FeedForwardFusion` computes exactly as a zero E (it adds E's rows to
-    the layers before concatenating them).
-    Reading: no E rather than a zero E, because the other side's self-attention fusion may hold a
-    trained E in the checkpoint (Both-FNN-SA), which one shared table cannot also be zero for; and
-    so that the model has the parameters it was saved with (fairseq-train resumes its optimizer
-    state) and a checkpoint saved from it is read the same way again. What is left of E keeps the
-    checkpoint's rows (h0..hL of the self-attention side).
-    Only an FNN fusion whose own weights are in the checkpoint is completed: a checkpoint without
-    them is left as it is (refused by the strict load, or by the vanilla-checkpoint rule of
-    ``upgrade_state_dict_named``)."""
-    readers = fusion_functions_reading_layer_embedding(model)
-    table_keys = {side: fusion_function_key(prefix, side, "layer_embedding.weight") for side in readers}
-    stale = [side for side, function in readers.items() if isinstance(function, FeedForwardFusion)
-             and fusion_function_key(prefix, side, "ffn.fc1.weight") in state_dict
-             and table_keys[side] not in state_dict]
-    if not stale:
-        return
-    for side in stale:
-        readers.pop(side).layer_embedding = None
-    for side, function in readers.items():
-        saved_shape = state_dict[table_keys[side]].shape if table_keys[side] in state_dict else None
-        if saved_shape is not None and function.layer_embedding.weight.shape != saved_shape:
-            function.layer_embedding = nn.Embedding(*saved_shape).to(function.layer_embedding.weight)
-    logger.warning("checkpoint has no %s (saved before FNN fusion read the layer embedding): that FNN fusion reads "
-                   "none, as if it were zeros: the function it was trained as",
-                   ", ".join(table_keys[side] for side in stale))
-
-
 @register_model("fusion_transformer")
 class FusionTransformerModel(TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
@@ -218,12 +172,10 @@ class FusionTransformerModel(TransformerModel):
         in code); any other (fairseq-generate with fusion switched on by --model-overrides,
         resuming from another configuration's checkpoint_last.pt) raises an error naming the
         missing parameters. A checkpoint with some fusion parameters is left as it is, so a mismatched
-        fusion configuration still fails the strict load, naming the keys; the one exception is an
-        FNN fusion saved before it read the layer embedding (:func:`upgrade_fnn_layer_embedding`)."""
+        fusion configuration still fails the strict load, naming the keys."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if any(is_fusion_parameter(key) for key in state_dict):
-            upgrade_fnn_layer_embedding(self, state_dict, prefix)
             return
         fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}
         if fresh and not may_start_parameters_fresh():
@@ -275,25 +227,10 @@ def deep_representation_defaults(args):
     readings of Eq. 4 and their measurement)."""
     args.aggregate_encoder = getattr(args, "aggregate_encoder", "none")
     args.aggregate_decoder = getattr(args, "aggregate_decoder", "none")
-    args.dense_connection = getattr(args, "dense_connection", None) or default_dense_connection(args)
+    args.dense_connection = getattr(args, "dense_connection", None) or "layernorm"
     args.aggregation_fn = getattr(args, "aggregation_fn", "sigmoid")
     args.aggregation_residual = getattr(args, "aggregation_residual", "all")
     args.multi_layer_attention = getattr(args, "multi_layer_attention", 1)
-
-
-def default_dense_connection(args):
-    """``layernorm``, except for a checkpoint loaded for anything but fine-tuning whose
-    configuration has no ``dense_connection`` (saved before the flag existed): its dense layers
-    were trained with Eq. 4 to the letter, and reading them as ``layernorm`` would change the
-    model without a word, so the load is refused with the override that restores them."""
-    dense_sides = [side for side in ("encoder", "decoder") if getattr(args, f"aggregate_{side}") == "dense"]
-    if dense_sides and not may_start_parameters_fresh():
-        raise ValueError(
-            f"the checkpoint's configuration has --aggregate-{dense_sides[0]} dense but no --dense-connection "
-            "(saved before that flag existed, when dense connection was Eq. 4 to the letter); load it with "
-            "--model-overrides \"{'dense_connection': 'literal'}\" to keep what it was trained as"
-        )
-    return "layernorm"
 
 
 def encoder_layer_fusion_defaults(args):
