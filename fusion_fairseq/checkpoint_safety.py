@@ -5,6 +5,7 @@
   (:func:`parse_config_literal`, :func:`require_literal_transformer_config`);
 * a checkpoint's stored task and criterion configuration is checked the same way when the file is
   read (:func:`require_literal_task_and_criterion`);
+* hub models read or fetch no file that only the checkpoint names (:func:`checkpoint_file_settings`);
 * only fairseq-train's --finetune-from-model may start parameters a checkpoint file lacks
   (:func:`may_start_parameters_fresh`), and --model-overrides cannot change the structure a
   checkpoint was trained with (:func:`structural_override_errors`);
@@ -515,18 +516,21 @@ def raise_first_conflict_instead(error, conflicts):
 
 def _refusing_structural_overrides(load):
     """fairseq's ``load_model_ensemble_and_task`` (``load``), raising the first structural
-    override found by the reader once the load itself went through."""
+    override found by the reader once the load itself went through, and in a hub load the first
+    setting that reads or fetches a file named by the checkpoint (see below)."""
     @functools.wraps(load)
-    def load_model_ensemble_and_task(*args, **kwargs):
+    def load_model_ensemble_and_task(filenames, arg_overrides=None, *args, **kwargs):
         conflicts = []
         token = _structure_conflicts.set(conflicts)
         try:
-            loaded = load(*args, **kwargs)
+            loaded = load(filenames, arg_overrides, *args, **kwargs)
         except Exception as error:
             raise_first_conflict_instead(error, conflicts)
             raise
         finally:
             _structure_conflicts.reset(token)
+        if _hub_load.get():
+            conflicts.extend(checkpoint_file_setting_errors(filenames[0], loaded[1], arg_overrides or {}))
         if conflicts:
             raise conflicts[0]
         return loaded
@@ -559,11 +563,71 @@ def _refusing_structural_changes_on_resume(load_checkpoint):
     return wrapper
 
 
+# --------------------------------------------------------------------------------------------
+# hub models read and fetch only the files the user names
+# --------------------------------------------------------------------------------------------
+# ``from_pretrained`` loads the checkpoint's configuration with its keyword arguments (and the BPE
+# files fairseq finds in the model directory) as overrides, then builds the BPE of that
+# configuration, which reads or downloads the files it names (gpt2's are URLs), and reads the
+# alignment dictionary of ``generation.replace_unk`` (``GeneratorHubInterface``). So in a hub load
+# a BPE is built only when the keywords name it, each of its settings comes from the keywords or
+# is that BPE's default, and a replace_unk path comes from the keywords; a setting that only the
+# checkpoint gives is refused before anything is read. (fairseq's tokenizers read no files.)
+
+_hub_load = contextvars.ContextVar("fusion_fairseq_hub_load", default=False)
+
+
+class CheckpointFileSettingError(ValueError):
+    """A hub load would read or fetch a file that the checkpoint, not the user, names."""
+
+
+def checkpoint_file_settings(cfg, overrides):
+    """The settings of the loaded configuration ``cfg`` that read or fetch files and that
+    ``overrides`` (the keywords of ``from_pretrained``) do not give."""
+    from fairseq.registry import REGISTRIES
+
+    found = []
+    bpe = stored_value(cfg, "bpe")
+    if bpe not in (_ABSENT, None):
+        name = stored_value(bpe, "_name")
+        if overrides.get("bpe") != name:
+            found.append(f"bpe {name!r}")
+        else:
+            defaults = REGISTRIES["bpe"]["dataclass_registry"][name]()
+            found += [f"bpe {field} {stored_value(bpe, field)!r}" for field in bpe
+                      if field != "_name" and field not in overrides
+                      and stored_value(bpe, field) != getattr(defaults, field, _ABSENT)]
+    replace_unk = stored_value(stored_value(cfg, "generation"), "replace_unk")
+    if isinstance(replace_unk, str) and replace_unk and "replace_unk" not in overrides:
+        found.append(f"generation replace_unk {replace_unk!r}")
+    return found
+
+
+def checkpoint_file_setting_errors(path, cfg, overrides):
+    return [CheckpointFileSettingError(
+        f"from_pretrained: checkpoint {path} sets {setting}, which would read or fetch a file the checkpoint names; "
+        "pass the BPE and its files yourself (e.g. bpe='subword_nmt', bpe_codes=PATH) and replace_unk=PATH if you "
+        "want one, or load a checkpoint without them") for setting in checkpoint_file_settings(cfg, overrides)]
+
+
+def _marking_hub_loads(from_pretrained):
+    """fairseq's ``hub_utils.from_pretrained``, telling the loader that it loads for the hub."""
+    @functools.wraps(from_pretrained)
+    def wrapper(*args, **kwargs):
+        token = _hub_load.set(True)
+        try:
+            return from_pretrained(*args, **kwargs)
+        finally:
+            _hub_load.reset(token)
+
+    return wrapper
+
+
 def check_loaded_configurations():
-    """Wrap ``checkpoint_utils.load_checkpoint_to_cpu``, ``load_model_ensemble_and_task`` and
-    ``load_checkpoint`` as described in the two sections above. Idempotent; honest checkpoints
-    load as before."""
-    from fairseq import checkpoint_utils
+    """Wrap ``checkpoint_utils.load_checkpoint_to_cpu``, ``load_model_ensemble_and_task``,
+    ``load_checkpoint`` and ``hub_utils.from_pretrained`` as described in the sections above.
+    Idempotent; honest checkpoints load as before."""
+    from fairseq import checkpoint_utils, hub_utils
 
     if getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_loaded_configurations", False):
         return
@@ -571,6 +635,7 @@ def check_loaded_configurations():
     checkpoint_utils.load_model_ensemble_and_task = _refusing_structural_overrides(
         checkpoint_utils.load_model_ensemble_and_task)
     checkpoint_utils.load_checkpoint = _refusing_structural_changes_on_resume(checkpoint_utils.load_checkpoint)
+    hub_utils.from_pretrained = _marking_hub_loads(hub_utils.from_pretrained)
 
 
 # --------------------------------------------------------------------------------------------

@@ -228,6 +228,57 @@ def test_the_hub_api_refuses_a_crafted_task(no_fusion_checkpoint, tiny_data_bin,
     assert not marker.exists()
 
 
+@pytest.fixture
+def requests_seen():
+    """A local HTTP server: its URL, and the paths requested from it."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", seen
+    server.shutdown()
+
+
+def test_the_hub_api_fetches_no_url_a_checkpoint_names(no_fusion_checkpoint, tiny_data_bin, tmp_path, requests_seen):
+    url, seen = requests_seen
+    with_stored(no_fusion_checkpoint, tmp_path, bpe={"_name": "gpt2", "gpt2_encoder_json": f"{url}/encoder.json",
+                                                     "gpt2_vocab_bpe": f"{url}/vocab.bpe"})
+    for keywords, setting in (({}, "bpe 'gpt2'"), ({"bpe": "gpt2"}, f"bpe gpt2_encoder_json '{url}/encoder.json'")):
+        with pytest.raises(ValueError, match=f"from_pretrained: checkpoint .*crafted.pt sets {setting}, which would read"):
+            FusionTransformerModel.from_pretrained(str(tmp_path), checkpoint_file="crafted.pt",
+                                                   data_name_or_path=tiny_data_bin, **keywords)
+    assert seen == []
+
+
+def test_the_hub_api_reads_no_file_a_checkpoint_names(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    state = torch.load(no_fusion_checkpoint)
+    state["cfg"]["generation"]["replace_unk"] = "/etc/passwd"
+    torch.save(state, tmp_path / "crafted.pt")
+    with pytest.raises(ValueError, match="sets generation replace_unk '/etc/passwd', which would read or fetch a file"):
+        FusionTransformerModel.from_pretrained(str(tmp_path), checkpoint_file="crafted.pt",
+                                               data_name_or_path=tiny_data_bin)
+
+
+def test_the_hub_api_builds_the_bpe_the_user_names(no_fusion_checkpoint, tiny_data_bin, tmp_path):
+    codes = tmp_path / "codes"
+    codes.write_text("#version: 0.2\nw 1</w>\n")
+    hub = FusionTransformerModel.from_pretrained(os.path.dirname(no_fusion_checkpoint), data_name_or_path=tiny_data_bin,
+                                                 checkpoint_file=os.path.basename(no_fusion_checkpoint),
+                                                 bpe="subword_nmt", bpe_codes=str(codes), replace_unk="")
+    assert hub.bpe is not None and hub.cfg.bpe.bpe_codes == str(codes)
+
+
 def test_an_analysis_script_refuses_a_crafted_task(no_fusion_checkpoint, tiny_data_bin, tmp_path, capsys):
     marker = tmp_path / "created_by_checkpoint"
     path = with_stored(no_fusion_checkpoint, tmp_path, task=multilingual_task(marker, tiny_data_bin))
