@@ -104,6 +104,43 @@ def test_mean_and_spread_by_hand(smoke):
         assert "2/2" in line
 
 
+def test_four_test_sets_two_checkpoints_and_the_paired_difference(smoke):
+    """Every run is scored on the four Multi30k test sets with its best and its averaged checkpoint;
+    the report's tables carry per-set means and, per seed, the paired difference to the Transformer
+    computed on the four sets together."""
+    _, out, results = smoke
+    done = _done(out, "surface_fusion", 1)
+    assert set(done["scores"]) == {"best", "average"}
+    for kind, sets in done["scores"].items():
+        assert set(sets) == {*comparison.TEST_SETS, "all"}
+        assert sets["all"]["sentences"] == sum(SPLITS[name] for name in comparison.TEST_SETS)
+    assert done["averaged_updates"] == [2, 4] and done["best_update"] in (2, 4)
+    assert done["trained_by"] and done["evaluated_by"]
+    row = next(r for r in results["methods"] if r["method"] == "surface_fusion")
+    paired = row["runs"][0]["paired"]["best"]
+    assert paired["difference"] == pytest.approx(paired["system"] - paired["baseline"], abs=0.011)
+    assert paired["ci95"][0] <= paired["difference"] <= paired["ci95"][1]
+    baseline_all = _done(out, "transformer", 1)["scores"]["best"]["all"]["sacrebleu"]
+    assert paired["baseline"] == pytest.approx(baseline_all, abs=0.011)
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        md = f.read()
+    assert "## Test sacreBLEU: the checkpoint of the best validation NLL" in md
+    assert "## Test sacreBLEU: the average of the last 5 checkpoints" in md
+    line = next(line for line in md.split("## Test sacreBLEU: the checkpoint")[1].splitlines()
+                if line.startswith("| Encoder layer fusion: SurfaceFusion"))
+    assert f"{paired['difference']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}]" in line
+
+
+def test_paired_bootstrap_of_identical_and_better_systems():
+    refs = [f"a man rides a horse number {i} ." for i in range(60)]
+    worse = [f"a man rides number {i} ." for i in range(60)]
+    same = comparison.paired_bootstrap(refs, worse, list(worse), lowercase=True)
+    assert same["difference"] == 0 and same["ci95"] == [0, 0]
+    better = comparison.paired_bootstrap(refs, worse, refs, lowercase=True)
+    assert better["system"] == 100 and better["difference"] > 0 and better["ci95"][0] > 0
+    assert better["p_value"] < 0.05 and "case:lc" in better["signature"]
+
+
 def test_learning_curve_png(smoke):
     _, out, results = smoke
     path = os.path.join(out, "learning_curves.png")
