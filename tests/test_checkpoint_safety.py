@@ -70,7 +70,8 @@ def fairseq_main_reader(monkeypatch):
     assert call in source
     namespace = dict(vars(checkpoint_utils))
     exec(source.replace(call, call[:-1] + ", weights_only=False)"), namespace)
-    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", _checked_reader(namespace["load_checkpoint_to_cpu"]))
+    main_reader = _checked_reader(namespace["load_checkpoint_to_cpu"])
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", main_reader)
 
 
 def test_safe_loading_holds_when_fairseq_passes_weights_only_false(fairseq_main_reader, tiny_mlrf_checkpoint,

@@ -255,7 +255,8 @@ def test_the_hub_api_fetches_no_url_a_checkpoint_names(no_fusion_checkpoint, tin
     with_stored(no_fusion_checkpoint, tmp_path, bpe={"_name": "gpt2", "gpt2_encoder_json": f"{url}/encoder.json",
                                                      "gpt2_vocab_bpe": f"{url}/vocab.bpe"})
     for keywords, setting in (({}, "bpe 'gpt2'"), ({"bpe": "gpt2"}, f"bpe gpt2_encoder_json '{url}/encoder.json'")):
-        with pytest.raises(ValueError, match=f"from_pretrained: checkpoint .*crafted.pt sets {setting}, which would read"):
+        refused = f"from_pretrained: checkpoint .*crafted.pt sets {setting}, which would read"
+        with pytest.raises(ValueError, match=refused):
             FusionTransformerModel.from_pretrained(str(tmp_path), checkpoint_file="crafted.pt",
                                                    data_name_or_path=tiny_data_bin, **keywords)
     assert seen == []

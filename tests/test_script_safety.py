@@ -84,7 +84,8 @@ def test_a_dest_inside_from_is_refused(tmp_path, force):
     result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", raw / "out", *force)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[0] == f"prepare-multi30k.sh: error: --dest '{raw / 'out'}' is inside --from " \
-        f"'{raw}': the recipe searches --from for its raw files and would find the ones it writes; give a --dest outside it"
+        f"'{raw}': the recipe searches --from for its raw files and would find the ones it writes; give a --dest " \
+        "outside it"
     assert snapshot(raw) == before and not (raw / "out").exists()
 
 
@@ -456,7 +457,8 @@ def test_an_unknown_task_or_architecture_is_named(scripts, capsys, tiny_mlrf_che
         vars(state["cfg"]["model"]).update(arch=unknown, _name=unknown)
     path = tmp_path / "unknown.pt"
     torch.save(state, path)
-    code, err = run(scripts, capsys, name, *required_arguments(name, path, tiny_data_bin), "--out", tmp_path / "fig.png")
+    arguments = required_arguments(name, path, tiny_data_bin)
+    code, err = run(scripts, capsys, name, *arguments, "--out", tmp_path / "fig.png")
     assert code == 2 and err.count("\n") == 1, err
     assert f": error: --path {path}: the checkpoint's {kind} '{unknown}' is not one fairseq " \
         "knows; pass the --user-dir that registers it" in err

@@ -374,11 +374,13 @@ def check_encoder_layer_fusion_args(args):
     if tau_error(args.surface_fusion_tau):
         raise ValueError(tau_error(args.surface_fusion_tau))
     source_memory = [f"--{dest.replace('_', '-')} {getattr(args, dest)}"
-                     for dest in ("layer_attention", "fuse_encoder", "aggregate_encoder") if getattr(args, dest) != "none"]
+                     for dest in ("layer_attention", "fuse_encoder", "aggregate_encoder")
+                     if getattr(args, dest) != "none"]
     if getattr(args, "no_cross_attention", False) and source_memory:
         raise ValueError(
-            f"--no-cross-attention removes the decoder's attention to the source memory that {' and '.join(source_memory)} "
-            "builds: it would get no gradient and the output would ignore the source; drop one of them"
+            "--no-cross-attention removes the decoder's attention to the source memory that "
+            f"{' and '.join(source_memory)} builds: it would get no gradient and the output would ignore the "
+            "source; drop one of them"
         )
     if args.layer_attention != "none" and args.fuse_encoder != "none":
         raise ValueError(
