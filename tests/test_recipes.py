@@ -675,3 +675,44 @@ def test_layerwise_coordination_recipe_pre_norm_option(tmp_path):
     baseline = parsed_recipe("layerwise_coordination", tmp_path, "transformer", "--pre-norm")
     assert baseline.encoder_normalize_before and baseline.decoder_normalize_before
     assert baseline.save_dir.endswith("transformer-prenorm")
+
+
+RECIPES_WITH_PAPER_TABLES = ("mlrf", "deep_representations", "surface_fusion", "layerwise_coordination", "dense_nmt")
+
+
+@pytest.mark.parametrize("recipe", RECIPES_WITH_PAPER_TABLES)
+def test_recipe_readme_has_one_differences_from_the_paper_table(recipe):
+    """Each paper's README lists what it still does differently from the paper in one section,
+    ``## Differences from the paper``, holding one markdown table with the columns what / the paper /
+    this recipe / why and at least three rows, each with a cell per column."""
+    with open(os.path.join(REPO_ROOT, "examples", recipe, "README.md"), encoding="utf-8") as f:
+        lines_ = f.read().splitlines()
+    headings = [i for i, line in enumerate(lines_) if line.strip() == "## Differences from the paper"]
+    assert len(headings) == 1, f"{recipe}: {len(headings)} '## Differences from the paper' sections"
+    assert not [line for line in lines_ if line.startswith("#") and "differences from the paper" in line.lower()
+                and line.strip() != "## Differences from the paper"], f"{recipe}: a second differences heading"
+    section = []
+    for line in lines_[headings[0] + 1:]:
+        if re.match(r"#{1,2} ", line):
+            break
+        section.append(line)
+
+    def cells(row):
+        return [cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+    tables, current = [], None
+    for line in section:
+        if line.lstrip().startswith("|"):
+            if current is None:
+                current = []
+                tables.append(current)
+            current.append(line)
+        else:
+            current = None
+    assert len(tables) == 1, f"{recipe}: {len(tables)} tables in 'Differences from the paper'"
+    header, separator, *rows = tables[0]
+    assert cells(header) == ["what", "the paper", "this recipe", "why"]
+    assert all(re.fullmatch(r":?-{3,}:?", cell) for cell in cells(separator)) and len(cells(separator)) == 4
+    assert len(rows) >= 3, f"{recipe}: {len(rows)} rows"
+    for row in rows:
+        assert len(cells(row)) == 4 and all(cells(row)), f"{recipe}: malformed row {row!r}"
