@@ -114,6 +114,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 import fusion_fairseq  # noqa: E402,F401  (registers the plugin's models)
+from fusion_fairseq.tools.common import (  # noqa: E402
+    count_parameters, device_name, dictionary_of_size, load_average, positive_int)
 from fusion_fairseq.tools.analysis import (  # noqa: E402
     UsageError,
     add_force_argument,
@@ -133,18 +135,6 @@ class CostError(Exception):
 
 # --------------------------------------------------------------------------------------------
 # arguments
-
-
-def positive_int(flag):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}")
-        return value
-    return parse
 
 
 def length_list(text):
@@ -168,29 +158,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--lengths", type=length_list, default=[8, 16, 32, 64, 128],
                         help="source lengths n to scan (tokens per sentence, EOS included)")
-    parser.add_argument("--steps", type=positive_int("--steps"), default=32,
+    parser.add_argument("--steps", type=positive_int, default=32,
                         help="output tokens S per hypothesis (forced with min_len = max_len); the differential "
                         "uses S and S/2 (S >= 2)")
-    parser.add_argument("--batch-size", type=positive_int("--batch-size"), default=8, help="source sentences per batch")
-    parser.add_argument("--beam", type=positive_int("--beam"), default=5)
-    parser.add_argument("--vocab", type=positive_int("--vocab"), default=8000, help="joined dictionary size")
-    parser.add_argument("--embed-dim", type=positive_int("--embed-dim"), default=256)
-    parser.add_argument("--ffn-dim", type=positive_int("--ffn-dim"), default=1024)
-    parser.add_argument("--heads", type=positive_int("--heads"), default=4)
-    parser.add_argument("--layers", type=positive_int("--layers"), default=14,
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="source sentences per batch")
+    parser.add_argument("--beam", type=positive_int, default=5)
+    parser.add_argument("--vocab", type=positive_int, default=8000, help="joined dictionary size")
+    parser.add_argument("--embed-dim", type=positive_int, default=256)
+    parser.add_argument("--ffn-dim", type=positive_int, default=1024)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--layers", type=positive_int, default=14,
                         help="layers N of the coordination stack")
-    parser.add_argument("--baseline-layers", type=positive_int("--baseline-layers"), default=6,
+    parser.add_argument("--baseline-layers", type=positive_int, default=6,
                         help="encoder layers = decoder layers of the vanilla transformer")
     parser.add_argument("--coordination-flags", default="",
                         help="extra flags for layerwise_coordination (shell-quoted string), e.g. '--no-layer-sharing'")
     parser.add_argument("--baseline-flags", default="", help="extra flags for transformer (shell-quoted string)")
-    parser.add_argument("--repeats", type=positive_int("--repeats"), default=5, help="interleaved measurement rounds")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved measurement rounds")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall: elapsed time; process: this process's CPU time (less sensitive to other load)")
-    parser.add_argument("--threads", type=positive_int("--threads"), default=1, help="torch.set_num_threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch.set_num_threads")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--structure-steps", type=positive_int("--structure-steps"), default=4,
+    parser.add_argument("--structure-steps", type=positive_int, default=4,
                         help="output tokens of the (untimed) structural-check runs")
     parser.add_argument("--json", metavar="OUT", help="write the settings, environment and every number as JSON")
     parser.add_argument("--markdown", metavar="OUT", help="write the tables as Markdown")
@@ -217,13 +207,6 @@ def parse_args(argv=None):
 
 # --------------------------------------------------------------------------------------------
 # models
-
-
-def dictionary_of_size(size: int) -> Dictionary:
-    dictionary = Dictionary()
-    for index in range(size - len(dictionary)):
-        dictionary.add_symbol(f"tok{index}")
-    return dictionary
 
 
 def model_flags(args) -> Dict[str, List[str]]:
@@ -256,10 +239,6 @@ def build_model(name: str, flags: List[str], dictionary: Dictionary, seed: int, 
     torch.manual_seed(seed)
     model = ARCH_MODEL_REGISTRY[arch].build_model(model_args, task)
     return model.to(device).eval()
-
-
-def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def source_sample(dictionary: Dictionary, batch: int, length: int, seed: int, device):
@@ -435,26 +414,6 @@ def structure_check(name: str, model, dictionary, args, length: int, device, tar
 # the scan
 
 
-def load_average():
-    try:
-        return list(os.getloadavg())
-    except (AttributeError, OSError):
-        return None
-
-
-def device_description(device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def summarise(values: List[float]) -> Dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "per_round": values}
 
@@ -482,7 +441,7 @@ def run(args, log=lambda message: print(message, file=sys.stderr, flush=True)) -
                for name, model in models.items() for steps in (args.steps, half)}
     samples = {n: source_sample(dictionary, args.batch_size, n, args.seed, device) for n in args.lengths}
     env = {
-        "device": args.device, "device_name": device_description(device), "torch": torch.__version__,
+        "device": args.device, "device_name": device_name(device), "torch": torch.__version__,
         "fairseq": getattr(fairseq, "__version__", "unknown"), "python": platform.python_version(),
         "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "clock": args.clock,
         "load_average_start": load_average(),

@@ -3,19 +3,10 @@
 from types import SimpleNamespace
 
 from fairseq import options
-from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fusion_fairseq  # noqa: F401  (registers the architectures)
-
-
-def dictionary_of_size(size):
-    """A fairseq Dictionary whose ``len`` is ``size`` (its 4 special symbols included)."""
-    dictionary = Dictionary()
-    for index in range(size - len(dictionary)):
-        dictionary.add_symbol(f"tok{index}")
-    assert len(dictionary) == size
-    return dictionary
+from fusion_fairseq.tools.common import count_parameters, dictionary_of_size  # noqa: F401  (the tests' imports)
 
 
 def parse_model_args(arch, *flags):
@@ -29,7 +20,3 @@ def build_model(arch, *flags, src_vocab=100, tgt_vocab=80, joined=False):
     src_dict = dictionary_of_size(src_vocab)
     task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=src_dict if joined else dictionary_of_size(tgt_vocab))
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
-
-
-def count_parameters(model):
-    return sum(p.numel() for p in model.parameters())

@@ -11,7 +11,7 @@ usage() {
     cat <<EOF
 Usage: $PROG DATA_BIN VARIANT [options] [-- extra fairseq-train arguments]
 
-Train one model of Dou et al. (2018) on binarised WMT14 En-De (joined dictionary; see README.md).
+Train one model of Dou et al. (2018) on binarised WMT14 En-De (a dictionary per language; see README.md).
 The vanilla Transformer-Base is trained from scratch; every other variant starts from it
 (--finetune-from-model, as the paper initialises its models from the pre-trained vanilla model).
 

@@ -141,6 +141,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
 from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, write_json, write_markdown
+from fusion_fairseq.tools.common import count_parameters, device_name, dictionary_of_size, load_average, positive_int
 
 PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
 PLUGIN_PACKAGE = fusion_fairseq.__name__  # not __name__: this file may run as __main__
@@ -342,23 +343,12 @@ def parse_model_args(config: BenchmarkConfig, flags: List[str]):
         ) from None
 
 
-def dictionary_of_size(size: int) -> Dictionary:
-    dictionary = Dictionary()
-    for index in range(size - len(dictionary)):
-        dictionary.add_symbol(f"tok{index}")
-    return dictionary
-
-
 def json_value(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
         return [json_value(v) for v in value]
     return str(value)
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -659,30 +649,10 @@ def ratio_stats(values: List[float], baseline: List[float]) -> Dict[str, object]
     return {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "per_repeat": ratios}
 
 
-def device_description(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_average():
-    try:
-        return list(os.getloadavg())
-    except (AttributeError, OSError):
-        return None
-
-
 def environment(settings: BenchmarkSettings, device: torch.device) -> Dict[str, object]:
     return {
         "device": settings.device,
-        "device_name": device_description(device),
+        "device_name": device_name(device),
         "dtype": settings.dtype,
         "autocast": settings.dtype != "fp32",
         "torch": torch.__version__,
@@ -850,16 +820,6 @@ def markdown_table(result: Dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _non_negative_int(text):
     try:
         value = int(text)
@@ -892,42 +852,42 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--list-archs", action="store_true", help="print this plugin's architectures and exit")
 
     group = parser.add_argument_group("matched width (applied where an architecture defines the flag)")
-    group.add_argument("--encoder-layers", type=_positive_int, default=defaults.encoder_layers)
-    group.add_argument("--decoder-layers", type=_positive_int, default=defaults.decoder_layers)
-    group.add_argument("--embed-dim", type=_positive_int, default=defaults.embed_dim,
+    group.add_argument("--encoder-layers", type=positive_int, default=defaults.encoder_layers)
+    group.add_argument("--decoder-layers", type=positive_int, default=defaults.decoder_layers)
+    group.add_argument("--embed-dim", type=positive_int, default=defaults.embed_dim,
                        help="--encoder-embed-dim and --decoder-embed-dim")
-    group.add_argument("--ffn-dim", type=_positive_int, default=defaults.ffn_dim,
+    group.add_argument("--ffn-dim", type=positive_int, default=defaults.ffn_dim,
                        help="--encoder-ffn-embed-dim and --decoder-ffn-embed-dim")
-    group.add_argument("--heads", type=_positive_int, default=defaults.heads,
+    group.add_argument("--heads", type=positive_int, default=defaults.heads,
                        help="--encoder-attention-heads and --decoder-attention-heads")
     group.add_argument("--dropout", type=float, default=defaults.dropout)
-    group.add_argument("--vocab", type=_positive_int, default=defaults.vocab, help="size of the joined dictionary")
+    group.add_argument("--vocab", type=positive_int, default=defaults.vocab, help="size of the joined dictionary")
 
     group = parser.add_argument_group("training measurement")
-    group.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size, help="sentences per batch")
-    group.add_argument("--src-len", type=_positive_int, default=defaults.src_len, help="source tokens per sentence (EOS included)")
-    group.add_argument("--tgt-len", type=_positive_int, default=defaults.tgt_len, help="target tokens per sentence (EOS included)")
+    group.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="sentences per batch")
+    group.add_argument("--src-len", type=positive_int, default=defaults.src_len, help="source tokens per sentence (EOS included)")
+    group.add_argument("--tgt-len", type=positive_int, default=defaults.tgt_len, help="target tokens per sentence (EOS included)")
     group.add_argument("--warmup", type=_non_negative_int, default=defaults.warmup, help="untimed training steps per round")
-    group.add_argument("--steps", type=_positive_int, default=defaults.steps, help="timed training steps per round")
-    group.add_argument("--repeats", type=_positive_int, default=defaults.repeats, help="rounds over all configurations")
+    group.add_argument("--steps", type=positive_int, default=defaults.steps, help="timed training steps per round")
+    group.add_argument("--repeats", type=positive_int, default=defaults.repeats, help="rounds over all configurations")
     group.add_argument("--criterion", choices=CRITERIA, default=defaults.criterion)
     group.add_argument("--label-smoothing", type=float, default=defaults.label_smoothing)
     group.add_argument("--lr", type=float, default=defaults.lr)
 
     group = parser.add_argument_group("decoding measurement")
-    group.add_argument("--beam", type=_positive_int, default=defaults.beam)
-    group.add_argument("--decode-batch-size", type=_positive_int, default=defaults.decode_batch_size)
-    group.add_argument("--decode-len", type=_positive_int, default=None,
+    group.add_argument("--beam", type=positive_int, default=defaults.beam)
+    group.add_argument("--decode-batch-size", type=positive_int, default=defaults.decode_batch_size)
+    group.add_argument("--decode-len", type=positive_int, default=None,
                        help="output tokens per hypothesis, forced with min_len = max_len (default: --tgt-len)")
     group.add_argument("--decode-warmup", type=_non_negative_int, default=defaults.decode_warmup,
                        help="untimed decode batches per round")
-    group.add_argument("--decode-batches", type=_positive_int, default=defaults.decode_batches,
+    group.add_argument("--decode-batches", type=positive_int, default=defaults.decode_batches,
                        help="timed decode batches per round")
 
     group = parser.add_argument_group("device and output")
     group.add_argument("--device", default=defaults.device, help="cpu or cuda")
     group.add_argument("--dtype", default=defaults.dtype, help="fp32, or fp16 / bf16 (autocast, CUDA only)")
-    group.add_argument("--threads", type=_positive_int, default=None, help="torch.set_num_threads (default: torch's)")
+    group.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
     group.add_argument("--clock", default=defaults.clock,
                        help="wall: elapsed time; process: this process's CPU time (CPU only; less sensitive to "
                             "other work sharing the cores, but with several threads it sums their CPU time)")

@@ -58,6 +58,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fusion_fairseq.tools.common import cpu_name, device_name, load_average, positive_int
+
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
 SCRIPTS_DIR = os.path.join(REPO_ROOT, "scripts")
@@ -676,17 +678,8 @@ def device_description(device: str, threads: Optional[int] = None) -> str:
     import torch
 
     if device == "cuda" and torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} (CUDA)"
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"CPU {model}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads"
+        return f"{device_name(device)} (CUDA)"
+    return f"CPU {cpu_name()}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads"
 
 
 def _load_recipe_tool():
@@ -1128,16 +1121,9 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
             "common_flags": common_train_flags(settings, "SRC", "TGT"), "default_criterion": list(DEFAULT_CRITERION),
         },
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": _load_average()},
+        "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": load_average()},
         "methods": rows,
     }
-
-
-def _load_average():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def _fmt_stats(stats: Optional[dict]) -> str:
@@ -1330,18 +1316,8 @@ def write_report(out, methods, seeds, plan, settings, width, data_bin) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _budget(text):
-    return "auto" if text == "auto" else _positive_int(text)
+    return "auto" if text == "auto" else positive_int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1360,7 +1336,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--raw", help="Multi30k raw files (train/val/test_2016_flickr .de/.en); default: the shared copy")
     g.add_argument("--data-bin", help="already binarised data made by scripts/prepare-multi30k.sh (joined dictionary)")
-    g.add_argument("--bpe-merges", type=_positive_int, default=8000, help="joint BPE merges when preparing the data")
+    g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
     g = p.add_argument_group("models")
     w = g.add_mutually_exclusive_group()
     w.add_argument("--width", type=parse_width, default=parse_width(DEFAULT_WIDTH),
@@ -1372,20 +1348,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-update", type=_budget, default=800,
                    help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
                    BUDGET_RULE + ")")
-    g.add_argument("--provisional-update", type=_positive_int, default=4000,
+    g.add_argument("--provisional-update", type=positive_int, default=4000,
                    help="with --max-update auto: how far the other runs train while the budget is calibrated")
-    g.add_argument("--max-tokens", type=_positive_int, default=4096)
+    g.add_argument("--max-tokens", type=positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--warmup", type=_positive_int, default=250, help="inverse-sqrt warm-up updates")
-    g.add_argument("--eval-every", type=_positive_int, default=100,
+    g.add_argument("--warmup", type=positive_int, default=250, help="inverse-sqrt warm-up updates")
+    g.add_argument("--eval-every", type=positive_int, default=100,
                    help="updates between validations (learning curve) and checkpoints (resume points)")
-    g.add_argument("--beam", type=_positive_int, default=5)
+    g.add_argument("--beam", type=positive_int, default=5)
     g.add_argument("--train-args", default="", help="extra fairseq-train flags for every run (e.g. '--fp16')")
     g.add_argument("--gen-args", default="", help="extra fairseq-generate flags for every run's test translation")
     g = p.add_argument_group("execution")
     g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
-    g.add_argument("--jobs", type=_positive_int, default=1, help="runs in parallel")
-    g.add_argument("--threads", type=_positive_int,
+    g.add_argument("--jobs", type=positive_int, default=1, help="runs in parallel")
+    g.add_argument("--threads", type=positive_int,
                    help="torch threads per run (default: torch's own; with --jobs N on CPU: cores / N)")
     g.add_argument("--keep-checkpoints", action="store_true",
                    help="keep every checkpoint of evaluated runs (default: only the scored one is kept)")
@@ -1395,7 +1371,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--report-only", action="store_true", help="train nothing; collect what exists and write the report")
     g.add_argument("--force", action="store_true",
                    help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
-    g.add_argument("--log-interval", type=_positive_int, default=50, help=argparse.SUPPRESS)
+    g.add_argument("--log-interval", type=positive_int, default=50, help=argparse.SUPPRESS)
     return p
 
 

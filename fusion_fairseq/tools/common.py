@@ -1,0 +1,60 @@
+"""Helpers the project's tools and scripts share: argument types, stand-in dictionaries, parameter
+counts and the description of the machine a figure was measured on."""
+
+import argparse
+import os
+import platform
+from typing import List, Optional
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def dictionary_of_size(size: int):
+    """A fairseq Dictionary whose ``len`` is ``size`` (its special symbols included)."""
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for index in range(size - len(dictionary)):
+        dictionary.add_symbol(f"tok{index}")
+    return dictionary
+
+
+def count_parameters(model) -> int:
+    """Every parameter once (shared tensors once), as fairseq logs "num. shared model params"."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device) -> str:
+    """The GPU's name for a CUDA device (a ``torch.device`` or "cuda"), else the CPU's model name."""
+    import torch
+
+    if str(getattr(device, "type", device)) == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device if hasattr(device, "type") else None)
+    return cpu_name()
+
+
+def load_average() -> Optional[List[float]]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
