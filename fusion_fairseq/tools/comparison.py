@@ -1061,56 +1061,59 @@ def add_updates_to_baseline_nll(rows: List[dict]) -> None:
         row["updates_to_baseline_nll_ratio"] = summarise(ratios)
 
 
+def collect_run(out: str, method: str, seed: int, lowercase: bool) -> dict:
+    """One run's entry of the report: its scores once done, else its progress so far."""
+    rdir = run_dir(out, method, seed)
+    done = _read_json(os.path.join(rdir, "done.json"))
+    run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
+    if done:
+        run.update(status="done", **{k: done[k] for k in (
+            "sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
+            "updates_per_second", "devices", "finished", "sacrebleu_signature")})
+        run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase))
+    else:
+        updates = last_logged_update(os.path.join(rdir, "run.log"))
+        status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
+        run.update(status=status, updates=updates)
+        sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
+        if sessions:  # time so far (a session still going: until now)
+            seconds = sum(((s.get("end") or time.time()) if status == "running" else
+                           (s.get("end") or s["start"])) - s["start"] for s in sessions)
+            run.update(train_seconds=round(seconds, 1), devices=sorted({s["device"] for s in sessions}))
+            if seconds > 0 and updates:
+                run["updates_per_second"] = round(updates / seconds, 3)
+    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(os.path.join(rdir, "run.log")).items()}
+    return run
+
+
+def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
+    """A method's entry of the report: its runs and their summaries over the finished seeds."""
+    finished = [r for r in runs if r["status"] == "done"]
+    curves = [run_curve(r) for r in runs if r["curve"]]
+    return {
+        "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
+        "method_flags": list(method.flags),
+        "flags": plan_entry.get("model_flags"), "criterion": list(method.criterion or DEFAULT_CRITERION),
+        "params": plan_entry.get("params"), "matched": ({plan_entry["matched_flag"]: plan_entry["matched_value"]}
+                                                        if plan_entry.get("matched_flag") else None),
+        "note": method.note, "runs": runs,
+        "sacrebleu": summarise([r["sacrebleu"] for r in finished]),
+        "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
+        "test": {kind: {name: summarise([r["test"][kind][name] for r in finished if r.get("test", {}).get(kind)])
+                        for name in (*TEST_SETS, "all")} for kind in CHECKPOINT_KINDS},
+        "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()},
+        "curve_seeds": len(curves),
+    }
+
+
 def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, settings, width: Width,
             data_bin: str) -> dict:
-    rows = []
     lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
-    for method in methods:
-        runs, curves = [], []
-        for seed in seeds:
-            rdir = run_dir(out, method.name, seed)
-            done = _read_json(os.path.join(rdir, "done.json"))
-            curve = learning_curve(os.path.join(rdir, "run.log"))
-            if curve:
-                curves.append(curve)
-            run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
-            if done:
-                run.update(status="done", **{k: done[k] for k in (
-                    "sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
-                    "updates_per_second", "devices", "finished", "sacrebleu_signature")})
-                run.update(test_scores(done), paired=paired_with_baseline(out, method.name, seed, lowercase))
-            else:
-                updates = last_logged_update(os.path.join(rdir, "run.log"))
-                status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
-                run.update(status=status, updates=updates)
-                sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
-                if sessions:  # time so far (a session still going: until now)
-                    seconds = sum(((s.get("end") or time.time()) if status == "running" else
-                                   (s.get("end") or s["start"])) - s["start"] for s in sessions)
-                    run.update(train_seconds=round(seconds, 1), devices=sorted({s["device"] for s in sessions}))
-                    if seconds > 0 and updates:
-                        run["updates_per_second"] = round(updates / seconds, 3)
-            run["curve"] = {str(u): round(v, 4) for u, v in curve.items()}
-            runs.append(run)
-        finished = [r for r in runs if r["status"] == "done"]
-        entry = plan.get(method.name, {})
-        rows.append({
-            "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
-            "method_flags": list(method.flags),
-            "flags": entry.get("model_flags"), "criterion": list(method.criterion or DEFAULT_CRITERION),
-            "params": entry.get("params"), "matched": ({entry["matched_flag"]: entry["matched_value"]}
-                                                       if entry.get("matched_flag") else None),
-            "note": method.note, "runs": runs,
-            "sacrebleu": summarise([r["sacrebleu"] for r in finished]),
-            "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
-            "test": {kind: {name: summarise([r["test"][kind][name] for r in finished if r.get("test", {}).get(kind)])
-                            for name in (*TEST_SETS, "all")} for kind in CHECKPOINT_KINDS},
-            "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()},
-            "curve_seeds": len(curves),
-        })
+    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase) for seed in seeds],
+                       plan.get(method.name, {})) for method in methods]
     add_updates_to_baseline_nll(rows)
     return {
-        "task": "Multi30k De->En (train / val / test_2016_flickr)",
+        "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")",
         "data_bin": data_bin,
         "settings": {
             "methods": [m.name for m in methods], "seeds": seeds, "width": str(width), "width_text": width.describe(),
@@ -1143,15 +1146,20 @@ def _fmt_duration(seconds: Optional[float]) -> str:
 
 
 def markdown(results: dict) -> str:
+    rows, seeds = results["methods"], results["settings"]["seeds"]
+    return "\n".join([*markdown_header(results), *headline_table(rows, seeds, results["settings"]["max_update"]),
+                      *runs_table(rows), *test_set_tables(rows, seeds),
+                      *learning_speed_table(rows, seeds, results["settings"]["max_update"]), *methods_table(rows),
+                      "", "![validation NLL against updates](learning_curves.png)", ""])
+
+
+def markdown_header(results: dict) -> List[str]:
     s = results["settings"]
-    seeds = s["seeds"]
-    rows = results["methods"]
-    baseline = next((r["params"] for r in rows if r["method"] == "transformer"), None)
-    runs = [run for r in rows for run in r["runs"]]
+    runs = [run for r in results["methods"] for run in r["runs"]]
     n_done = sum(run["status"] == "done" for run in runs)
     devices = sorted({d for run in runs for d in run.get("devices", [])})
     train_total = sum(run.get("train_seconds") or 0 for run in runs)
-    lines = [
+    return [
         "# One benchmark for all methods: Multi30k De->En",
         "",
         f"Written {results['written']} by `scripts/compare_methods.py`. **{n_done} of {len(runs)} runs done**"
@@ -1164,25 +1172,29 @@ def markdown(results: dict) -> str:
         f"* Budget: {s['max_update']} updates of ≤{s['max_tokens']} tokens, Adam (0.9, 0.98), lr {s['lr']}, "
         f"inverse-sqrt schedule with {s['warmup']} warm-up updates, dropout {s['dropout']}, label smoothing 0.1, "
         f"weight decay 1e-4; validation + checkpoint every {s['eval_every']} updates; the checkpoint with the best "
-        f"validation NLL is translated (beam {s['beam']}). Seeds: {', '.join(map(str, seeds))}.",
+        f"validation NLL and the average of the last {AVERAGED} checkpoints are translated (beam {s['beam']}). "
+        f"Seeds: {', '.join(map(str, s['seeds']))}.",
         f"* Device(s) used so far: {'; '.join(devices) if devices else '–'}. Requested: "
         f"`--device {s['device']}`, {s['jobs']} parallel job(s). Training time so far: {_fmt_duration(train_total)} "
         "(sum over runs).",
         "* BLEU: detokenised sacreBLEU against the raw reference (case-insensitive; signature in results.json) and, "
         "in parentheses, tokenised BLEU (multi-bleu style), both as `scripts/evaluate.sh`. Mean ± sample std "
-        "[min, max] over the finished seeds.",
+        "[min, max] over the finished seeds. The first table: the best checkpoint on test_2016_flickr.",
         "",
     ]
-    seed_cols = " | ".join(f"seed {seed}" for seed in seeds)
-    lines += [f"| method | params | Δ vs Transformer | {seed_cols} | sacreBLEU | tokenised BLEU | done |",
-              "|---|---:|---:|" + "---:|" * len(seeds) + "---|---|---|"]
+
+
+def headline_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
+    baseline = next((r["params"] for r in rows if r["method"] == "transformer"), None)
+    lines = [f"| method | params | Δ vs Transformer | {' | '.join(f'seed {seed}' for seed in seeds)} | sacreBLEU | "
+             "tokenised BLEU | done |", "|---|---:|---:|" + "---:|" * len(seeds) + "---|---|---|"]
     for r in rows:
         cells = []
         for run in r["runs"]:
             if run["status"] == "done":
                 cells.append(f"{run['sacrebleu']:.2f} ({run['tokenized_bleu']:.2f})")
             elif run["status"] in ("running", "partial"):
-                cells.append(f"{run['status']} {run['updates']}/{s['max_update']}")
+                cells.append(f"{run['status']} {run['updates']}/{max_update}")
             else:
                 cells.append(run["status"])
         params = r["params"]
@@ -1190,9 +1202,13 @@ def markdown(results: dict) -> str:
         n = sum(run["status"] == "done" for run in r["runs"])
         lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | {delta} | " + " | ".join(cells) +
                      f" | {_fmt_stats(r['sacrebleu'])} | {_fmt_stats(r['tokenized_bleu'])} | {n}/{len(r['runs'])} |")
-    lines += ["", "## Runs", "",
-              "| method | seed | status | updates | training time | updates/s | test decoding | device | finished |",
-              "|---|---:|---|---:|---:|---:|---:|---|---|"]
+    return lines
+
+
+def runs_table(rows: List[dict]) -> List[str]:
+    lines = ["", "## Runs", "",
+             "| method | seed | status | updates | training time | updates/s | test decoding | device | finished |",
+             "|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         for run in r["runs"]:
             lines.append(
@@ -1200,10 +1216,12 @@ def markdown(results: dict) -> str:
                 f"{_fmt_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
                 f"{_fmt_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} | "
                 f"{run.get('finished', '–')} |")
-    lines += test_set_tables(rows, seeds)
-    lines += learning_speed_table(rows, seeds, s["max_update"])
-    lines += ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | note |",
-              "|---|---|---|---|---|"]
+    return lines
+
+
+def methods_table(rows: List[dict]) -> List[str]:
+    lines = ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | note |",
+             "|---|---|---|---|---|"]
     for r in rows:
         flags = [f"--arch {r['arch']}", " ".join(r["method_flags"])]
         if r.get("matched"):
@@ -1211,8 +1229,7 @@ def markdown(results: dict) -> str:
             flags.append(f"{flag} {value} (matched)")
         lines.append(f"| {r['title']} | {r['paper']} | `{' '.join(f for f in flags if f)}` | "
                      f"`{' '.join(r['criterion'][1:2])}` | {r['note']} |")
-    lines += ["", "![validation NLL against updates](learning_curves.png)", ""]
-    return "\n".join(lines)
+    return lines
 
 
 CHECKPOINT_KINDS = {"best": "the checkpoint of the best validation NLL",
