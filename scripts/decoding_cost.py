@@ -452,57 +452,9 @@ def run(args, log=lambda message: print(message, file=sys.stderr, flush=True)) -
                                                source_layers[name])
                             for n in (args.lengths[0], args.lengths[-1])}
                      for name, model in models.items()}
-        for name in models:  # warm-up: every cell once, untimed
-            for n in args.lengths:
-                for steps in (args.steps, half):
-                    runners[(name, steps)].generate(samples[n])
-        raw = {(name, n): [] for name in models for n in args.lengths}
-        names = [COORDINATION, VANILLA]
-        started = time.perf_counter()
-        for round_index in range(args.repeats):
-            order = names if round_index % 2 == 0 else names[::-1]
-            step_order = (args.steps, half) if round_index % 2 == 0 else (half, args.steps)
-            for n in args.lengths:
-                for name in order:
-                    measured = {steps: runners[(name, steps)].generate(samples[n]) for steps in step_order}
-                    raw[(name, n)].append(measured)
-                log(f"[round {round_index + 1}/{args.repeats}] n={n}: " + ", ".join(
-                    f"{name} {1000 * per_step_differential(raw[(name, n)][-1], args.steps, half):.2f} ms/step"
-                    for name in names))
-        timing_seconds = time.perf_counter() - started
-
-    rows = []
-    for n in args.lengths:
-        row = {"source_length": n}
-        per_round = {}
-        for name in names:
-            measurements = raw[(name, n)]
-            differential = [1000 * per_step_differential(m, args.steps, half) for m in measurements]
-            total, parts = zip(*(m[args.steps] for m in measurements))
-            steps_full = args.steps + 1
-            excl_encoder = [1000 * (t - p["forward_encoder"]) / steps_full for t, p in zip(total, parts)]
-            decoder = [1000 * p["forward_decoder"] / steps_full for p in parts]
-            reorder_state = [1000 * p["reorder_incremental_state"] / steps_full for p in parts]
-            reorder_encoder = [1000 * p["reorder_encoder_out"] / steps_full for p in parts]
-            reorder = [a + b for a, b in zip(reorder_state, reorder_encoder)]
-            search = [e - d - r for e, d, r in zip(excl_encoder, decoder, reorder)]
-            encoder = [1000 * p["forward_encoder"] for p in parts]
-            per_round[name] = {"differential": differential, "excl_encoder": excl_encoder}
-            row[name] = {
-                "ms_per_step": summarise(differential),
-                "ms_per_step_excl_encoder": summarise(excl_encoder),
-                "decoder_ms_per_step": summarise(decoder),
-                "reorder_ms_per_step": summarise(reorder),
-                "reorder_incremental_state_ms_per_step": summarise(reorder_state),
-                "reorder_encoder_out_ms_per_step": summarise(reorder_encoder),
-                "search_ms_per_step": summarise(search),
-                "encoder_ms": summarise(encoder),
-                "generate_ms": summarise([1000 * t for t in total]),
-            }
-        for key, label in (("differential", "ratio"), ("excl_encoder", "ratio_excl_encoder")):
-            ratios = [c / v for c, v in zip(per_round[COORDINATION][key], per_round[VANILLA][key])]
-            row[label] = summarise(ratios)
-        rows.append(row)
+        raw, timing_seconds = timed_rounds(runners, samples, args, half, log)
+    names = [COORDINATION, VANILLA]
+    rows = [length_row(n, raw, args.steps, half) for n in args.lengths]
     env["load_average_end"] = load_average()
     return {
         "settings": {
@@ -523,6 +475,60 @@ def run(args, log=lambda message: print(message, file=sys.stderr, flush=True)) -
         "structure": {name: {str(n): check for n, check in by_length.items()} for name, by_length in structure.items()},
         "structure_passed": all(check["passed"] for by_length in structure.values() for check in by_length.values()),
     }
+
+
+def timed_rounds(runners, samples, args, half: int, log):
+    """Every (model, length) cell timed at S and S/2 steps, after one untimed warm-up of each; the
+    models and the step counts alternate their order from round to round. Returns ({(model, length):
+    [{steps: (seconds, parts)} per round]}, the seconds it took)."""
+    names = [COORDINATION, VANILLA]
+    for runner in runners.values():  # warm-up: every cell once, untimed
+        for n in args.lengths:
+            runner.generate(samples[n])
+    raw = {(name, n): [] for name in names for n in args.lengths}
+    started = time.perf_counter()
+    for round_index in range(args.repeats):
+        order = names if round_index % 2 == 0 else names[::-1]
+        step_order = (args.steps, half) if round_index % 2 == 0 else (half, args.steps)
+        for n in args.lengths:
+            for name in order:
+                raw[(name, n)].append({steps: runners[(name, steps)].generate(samples[n]) for steps in step_order})
+            log(f"[round {round_index + 1}/{args.repeats}] n={n}: " + ", ".join(
+                f"{name} {1000 * per_step_differential(raw[(name, n)][-1], args.steps, half):.2f} ms/step"
+                for name in names))
+    return raw, time.perf_counter() - started
+
+
+def length_row(n: int, raw, steps: int, half: int) -> Dict[str, object]:
+    """One source length's row: per model the per-step cost and its parts (ms), and the ratios."""
+    row = {"source_length": n}
+    per_round = {}
+    for name in (COORDINATION, VANILLA):
+        measurements = raw[(name, n)]
+        differential = [1000 * per_step_differential(m, steps, half) for m in measurements]
+        total, parts = zip(*(m[steps] for m in measurements))
+        calls = steps + 1
+        excl_encoder = [1000 * (t - p["forward_encoder"]) / calls for t, p in zip(total, parts)]
+        decoder = [1000 * p["forward_decoder"] / calls for p in parts]
+        reorder_state = [1000 * p["reorder_incremental_state"] / calls for p in parts]
+        reorder_encoder = [1000 * p["reorder_encoder_out"] / calls for p in parts]
+        reorder = [a + b for a, b in zip(reorder_state, reorder_encoder)]
+        search = [e - d - r for e, d, r in zip(excl_encoder, decoder, reorder)]
+        per_round[name] = {"differential": differential, "excl_encoder": excl_encoder}
+        row[name] = {
+            "ms_per_step": summarise(differential),
+            "ms_per_step_excl_encoder": summarise(excl_encoder),
+            "decoder_ms_per_step": summarise(decoder),
+            "reorder_ms_per_step": summarise(reorder),
+            "reorder_incremental_state_ms_per_step": summarise(reorder_state),
+            "reorder_encoder_out_ms_per_step": summarise(reorder_encoder),
+            "search_ms_per_step": summarise(search),
+            "encoder_ms": summarise([1000 * p["forward_encoder"] for p in parts]),
+            "generate_ms": summarise([1000 * t for t in total]),
+        }
+    for key, label in (("differential", "ratio"), ("excl_encoder", "ratio_excl_encoder")):
+        row[label] = summarise([c / v for c, v in zip(per_round[COORDINATION][key], per_round[VANILLA][key])])
+    return row
 
 
 def per_step_differential(measured, steps: int, half: int) -> float:
