@@ -5,6 +5,11 @@ functions. Tolerance 1e-5 relative: the numbers were stored on one CPU with one 
 CPUs' float32 kernels may sum in another order; ``python tests/golden_outputs.py --compare`` checks
 them bit for bit on the machine that stored them."""
 
+import json
+import os
+import re
+import subprocess
+
 import pytest
 import torch
 
@@ -48,3 +53,17 @@ def test_a_changed_function_changes_the_golden_output(golden_data_bin, one_threa
     assert flags[-2:] == ["--surface-fusion-lambda", "0.8"]
     output = golden_outputs.golden_output(golden_data_bin, arch, changed, criterion)
     assert output["grad_norm"] != pytest.approx(STORED["comparison/surface_fusion"]["grad_norm"], rel=1e-5)
+
+
+def test_the_pinned_comparison_computes_what_main_computes():
+    """The converged comparison trains from the commit pinned in examples/comparison/converged.sh.
+    Its stored golden outputs of every compared configuration are the ones main stores (and main
+    computes them, above): a change that moves a compared method must restart its runs with a new pin."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "examples", "comparison", "converged.sh"), encoding="utf-8") as f:
+        pin = re.search(r"^PIN=([0-9a-f]{40})$", f.read(), re.M).group(1)
+    shown = subprocess.run(["git", "-C", repo, "show", f"{pin}:tests/golden_outputs.json"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"the pinned commit {pin[:10]} is not in this checkout's history ({shown.stderr.strip()[:100]})")
+    pinned = {key: value for key, value in json.loads(shown.stdout).items() if key.startswith("comparison/")}
+    assert pinned == {key: value for key, value in STORED.items() if key.startswith("comparison/")}
