@@ -18,13 +18,14 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_DATACLASS_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 from omegaconf import OmegaConf
 
-import fusion_fairseq
+import fusion_fairseq  # noqa: F401  (registers the architectures)
 from conftest import TINY_MLRF_FLAGS
 from fusion_fairseq.cli import user_dir
+from fusion_fairseq.tools import common
 from fusion_fairseq.models import activation_checkpointing
 
 TOLERANCE = 1e-5
@@ -33,24 +34,9 @@ TOLERANCE = 1e-5
 # --------------------------------------------------------------------------- discovery
 
 
-def defined_in_plugin(cls) -> bool:
-    """True for a class of this plugin, whether imported as ``fusion_fairseq`` or, via fairseq's
-    ``--user-dir``, under its directory's name from the same files."""
-    if cls.__module__.split(".")[0] == fusion_fairseq.__name__:
-        return True
-    module_file = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
-    return os.path.abspath(module_file).startswith(user_dir() + os.sep)
-
-
 def plugin_architectures() -> Dict[str, str]:
-    """``{arch name: registered model name}`` for every architecture whose model class belongs to
-    this plugin, read from fairseq's global registries, so later model families are covered
-    without editing the suite."""
-    return {
-        arch: ARCH_MODEL_NAME_REGISTRY[arch]
-        for arch, model_cls in sorted(ARCH_MODEL_REGISTRY.items())
-        if defined_in_plugin(model_cls)
-    }
+    """``{arch name: registered model name}`` for every architecture of this plugin, sorted."""
+    return {arch: ARCH_MODEL_NAME_REGISTRY[arch] for arch in sorted(common.plugin_architectures())}
 
 
 # --------------------------------------------------------------------------- building

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fusion_fairseq.tools import benchmark
-from fusion_fairseq.tools.benchmark import BenchmarkError, BenchmarkSettings, build_configs, parse_variant, plugin_archs
+from fusion_fairseq.tools.benchmark import BenchmarkError, BenchmarkSettings, build_configs, parse_variant
+from fusion_fairseq.tools.common import plugin_architectures
 
 from model_building import build_model, count_parameters
 
@@ -138,7 +139,7 @@ def test_markdown_has_one_row_per_config(run):
 
 
 def test_default_configs_are_every_plugin_arch():
-    archs = plugin_archs()
+    archs = plugin_architectures()
     assert {"fusion_transformer", "mlrf_iwslt_de_en", "mlrf_nist_zh_en"} <= set(archs)
     assert "transformer" not in archs
     configs = build_configs()
@@ -155,7 +156,7 @@ def test_discovery_uses_the_model_class_module():
         "fairseq": model("fairseq.models.transformer"),
         "lookalike": model("fusion_fairseq_extra.models"),
     }
-    assert plugin_archs(registry) == ["ours"]
+    assert plugin_architectures(registry) == ["ours"]
 
 
 def test_width_flags_skip_what_an_arch_does_not_take():

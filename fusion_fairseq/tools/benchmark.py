@@ -141,10 +141,10 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
 from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, write_json, write_markdown
-from fusion_fairseq.tools.common import count_parameters, device_name, dictionary_of_size, load_average, positive_int
+from fusion_fairseq.tools.common import (
+    count_parameters, device_name, dictionary_of_size, load_average, plugin_architectures, positive_int)
 
 PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
-PLUGIN_PACKAGE = fusion_fairseq.__name__  # not __name__: this file may run as __main__
 BASELINE_NAME = "vanilla"
 DEFAULT_BASELINE_ARCH = "transformer"
 DTYPES = ("fp32", "fp16", "bf16")
@@ -223,17 +223,8 @@ class BenchmarkSettings:
 # ---------------------------------------------------------------------------------------------
 # configurations
 # ---------------------------------------------------------------------------------------------
-def plugin_archs(registry: Optional[Dict[str, type]] = None, package: str = PLUGIN_PACKAGE) -> List[str]:
-    """Architectures whose model class is defined in ``package`` (this plugin), in registration order."""
-    registry = ARCH_MODEL_REGISTRY if registry is None else registry
-    return [
-        arch for arch, model_cls in registry.items()
-        if model_cls.__module__ == package or model_cls.__module__.startswith(package + ".")
-    ]
-
-
 def known_archs_message() -> str:
-    plugin = plugin_archs()
+    plugin = plugin_architectures()
     others = sorted(a for a in ARCH_MODEL_REGISTRY if a not in plugin)
     return f"this plugin's: {', '.join(plugin)}; fairseq's and others: {', '.join(others)}"
 
@@ -272,7 +263,7 @@ def build_configs(archs: Optional[Sequence[str]] = None, variants: Sequence[str]
     """The baseline first, then ``archs`` (default: every plugin architecture), then the variants."""
     check_arch(baseline_arch, "--baseline-arch")
     configs = [BenchmarkConfig(BASELINE_NAME, baseline_arch, [], baseline=True)]
-    for arch in plugin_archs() if archs is None else archs:
+    for arch in plugin_architectures() if archs is None else archs:
         check_arch(arch, "--archs")
         configs.append(BenchmarkConfig(arch, arch, []))
     configs.extend(parse_variant(spec) for spec in variants)
@@ -920,7 +911,7 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.list_archs:
-        print("\n".join(plugin_archs()))
+        print("\n".join(plugin_architectures()))
         return {}
     try:
         check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)], script=PROG)

@@ -4,7 +4,11 @@ counts and the description of the machine a figure was measured on."""
 import argparse
 import os
 import platform
-from typing import List, Optional
+import sys
+from typing import Dict, List, Optional
+
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_PACKAGE = "fusion_fairseq"
 
 
 def positive_int(text: str) -> int:
@@ -58,3 +62,21 @@ def load_average() -> Optional[List[float]]:
         return [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):
         return None
+
+
+def defined_in_plugin(cls) -> bool:
+    """True for a class of this plugin, whether imported as ``fusion_fairseq`` or, through fairseq's
+    ``--user-dir``, under its directory's name from the same files."""
+    if cls.__module__.split(".")[0] == PLUGIN_PACKAGE:
+        return True
+    module_file = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
+    return os.path.abspath(module_file).startswith(PLUGIN_DIR + os.sep)
+
+
+def plugin_architectures(registry: Optional[Dict[str, type]] = None) -> List[str]:
+    """The architectures whose model class is this plugin's, in registration order (fairseq's
+    ``ARCH_MODEL_REGISTRY`` unless ``registry`` is given), so that later model families are found
+    without editing a list."""
+    if registry is None:
+        from fairseq.models import ARCH_MODEL_REGISTRY as registry
+    return [arch for arch, model_cls in registry.items() if defined_in_plugin(model_cls)]
