@@ -8,12 +8,37 @@ translates, fairseq-validate scores and every training epoch sees only part of t
 sentences of a 30-sentence test set. The multiple is a speed hint for the other batches, never a
 reason to lose sentences, so the wrapper gives the removed indices back as a last, smaller batch.
 Everything else (batch order, sizes, fixed shapes) stays fairseq's.
+
+``train_in_cpu_processes``: fairseq's multi-process training (``fairseq/distributed/utils.py``,
+``call_main`` and ``infer_init_method``; ``fairseq/models/distributed_fairseq_model.py``, main
+branch, ve-fairseq 0.12.3) counts processes in CUDA devices. On a machine without a GPU,
+``fairseq-train --cpu --distributed-world-size 2`` stops at ``world size is 2 but have 0 available
+devices``, with ``--distributed-init-method`` it spawns ``min(GPUs, world size)`` = 0 processes and
+exits 0 having trained nothing, and under ``torchrun`` every process trains alone (the default
+world size is the GPU count, 1, so fairseq never reads torchrun's ``WORLD_SIZE``). Once the
+processes exist, ``--ddp-backend c10d`` (the default) gives ``DistributedDataParallel`` the device
+id ``[0]``, which torch refuses for a CPU module. When training on the CPU, the wrapper of
+``call_main`` takes gloo for fairseq's default backend, NCCL (which moves CUDA tensors only),
+joins torchrun's world (``env://``, its ``WORLD_SIZE`` and ``RANK``) or spawns
+``--distributed-world-size`` processes on this machine, meeting at ``--distributed-init-method``
+or ``tcp://127.0.0.1:<--distributed-port, else a free port>``; fairseq's DDP is told no device id
+for a CPU module; a spawned or torchrun rank leaves the process group when its training ends.
+Training on a GPU takes fairseq's own path unchanged. Resuming a multi-process
+training, rank 0 reads the checkpoint and broadcasts it pickled, its tensors replaced by
+``_TensorPlaceholder`` (a frozen dataclass holding an index); the other ranks unpickle it with
+``torch.load``, whose ``weights_only`` default (torch >= 2.6) refuses that class, on GPUs too: it
+joins torch's safe globals.
 """
 
 import functools
+import os
+import socket
 
 import numpy as np
+import torch
 from fairseq.data import data_utils
+from fairseq.distributed import utils as distributed_utils
+from fairseq.models import distributed_fairseq_model
 
 _MARK = "_keeps_last_partial_batch"
 
@@ -48,3 +73,107 @@ def keep_last_partial_batch():
 
 
 keep_last_partial_batch()
+
+
+# --------------------------------------------------------------------------- training in CPU processes
+
+_CPU_MARK = "_trains_in_cpu_processes"
+TORCHRUN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")  # what fairseq looks for
+
+
+def trains_on_cpu(cfg) -> bool:
+    """fairseq's Trainer uses the CPU with --cpu, and without a CUDA device whatever the flags."""
+    return not cfg.common.tpu and (cfg.common.cpu or not torch.cuda.is_available())
+
+
+def launched_by_torchrun() -> bool:
+    return all(name in os.environ for name in TORCHRUN_VARIABLES) and int(os.environ["WORLD_SIZE"]) > 1
+
+
+def free_local_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def join_torchrun_world(distributed):
+    """What fairseq does for torchrun on GPUs, minus the device id (a rank modulo the GPU count)."""
+    distributed.distributed_init_method = "env://"
+    distributed.distributed_world_size = int(os.environ["WORLD_SIZE"])
+    distributed.distributed_rank = int(os.environ["RANK"])
+    distributed.distributed_no_spawn = True
+
+
+def spawn_cpu_processes(cfg, main, kwargs):
+    """One process per rank on this machine, each running fairseq's own ``distributed_main``."""
+    distributed = cfg.distributed_training
+    if distributed.distributed_init_method is None:
+        port = distributed.distributed_port if distributed.distributed_port > 0 else free_local_port()
+        distributed.distributed_init_method = f"tcp://127.0.0.1:{port}"
+    kwargs["start_rank"] = distributed.distributed_rank
+    distributed.distributed_rank = None  # each process takes start_rank + its index
+    torch.multiprocessing.spawn(run_rank, args=(main, cfg, kwargs), nprocs=distributed.distributed_world_size,
+                                join=True)
+
+
+def run_rank(index, main, cfg, kwargs):
+    """fairseq's ``distributed_main`` in a spawned process, then :func:`leave_process_group`."""
+    distributed_utils.distributed_main(index, main, cfg, kwargs)
+    leave_process_group()
+
+
+def leave_process_group():
+    """torch's orderly end of a process group, after fairseq's last barrier, in a process started
+    for one training (spawned, or by torchrun): a gloo rank that exits with the group open can
+    abort (SIGABRT) as the other rank closes its connections. (fairseq keeps using the group it
+    made from it, ``get_global_group``, so an interpreter that trains again keeps the group.)"""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def with_cpu_processes(call_main):
+    """``call_main`` that starts the processes of a multi-process training on the CPU."""
+
+    @functools.wraps(call_main)
+    def wrapper(cfg, main, **kwargs):
+        distributed = cfg.distributed_training
+        if trains_on_cpu(cfg):
+            if distributed.distributed_backend == "nccl":  # fairseq's default; NCCL moves CUDA tensors only
+                distributed.distributed_backend = "gloo"
+            if launched_by_torchrun() and distributed.distributed_init_method is None:
+                join_torchrun_world(distributed)
+                call_main(cfg, main, **kwargs)
+                return leave_process_group()
+            if distributed.distributed_world_size > 1 and not distributed.distributed_no_spawn:
+                return spawn_cpu_processes(cfg, main, kwargs)
+        return call_main(cfg, main, **kwargs)
+
+    setattr(wrapper, _CPU_MARK, True)
+    return wrapper
+
+
+class DistributedDataParallelOnCpu(torch.nn.parallel.DistributedDataParallel):
+    """torch's ``DistributedDataParallel``, given no device ids for a module on the CPU: torch
+    refuses them there, and fairseq passes ``[--device-id]`` whatever the device."""
+
+    _trains_in_cpu_processes = True
+
+    def __init__(self, module, device_ids=None, output_device=None, **kwargs):
+        if all(parameter.device.type == "cpu" for parameter in module.parameters()):
+            device_ids = output_device = None
+        super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
+
+
+def train_in_cpu_processes():
+    """Install :func:`with_cpu_processes` on ``fairseq.distributed.utils`` and
+    :class:`DistributedDataParallelOnCpu` where fairseq's ``DistributedFairseqModel`` finds DDP
+    (once each, whatever name the plugin was imported under); let other ranks read the
+    checkpoint rank 0 broadcasts."""
+    if not getattr(distributed_utils.call_main, _CPU_MARK, False):
+        distributed_utils.call_main = with_cpu_processes(distributed_utils.call_main)
+    if not getattr(distributed_fairseq_model.DistributedDataParallel, _CPU_MARK, False):
+        distributed_fairseq_model.DistributedDataParallel = DistributedDataParallelOnCpu
+    torch.serialization.add_safe_globals([distributed_utils._TensorPlaceholder])  # idempotent
+
+
+train_in_cpu_processes()

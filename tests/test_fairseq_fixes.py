@@ -1,4 +1,8 @@
-"""fairseq keeps every sentence in its batches once the plugin is imported (fairseq issue #5036)."""
+"""The plugin's fixes of fairseq (``fusion_fairseq.fairseq_fixes``): every sentence in its batches
+(fairseq issue #5036); multi-process training on the CPU (the pieces here; ``fairseq-train --cpu
+--distributed-world-size 2`` and torchrun themselves in ``tests/test_distributed.py``)."""
+
+from argparse import Namespace
 
 import numpy as np
 import pytest
@@ -58,3 +62,64 @@ def test_translation_task_iterates_every_training_sentence(tiny_data_bin):
                                            required_batch_size_multiple=8).next_epoch_itr(shuffle=False)
         seen = sorted(int(i) for batch in iterator for i in batch["id"])
         assert seen == list(range(count)), split
+
+
+# --------------------------------------------------------------------------- training in CPU processes
+
+
+def cpu_training_config(*flags):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["unused-data", "--arch", "transformer", "--cpu", *flags])
+    return convert_namespace_to_omegaconf(args)
+
+
+def test_torchrun_world_is_joined_on_cpu(monkeypatch):
+    """Under torchrun (its variables set), the CPU training joins torchrun's world instead of
+    training alone: env:// rendezvous, world size and rank from the environment, no spawning."""
+    from fusion_fairseq.fairseq_fixes import with_cpu_processes
+
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    seen = []
+    with_cpu_processes(lambda cfg, main: seen.append(cfg.distributed_training))(cpu_training_config(), None)
+    joined = seen[0]
+    assert (joined.distributed_init_method, joined.distributed_world_size, joined.distributed_rank) == ("env://", 2, 1)
+    assert joined.distributed_no_spawn and joined.distributed_backend == "gloo"
+
+
+def test_ddp_backend_c10d_wraps_a_cpu_model(tmp_path):
+    """fairseq's ``DistributedFairseqModel`` for --ddp-backend c10d passes ``device_ids=[0]``,
+    which torch refuses for a CPU module (``ValueError``); with the plugin the CPU model trains."""
+    import torch
+    import torch.distributed as dist
+    from fairseq import models
+
+    args = Namespace(tpu=False, ddp_backend="c10d", device_id=0, broadcast_buffers=False, bucket_cap_mb=25,
+                     find_unused_parameters=False, gradient_as_bucket_view=False, ddp_comm_hook="none")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        wrapped = models.DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD, torch.device("cpu"))
+        wrapped(torch.ones(4, 3)).sum().backward()
+        assert wrapped.weight.grad is not None  # the proxy reaches the wrapped module
+    finally:
+        dist.destroy_process_group()
+
+
+def test_other_ranks_read_the_broadcast_checkpoint():
+    """Resuming on several ranks, rank 0 broadcasts the checkpoint pickled with
+    ``_TensorPlaceholder`` for its tensors; the other ranks' ``torch.load`` (weights only) reads it."""
+    import io
+
+    import torch
+    from fairseq.distributed import utils as distributed_utils
+
+    tensors = []
+    state = distributed_utils._split_tensors_from_obj({"model": {"w": torch.ones(2)}, "step": 3}, tensors)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location="cpu")
+    assert distributed_utils._put_tensors_in_obj(loaded, tensors)["model"]["w"].tolist() == [1.0, 1.0]
