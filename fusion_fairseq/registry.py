@@ -10,6 +10,8 @@ raise for a genuine clash with somebody else's model.
 
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.criterions import register_criterion as _fairseq_register_criterion
+from fairseq.optim.lr_scheduler import LR_SCHEDULER_REGISTRY
+from fairseq.optim.lr_scheduler import register_lr_scheduler as _fairseq_register_lr_scheduler
 from fairseq.models import (
     ARCH_CONFIG_REGISTRY,
     ARCH_MODEL_NAME_REGISTRY,
@@ -32,21 +34,26 @@ def same_definition(registered, candidate):
     )
 
 
-def register_model(name):
-    def wrapper(cls):
-        existing = MODEL_REGISTRY.get(name)
-        if existing is None:
-            return _fairseq_register_model(name)(cls)
-        if same_definition(existing, cls):
-            return existing
-        # fairseq's main branch silently keeps the first class for a taken model name; a
-        # genuine clash must not go unnoticed.
-        raise ValueError(
-            f"Cannot register duplicate model ({name}): already registered by "
-            f"{existing.__module__}.{existing.__qualname__}"
-        )
+def _tolerant(registry, register, kind):
+    """``register`` (a fairseq decorator factory) that returns the registered class when the name is
+    taken by the same definition, and raises for somebody else's (fairseq's main branch silently keeps
+    the first model for a taken name, and raises for any second criterion or scheduler)."""
+    def decorator(name, **kwargs):
+        def wrapper(cls):
+            existing = registry.get(name)
+            if existing is None:
+                return register(name, **kwargs)(cls)
+            if same_definition(existing, cls):
+                return existing
+            raise ValueError(f"Cannot register duplicate {kind} ({name}): already registered by "
+                             f"{existing.__module__}.{existing.__qualname__}")
+        return wrapper
+    return decorator
 
-    return wrapper
+
+register_model = _tolerant(MODEL_REGISTRY, _fairseq_register_model, "model")
+register_criterion = _tolerant(CRITERION_REGISTRY, _fairseq_register_criterion, "criterion")
+register_lr_scheduler = _tolerant(LR_SCHEDULER_REGISTRY, _fairseq_register_lr_scheduler, "lr_scheduler")
 
 
 def register_model_architecture(model_name, arch_name):
@@ -59,22 +66,5 @@ def register_model_architecture(model_name, arch_name):
         ):
             return existing
         return _fairseq_register_architecture(model_name, arch_name)(fn)
-
-    return wrapper
-
-
-def register_criterion(name, dataclass=None):
-    def wrapper(cls):
-        existing = CRITERION_REGISTRY.get(name)
-        if existing is None:
-            return _fairseq_register_criterion(name, dataclass=dataclass)(cls)
-        if same_definition(existing, cls):
-            return existing
-        # fairseq raises for any re-registration of a criterion name, also for the same file
-        # loaded under a second module name; only a genuine clash should.
-        raise ValueError(
-            f"Cannot register duplicate criterion ({name}): already registered by "
-            f"{existing.__module__}.{existing.__qualname__}"
-        )
 
     return wrapper

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import List
 
 from fairseq.dataclass import FairseqDataclass
-from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
+from fairseq.optim.lr_scheduler import FairseqLRScheduler
 from omegaconf import II
+
+from fusion_fairseq.registry import register_lr_scheduler
 
 
 @dataclass
