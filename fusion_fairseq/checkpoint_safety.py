@@ -9,7 +9,7 @@
 * only fairseq-train's --finetune-from-model may start parameters a checkpoint file lacks
   (:func:`may_start_parameters_fresh`), and --model-overrides cannot change the structure a
   checkpoint was trained with (:func:`structural_override_errors`);
-* the plugin's configuration errors print as one line (:func:`print_plugin_errors_in_one_line`).
+* the plugin's configuration errors print as one line (:func:`print_configuration_errors_in_one_line`).
 
 Let torch's safe unpickler read fairseq checkpoints without turning safe loading off.
 
@@ -35,6 +35,8 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
+
+from .errors import ConfigurationError
 
 # Types (not callables with side effects): configuration containers and the plain type objects
 # that omegaconf metadata refers to as ``ref_type`` / ``object_type`` / ``element_type``.
@@ -105,7 +107,7 @@ MAX_LIST_LENGTH = 10_000
 _LITERAL_CONSTANTS = (int, float, str, bool, type(None))
 
 
-class ConfigLiteralError(ValueError):
+class ConfigLiteralError(ConfigurationError):
     """A configuration string that is not a plain literal."""
 
 
@@ -271,7 +273,7 @@ def record_checkpoint_loads():
         checkpoint_utils.load_model_ensemble_and_task, lambda *args, **kwargs: OTHER_CHECKPOINT_LOAD)
 
 
-class MissingParametersError(ValueError):
+class MissingParametersError(ConfigurationError):
     """A checkpoint lacks parameters of the model's configuration outside fine-tuning."""
 
 
@@ -398,7 +400,7 @@ STRUCTURAL_FLAGS = {
 }
 
 
-class StructuralOverrideError(ValueError):
+class StructuralOverrideError(ConfigurationError):
     """--model-overrides changes a structural flag against the checkpoint's configuration."""
 
 
@@ -510,7 +512,7 @@ def raise_first_conflict_instead(error, conflicts):
     """A structural change found before the load failed (e.g. in fairseq's strict load of the
     parameters that another fusion function has) is the reason to report, in one line; the
     plugin's own errors (:class:`MissingParametersError` naming the parameters) stay as they are."""
-    if conflicts and plugin_value_error(error) is None:
+    if conflicts and configuration_error(error) is None:
         raise conflicts[0] from None
 
 
@@ -577,7 +579,7 @@ def _refusing_structural_changes_on_resume(load_checkpoint):
 _hub_load = contextvars.ContextVar("fusion_fairseq_hub_load", default=False)
 
 
-class CheckpointFileSettingError(ValueError):
+class CheckpointFileSettingError(ConfigurationError):
     """A hub load would read or fetch a file that the checkpoint, not the user, names."""
 
 
@@ -642,48 +644,36 @@ def check_loaded_configurations():
 # configuration errors print as one line
 # --------------------------------------------------------------------------------------------
 # Flag values argparse cannot check alone (combinations, values read from a checkpoint or from
-# --model-overrides) are checked while the model is built, after fairseq's parser is done; a
-# ValueError there would reach the user as a traceback. The plugin's checks raise ValueError
-# with a complete message, so an uncaught one raised in the plugin's own code prints as
-# argparse's errors do: "PROG: error: MESSAGE", exit status 1, also when fairseq re-raised it as
-# another exception. Every other exception (and a
-# ValueError raised inside fairseq or torch) keeps Python's traceback.
-
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# --model-overrides) are checked while the model is built, after fairseq's parser is done. They
+# raise ConfigurationError with a complete message, which an uncaught one prints as argparse's
+# errors do: "PROG: error: MESSAGE", exit status 1, also when fairseq re-raised it as another
+# exception. Every other exception, a ValueError of the plugin's own code included, keeps
+# Python's traceback.
 
 
-def raised_in_plugin(traceback) -> bool:
-    """True when the innermost frame of ``traceback`` is in this package's code."""
-    if traceback is None:
-        return False
-    while traceback.tb_next is not None:
-        traceback = traceback.tb_next
-    return os.path.abspath(traceback.tb_frame.f_code.co_filename).startswith(PACKAGE_DIR)
-
-
-def plugin_value_error(error):
+def configuration_error(error):
     """``error`` or the exception it was raised while handling (fairseq's trainer re-raises a
     failed load as "Cannot load model parameters from checkpoint ..."), whichever is a
-    ValueError raised in the plugin's code; None if neither is."""
+    :class:`ConfigurationError`; None if neither is."""
     for candidate in (error, error.__cause__ or error.__context__):
-        if isinstance(candidate, ValueError) and raised_in_plugin(candidate.__traceback__):
+        if isinstance(candidate, ConfigurationError):
             return candidate
     return None
 
 
-def print_plugin_errors_in_one_line():
+def print_configuration_errors_in_one_line():
     """Install the ``sys.excepthook`` described above (idempotent; chains the previous hook)."""
     previous = sys.excepthook
-    if getattr(previous, "prints_plugin_errors_in_one_line", False):
+    if getattr(previous, "prints_configuration_errors_in_one_line", False):
         return
 
     def excepthook(kind, error, traceback):
-        cause = plugin_value_error(error)
+        cause = configuration_error(error)
         if cause is None:
             previous(kind, error, traceback)
             return
         message = str(cause) if cause is error else f"{error}: {cause}"
         sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {' '.join(message.splitlines())}\n")
 
-    excepthook.prints_plugin_errors_in_one_line = True
+    excepthook.prints_configuration_errors_in_one_line = True
     sys.excepthook = excepthook

@@ -1,4 +1,4 @@
-"""Narrow fixes of upstream fairseq behaviour, applied when the plugin is imported.
+"""Narrow fixes of upstream fairseq behaviour, applied when the plugin is imported (``global_changes``).
 
 ``keep_last_partial_batch``: fairseq's ``data_utils.batch_by_size`` (main branch, ve-fairseq
 0.12.3) builds its batches with the compiled ``data_utils_fast`` helpers, which cover every
@@ -71,8 +71,6 @@ def keep_last_partial_batch():
     if not getattr(data_utils.batch_by_size, _MARK, False):
         data_utils.batch_by_size = with_last_partial_batch(data_utils.batch_by_size)
 
-
-keep_last_partial_batch()
 
 
 # --------------------------------------------------------------------------- training in CPU processes
@@ -175,5 +173,3 @@ def train_in_cpu_processes():
         distributed_fairseq_model.DistributedDataParallel = DistributedDataParallelOnCpu
     torch.serialization.add_safe_globals([distributed_utils._TensorPlaceholder])  # idempotent
 
-
-train_in_cpu_processes()

@@ -59,3 +59,48 @@ def test_a_genuine_name_clash_still_raises():
         register_model_once("fusion_transformer")(SomebodyElsesModel)
     with pytest.raises(ValueError, match="Cannot register duplicate model architecture"):
         register_architecture_once("fusion_transformer", "mlrf_iwslt_de_en")(lambda args: None)
+
+
+def _run_python(code):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def test_only_configuration_errors_print_as_one_line():
+    """A ConfigurationError that ends a program prints as "PROG: error: MESSAGE"; any other
+    exception, a ValueError raised in the plugin's own code included (a bug), keeps its traceback."""
+    refused = _run_python("import fusion_fairseq\nfrom fusion_fairseq.errors import ConfigurationError\n"
+                          "raise ConfigurationError('--fusion-hops must be a positive integer, got 0')")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == "-c: error: --fusion-hops must be a positive integer, got 0"
+    assert "Traceback" not in refused.stderr
+    bug = _run_python("import fusion_fairseq\nfrom fusion_fairseq.modules.layer_aggregation import build_layer_aggregation\n"
+                      "build_layer_aggregation('bogus', 2, 8, 16)")
+    assert bug.returncode == 1 and "Traceback (most recent call last)" in bug.stderr
+    assert "ValueError: unknown aggregation 'bogus'" in bug.stderr
+
+
+def test_every_global_change_is_applied_once():
+    """fusion_fairseq.global_changes lists every change the plugin makes at import; after import each
+    one is in place, and applying them again (the plugin imported under a second name) changes
+    nothing. Each also has a test of its own, named in that module's table."""
+    import sys
+
+    from fairseq import checkpoint_utils
+    from fairseq.data import data_utils
+    from fairseq.distributed import utils as distributed_utils
+
+    from fusion_fairseq import global_changes
+
+    installed = (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,
+                 checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch)
+    assert getattr(installed[0], "prints_configuration_errors_in_one_line", False)
+    assert getattr(installed[1], "_keeps_last_partial_batch", False)
+    assert getattr(installed[2], "_trains_in_cpu_processes", False)
+    assert getattr(installed[3], "checks_loaded_configurations", False)
+    global_changes.apply_all()
+    assert (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,
+            checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch) == installed

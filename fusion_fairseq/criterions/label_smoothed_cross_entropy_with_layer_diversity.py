@@ -55,6 +55,7 @@ from fairseq.logging import metrics
 from fusion_fairseq.modules.layer_diversity import layer_diversity
 
 from fusion_fairseq.registry import register_criterion
+from fusion_fairseq.errors import ConfigurationError
 
 
 NAME = "label_smoothed_cross_entropy_with_layer_diversity"
@@ -90,16 +91,16 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         diversity_lambda = float(diversity_lambda)
         if not math.isfinite(diversity_lambda) or diversity_lambda < 0:
-            raise ValueError(
+            raise ConfigurationError(
                 f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity reward, "
                 f"Dou et al. 2018 Eq. 9), got {diversity_lambda}"
             )
         diversity_sides = str(diversity_sides)
         if diversity_sides not in DIVERSITY_SIDES:
-            raise ValueError(f"--diversity-sides must be one of {DIVERSITY_SIDES}, got {diversity_sides!r}")
+            raise ConfigurationError(f"--diversity-sides must be one of {DIVERSITY_SIDES}, got {diversity_sides!r}")
         diversity_combine = str(diversity_combine)
         if diversity_combine not in DIVERSITY_COMBINATIONS:
-            raise ValueError(f"--diversity-combine must be one of {DIVERSITY_COMBINATIONS}, got {diversity_combine!r}")
+            raise ConfigurationError(f"--diversity-combine must be one of {DIVERSITY_COMBINATIONS}, got {diversity_combine!r}")
         self.diversity_lambda = diversity_lambda
         self.diversity_sides = diversity_sides
         self.diversity_combine = diversity_combine
@@ -141,7 +142,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
                 per_side[side] = layer_diversity(layers, padding_mask)
         if not per_side:
             if self.diversity_lambda > 0:
-                raise ValueError(
+                raise ConfigurationError(
                     f"--criterion {NAME}: no selected layer stack (--diversity-sides {self.diversity_sides}) "
                     f"has 2 or more layers, so there is no layer diversity to reward; use more layers "
                     f"or --criterion label_smoothed_cross_entropy"
@@ -157,7 +158,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         needs = {"encoder": "encoder_states", "decoder": "inner_states"}
         sides = ("encoder", "decoder") if self.diversity_sides == "both" else (self.diversity_sides,)
         if not isinstance(extra, dict) or any(needs[side] not in extra for side in sides):
-            raise ValueError(
+            raise ConfigurationError(
                 f"--criterion {NAME} needs the model's layer states in its output "
                 f"(extra[{', '.join(repr(needs[side]) for side in sides)}]), which this model does not "
                 f"return; use a model from the fusion_fairseq plugin, e.g. --arch fusion_transformer "
@@ -167,7 +168,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         for side in sides:
             states = extra[needs[side]]
             if states is None or len(states) == 0 or any(state is None for state in states):
-                raise ValueError(
+                raise ConfigurationError(
                     f"--criterion {NAME}: the model returned no {side} layer states "
                     f"(extra[{needs[side]!r}] is empty); it must be run with return_all_hiddens=True"
                 )

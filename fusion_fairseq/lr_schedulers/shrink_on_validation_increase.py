@@ -20,6 +20,7 @@ from fairseq.optim.lr_scheduler import FairseqLRScheduler
 from omegaconf import II
 
 from fusion_fairseq.registry import register_lr_scheduler
+from fusion_fairseq.errors import ConfigurationError
 
 
 @dataclass
@@ -39,9 +40,9 @@ class ShrinkOnValidationIncrease(FairseqLRScheduler):
     def __init__(self, cfg: ShrinkOnValidationIncreaseConfig, optimizer):
         super().__init__(cfg, optimizer)
         if not 0 < cfg.lr_shrink < 1:
-            raise ValueError(f"--lr-shrink must be in (0, 1), got {cfg.lr_shrink}")
+            raise ConfigurationError(f"--lr-shrink must be in (0, 1), got {cfg.lr_shrink}")
         if len(cfg.lr) != 1:
-            raise ValueError(f"--lr: shrink_on_validation_increase takes one learning rate, got {len(cfg.lr)}")
+            raise ConfigurationError(f"--lr: shrink_on_validation_increase takes one learning rate, got {len(cfg.lr)}")
         self.lr = cfg.lr[0]
         self.previous_loss = None
         self.increased = False

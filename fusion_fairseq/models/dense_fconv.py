@@ -66,6 +66,7 @@ from .fusion_args import (
     positive_int,
     warn_unused_flags,
 )
+from fusion_fairseq.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -127,29 +128,29 @@ def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
     check_dropout_args(args)
     check_switches(args, {"no_dense_encoder": "--no-dense-encoder", "no_dense_decoder": "--no-dense-decoder"})
     if args.growth_dim is not None and (type(args.growth_dim) is not int or args.growth_dim <= 0):
-        raise ValueError(f"--growth-dim must be a positive integer, got {args.growth_dim!r}")
+        raise ConfigurationError(f"--growth-dim must be a positive integer, got {args.growth_dim!r}")
     if getattr(args, "residual_dim", None) is not None:
         check_positive_ints(args, {"residual_dim": "--residual-dim"})
     if args.no_dense_encoder and args.no_dense_decoder and args.growth_dim != architecture_default(args, "growth_dim"):
         logger.warning("flag without effect: --growth-dim %s: it is the dense layers' width, and both "
                        "--no-dense-encoder and --no-dense-decoder are set", args.growth_dim)
     if type(args.summary_every) is not int or args.summary_every < 0 or args.summary_every == 1:
-        raise ValueError(
+        raise ConfigurationError(
             f"--summary-every must be 0 (no summary layers) or >= 2 (one summary layer after every "
             f"sumlen-1 layers), got {args.summary_every}"
         )
     if args.dense_attention not in DENSE_ATTENTION_KINDS:
-        raise ValueError(f"--dense-attention must be one of {', '.join(DENSE_ATTENTION_KINDS)}, got {args.dense_attention!r}")
+        raise ConfigurationError(f"--dense-attention must be one of {', '.join(DENSE_ATTENTION_KINDS)}, got {args.dense_attention!r}")
     if args.embed_bottleneck_dim is not None:
         check_positive_ints(args, {"embed_bottleneck_dim": "--embed-bottleneck-dim"})
         for flag, width in embed_dims:
             if args.embed_bottleneck_dim > width:
-                raise ValueError(
+                raise ConfigurationError(
                     f"--embed-bottleneck-dim {args.embed_bottleneck_dim} is wider than {flag} {width}: the small "
                     f"embeddings are projected back to the model width, so it must be at most {width}"
                 )
     if args.summary_every and args.no_dense_encoder and args.no_dense_decoder:
-        raise ValueError(
+        raise ConfigurationError(
             f"--summary-every {args.summary_every} needs a dense side: summary layers only exist in dense stacks, "
             "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)"
         )
@@ -185,18 +186,18 @@ def layer_spec(spec_text: str, flag: str, growth_dim: Optional[int]) -> List[Tup
     try:
         spec = extend_conv_spec(spec)
     except Exception as error:  # noqa: BLE001 - any malformed structure
-        raise ValueError(f"{flag} must be a list of (hidden size, kernel width) pairs, got {spec_text!r}: {error}")
+        raise ConfigurationError(f"{flag} must be a list of (hidden size, kernel width) pairs, got {spec_text!r}: {error}")
     if len(spec) == 0:
-        raise ValueError(f"{flag} must describe at least one layer, got {spec_text!r}")
+        raise ConfigurationError(f"{flag} must describe at least one layer, got {spec_text!r}")
     layers = []
     for width, kernel, residual in spec:
         if residual not in (0, 1):
-            raise ValueError(f"{flag}: only residual=1 (previous layer) is supported, got {residual} in {spec_text!r}")
+            raise ConfigurationError(f"{flag}: only residual=1 (previous layer) is supported, got {residual} in {spec_text!r}")
         width = growth_dim if growth_dim is not None else width
         if type(width) is not int or type(kernel) is not int:
-            raise ValueError(f"{flag}: hidden sizes and kernel widths must be integers, got {(width, kernel)} in {spec_text!r}")
+            raise ConfigurationError(f"{flag}: hidden sizes and kernel widths must be integers, got {(width, kernel)} in {spec_text!r}")
         if width <= 0 or kernel <= 0:
-            raise ValueError(f"{flag}: hidden sizes and kernel widths must be positive, got {(width, kernel)}")
+            raise ConfigurationError(f"{flag}: hidden sizes and kernel widths must be positive, got {(width, kernel)}")
         layers.append((width, kernel))
     return layers
 
@@ -434,7 +435,7 @@ class DenseFConvDecoder(FConvDecoder):
         if share_embed:
             token_table = self.embed_tokens.weight
             if token_table.size(1) != out_embed_dim:
-                raise ValueError(
+                raise ConfigurationError(
                     f"--share-input-output-embed needs the softmax width {out_embed_dim} to equal the token "
                     f"embedding width {token_table.size(1)}"
                 )
@@ -553,15 +554,15 @@ class DenseFConvModel(FConvModel):
         check_dense_args(args, [("--encoder-embed-dim", args.encoder_embed_dim),
                                 ("--decoder-embed-dim", args.decoder_embed_dim)])
         if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise ValueError(
+            raise ConfigurationError(
                 f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim {args.decoder_embed_dim} "
                 "must be equal: the attention adds the target embedding to the query it compares with the keys"
             )
         for flag in ("encoder_embed_path", "decoder_embed_path"):
             if getattr(args, flag, None):
-                raise ValueError(f"--{flag.replace('_', '-')} is not supported by dense_fconv")
+                raise ConfigurationError(f"--{flag.replace('_', '-')} is not supported by dense_fconv")
         if args.summary_layer not in SUMMARY_LAYER_KINDS:
-            raise ValueError(f"--summary-layer got {args.summary_layer!r}; allowed: {', '.join(SUMMARY_LAYER_KINDS)}")
+            raise ConfigurationError(f"--summary-layer got {args.summary_layer!r}; allowed: {', '.join(SUMMARY_LAYER_KINDS)}")
         warn_unused_flags(args, IDLE_FLAG_RULES)
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings

@@ -48,6 +48,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import LayerCheckpointing
 from .dense_fconv import add_dense_args, check_dense_args, set_dense_defaults
+from fusion_fairseq.errors import ConfigurationError
 
 
 def with_changes(args, **changes) -> argparse.Namespace:
@@ -318,10 +319,10 @@ class DenseTransformerModel(TransformerModel):
             width = args.growth_dim if dense else getattr(args, f"{side}_embed_dim")
             if width % heads:
                 flag = "--growth-dim" if dense else f"--{side}-embed-dim"
-                raise ValueError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
+                raise ConfigurationError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
         for flag in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
             if getattr(args, flag, None):
-                raise ValueError(f"--{flag.replace('_', '-')} is not supported by dense_transformer")
+                raise ConfigurationError(f"--{flag.replace('_', '-')} is not supported by dense_transformer")
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = 1024
         if getattr(args, "max_target_positions", None) is None:
@@ -334,16 +335,16 @@ class DenseTransformerModel(TransformerModel):
         tgt_width = args.embed_bottleneck_dim or args.decoder_embed_dim
         if args.share_all_embeddings:
             if src_dict != tgt_dict:
-                raise ValueError("--share-all-embeddings requires a joined dictionary")
+                raise ConfigurationError("--share-all-embeddings requires a joined dictionary")
             if args.encoder_embed_dim != args.decoder_embed_dim:
-                raise ValueError("--share-all-embeddings requires --encoder-embed-dim to match --decoder-embed-dim")
+                raise ConfigurationError("--share-all-embeddings requires --encoder-embed-dim to match --decoder-embed-dim")
             args.share_decoder_input_output_embed = True
             encoder_embed = decoder_embed = cls.build_embedding(args, src_dict, src_width)
         else:
             encoder_embed = cls.build_embedding(args, src_dict, src_width)
             decoder_embed = cls.build_embedding(args, tgt_dict, tgt_width)
         if args.share_decoder_input_output_embed and args.decoder_output_dim != tgt_width:
-            raise ValueError(
+            raise ConfigurationError(
                 f"--share-decoder-input-output-embed needs --decoder-output-dim {args.decoder_output_dim} to equal "
                 f"the target embedding width {tgt_width}"
             )

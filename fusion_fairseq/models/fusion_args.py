@@ -13,6 +13,7 @@ from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURF
 from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
 from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES, DENSE_CONNECTION_READINGS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
+from fusion_fairseq.errors import ConfigurationError
 
 POSITIVE_INT_FLAGS = {
     "fusion_hops": "--fusion-hops",
@@ -129,12 +130,12 @@ def _tau(text):
 
 
 def check_real_flags(args, table):
-    """Raise ``ValueError`` for the first value of ``table`` (dest -> (flag, allowed)) out of range."""
+    """Raise ``ConfigurationError`` for the first value of ``table`` (dest -> (flag, allowed)) out of range."""
     for dest, (flag, allowed) in table.items():
         if hasattr(args, dest):
             message = real_value_error(flag, getattr(args, dest), allowed)
             if message:
-                raise ValueError(message)
+                raise ConfigurationError(message)
 
 
 def check_dropout_args(args):
@@ -225,11 +226,11 @@ def add_mlrf_args(parser):
 
 
 def check_fusion_args(args):
-    """Raise ``ValueError`` naming the flag, the value and what is allowed."""
+    """Raise ``ConfigurationError`` naming the flag, the value and what is allowed."""
     for dest, (flag, choices) in CHOICE_FLAGS.items():
         value = getattr(args, dest)
         if value not in choices:
-            raise ValueError(f"{flag} got {value!r}; allowed: {', '.join(choices)}")
+            raise ConfigurationError(f"{flag} got {value!r}; allowed: {', '.join(choices)}")
     # every value's type before any comparison: --model-overrides can hand in text. The dropouts
     # first: --fusion-dropout defaults to --dropout, so a bad --dropout is named as itself.
     check_dropout_args(args)
@@ -245,7 +246,7 @@ def check_fusion_args(args):
         if getattr(args, dest) != "none"
     ] + ([f"--multi-layer-attention {args.multi_layer_attention}"] if args.multi_layer_attention > 1 else [])
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
-        raise ValueError(
+        raise ConfigurationError(
             "layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop must be 0 "
             f"with {' '.join(reads_every_layer)}"
         )
@@ -349,7 +350,7 @@ def check_deep_representation_args(args):
     for side in ("encoder", "decoder"):
         aggregate, fuse = getattr(args, f"aggregate_{side}"), getattr(args, f"fuse_{side}")
         if aggregate != "none" and fuse != "none":
-            raise ValueError(
+            raise ConfigurationError(
                 f"--aggregate-{side} {aggregate} and --fuse-{side} {fuse} both define the {side}'s output "
                 f"representation; choose one per side (they combine across sides, e.g. --aggregate-encoder "
                 f"with --fuse-decoder)"
@@ -358,7 +359,7 @@ def check_deep_representation_args(args):
         for side in ("encoder", "decoder"):
             layers = getattr(args, f"{side}_layers")
             if layers <= args.multi_layer_attention:
-                raise ValueError(
+                raise ConfigurationError(
                     f"--multi-layer-attention {args.multi_layer_attention} attends the {args.multi_layer_attention} "
                     f"layers below a layer, so it needs more than {args.multi_layer_attention} layers; "
                     f"--{side}-layers is {layers}"
@@ -367,71 +368,71 @@ def check_deep_representation_args(args):
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")
             if getattr(args, f"{side}_embed_dim") % heads:
-                raise ValueError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
+                raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
 
 
 def check_encoder_layer_fusion_args(args):
     if tau_error(args.surface_fusion_tau):
-        raise ValueError(tau_error(args.surface_fusion_tau))
+        raise ConfigurationError(tau_error(args.surface_fusion_tau))
     source_memory = [f"--{dest.replace('_', '-')} {getattr(args, dest)}"
                      for dest in ("layer_attention", "fuse_encoder", "aggregate_encoder")
                      if getattr(args, dest) != "none"]
     if getattr(args, "no_cross_attention", False) and source_memory:
-        raise ValueError(
+        raise ConfigurationError(
             "--no-cross-attention removes the decoder's attention to the source memory that "
             f"{' and '.join(source_memory)} builds: it would get no gradient and the output would ignore the "
             "source; drop one of them"
         )
     if args.layer_attention != "none" and args.fuse_encoder != "none":
-        raise ValueError(
+        raise ConfigurationError(
             f"--layer-attention {args.layer_attention} and --fuse-encoder {args.fuse_encoder} both define the "
             "decoder's source memory (per-layer mixtures vs one fused memory); choose one of them"
         )
     if args.mask_encoder_layer is not None:
         if type(args.mask_encoder_layer) is not int:
-            raise ValueError(f"--mask-encoder-layer must be an integer, got {args.mask_encoder_layer!r}")
+            raise ConfigurationError(f"--mask-encoder-layer must be an integer, got {args.mask_encoder_layer!r}")
         if args.layer_attention == "none":
-            raise ValueError(
+            raise ConfigurationError(
                 f"--mask-encoder-layer {args.mask_encoder_layer} masks a layer-attention weight, which needs "
                 "--layer-attention coarse or fine"
             )
         if not 0 <= args.mask_encoder_layer <= args.encoder_layers:
-            raise ValueError(
+            raise ConfigurationError(
                 f"--mask-encoder-layer {args.mask_encoder_layer} does not exist: the encoder has layers "
                 f"0 (embedding) to {args.encoder_layers}"
             )
     if args.layer_attention != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ValueError(
+        raise ConfigurationError(
             f"--layer-attention needs --encoder-embed-dim ({args.encoder_embed_dim}) == "
             f"--decoder-embed-dim ({args.decoder_embed_dim})"
         )
     if args.surface_fusion != "none" and getattr(args, "adaptive_softmax_cutoff", None):
-        raise ValueError(
+        raise ConfigurationError(
             f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
             f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them"
         )
     if args.surface_fusion != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ValueError(
+        raise ConfigurationError(
             f"--surface-fusion reads source word embeddings through the target output projection, which needs "
             f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
         )
 
 
 def check_positive_ints(args, table):
-    """Raise ``ValueError`` for the first value of ``table`` (dest -> flag) that is no positive
+    """Raise ``ConfigurationError`` for the first value of ``table`` (dest -> flag) that is no positive
     integer (e.g. text given by --model-overrides)."""
     for dest, flag in table.items():
         value = getattr(args, dest)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(positive_int_error(flag, value))
+            raise ConfigurationError(positive_int_error(flag, value))
 
 
 def check_switches(args, table):
-    """Raise ``ValueError`` for the first value of ``table`` (dest -> flag) that is not True or
+    """Raise ``ConfigurationError`` for the first value of ``table`` (dest -> flag) that is not True or
     False: a text such as 'yes' from --model-overrides would otherwise read as True."""
     for dest, flag in table.items():
         if not isinstance(getattr(args, dest), bool):
-            raise ValueError(f"{flag} is a switch: True or False, got {getattr(args, dest)!r}")
+            raise ConfigurationError(f"{flag} is a switch: True or False, got {getattr(args, dest)!r}")
 
 
 def check_mlrf_args(args):
@@ -439,7 +440,7 @@ def check_mlrf_args(args):
     if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
             and not args.fusion_no_layer_embedding:
         if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise ValueError(
+            raise ConfigurationError(
                 f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer "
                 "embedding, which needs "
                 f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim}); "

@@ -30,6 +30,7 @@ from .fusion_args import add_fusion_args, check_fusion_args
 from .fusion_decoder import FusionTransformerDecoder
 from .fusion_encoder import FusionTransformerEncoder
 from .layer_stack import install_multi_layer_attention
+from fusion_fairseq.errors import ConfigurationError
 
 
 logger = logging.getLogger(__name__)
@@ -193,9 +194,9 @@ class FusionTransformerModel(TransformerModel):
         if not args.share_all_embeddings:
             return encoder_embed, cls.build_embedding(args, tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
         if src_dict != tgt_dict:
-            raise ValueError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
+            raise ConfigurationError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
         if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise ValueError(
+            raise ConfigurationError(
                 f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
                 f"== --decoder-embed-dim ({args.decoder_embed_dim})"
             )

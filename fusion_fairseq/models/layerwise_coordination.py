@@ -32,6 +32,7 @@ from .fusion_args import (
     positive_int,
     real_in_range,
 )
+from fusion_fairseq.errors import ConfigurationError
 
 SOURCE, TARGET = 0, 1
 SWITCHES = ("normalize_before", "no_scale_embedding", "no_layer_sharing", "no_mixed_attention",
@@ -238,14 +239,14 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
                                    "ffn_embed_dim": "--ffn-embed-dim", "attention_heads": "--attention-heads"})
         check_switches(args, {dest: "--" + dest.replace("_", "-") for dest in SWITCHES})
         if task.source_dictionary != task.target_dictionary:
-            raise ValueError(
+            raise ConfigurationError(
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
                 "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary"
             )
         if args.embed_dim % args.attention_heads:
-            raise ValueError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads {args.attention_heads}")
+            raise ConfigurationError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads {args.attention_heads}")
         if args.no_layer_sharing and args.layers < 2:
-            raise ValueError(f"--no-layer-sharing gives the source --layers - 1 layers of its own, so it needs "
+            raise ConfigurationError(f"--no-layer-sharing gives the source --layers - 1 layers of its own, so it needs "
                              f"--layers 2 or more; --layers is {args.layers}")
         dictionary = task.source_dictionary
         embedding = CoordinationEmbedding(

@@ -1,0 +1,33 @@
+"""Every change the plugin makes to fairseq, torch or the Python process when it is imported, in
+one list. Each is idempotent (the plugin may be imported twice, as ``fusion_fairseq`` and under
+``--user-dir``'s directory name) and has a test that fails without it.
+
+| change | why | upstream | test |
+|---|---|---|---|
+| fairseq's checkpoint types join torch's safe globals | torch >= 2.6 loads weights only and refuses the ``argparse.Namespace`` / omegaconf objects of every fairseq checkpoint | pytorch 2.6's ``weights_only`` default | ``test_checkpoint_safety.py`` |
+| fairseq's ``checkpoint_utils`` reads weights only | fairseq's main branch passes ``weights_only=False``, which runs a crafted pickle | fairseq #5611 | ``test_checkpoint_safety.py::test_safe_loading_holds_when_fairseq_passes_weights_only_false`` |
+| fairseq's checkpoint loads record why they load | only fine-tuning may start parameters a checkpoint lacks | plugin rule | ``test_crafted_checkpoints.py`` |
+| loaded configurations are checked | fairseq ``eval()``s stored strings; overrides could change a trained structure | plugin rule | ``test_crafted_checkpoints.py`` |
+| ``sys.excepthook`` prints a :class:`ConfigurationError` as one line | a refused value is a usage error, not a crash; every other exception keeps its traceback | plugin rule | ``test_plugin_import.py`` |
+| ``data_utils.batch_by_size`` keeps the last partial batch | fairseq drops up to ``--required-batch-size-multiple`` - 1 sentences from generation, validation and every epoch | fairseq #5036 | ``test_fairseq_fixes.py`` |
+| fairseq's multi-process training runs on the CPU | fairseq counts processes in GPUs: ``--cpu --distributed-world-size 2`` fails or trains nothing | plugin fix of fairseq's ``distributed/utils.py`` | ``test_distributed.py`` |
+
+The reasons in full are in the docstrings of the functions listed in :data:`CHANGES`.
+"""
+
+from . import checkpoint_safety, fairseq_fixes
+
+CHANGES = (
+    checkpoint_safety.allow_fairseq_checkpoint_types,
+    checkpoint_safety.read_weights_only,
+    checkpoint_safety.record_checkpoint_loads,
+    checkpoint_safety.check_loaded_configurations,
+    checkpoint_safety.print_configuration_errors_in_one_line,
+    fairseq_fixes.keep_last_partial_batch,
+    fairseq_fixes.train_in_cpu_processes,
+)
+
+
+def apply_all() -> None:
+    for change in CHANGES:
+        change()
