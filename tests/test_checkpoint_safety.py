@@ -27,13 +27,18 @@ def test_safe_loading_is_not_switched_off_globally():
         assert dangerous not in allowed
 
 
-def test_a_checkpoint_carrying_a_callable_is_refused(tmp_path):
+def assert_a_crafted_checkpoint_is_refused(tmp_path):
+    """fairseq's reader refuses a checkpoint carrying a callable, before the callable runs."""
     marker = tmp_path / "pwned"
     crafted = tmp_path / "crafted.pt"
     torch.save({"model": {}, "args": None, "payload": WritesAFileWhenUnpickled(str(marker))}, crafted)
     with pytest.raises(pickle.UnpicklingError, match="weights_only"):
         checkpoint_utils.load_checkpoint_to_cpu(str(crafted))
     assert not marker.exists()
+
+
+def test_a_checkpoint_carrying_a_callable_is_refused(tmp_path):
+    assert_a_crafted_checkpoint_is_refused(tmp_path)
 
 
 def test_a_fairseq_checkpoint_loads_with_default_torch_load(tiny_mlrf_checkpoint):
@@ -76,11 +81,6 @@ def fairseq_main_reader(monkeypatch):
 
 def test_safe_loading_holds_when_fairseq_passes_weights_only_false(fairseq_main_reader, tiny_mlrf_checkpoint,
                                                                       tmp_path):
-    marker = tmp_path / "pwned"
-    crafted = tmp_path / "crafted.pt"
-    torch.save({"model": {}, "args": None, "payload": WritesAFileWhenUnpickled(str(marker))}, crafted)
-    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
-        checkpoint_utils.load_checkpoint_to_cpu(str(crafted))
-    assert not marker.exists()
+    assert_a_crafted_checkpoint_is_refused(tmp_path)
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint])  # honest ones load
     assert type(models[0]).__name__ == "FusionTransformerModel"
