@@ -1,0 +1,122 @@
+"""Half precision checked on the CPU: what ``--fp16`` / ``--bf16`` training and half inference need
+of the models, short of a GPU.
+
+Every registered architecture (``conformance_utils.ARCHITECTURES``), and the fusion modules a
+preset does not switch on (soft and hard SurfaceFusion at the smallest tau, the literal dense
+connection, iterative and linear aggregation with multi-layer attention, coarse layer attention,
+attention aggregation nodes), at Transformer-Base width (d=512, FFN 2048, 8 heads; the convolutional
+DenseNMT: embeddings 512, its preset's layers) with the preset's own depth and the default
+initialisation, on 2 sentences of 6 source and 4 target tokens: in ``bfloat16`` and ``float16``,
+with the model cast and under ``torch.autocast``, the loss and every gradient are finite and the
+loss is within the dtype's tolerance of float32; decoding the cast model incrementally gives the
+full forward's log-probabilities within the same tolerance.
+
+Tolerance: 4 units in the last place of the dtype (``4 * torch.finfo(dtype).eps``, 3.1e-2 for
+bfloat16 and 3.9e-3 for float16), relative, with the same absolute floor: every input and
+weight is rounded to half (half an ulp each) and each layer rounds again; the loss averages
+those errors, and the incremental and full forwards are two differently ordered half
+computations (their log-probabilities of about -5 differ by one bfloat16 ulp, 2^-5 = 0.031, in
+``deeprep_transformer_wmt_en_de``). A log-probability is a difference of logits, so it carries
+the rounding error of the largest logit: the incremental comparison's absolute tolerance is the
+same 4 ulps times the float32 model's largest |logit| (at least 1). That scale is the computed
+function's own, not an overflow: SurfaceFusion's surface scores divided by tau = 0.01 reach 227,
+the literal dense connection (states growing about 2^l with depth) gives logits up to 67, where
+the two bfloat16 forwards differ by 1.2 and 1.5; MLRF's logits stay below 4 (difference 0.019).
+A module that overflows or loses a term shows up as infinities, NaNs or errors of whole units
+at unit scale, far above these bounds.
+
+Half arithmetic on this CPU is slow (a base-width model takes tens of seconds for both dtypes):
+one preset of each family runs always (both dtypes for MLRF, one for the others), the other
+parametrisations are marked ``slow`` and deselected by default (``pytest -m slow
+tests/test_half_precision.py`` runs them).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conformance_utils import ARCHITECTURES, Variant, decode_incrementally, full_forward
+from model_building import build_model
+
+BASE_WIDTH = ("--encoder-embed-dim", "512", "--decoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048",
+              "--decoder-ffn-embed-dim", "2048", "--encoder-attention-heads", "8", "--decoder-attention-heads", "8")
+WIDTH = {
+    "fusion_transformer": BASE_WIDTH,
+    "dense_transformer": BASE_WIDTH,
+    "layerwise_coordination": ("--embed-dim", "512", "--ffn-embed-dim", "2048", "--attention-heads", "8"),
+    "dense_fconv": ("--encoder-embed-dim", "512", "--decoder-embed-dim", "512", "--decoder-out-embed-dim", "512"),
+}
+# run always: one preset per family, in one dtype where both would take too long
+ALWAYS = {("mlrf_iwslt_de_en", "bfloat16"), ("mlrf_iwslt_de_en", "float16"), ("dense_fconv_iwslt_de_en", "float16"),
+          ("dense_transformer_iwslt_de_en", "bfloat16"), ("layerwise_coordination_wmt_en_de", "float16")}
+FEATURES = [
+    Variant("soft-surface-fusion-tau-0.01", "fusion_transformer", ("--surface-fusion", "soft", "--surface-fusion-tau", "0.01")),
+    Variant("hard-surface-fusion-tau-0.01", "fusion_transformer", ("--surface-fusion", "hard", "--surface-fusion-tau", "0.01")),
+    Variant("dense-aggregation-literal", "fusion_transformer",
+            ("--aggregate-encoder", "dense", "--aggregate-decoder", "dense", "--dense-connection", "literal")),
+    Variant("iterative+linear+multi-layer-attention-3", "fusion_transformer",
+            ("--aggregate-encoder", "iterative", "--aggregate-decoder", "linear", "--multi-layer-attention", "3")),
+    Variant("coarse-layer-attention", "fusion_transformer", ("--layer-attention", "coarse")),
+    Variant("hierarchical-attention-nodes", "deeprep_transformer_wmt_en_de", ("--aggregation-fn", "attention")),
+]
+CONFIGURATIONS = [
+    pytest.param(variant, dtype, id=f"{variant.id}-{name}", marks=() if (variant.id, name) in ALWAYS else pytest.mark.slow)
+    for variant in [Variant(arch, arch) for arch in ARCHITECTURES] + FEATURES
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16))
+]
+VOCABULARY, SOURCE_LENGTH, TARGET_LENGTH = 100, 6, 4
+
+
+def tolerance(dtype) -> float:
+    return 4 * torch.finfo(dtype).eps
+
+
+def base_width_model(variant):
+    torch.manual_seed(1)
+    return build_model(variant.arch, *WIDTH[ARCHITECTURES[variant.arch]], *variant.flags, src_vocab=VOCABULARY,
+                       tgt_vocab=VOCABULARY, joined=True).eval()
+
+
+def sentences():
+    generator = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCABULARY, (2, SOURCE_LENGTH), generator=generator)
+    target = torch.randint(4, VOCABULARY, (2, TARGET_LENGTH), generator=generator)
+    prev = torch.cat([torch.full((2, 1), 2), target[:, :-1]], dim=1)  # EOS first, as fairseq's collater
+    return {"src_tokens": src, "src_lengths": torch.full((2,), SOURCE_LENGTH), "prev_output_tokens": prev}, target
+
+
+def loss_and_log_probs(model, net_input, target):
+    encoder_out, _, lprobs = full_forward(model, net_input)
+    return F.nll_loss(lprobs.float().flatten(0, 1), target.flatten()), encoder_out, lprobs
+
+
+def assert_finite_training_step(model, loss):
+    assert torch.isfinite(loss), loss
+    loss.backward()
+    infinite = [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert not infinite, f"gradients not finite: {infinite}"
+
+
+@pytest.mark.parametrize("variant,dtype", CONFIGURATIONS)
+def test_half_precision_matches_float32(variant, dtype):
+    net_input, target = sentences()
+    model = base_width_model(variant)
+    with torch.no_grad():
+        reference = loss_and_log_probs(model, net_input, target)[0].item()
+        logit_scale = max(1.0, full_forward(model, net_input)[1].abs().max().item())
+    close = dict(rtol=tolerance(dtype), atol=tolerance(dtype))
+
+    with torch.autocast("cpu", dtype=dtype):
+        loss = loss_and_log_probs(model, net_input, target)[0]
+    assert_finite_training_step(model, loss)
+    torch.testing.assert_close(loss.item(), reference, **close, msg=lambda m: f"autocast loss: {m}")
+
+    model.zero_grad(set_to_none=True)
+    half = model.to(dtype)
+    loss, encoder_out, lprobs = loss_and_log_probs(half, net_input, target)
+    assert_finite_training_step(half, loss)
+    torch.testing.assert_close(loss.item(), reference, **close, msg=lambda m: f"cast loss: {m}")
+    with torch.no_grad():
+        (_, incremental), _ = decode_incrementally(half, encoder_out, net_input["prev_output_tokens"])
+    torch.testing.assert_close(incremental.float(), lprobs.detach().float(), rtol=tolerance(dtype),
+                               atol=tolerance(dtype) * logit_scale, msg=lambda m: f"incremental decoding: {m}")
