@@ -90,15 +90,18 @@ def test_torchrun_world_is_joined_on_cpu(monkeypatch):
     assert joined.distributed_no_spawn and joined.distributed_backend == "gloo"
 
 
-def test_ddp_backend_c10d_wraps_a_cpu_model(tmp_path):
+def test_ddp_backend_c10d_wraps_a_cpu_model(tmp_path, monkeypatch):
     """fairseq's ``DistributedFairseqModel`` for --ddp-backend c10d passes ``device_ids=[0]``,
     which torch refuses for a CPU module (``ValueError``); with the plugin the CPU model trains."""
+    import sys
+
     import torch
     import torch.distributed as dist
     from fairseq import models
 
     args = Namespace(tpu=False, ddp_backend="c10d", device_id=0, broadcast_buffers=False, bucket_cap_mb=25,
                      find_unused_parameters=False, gradient_as_bucket_view=False, ddp_comm_hook="none")
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # init_process_group wraps it; restored after the test
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         wrapped = models.DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD, torch.device("cpu"))
