@@ -86,21 +86,23 @@ def test_only_configuration_errors_print_as_one_line():
 def test_every_global_change_is_applied_once():
     """fusion_fairseq.global_changes lists every change the plugin makes at import; after import each
     one is in place, and applying them again (the plugin imported under a second name) changes
-    nothing. Each also has a test of its own, named in that module's table."""
-    import sys
-
-    from fairseq import checkpoint_utils
-    from fairseq.data import data_utils
-    from fairseq.distributed import utils as distributed_utils
-
-    from fusion_fairseq import global_changes
-
-    installed = (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,
-                 checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch)
-    assert getattr(installed[0], "prints_configuration_errors_in_one_line", False)
-    assert getattr(installed[1], "_keeps_last_partial_batch", False)
-    assert getattr(installed[2], "_trains_in_cpu_processes", False)
-    assert getattr(installed[3], "checks_loaded_configurations", False)
-    global_changes.apply_all()
-    assert (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,
-            checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch) == installed
+    nothing. Each also has a test of its own, named in that module's table. In a fresh interpreter:
+    other tests' torch.distributed wraps sys.excepthook in this one."""
+    checked = _run_python(
+        "import sys\n"
+        "import fusion_fairseq\n"
+        "from fairseq import checkpoint_utils\n"
+        "from fairseq.data import data_utils\n"
+        "from fairseq.distributed import utils as distributed_utils\n"
+        "from fusion_fairseq import global_changes\n"
+        "def installed():\n"
+        "    return (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,\n"
+        "            checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch)\n"
+        "before = installed()\n"
+        "marks = ['prints_configuration_errors_in_one_line', '_keeps_last_partial_batch', '_trains_in_cpu_processes',\n"
+        "         'checks_loaded_configurations']\n"
+        "print(len(global_changes.CHANGES), [bool(getattr(f, m, False)) for f, m in zip(before, marks)])\n"
+        "global_changes.apply_all()\n"
+        "print(installed() == before)\n")
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    assert checked.stdout.split("\n")[:2] == ["7 [True, True, True, True]", "True"]
