@@ -57,14 +57,19 @@ def test_a_non_empty_databin_is_refused(tmp_path):
     assert (databin / "dict.de.txt").read_text() == "mine 1\n"
 
 
-@pytest.mark.parametrize("force", [[], ["--force"]])
-@pytest.mark.parametrize("subdir", ["", "raw"])
-def test_from_and_dest_the_same_directory_is_refused_even_with_force(tmp_path, force, subdir):
-    raw = tmp_path / "multi30k" / subdir
+def write_raw_multi30k(raw):
+    """A folder of raw Multi30k files, one line each."""
     raw.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val", "test_2016_flickr"):
         for lang in ("de", "en"):
             (raw / f"{split}.{lang}").write_text(f"{split} {lang} text\n")
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+@pytest.mark.parametrize("subdir", ["", "raw"])
+def test_from_and_dest_the_same_directory_is_refused_even_with_force(tmp_path, force, subdir):
+    raw = tmp_path / "multi30k" / subdir
+    write_raw_multi30k(raw)
     before = snapshot(raw)
     result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", tmp_path / "multi30k", *force)
     assert result.returncode == 2, result.stderr
@@ -76,10 +81,7 @@ def test_from_and_dest_the_same_directory_is_refused_even_with_force(tmp_path, f
 def test_a_dest_inside_from_is_refused(tmp_path, force):
     """The recipe searches --from for its raw files: a rerun found its own copies (cp: same file)."""
     raw = tmp_path / "multi30k"
-    raw.mkdir()
-    for split in ("train", "val", "test_2016_flickr"):
-        for lang in ("de", "en"):
-            (raw / f"{split}.{lang}").write_text(f"{split} {lang} text\n")
+    write_raw_multi30k(raw)
     before = snapshot(raw)
     result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", raw / "out", *force)
     assert result.returncode == 2, result.stderr
