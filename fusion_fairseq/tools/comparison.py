@@ -2,7 +2,7 @@
 
 ``python scripts/compare_methods.py`` (this module's :func:`main`) trains fairseq's vanilla
 ``transformer`` and one headline configuration of every paper implemented by the plugin on
-Multi30k De->En (train / val / test_2016_flickr), with the *same* data (one joint BPE, one joined
+Multi30k De->En (train / val, four test sets), with the *same* data (one joint BPE, one joined
 dictionary), optimiser, learning-rate schedule, batch size, update budget and seeds, then writes
 
 * ``results.json`` -- every setting, every run (per seed: sacreBLEU, tokenised BLEU, parameters,
@@ -23,17 +23,19 @@ of the dense Transformer.
 Resumable. Every (method, seed) run lives in ``OUT/runs/METHOD/seedS/``. A finished run has the
 marker ``done.json`` (holding its test BLEU) and is never retrained; an unfinished run resumes from
 its ``checkpoints/checkpoint_last.pt`` (fairseq restores it by itself in the same ``--save-dir``,
-mid-epoch included), so the table can be produced in pieces across sessions. A run whose stored
+mid-epoch included), so the table can be produced in pieces over many invocations. A run whose stored
 settings differ from the ones asked for is refused (use another ``--out``). A lock file per run keeps
 two invocations on one ``--out`` from training the same run. Runs are ordered seed-major, so the
 first pieces are a complete one-seed comparison.
 
-Each run is one worker process (``python -m fusion_fairseq.tools.comparison _worker RUN_DIR``) that trains
-with fairseq-train's own code in-process and then translates and scores the test set exactly as
+Each step of a run is one worker process: ``python -m fusion_fairseq.tools.comparison _train RUN_DIR
+UPDATES`` trains with fairseq-train's own code in-process up to UPDATES; ``_evaluate RUN_DIR BUDGET``
+translates and scores every test set with the best and the averaged checkpoint exactly as
 ``scripts/evaluate.sh`` does (fairseq-generate, beam 5, ``--remove-bpe``, then
 ``scripts/recipe_tool.py`` hyps / detok / bleu: detokenised sacreBLEU against the raw reference and
-tokenised BLEU against the Moses-tokenised reference, case-insensitive as the data are lowercased),
-one Python start-up per run instead of three.
+tokenised BLEU against the Moses-tokenised reference, case-insensitive as the data are lowercased).
+``--max-update auto`` calibrates the budget, ``composition`` adds the eighth configuration (see
+:data:`BUDGET_RULE` and :data:`COMPOSITION_RULE`).
 """
 
 import argparse
