@@ -374,31 +374,13 @@ def _require_literal_field(text, kind, where, built):
 # strict load passes and the model computes another function. So, in loads through
 # ``load_model_ensemble_and_task`` (fairseq-generate, -interactive, -validate, hub models, the
 # analysis scripts: never fine-tuning, whose model is built from the command line and whose load
-# takes no overrides), an override may set a flag of :data:`STRUCTURAL_FLAGS` only when the
+# takes no overrides), an override may set a structural flag (:func:`structural_flags`) only when the
 # checkpoint's stored model configuration lacks that field (saved before the flag existed: the
 # model's own checks then name the value it needs, e.g. ``dense_connection``, ``summary_layer``,
 # ``residual_dim``) or holds the same value. Flags that tune a trained model (dropouts,
 # SurfaceFusion's lambda and tau, DropConnect) and the analysis flag ``mask_encoder_layer`` stay
 # free. The refusal comes after the load itself, so an override that needs parameters the
 # checkpoint lacks still fails naming them.
-
-_DENSE_FLAGS = ("growth_dim", "summary_every", "dense_attention", "embed_bottleneck_dim", "no_dense_encoder",
-                "no_dense_decoder")
-STRUCTURAL_FLAGS = {
-    "fusion_transformer": (
-        "fuse_encoder", "fuse_decoder", "fusion_hops", "fusion_attn_dim", "fusion_ffn_dim", "fusion_independent_w1",
-        "fusion_no_embedding_layer", "fusion_no_layer_embedding", "fusion_no_layernorm",
-        "aggregate_encoder", "aggregate_decoder", "dense_connection", "aggregation_fn", "aggregation_residual",
-        "multi_layer_attention", "layer_attention", "surface_fusion", "surface_fusion_variant",
-    ),
-    "dense_transformer": _DENSE_FLAGS,
-    "dense_fconv": _DENSE_FLAGS + ("summary_layer", "residual_dim"),
-    "layerwise_coordination": (
-        "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "no_scale_embedding",
-        "no_layer_sharing", "no_mixed_attention", "no_language_embedding", "no_position_embedding",
-    ),
-}
-
 
 class StructuralOverrideError(ConfigurationError):
     """--model-overrides changes a structural flag against the checkpoint's configuration."""
@@ -431,15 +413,20 @@ def architecture(model_config):
 
 
 def structural_flags(model_config):
-    """The :data:`STRUCTURAL_FLAGS` of the plugin model whose architecture ``model_config`` names."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+    """The structural fields of the plugin model whose architecture ``model_config`` names (those
+    its typed configuration marks ``structural``, see ``fusion_fairseq.models.config``); none for
+    fairseq's own models."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
+    from fusion_fairseq.models.config import structural_fields
 
-    return STRUCTURAL_FLAGS.get(ARCH_MODEL_NAME_REGISTRY.get(architecture(model_config)), ())
+    model = MODEL_REGISTRY.get(ARCH_MODEL_NAME_REGISTRY.get(architecture(model_config)))
+    config = getattr(model, "config_class", None)
+    return structural_fields(config) if config is not None else ()
 
 
 def structure(model_config):
     """The structural configuration: ``{"arch": architecture, flag: value}`` for the model's
-    :data:`STRUCTURAL_FLAGS` (``_ABSENT`` where the configuration lacks the field)."""
+    :func:`structural_flags` (``_ABSENT`` where the configuration lacks the field)."""
     return {"arch": architecture(model_config),
             **{flag: stored_value(model_config, flag) for flag in structural_flags(model_config)}}
 

@@ -9,7 +9,7 @@ import pytest
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fusion_fairseq.models import FusionTransformerModel
-from fusion_fairseq.models.fusion_args import check_fusion_args
+from fusion_fairseq.models.fusion_config import check_fusion_args
 from conftest import TINY_MLRF_FLAGS, USER_DIR
 from model_building import build_model, dictionary_of_size, parse_model_args
 
@@ -49,7 +49,7 @@ def valid_args(**changes):
 @pytest.mark.parametrize(
     "changes,message",
     [
-        ({"fuse_decoder": "median"}, "--fuse-decoder got 'median'; allowed: none, avg, fnn, sa"),
+        ({"fuse_decoder": "median"}, "--fuse-decoder must be one of none, avg, fnn, sa, got 'median'"),
         ({"fusion_hops": 0}, "--fusion-hops must be a positive integer, got 0"),
         ({"fusion_attn_dim": -1}, "--fusion-attn-dim must be a positive integer, got -1"),
         ({"fusion_ffn_dim": 2.5}, "--fusion-ffn-dim must be a positive integer, got 2.5"),
@@ -289,7 +289,7 @@ def test_build_time_errors_print_one_line(tiny_data_bin, tmp_path, flags, messag
     ("layerwise_coordination", {"no_layer_sharing": "yes"}, "--no-layer-sharing is a switch: True or False, got 'yes'"),
     ("dense_fconv", {"embed_bottleneck_dim": "64"}, "--embed-bottleneck-dim must be a positive integer, got '64'"),
     ("dense_fconv", {"growth_dim": "64"}, "--growth-dim must be a positive integer, got '64'"),
-    ("dense_transformer", {"summary_every": "5"}, "--summary-every must be 0 (no summary layers) or >= 2"),
+    ("dense_transformer", {"summary_every": "5"}, "--summary-every must be 0 (no summary layers) or an integer >= 2"),
     # a text switch read as True, a text width handed to torch, a text kernel compared with 0
     ("dense_fconv", {"no_dense_encoder": "yes"}, "--no-dense-encoder is a switch: True or False, got 'yes'"),
     ("dense_transformer", {"no_dense_decoder": "no"}, "--no-dense-decoder is a switch: True or False, got 'no'"),

@@ -114,7 +114,7 @@ def test_dense_connection_layernorm_normalises_eq4_without_parameters():
 
 
 def test_dense_connection_unknown_reading_is_an_error():
-    with pytest.raises(ValueError, match="--dense-connection got 'half'; allowed: layernorm, literal, sum, mean"):
+    with pytest.raises(ValueError, match="DenseConnection reading must be one of layernorm, literal, sum, mean, got 'half'"):
         DenseConnection(3, "half")
 
 

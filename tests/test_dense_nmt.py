@@ -290,7 +290,7 @@ def test_bad_values_are_clear_errors(arch):
         tiny_model(arch, "--no-dense-encoder", "--no-dense-decoder", "--summary-every", "2")
     model_cls = type(tiny_model(arch))
     for changes, message in [({"growth_dim": 0}, "--growth-dim must be a positive integer, got 0"),
-                             ({"summary_every": 1}, r"--summary-every must be 0 \(no summary layers\) or >= 2"),
+                             ({"summary_every": 1}, r"--summary-every must be 0 \(no summary layers\) or an integer >= 2"),
                              ({"dense_attention": "3"}, "--dense-attention must be one of none, 1, 2")]:
         args = parse_model_args(arch, *TINY[arch])
         vars(args).update(changes)

@@ -218,7 +218,7 @@ def test_bad_surface_fusion_variant_is_refused(capsys):
     args = parse_model_args("fusion_transformer", *TINY, "--surface-fusion", "hard")
     args.surface_fusion_variant = "authors"
     model = build_model("fusion_transformer", *TINY)
-    with pytest.raises(ValueError, match="--surface-fusion-variant got 'authors'; allowed: paper, released"):
+    with pytest.raises(ValueError, match="--surface-fusion-variant must be one of paper, released, got 'authors'"):
         type(model).build_model(args, SimpleNamespace(source_dictionary=model.encoder.dictionary,
                                                         target_dictionary=model.decoder.dictionary))
 

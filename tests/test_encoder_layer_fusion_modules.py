@@ -54,9 +54,9 @@ def test_masking_a_layer_renormalises_the_others_exactly(kind):
 
 def test_masking_a_layer_that_does_not_exist_is_an_error():
     attention = LayerAttention(num_decoder_layers=2, num_encoder_layers=3, embed_dim=4)
-    with pytest.raises(ValueError, match=r"--mask-encoder-layer 4 does not exist: the encoder has layers 0 \(embedding\) to 3"):
+    with pytest.raises(ValueError, match=r"LayerAttention cannot mask input 4: its inputs are encoder layers 0 \(embedding\) to 3"):
         attention.mask_layer(4)
-    with pytest.raises(ValueError, match="--mask-encoder-layer -1 does not exist"):
+    with pytest.raises(ValueError, match="LayerAttention cannot mask input -1"):
         attention.mask_layer(-1)
 
 
@@ -152,10 +152,10 @@ def test_surface_attention_projects_the_memory_once_per_sentence_and_follows_bea
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"lam": 1.5}, r"--surface-fusion-lambda must be in \[0, 1\], got 1.5"),
-    ({"lam": -0.1}, r"--surface-fusion-lambda must be in \[0, 1\], got -0.1"),
-    ({"tau": 0.0}, "--surface-fusion-tau must be > 0, got 0.0"),
-    ({"kind": "medium"}, "--surface-fusion 'medium'; allowed: hard, soft"),
+    ({"lam": 1.5}, r"SurfaceFusion lam \(Eq. 6\) must be in \[0, 1\], got 1.5"),
+    ({"lam": -0.1}, r"SurfaceFusion lam \(Eq. 6\) must be in \[0, 1\], got -0.1"),
+    ({"tau": 0.0}, r"SurfaceFusion tau \(Eq. 5\) must be > 0, got 0.0"),
+    ({"kind": "medium"}, "SurfaceFusion kind must be hard or soft, got 'medium'"),
 ])
 def test_surface_fusion_rejects_bad_settings(kwargs, message):
     settings = {"kind": "hard", "embed_dim": 8, "num_heads": 2, "lam": 0.8, "tau": 1.0, **kwargs}

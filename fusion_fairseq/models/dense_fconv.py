@@ -25,9 +25,9 @@ syntax) is a layer's hidden size d and kernel width k - for a dense side, d is i
 dimension; for a residual side, its width. ``--growth-dim`` replaces every d at once.
 """
 
-import argparse
 import logging
 import math
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -58,13 +58,19 @@ from fusion_fairseq.modules.dense_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import (
-    architecture_default,
-    check_dropout_args,
-    check_positive_ints,
-    check_switches,
-    positive_int,
-    warn_unused_flags,
+from .config import (
+    POSITIVE_INT,
+    PROBABILITY,
+    SWITCH,
+    Feature,
+    Values,
+    add_arguments,
+    check_values,
+    choice,
+    fill_defaults,
+    option,
+    set_defaults,
+    warn_idle_flags,
 )
 from fusion_fairseq.errors import ConfigurationError
 
@@ -75,74 +81,69 @@ _PLACEHOLDER_SPEC = ((1, 1),)
 
 
 # --------------------------------------------------------------------------------------------
-# flags shared with the dense Transformer
+# configuration, shared with the dense Transformer
 # --------------------------------------------------------------------------------------------
 
-def summary_interval(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0 or value == 1:
-        raise argparse.ArgumentTypeError(
-            f"--summary-every must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary "
-            f"layer after every sumlen-1 layers), got {text!r}"
-        )
-    return value
+SUMMARY_INTERVAL = Values(
+    "must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary layer after every sumlen-1 "
+    "layers)", lambda value: type(value) is int and (value == 0 or value >= 2), int)
+SUMMARY_LAYER_KINDS = ("conv", "linear")
+DENSE_SIDE = Feature(lambda a: not (a.no_dense_encoder and a.no_dense_decoder),
+                     lambda a: "both --no-dense-encoder and --no-dense-decoder are set")
+RESIDUAL_SIDE = Feature(lambda a: a.no_dense_encoder or a.no_dense_decoder,
+                        lambda a: "neither --no-dense-encoder nor --no-dense-decoder is set")
+SUMMARY_LAYERS = Feature(lambda a: a.summary_every > 0, lambda a: f"--summary-every is {a.summary_every} (no summary layers)")
 
 
-def add_dense_args(parser):
-    parser.add_argument("--growth-dim", type=positive_int("--growth-dim"), metavar="D",
-                        help="hidden size of every layer: the new features each dense layer adds (Eq. 6/7), the "
-                        "width of a residual side unless --residual-dim is set (default: the per-layer sizes of "
-                        "the architecture)")
-    parser.add_argument("--summary-every", type=summary_interval, metavar="SUMLEN",
-                        help="Sec. 3.3 sumlen: one summary layer (projection back to the embedding size) after "
-                        "every SUMLEN-1 layers of a dense side; 0 = none (paper: 5 or 6 for deep models)")
-    parser.add_argument("--dense-attention", choices=DENSE_ATTENTION_KINDS,
-                        help="none: multi-step attention over the top encoder layer; 1: DenseAtt-1 (Eq. 9); "
-                        "2: DenseAtt-2 (Eq. 10)")
-    parser.add_argument("--embed-bottleneck-dim", type=positive_int("--embed-bottleneck-dim"), metavar="E",
-                        help="Sec. 4.2: source/target embeddings and softmax matrix of width E, projected back to "
-                        "the embedding size (must not exceed it)")
-    parser.add_argument("--no-dense-encoder", action="store_true",
-                        help="ablation (Table 2): residual encoder")
-    parser.add_argument("--no-dense-decoder", action="store_true",
-                        help="ablation (Table 2): residual decoder")
+@dataclass
+class DenseConfig:
+    """DenseNMT's flags (Shen et al. 2018), common to its ConvS2S and Transformer models."""
+
+    dropout: float = option(values=PROBABILITY, fairseqs=True)
+    attention_dropout: float = option(values=PROBABILITY, fairseqs=True)
+    activation_dropout: float = option(values=PROBABILITY, fairseqs=True)
+    growth_dim: Optional[int] = option(
+        None, "hidden size of every layer: the new features each dense layer adds (Eq. 6/7), the width of a residual "
+        "side unless --residual-dim is set (default: the per-layer sizes of the architecture)", POSITIVE_INT,
+        metavar="D", structural=True, read_by=DENSE_SIDE, idle_reason="it is the dense layers' width")
+    summary_every: int = option(
+        0, "Sec. 3.3 sumlen: one summary layer (projection back to the embedding size) after every SUMLEN-1 layers "
+        "of a dense side; 0 = none (paper: 5 or 6 for deep models)", SUMMARY_INTERVAL, metavar="SUMLEN",
+        structural=True)
+    dense_attention: str = option(
+        "2", "none: multi-step attention over the top encoder layer; 1: DenseAtt-1 (Eq. 9); 2: DenseAtt-2 (Eq. 10)",
+        choice(DENSE_ATTENTION_KINDS), structural=True)
+    embed_bottleneck_dim: Optional[int] = option(
+        None, "Sec. 4.2: source/target embeddings and softmax matrix of width E, projected back to the embedding "
+        "size (must not exceed it)", POSITIVE_INT, metavar="E", structural=True)
+    no_dense_encoder: bool = option(False, "ablation (Table 2): residual encoder", SWITCH, structural=True)
+    no_dense_decoder: bool = option(False, "ablation (Table 2): residual decoder", SWITCH, structural=True)
 
 
-def set_dense_defaults(args, dense_attention: str = "2", summary_every: int = 0):
-    args.growth_dim = getattr(args, "growth_dim", None)
-    args.summary_every = getattr(args, "summary_every", None)
-    if args.summary_every is None:
-        args.summary_every = summary_every
-    args.dense_attention = getattr(args, "dense_attention", None) or dense_attention
-    args.embed_bottleneck_dim = getattr(args, "embed_bottleneck_dim", None)
-    args.no_dense_encoder = getattr(args, "no_dense_encoder", False)
-    args.no_dense_decoder = getattr(args, "no_dense_decoder", False)
+@dataclass
+class DenseFConvConfig(DenseConfig):
+    """``--arch dense_fconv``: DenseNMT's flags beside fairseq's ConvS2S's."""
+
+    summary_layer: str = option(
+        "conv", "Sec. 3.3 summary layer: conv = a convolution layer + GLU of the stack's kernel width (default; "
+        "reproduces En-De-15's 20%% fewer parameters than ConvS2S), linear = a position-wise linear projection",
+        choice(SUMMARY_LAYER_KINDS), structural=True, read_by=SUMMARY_LAYERS,
+        idle_reason="it is the kind of the summary layers")
+    residual_dim: Optional[int] = option(
+        None, "width of every layer of a residual side (--no-dense-encoder/--no-dense-decoder): the residual BASE "
+        "model's (Table 2 ablations keep it; default: the IWSLT presets' BASE-4L 256 / BASE-8L 192, else the layer "
+        "sizes)", POSITIVE_INT, metavar="D", structural=True, read_by=RESIDUAL_SIDE,
+        idle_reason="it is the width of a residual side")
+    decoder_attention: str = option(
+        fairseqs=True, read_by=Feature(lambda a: False, lambda a: "it cannot be switched off"),
+        idle_reason="the dense_fconv decoder attends to the source in every layer (Sec. 3.2)")
 
 
-def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
+def check_dense_args(args, config, embed_dims: Sequence[Tuple[str, int]]):
     """Errors naming the flag, the value and what is allowed, for args that did not come through
-    argparse (or combinations argparse cannot see)."""
-    check_dropout_args(args)
-    check_switches(args, {"no_dense_encoder": "--no-dense-encoder", "no_dense_decoder": "--no-dense-decoder"})
-    if args.growth_dim is not None and (type(args.growth_dim) is not int or args.growth_dim <= 0):
-        raise ConfigurationError(f"--growth-dim must be a positive integer, got {args.growth_dim!r}")
-    if getattr(args, "residual_dim", None) is not None:
-        check_positive_ints(args, {"residual_dim": "--residual-dim"})
-    if args.no_dense_encoder and args.no_dense_decoder and args.growth_dim != architecture_default(args, "growth_dim"):
-        logger.warning("flag without effect: --growth-dim %s: it is the dense layers' width, and both "
-                       "--no-dense-encoder and --no-dense-decoder are set", args.growth_dim)
-    if type(args.summary_every) is not int or args.summary_every < 0 or args.summary_every == 1:
-        raise ConfigurationError(
-            f"--summary-every must be 0 (no summary layers) or >= 2 (one summary layer after every "
-            f"sumlen-1 layers), got {args.summary_every}"
-        )
-    if args.dense_attention not in DENSE_ATTENTION_KINDS:
-        raise ConfigurationError(f"--dense-attention must be one of {', '.join(DENSE_ATTENTION_KINDS)}, got {args.dense_attention!r}")
+    argparse (or combinations argparse cannot see); warnings for idle flags."""
+    check_values(args, config)
     if args.embed_bottleneck_dim is not None:
-        check_positive_ints(args, {"embed_bottleneck_dim": "--embed-bottleneck-dim"})
         for flag, width in embed_dims:
             if args.embed_bottleneck_dim > width:
                 raise ConfigurationError(
@@ -154,6 +155,7 @@ def check_dense_args(args, embed_dims: Sequence[Tuple[str, int]]):
             f"--summary-every {args.summary_every} needs a dense side: summary layers only exist in dense stacks, "
             "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)"
         )
+    warn_idle_flags(args, config)
     warn_idle_summary_every(args)
 
 
@@ -504,9 +506,6 @@ class DenseFConvDecoder(FConvDecoder):
 # model and architectures
 # --------------------------------------------------------------------------------------------
 
-SUMMARY_LAYER_KINDS = ("conv", "linear")
-
-
 def side_layers(args, side: str) -> List[Tuple[int, int]]:
     """``(width, kernel)`` per layer of one side. A residual side in a dense model (the Table 2
     ablations) has the residual BASE model's width (``--residual-dim``), not the growth size:
@@ -519,39 +518,21 @@ def side_layers(args, side: str) -> List[Tuple[int, int]]:
     return layers
 
 
-# dest -> (what reads it, whether this configuration does, the configuration that says it does not);
-# see fusion_args.IDLE_FLAG_RULES
-IDLE_FLAG_RULES = {
-    "summary_layer": ("it is the kind of the summary layers", lambda a: a.summary_every > 0,
-                      lambda a: f"--summary-every is {a.summary_every} (no summary layers)"),
-    "residual_dim": ("it is the width of a residual side", lambda a: a.no_dense_encoder or a.no_dense_decoder,
-                     lambda a: "neither --no-dense-encoder nor --no-dense-decoder is set"),
-    "decoder_attention": ("the dense_fconv decoder attends to the source in every layer (Sec. 3.2)",
-                          lambda a: False, lambda a: "it cannot be switched off"),
-}
-
-
 @register_model("dense_fconv")
 class DenseFConvModel(FConvModel):
     """DenseNMT (Shen et al. 2018) on fairseq's ConvS2S."""
 
+    config_class = DenseFConvConfig
+
     @staticmethod
     def add_args(parser):
         FConvModel.add_args(parser)
-        add_dense_args(parser)
-        parser.add_argument("--summary-layer", choices=SUMMARY_LAYER_KINDS, metavar="{conv,linear}",
-                            help="Sec. 3.3 summary layer: conv = a convolution layer + GLU of the stack's kernel "
-                            "width (default; reproduces En-De-15's 20%% fewer parameters than ConvS2S), "
-                            "linear = a position-wise linear projection")
-        parser.add_argument("--residual-dim", type=positive_int("--residual-dim"), metavar="D",
-                            help="width of every layer of a residual side (--no-dense-encoder/--no-dense-decoder): "
-                            "the residual BASE model's (Table 2 ablations keep it; default: the IWSLT presets' "
-                            "BASE-4L 256 / BASE-8L 192, else the layer sizes)")
+        add_arguments(parser, DenseFConvConfig)
 
     @classmethod
     def build_model(cls, args, task):
         dense_fconv(args)
-        check_dense_args(args, [("--encoder-embed-dim", args.encoder_embed_dim),
+        check_dense_args(args, DenseFConvConfig, [("--encoder-embed-dim", args.encoder_embed_dim),
                                 ("--decoder-embed-dim", args.decoder_embed_dim)])
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ConfigurationError(
@@ -561,9 +542,6 @@ class DenseFConvModel(FConvModel):
         for flag in ("encoder_embed_path", "decoder_embed_path"):
             if getattr(args, flag, None):
                 raise ConfigurationError(f"--{flag.replace('_', '-')} is not supported by dense_fconv")
-        if args.summary_layer not in SUMMARY_LAYER_KINDS:
-            raise ConfigurationError(f"--summary-layer got {args.summary_layer!r}; allowed: {', '.join(SUMMARY_LAYER_KINDS)}")
-        warn_unused_flags(args, IDLE_FLAG_RULES)
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_out_embed_dim = args.embed_bottleneck_dim
@@ -592,10 +570,8 @@ def dense_fconv(args):
     DenseNMT-En-De-15 have "20% fewer parameters" than ConvS2S (Sec. 5.4; 0.80 of ``fconv_wmt_en_de``
     with 40k vocabularies, against 0.66 with linear summary layers); ``--summary-layer linear`` keeps
     the other reading."""
-    set_dense_defaults(args, dense_attention="2", summary_every=0)
-    args.summary_layer = getattr(args, "summary_layer", "conv")
-    args.residual_dim = getattr(args, "residual_dim", None)
     fconv_base_architecture(args)
+    fill_defaults(args, DenseFConvConfig)
 
 
 @register_model_architecture("dense_fconv", "dense_fconv_iwslt_de_en")
@@ -603,12 +579,11 @@ def dense_fconv_iwslt_de_en(args):
     """DenseNMT-4L-2 (Sec. 4.2, Table 1): 4-layer encoder and decoder, embedding size 256, hidden
     (growth) size 128 "in order to keep the model size consistent" with BASE-4L (256 everywhere),
     DenseAtt-2, no summary layers; ``--dense-attention 1`` gives DenseNMT-4L-1."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.encoder_layers = getattr(args, "encoder_layers", "[(128, 3)] * 4")
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.decoder_layers = getattr(args, "decoder_layers", "[(128, 3)] * 4")
-    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", 256)
-    args.residual_dim = getattr(args, "residual_dim", 256)  # BASE-4L's width, for the Table 2 ablations
+    set_defaults(
+        args, encoder_embed_dim=256, encoder_layers="[(128, 3)] * 4", decoder_embed_dim=256,
+        decoder_layers="[(128, 3)] * 4", decoder_out_embed_dim=256,
+        residual_dim=256,  # BASE-4L's width, for the Table 2 ablations
+    )
     dense_fconv(args)
 
 
@@ -620,13 +595,13 @@ def dense_fconv_iwslt_de_en_8l(args):
     summary layers about 10%, with conv ones 30% (see examples/dense_nmt/README.md). No single
     summary-layer reading gives both this preset's "similar number of parameters" and En-De-15's
     "20% fewer parameters" than ConvS2S; each preset takes the one that reproduces its own."""
-    args.encoder_layers = getattr(args, "encoder_layers", "[(96, 3)] * 8")
-    args.decoder_layers = getattr(args, "decoder_layers", "[(96, 3)] * 8")
-    args.residual_dim = getattr(args, "residual_dim", 192)  # BASE-8L's width
     # Sec. 4.2 wants the 8-layer models about BASE-8L's size: with linear summary layers 1.10x
     # BASE-8L (IWSLT14 vocabularies), with conv summary layers 1.30x (no summary layers: 1.33x)
-    args.summary_layer = getattr(args, "summary_layer", "linear")
-    set_dense_defaults(args, dense_attention="2", summary_every=5)
+    set_defaults(
+        args, encoder_layers="[(96, 3)] * 8", decoder_layers="[(96, 3)] * 8",
+        residual_dim=192,  # BASE-8L's width
+        summary_layer="linear", summary_every=5,
+    )
     dense_fconv_iwslt_de_en(args)
 
 
@@ -640,10 +615,6 @@ def dense_fconv_wmt_en_de(args):
     ``fconv_wmt_en_de``'s parameters with 40k vocabularies, the paper's "20% fewer" (linear summary
     layers: 0.661)."""
     layers = "[(128, 3)] * 9 + [(256, 3)] * 4 + [(512, 1)] * 2"
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 768)
-    args.encoder_layers = getattr(args, "encoder_layers", layers)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 768)
-    args.decoder_layers = getattr(args, "decoder_layers", layers)
-    args.decoder_out_embed_dim = getattr(args, "decoder_out_embed_dim", 512)
-    set_dense_defaults(args, dense_attention="2", summary_every=6)
+    set_defaults(args, encoder_embed_dim=768, encoder_layers=layers, decoder_embed_dim=768, decoder_layers=layers,
+                 decoder_out_embed_dim=512, summary_every=6)
     dense_fconv(args)

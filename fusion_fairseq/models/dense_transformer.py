@@ -22,6 +22,7 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
 
 import argparse
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -47,7 +48,8 @@ from fusion_fairseq.modules.dense_connection import (
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import LayerCheckpointing
-from .dense_fconv import add_dense_args, check_dense_args, set_dense_defaults
+from .config import POSITIVE_INT, add_arguments, fill_defaults, option, set_defaults
+from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
 from fusion_fairseq.errors import ConfigurationError
 
 
@@ -297,21 +299,34 @@ class DenseTransformerDecoder(TransformerDecoder):
         return [self.embed_dim] * len(self.layers)
 
 
+@dataclass
+class DenseTransformerConfig(DenseConfig):
+    """``--arch dense_transformer``: DenseNMT's flags beside fairseq's Transformer's; the growth
+    dimension defaults to half the embedding size."""
+
+    growth_dim: int = option(
+        None, "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding "
+        "size", POSITIVE_INT, metavar="D", derive=lambda args: args.encoder_embed_dim // 2, structural=True,
+        read_by=DENSE_SIDE, idle_reason="it is the dense layers' width")
+
+
 @register_model("dense_transformer")
 class DenseTransformerModel(TransformerModel):
     """DenseNMT's dense encoder/decoder, dense attention, summary layers and small embeddings on
     fairseq's Transformer."""
 
+    config_class = DenseTransformerConfig
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_dense_args(parser)
+        add_arguments(parser, DenseTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
         dense_transformer(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        check_dense_args(args, [("--encoder-embed-dim", args.encoder_embed_dim),
+        check_dense_args(args, DenseTransformerConfig, [("--encoder-embed-dim", args.encoder_embed_dim),
                                 ("--decoder-embed-dim", args.decoder_embed_dim)])
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")
@@ -356,10 +371,8 @@ class DenseTransformerModel(TransformerModel):
 @register_model_architecture("dense_transformer", "dense_transformer")
 def dense_transformer(args):
     """Defaults: fairseq's ``transformer`` widths; growth dimension half the embedding size."""
-    set_dense_defaults(args, dense_attention="2", summary_every=0)
     transformer_base_architecture(args)
-    if args.growth_dim is None:
-        args.growth_dim = args.encoder_embed_dim // 2
+    fill_defaults(args, DenseTransformerConfig)
 
 
 @register_model_architecture("dense_transformer", "dense_transformer_iwslt_de_en")
@@ -368,14 +381,9 @@ def dense_transformer_iwslt_de_en(args):
     FFN 1024, 4 heads): embedding size d0 = 512, growth (layer width) 384, FFN 1024, DenseAtt-2 and
     summary layers with sumlen = 4 (one after layer 3 of 6), chosen so that the model has about the
     size of the residual baseline (41.6M vs 42.9M parameters, see examples/dense_nmt/README.md)."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = getattr(args, "encoder_layers", 6)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 512)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.decoder_layers = getattr(args, "decoder_layers", 6)
-    args.growth_dim = getattr(args, "growth_dim", None) or 384
-    set_dense_defaults(args, dense_attention="2", summary_every=4)
+    set_defaults(
+        args, encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, encoder_layers=6,
+        decoder_embed_dim=512, decoder_ffn_embed_dim=1024, decoder_attention_heads=4, decoder_layers=6,
+        growth_dim=384, summary_every=4,
+    )
     dense_transformer(args)

@@ -8,7 +8,7 @@ stack, and fusion strategies plug in where the stack is read:
   * the output distribution (``--surface-fusion``, Liu et al. 2021)
 Any combination the maths allows can be set at once, e.g. MLRF's Both-FNN-SA, or fine-grained
 layer attention with decoder-side SA fusion and soft SurfaceFusion; combinations that define
-the same thing twice are refused with an error (see ``fusion_args.check_fusion_args``).
+the same thing twice are refused with an error (see ``fusion_config.check_fusion_args``).
 """
 
 import logging
@@ -26,7 +26,8 @@ from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fu
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import add_fusion_args, check_fusion_args
+from .config import add_arguments, fill_defaults, set_defaults
+from .fusion_config import FusionTransformerConfig, check_fusion_args
 from .fusion_decoder import FusionTransformerDecoder
 from .fusion_encoder import FusionTransformerEncoder
 from .layer_stack import install_multi_layer_attention
@@ -120,10 +121,12 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
 class FusionTransformerModel(TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
 
+    config_class = FusionTransformerConfig
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_fusion_args(parser)
+        add_arguments(parser, FusionTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
@@ -204,53 +207,11 @@ class FusionTransformerModel(TransformerModel):
         return encoder_embed, encoder_embed
 
 
-def fusion_defaults(args):
-    """Fusion flags left unset get: no fusion, 4 hops, da = 4d and df = 2d (the ratios of the
-    paper's IWSLT setting, d=256, da=1024, df=512)."""
-    args.fuse_encoder = getattr(args, "fuse_encoder", "none")
-    args.fuse_decoder = getattr(args, "fuse_decoder", "none")
-    args.fusion_hops = getattr(args, "fusion_hops", 4)
-    args.fusion_attn_dim = getattr(args, "fusion_attn_dim", 4 * args.encoder_embed_dim)
-    args.fusion_ffn_dim = getattr(args, "fusion_ffn_dim", 2 * args.encoder_embed_dim)
-    args.fusion_independent_w1 = getattr(args, "fusion_independent_w1", False)
-    args.fusion_no_embedding_layer = getattr(args, "fusion_no_embedding_layer", False)
-    args.fusion_no_layer_embedding = getattr(args, "fusion_no_layer_embedding", False)
-    args.fusion_no_layernorm = getattr(args, "fusion_no_layernorm", False)
-    args.fusion_dropout = getattr(args, "fusion_dropout", args.dropout)
-    deep_representation_defaults(args)
-    encoder_layer_fusion_defaults(args)
-
-
-def deep_representation_defaults(args):
-    """Dou et al. (2018): no aggregation unless asked; AGG with sigmoid and residuals from all
-    inputs (the paper's choice, Table 4); vanilla self-attention (k = 1); dense connection as
-    Eq. 4 followed by a LayerNorm without parameters (see :class:`DenseConnection` for the
-    readings of Eq. 4 and their measurement)."""
-    args.aggregate_encoder = getattr(args, "aggregate_encoder", "none")
-    args.aggregate_decoder = getattr(args, "aggregate_decoder", "none")
-    args.dense_connection = getattr(args, "dense_connection", None) or "layernorm"
-    args.aggregation_fn = getattr(args, "aggregation_fn", "sigmoid")
-    args.aggregation_residual = getattr(args, "aggregation_residual", "all")
-    args.multi_layer_attention = getattr(args, "multi_layer_attention", 1)
-
-
-def encoder_layer_fusion_defaults(args):
-    """Liu et al. (2021): DropConnect 0.3 on layer-attention weights; tau 1 for hard and 5 for
-    soft SurfaceFusion (Sec. 4.1); lambda 0.8 (their Ro-En and base-size setting)."""
-    args.layer_attention = getattr(args, "layer_attention", "none")
-    args.layer_attention_dropconnect = getattr(args, "layer_attention_dropconnect", 0.3)
-    args.mask_encoder_layer = getattr(args, "mask_encoder_layer", None)
-    args.surface_fusion = getattr(args, "surface_fusion", "none")
-    args.surface_fusion_lambda = getattr(args, "surface_fusion_lambda", 0.8)
-    args.surface_fusion_tau = getattr(args, "surface_fusion_tau", 5.0 if args.surface_fusion == "soft" else 1.0)
-    args.surface_fusion_variant = getattr(args, "surface_fusion_variant", "paper")
-
-
 @register_model_architecture("fusion_transformer", "fusion_transformer")
 def fusion_transformer(args):
     """fairseq's base Transformer dimensions (6+6 layers, d=512, FFN 2048, 8 heads)."""
     base_architecture(args)
-    fusion_defaults(args)
+    fill_defaults(args, FusionTransformerConfig)
 
 
 @register_model_architecture("fusion_transformer", "mlrf_iwslt_de_en")
@@ -258,20 +219,11 @@ def mlrf_iwslt_de_en(args):
     """MLRF's German-English setting (Sec. 4.2): 3+3 layers, d=256, FFN 1024, da=1024, df=512,
     dropout 0.1, and the best system of Table 2, Both-FNN-SA with 4 hops.
     Reading: the paper gives no head count; 4 heads, as fairseq's IWSLT transformer."""
-    args.encoder_layers = getattr(args, "encoder_layers", 3)
-    args.decoder_layers = getattr(args, "decoder_layers", 3)
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.dropout = getattr(args, "dropout", 0.1)
-    args.fuse_encoder = getattr(args, "fuse_encoder", "fnn")
-    args.fuse_decoder = getattr(args, "fuse_decoder", "sa")
-    args.fusion_hops = getattr(args, "fusion_hops", 4)
-    args.fusion_attn_dim = getattr(args, "fusion_attn_dim", 1024)
-    args.fusion_ffn_dim = getattr(args, "fusion_ffn_dim", 512)
+    set_defaults(
+        args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
+        encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
+        dropout=0.1, fuse_encoder="fnn", fuse_decoder="sa", fusion_hops=4, fusion_attn_dim=1024, fusion_ffn_dim=512,
+    )
     fusion_transformer(args)
 
 
@@ -281,33 +233,25 @@ def mlrf_nist_zh_en(args):
     system of Table 3, Dec-SA (4 hops) + independent W1.
     Paper: Sec. 4.2 gives da = 1024 and df = 512 for the German-English setting (d = 256) only.
     Reading: the IWSLT ratios carried over to d = 512, da = 4d = 2048 and df = 2d = 1024 (the
-    defaults of :func:`fusion_defaults`), and fairseq's 8 heads; Table 3 prints no parameter
+    defaults of :class:`FusionTransformerConfig`), and fairseq's 8 heads; Table 3 prints no parameter
     counts to check them against."""
-    args.fuse_encoder = getattr(args, "fuse_encoder", "none")
-    args.fuse_decoder = getattr(args, "fuse_decoder", "sa")
-    args.fusion_independent_w1 = getattr(args, "fusion_independent_w1", True)
-    args.dropout = getattr(args, "dropout", 0.1)
+    set_defaults(args, fuse_encoder="none", fuse_decoder="sa", fusion_independent_w1=True, dropout=0.1)
     fusion_transformer(args)
 
 
 def transformer_big_dimensions(args):
     """fairseq's transformer_vaswani_wmt_en_de_big: d=1024, FFN 4096, 16 heads, dropout 0.3."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 1024)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 4096)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 16)
-    args.dropout = getattr(args, "dropout", 0.3)
+    set_defaults(
+        args, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16, decoder_embed_dim=1024,
+        decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3,
+    )
 
 
 @register_model_architecture("fusion_transformer", "surface_fusion_wmt_en_ro")
 def surface_fusion_wmt_en_ro(args):
     """Liu et al. (2021) Ro-En (Appendix Table 4): Transformer base, dropout 0.3, hard
     SurfaceFusion with lambda 0.8 and tau 1 (tau 5 when --surface-fusion soft, as in Sec. 4.1)."""
-    args.dropout = getattr(args, "dropout", 0.3)
-    args.surface_fusion = getattr(args, "surface_fusion", "hard")
-    args.surface_fusion_lambda = getattr(args, "surface_fusion_lambda", 0.8)
+    set_defaults(args, dropout=0.3, surface_fusion="hard", surface_fusion_lambda=0.8)
     fusion_transformer(args)
 
 
@@ -316,8 +260,7 @@ def surface_fusion_wmt_en_de_big(args):
     """Liu et al. (2021) En-De (Appendix Table 4): Transformer big, dropout 0.3, hard
     SurfaceFusion with lambda 0.9 and tau 1."""
     transformer_big_dimensions(args)
-    args.surface_fusion = getattr(args, "surface_fusion", "hard")
-    args.surface_fusion_lambda = getattr(args, "surface_fusion_lambda", 0.9)
+    set_defaults(args, surface_fusion="hard", surface_fusion_lambda=0.9)
     fusion_transformer(args)
 
 
@@ -325,9 +268,7 @@ def surface_fusion_wmt_en_de_big(args):
 def fgla_wmt_en_ro(args):
     """Liu et al. (2021) fine-grained layer attention (FGLA) on Ro-En: Transformer base,
     dropout 0.3, DropConnect 0.3 on the layer-attention weights."""
-    args.dropout = getattr(args, "dropout", 0.3)
-    args.layer_attention = getattr(args, "layer_attention", "fine")
-    args.layer_attention_dropconnect = getattr(args, "layer_attention_dropconnect", 0.3)
+    set_defaults(args, dropout=0.3, layer_attention="fine", layer_attention_dropconnect=0.3)
     fusion_transformer(args)
 
 
@@ -336,8 +277,7 @@ def deeprep_transformer_wmt_en_de(args):
     """Dou et al. (2018) final system (Table 2 "+ Deep Representations"): Transformer-Base with
     hierarchical aggregation on encoder and decoder (train with the layer-diversity criterion,
     ``--criterion label_smoothed_cross_entropy_with_layer_diversity --diversity-lambda 1.0``)."""
-    args.aggregate_encoder = getattr(args, "aggregate_encoder", "hierarchical")
-    args.aggregate_decoder = getattr(args, "aggregate_decoder", "hierarchical")
+    set_defaults(args, aggregate_encoder="hierarchical", aggregate_decoder="hierarchical")
     fusion_transformer(args)
 
 

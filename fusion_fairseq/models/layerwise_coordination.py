@@ -11,6 +11,7 @@ each new target token then costs one position through the stack.
 """
 
 import math
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
@@ -23,20 +24,11 @@ from fusion_fairseq.modules.coordination_layer import CoordinationLayer
 from fusion_fairseq.modules.resettable_positions import position_embedding, sinusoidal_positions
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .fusion_args import (
-    DROPOUT_FLAGS,
-    PROBABILITY,
-    check_dropout_args,
-    check_positive_ints,
-    check_switches,
-    positive_int,
-    real_in_range,
-)
 from fusion_fairseq.errors import ConfigurationError
 
+from .config import POSITIVE_INT, PROBABILITY, SWITCH, add_arguments, check_values, fill_defaults, option, set_defaults
+
 SOURCE, TARGET = 0, 1
-SWITCHES = ("normalize_before", "no_scale_embedding", "no_layer_sharing", "no_mixed_attention",
-            "no_language_embedding", "no_position_embedding")
 
 
 class CoordinationEmbedding(nn.Module):
@@ -206,38 +198,47 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
         return self._max_positions
 
 
+@dataclass
+class LayerwiseCoordinationConfig:
+    """The flags of ``--arch layerwise_coordination``; defaults: the paper's small configuration
+    (d=256, d_ff=1024, 4 heads, 14 layers, Sec. 4.2)."""
+
+    layers: int = option(14, "depth N of the stack (the same for both sides; paper: 14)", POSITIVE_INT,
+                         metavar="N", structural=True)
+    embed_dim: int = option(256, "model width d_model", POSITIVE_INT, metavar="D", structural=True)
+    ffn_embed_dim: int = option(1024, "d_ff", POSITIVE_INT, metavar="F", structural=True)
+    attention_heads: int = option(4, "attention heads", POSITIVE_INT, metavar="H", structural=True)
+    dropout: float = option(0.1, "dropout probability, in [0, 1)", PROBABILITY, metavar="P")
+    attention_dropout: float = option(0.0, "dropout on attention weights, in [0, 1)", PROBABILITY, metavar="P")
+    activation_dropout: float = option(0.0, "dropout after the FFN's activation, in [0, 1)", PROBABILITY,
+                                       metavar="P")
+    normalize_before: bool = option(False, "pre-norm layers (final LayerNorm on top)", SWITCH, structural=True)
+    no_scale_embedding: bool = option(False, "do not scale token embeddings by sqrt(d)", SWITCH, structural=True)
+    no_layer_sharing: bool = option(
+        False, "ablation (Table 3): separate source and target layers (halve --layers for the same size)", SWITCH,
+        structural=True)
+    no_mixed_attention: bool = option(
+        False, "ablation (Table 3): separate target self-attention and source attention, the source attention "
+        "reading the corresponding source layer", SWITCH, structural=True)
+    no_language_embedding: bool = option(
+        False, "ablation (Table 3): no learned source/target language embedding", SWITCH, structural=True)
+    no_position_embedding: bool = option(False, "ablation (Table 3): no position embedding", SWITCH, structural=True)
+
+
 @register_model("layerwise_coordination")
 class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
     """He et al. (2018): one shared stack, mixed attention, resettable positions, language embeddings."""
 
+    config_class = LayerwiseCoordinationConfig
+
     @staticmethod
     def add_args(parser):
-        parser.add_argument("--layers", type=positive_int("--layers"), metavar="N",
-                            help="depth N of the stack (the same for both sides; paper: 14)")
-        parser.add_argument("--embed-dim", type=positive_int("--embed-dim"), metavar="D", help="model width d_model")
-        parser.add_argument("--ffn-embed-dim", type=positive_int("--ffn-embed-dim"), metavar="F", help="d_ff")
-        parser.add_argument("--attention-heads", type=positive_int("--attention-heads"), metavar="H")
-        for flag in DROPOUT_FLAGS.values():
-            parser.add_argument(flag, type=real_in_range(flag, PROBABILITY), metavar="P", help="in [0, 1)")
-        parser.add_argument("--normalize-before", action="store_true", help="pre-norm layers (final LayerNorm on top)")
-        parser.add_argument("--no-scale-embedding", action="store_true", help="do not scale token embeddings by sqrt(d)")
-        parser.add_argument("--no-layer-sharing", action="store_true",
-                            help="ablation (Table 3): separate source and target layers (halve --layers for the same size)")
-        parser.add_argument("--no-mixed-attention", action="store_true",
-                            help="ablation (Table 3): separate target self-attention and source attention, the "
-                            "source attention reading the corresponding source layer")
-        parser.add_argument("--no-language-embedding", action="store_true",
-                            help="ablation (Table 3): no learned source/target language embedding")
-        parser.add_argument("--no-position-embedding", action="store_true",
-                            help="ablation (Table 3): no position embedding")
+        add_arguments(parser, LayerwiseCoordinationConfig)
 
     @classmethod
     def build_model(cls, args, task):
         layerwise_coordination(args)
-        check_dropout_args(args)  # values read from a checkpoint or --model-overrides
-        check_positive_ints(args, {"layers": "--layers", "embed_dim": "--embed-dim",
-                                   "ffn_embed_dim": "--ffn-embed-dim", "attention_heads": "--attention-heads"})
-        check_switches(args, {dest: "--" + dest.replace("_", "-") for dest in SWITCHES})
+        check_values(args, LayerwiseCoordinationConfig)  # values read from a checkpoint or --model-overrides
         if task.source_dictionary != task.target_dictionary:
             raise ConfigurationError(
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
@@ -280,16 +281,7 @@ def build_layers(args, count: int) -> nn.ModuleList:
 @register_model_architecture("layerwise_coordination", "layerwise_coordination")
 def layerwise_coordination(args):
     """Defaults: the paper's small configuration (d=256, d_ff=1024, 4 heads, 14 layers)."""
-    args.layers = getattr(args, "layers", 14)
-    args.embed_dim = getattr(args, "embed_dim", 256)
-    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", 1024)
-    args.attention_heads = getattr(args, "attention_heads", 4)
-    args.dropout = getattr(args, "dropout", 0.1)
-    args.attention_dropout = getattr(args, "attention_dropout", 0.0)
-    args.activation_dropout = getattr(args, "activation_dropout", 0.0)
-    for flag in ("normalize_before", "no_scale_embedding", "no_layer_sharing", "no_mixed_attention",
-                 "no_language_embedding", "no_position_embedding"):
-        setattr(args, flag, getattr(args, flag, False))
+    fill_defaults(args, LayerwiseCoordinationConfig)
     args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
     args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
 
@@ -305,17 +297,12 @@ def layerwise_coordination_iwslt_de_en(args):
 def layerwise_coordination_wmt_en_de(args):
     """Sec. 5.1 base configuration for WMT14 En-De: d=512, d_ff=2048, 8 heads; reading: 14 layers
     as the other configurations."""
-    args.embed_dim = getattr(args, "embed_dim", 512)
-    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", 2048)
-    args.attention_heads = getattr(args, "attention_heads", 8)
+    set_defaults(args, embed_dim=512, ffn_embed_dim=2048, attention_heads=8)
     layerwise_coordination(args)
 
 
 @register_model_architecture("layerwise_coordination", "layerwise_coordination_wmt_en_de_big")
 def layerwise_coordination_wmt_en_de_big(args):
     """Sec. 4.2 big configuration: 14 layers, d=1024, d_ff=2048 (as the paper states), 16 heads."""
-    args.embed_dim = getattr(args, "embed_dim", 1024)
-    args.ffn_embed_dim = getattr(args, "ffn_embed_dim", 2048)
-    args.attention_heads = getattr(args, "attention_heads", 16)
-    args.dropout = getattr(args, "dropout", 0.3)
+    set_defaults(args, embed_dim=1024, ffn_embed_dim=2048, attention_heads=16, dropout=0.3)
     layerwise_coordination(args)

@@ -30,9 +30,9 @@ class AggregationNode(nn.Module):
                  residual: str = "all", top_input: int = 0, num_heads: int = 1):
         super().__init__()
         if function not in AGGREGATION_FUNCTIONS:
-            raise ValueError(f"--aggregation-fn {function!r}; allowed: {', '.join(AGGREGATION_FUNCTIONS)}")
+            raise ValueError(f"AggregationNode function must be one of {', '.join(AGGREGATION_FUNCTIONS)}, got {function!r}")
         if residual not in AGGREGATION_RESIDUALS:
-            raise ValueError(f"--aggregation-residual {residual!r}; allowed: {', '.join(AGGREGATION_RESIDUALS)}")
+            raise ValueError(f"AggregationNode residual must be one of {', '.join(AGGREGATION_RESIDUALS)}, got {residual!r}")
         self.num_inputs = num_inputs
         self.function = function
         self.residual = residual
@@ -70,5 +70,5 @@ class AggregationNode(nn.Module):
         """The block of the first FFN matrix that reads each input (for the exploitation score
         of Eq. 11); not defined for the attention function."""
         if self.function == "attention":
-            raise ValueError("the exploitation score (Eq. 11) needs FFN aggregation, not --aggregation-fn attention")
+            raise ValueError("the exploitation score (Eq. 11) needs FFN aggregation, not the attention function")
         return list(self.fc1.weight.chunk(self.num_inputs, dim=1))

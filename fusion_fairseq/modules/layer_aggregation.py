@@ -71,7 +71,7 @@ class DenseConnection(PlainStack):
     def __init__(self, num_layers: int, reading: str = "layernorm"):
         super().__init__(num_layers)
         if reading not in DENSE_CONNECTION_READINGS:
-            raise ValueError(f"--dense-connection got {reading!r}; allowed: {', '.join(DENSE_CONNECTION_READINGS)}")
+            raise ValueError(f"DenseConnection reading must be one of {', '.join(DENSE_CONNECTION_READINGS)}, got {reading!r}")
         self.reading = reading
 
     def run(self, x0: Tensor, apply_layer: ApplyLayer) -> Tuple[Tensor, List[Tensor]]:

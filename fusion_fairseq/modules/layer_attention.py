@@ -42,7 +42,7 @@ class LayerAttention(nn.Module):
         if kind not in LAYER_ATTENTION_KINDS[1:]:
             raise ValueError(f"layer attention kind {kind!r}; allowed: coarse, fine")
         if not 0.0 <= dropconnect < 1.0:
-            raise ValueError(f"--layer-attention-dropconnect must be in [0, 1), got {dropconnect!r}")
+            raise ValueError(f"LayerAttention dropconnect must be in [0, 1), got {dropconnect!r}")
         self.kind = kind
         self.num_inputs = num_encoder_layers + 1
         self.dropconnect = dropconnect
@@ -54,7 +54,7 @@ class LayerAttention(nn.Module):
         """Mask encoder layer ``layer`` (0 = embedding) at inference; ``None`` unmasks."""
         if layer is not None and not 0 <= layer < self.num_inputs:
             raise ValueError(
-                f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
+                f"LayerAttention cannot mask input {layer}: its inputs are encoder layers 0 (embedding) "
                 f"to {self.num_inputs - 1}"
             )
         self.masked_layer = layer

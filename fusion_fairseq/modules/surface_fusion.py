@@ -94,13 +94,13 @@ class SurfaceFusion(nn.Module):
                  activation_dropout: float = 0.0):
         super().__init__()
         if kind not in SURFACE_FUSION_KINDS[1:]:
-            raise ValueError(f"--surface-fusion {kind!r}; allowed: hard, soft")
+            raise ValueError(f"SurfaceFusion kind must be hard or soft, got {kind!r}")
         if variant not in SURFACE_FUSION_VARIANTS:
-            raise ValueError(f"--surface-fusion-variant {variant!r}; allowed: {', '.join(SURFACE_FUSION_VARIANTS)}")
+            raise ValueError(f"SurfaceFusion variant must be one of {', '.join(SURFACE_FUSION_VARIANTS)}, got {variant!r}")
         if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"--surface-fusion-lambda must be in [0, 1], got {lam!r}")
+            raise ValueError(f"SurfaceFusion lam (Eq. 6) must be in [0, 1], got {lam!r}")
         if not tau > 0.0:
-            raise ValueError(f"--surface-fusion-tau must be > 0, got {tau!r}")
+            raise ValueError(f"SurfaceFusion tau (Eq. 5) must be > 0, got {tau!r}")
         self.kind = kind
         self.lam = lam
         self.tau = tau
@@ -110,7 +110,7 @@ class SurfaceFusion(nn.Module):
         self.output_ffn = None
         if self.released:
             if ffn_dim <= 0:
-                raise ValueError(f"--surface-fusion-variant released needs the decoder FFN dimension > 0, got {ffn_dim!r}")
+                raise ValueError(f"SurfaceFusion variant released needs ffn_dim > 0, got {ffn_dim!r}")
             self.output_ffn = ResidualFeedForward(embed_dim, ffn_dim, embedding_dropout, activation_dropout)
 
     def forward(self, decoder_features: Tensor, encoder_out: Dict[str, List[Tensor]],

@@ -1,0 +1,218 @@
+"""Typed model configurations: each model declares its flags once, as the fields of one dataclass.
+
+A field made by :func:`option` carries its default (or the rule that derives it from other
+flags), its help, the values it accepts, whether it changes the model's structure, and which
+part of the model reads it. From these fields, as fairseq builds its parser from
+``TransformerConfig``, come
+
+* the argparse flags (:func:`add_arguments`), which reject a bad value with its flag's name;
+* the same checks for configurations built in code, read from a checkpoint or given by
+  ``--model-overrides`` (:func:`check_values`), as one-line :class:`ConfigurationError` s;
+* the architecture's defaults (:func:`fill_defaults`) and the presets' (:func:`set_defaults`);
+* the warnings for flags that do nothing in the chosen configuration (:func:`warn_idle_flags`);
+* the flags that may not change at load (:func:`structural_fields`, read by ``checkpoint_safety``).
+
+Adding a flag is adding a field; checks that relate several flags stay in the model's config module.
+"""
+
+import argparse
+import dataclasses
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from fusion_fairseq.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Values:
+    """What a flag accepts; ``convert`` turns command-line text into a value."""
+
+    description: str  # completes "--flag ..., got X", e.g. "must be a positive integer"
+    accepts: Callable[[Any], bool]
+    convert: Callable[[str], Any] = str
+    choices: Optional[Sequence[str]] = None
+
+    def error(self, flag: str, value, shown: str) -> Optional[str]:
+        return None if self.accepts(value) else f"{flag} {self.description}, got {shown}"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RealRange(Values):
+    """A number in a range; text that is no number is told so."""
+
+    def error(self, flag: str, value, shown: str) -> Optional[str]:
+        if not _is_number(value):
+            return f"{flag} must be a number {self.description}, got {shown}"
+        return None if self.accepts(value) else f"{flag} must be {self.description}, got {shown}"
+
+
+def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> RealRange:
+    def inside(value):
+        above = low < value or (low_included and value == low)
+        below = value < high or (high_included and value == high)
+        return above and below
+
+    if high == float("inf"):
+        text = f">= {low:g}" if low_included else f"> {low:g}"
+    else:
+        text = f"in {'[' if low_included else '('}{low:g}, {high:g}{']' if high_included else ')'}"
+    return RealRange(text, inside, float)
+
+
+def choice(options: Sequence[str]) -> Values:
+    return Values(f"must be one of {', '.join(options)}", lambda value: value in options, str, tuple(options))
+
+
+POSITIVE_INT = Values("must be a positive integer", lambda value: type(value) is int and value > 0, int)
+INTEGER = Values("must be an integer", lambda value: type(value) is int, int)
+SWITCH = Values("is a switch: True or False", lambda value: isinstance(value, bool))
+PROBABILITY = real(0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A part of a model; the flags it reads do nothing when ``present(args)`` is false, which
+    ``absence(args)`` explains by the configuration (e.g. "--surface-fusion is none")."""
+
+    present: Callable[[argparse.Namespace], bool]
+    absence: Callable[[argparse.Namespace], str]
+
+
+def option(default=None, help: str = "", values: Optional[Values] = None, *, metavar: Optional[str] = None,
+           derive: Optional[Callable[[argparse.Namespace], Any]] = None,
+           check: Optional[Callable[[Any], Optional[str]]] = None, structural: bool = False,
+           read_by: Optional[Feature] = None, idle_reason: str = "", fairseqs: bool = False):
+    """A configuration field.
+
+    ``derive(args)`` gives the default from other flags; ``check(value)`` returns a message for an
+    accepted value that is still wrong; ``structural``: the field changes the model's function or
+    parameters, so a checkpoint fixes it; ``read_by`` and ``idle_reason`` make a warning when the
+    field is set and the feature is absent; ``fairseqs``: the flag and its default are fairseq's
+    own, the field only adds the check of its values.
+    """
+    metadata = dict(help=help, values=values, metavar=metavar, derive=derive, check=check, structural=structural,
+                    read_by=read_by, idle_reason=idle_reason, fairseqs=fairseqs)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _own_fields(config):
+    return [field for field in dataclasses.fields(config) if not field.metadata["fairseqs"]]
+
+
+def _argparse_type(flag: str, values: Values, check):
+    def parse(text):
+        try:
+            value = values.convert(text)
+        except ValueError:
+            value = text  # the check names it
+        message = values.error(flag, value, repr(text)) or (check(value) if check else None)
+        if message:
+            raise argparse.ArgumentTypeError(message)
+        return value
+
+    return parse
+
+
+def add_arguments(parser, config) -> None:
+    """The config's own flags (fairseq's are declared by fairseq); absent flags stay unset, so that
+    the architecture fills them (fairseq's model arguments default to ``argparse.SUPPRESS``)."""
+    for field in _own_fields(config):
+        meta, flag = field.metadata, flag_of(field.name)
+        if meta["values"] is SWITCH:
+            parser.add_argument(flag, action="store_true", help=meta["help"])
+        elif meta["values"].choices:
+            parser.add_argument(flag, choices=meta["values"].choices, help=meta["help"])
+        else:
+            parser.add_argument(flag, type=_argparse_type(flag, meta["values"], meta["check"]),
+                                metavar=meta["metavar"], help=meta["help"])
+
+
+def fill_defaults(args, config) -> None:
+    """Give every own field the user left unset (absent or None) its default, derived ones last
+    in field order (they may read fields above them)."""
+    for field in _own_fields(config):
+        if getattr(args, field.name, None) is None:
+            derive = field.metadata["derive"]
+            setattr(args, field.name, derive(args) if derive else field.default)
+
+
+def set_defaults(args, **defaults) -> None:
+    """A preset's defaults: each flag the user left unset takes the preset's value."""
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def check_values(args, config) -> None:
+    """Raise :class:`ConfigurationError` for the first field whose value its flag does not accept,
+    in field order (values from code or ``--model-overrides`` arrive untyped)."""
+    for field in dataclasses.fields(config):
+        meta = field.metadata
+        if meta["values"] is None or not hasattr(args, field.name):
+            continue
+        value = getattr(args, field.name)
+        if value is None and field.default is None and meta["derive"] is None:
+            continue  # None is this field's "off"
+        flag = flag_of(field.name)
+        message = meta["values"].error(flag, value, repr(value)) or (meta["check"](value) if meta["check"] else None)
+        if message:
+            raise ConfigurationError(message)
+
+
+def structural_fields(config) -> tuple:
+    return tuple(field.name for field in dataclasses.fields(config) if field.metadata["structural"])
+
+
+def architecture_default(args, name: str):
+    """The value the architecture gives ``name`` by itself (its function of fairseq's
+    ARCH_CONFIG_REGISTRY run on a copy of ``args`` without ``name``), so that a preset's own
+    value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    fill = ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None), ARCH_CONFIG_REGISTRY["fusion_transformer"])
+    probe = argparse.Namespace(**{key: value for key, value in vars(args).items() if key != name})
+    fill(probe)
+    return getattr(probe, name)
+
+
+def on_command_line(flag: str) -> bool:
+    """Whether ``flag`` was typed on this process's command line (fairseq-train's): a value
+    equal to the architecture's own is then the user's choice too."""
+    return any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])
+
+
+def idle_flags(args, config) -> list:
+    """The fields read by an absent feature that the user set, each with the reason: those holding a
+    value other than the architecture's own, and those typed on the command line. (A configuration
+    read from a checkpoint holds every flag, at the architecture's value where the user gave none:
+    no warning then.)"""
+    idle = []
+    for field in dataclasses.fields(config):
+        feature, flag = field.metadata["read_by"], flag_of(field.name)
+        if feature is None or feature.present(args):
+            continue
+        value = getattr(args, field.name)
+        if value == architecture_default(args, field.name) and not on_command_line(flag):
+            continue
+        given = flag if isinstance(value, bool) else f"{flag} {value}"
+        idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")
+    return idle
+
+
+def warn_idle_flags(args, config) -> None:
+    """Warnings, not errors: a configuration with an idle flag still means what it says, and
+    checkpoints trained with one must keep loading."""
+    for text in idle_flags(args, config):
+        logger.warning("flag without effect: %s", text)

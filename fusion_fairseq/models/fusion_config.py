@@ -1,0 +1,288 @@
+"""The configuration of the layer-fusion Transformer: its flags as typed fields
+(:class:`FusionTransformerConfig`, see :mod:`.config`) and the checks that relate several flags."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from fusion_fairseq.errors import ConfigurationError
+from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
+from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
+from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES, DENSE_CONNECTION_READINGS
+from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
+
+from .config import (
+    INTEGER,
+    POSITIVE_INT,
+    PROBABILITY,
+    SWITCH,
+    Feature,
+    check_values,
+    choice,
+    option,
+    real,
+    warn_idle_flags,
+)
+
+# Reading: the paper uses tau = 1 (hard) and 5 (soft). Below 0.01 the surface logits, and their
+# gradients, are scaled by more than 100: tau = 1e-30 trained into NaN gradients.
+MIN_SURFACE_FUSION_TAU = 0.01
+
+
+def tau_error(value) -> Optional[str]:
+    """The temperature bounds beyond "> 0" (see :data:`MIN_SURFACE_FUSION_TAU`), or None."""
+    if value < MIN_SURFACE_FUSION_TAU:
+        return (f"--surface-fusion-tau must be at least {MIN_SURFACE_FUSION_TAU} (smaller temperatures scale the "
+                f"surface logits and their gradients by more than {1 / MIN_SURFACE_FUSION_TAU:g}), got {value!r}")
+    if value == float("inf"):
+        return (f"--surface-fusion-tau must be finite (an infinite temperature makes the surface distribution "
+                f"uniform, whatever the source), got {value!r}")
+    return None
+
+
+def _fusion_sides(args):
+    return f"--fuse-encoder/--fuse-decoder are {args.fuse_encoder}/{args.fuse_decoder}"
+
+
+def _aggregation_sides(args):
+    return f"--aggregate-encoder/--aggregate-decoder are {args.aggregate_encoder}/{args.aggregate_decoder}"
+
+
+def _fuses_with(*functions):
+    return lambda args: bool(set(functions) & {args.fuse_encoder, args.fuse_decoder})
+
+
+def _has_aggregation_nodes(args):
+    return bool({"iterative", "hierarchical"} & {args.aggregate_encoder, args.aggregate_decoder}) \
+        or args.multi_layer_attention > 1
+
+
+def _surface_fusion_kind(args):
+    return f"--surface-fusion is {args.surface_fusion}"
+
+
+SELF_ATTENTION_FUSION = Feature(_fuses_with("sa"), _fusion_sides)
+FUSION_FNN = Feature(_fuses_with("fnn", "sa"), _fusion_sides)
+LAYER_FUSION = Feature(_fuses_with("avg", "fnn", "sa"), _fusion_sides)
+AGGREGATION_NODES = Feature(_has_aggregation_nodes, _aggregation_sides)
+DENSE_AGGREGATION = Feature(lambda a: "dense" in (a.aggregate_encoder, a.aggregate_decoder), _aggregation_sides)
+LAYER_ATTENTION = Feature(lambda a: a.layer_attention != "none", lambda a: f"--layer-attention is {a.layer_attention}")
+HARD_SURFACE_FUSION = Feature(lambda a: a.surface_fusion == "hard", _surface_fusion_kind)
+SURFACE_FUSION = Feature(lambda a: a.surface_fusion != "none", _surface_fusion_kind)
+
+
+def _fuse_help(side):
+    return (f"fuse all {side} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
+            "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
+
+
+def _aggregate_help(side):
+    return (f"wire the {side} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative (Eqs. 6-7) "
+            "or hierarchical aggregation (Fig. 2)")
+
+
+@dataclass
+class FusionTransformerConfig:
+    """The flags of ``--arch fusion_transformer`` beside fairseq's Transformer's, with the
+    defaults of the plain architecture (no fusion). Paper defaults:
+
+    * MLRF (Wang et al. 2018): 4 hops, da = 4d and df = 2d (the ratios of the paper's IWSLT
+      setting, d=256, da=1024, df=512), fusion dropout = --dropout.
+    * Deep representations (Dou et al. 2018): AGG with sigmoid and residuals from all inputs (the
+      paper's choice, Table 4); vanilla self-attention (k = 1); dense connection as Eq. 4 followed
+      by a LayerNorm without parameters (see :class:`DenseConnection` for the readings of Eq. 4).
+    * Encoder layer fusion (Liu et al. 2021): DropConnect 0.3 on layer-attention weights; tau 1
+      for hard and 5 for soft SurfaceFusion (Sec. 4.1); lambda 0.8 (their Ro-En, base-size setting).
+    """
+
+    # fairseq's flags, checked at build time: fairseq's parser takes any float, and values from
+    # checkpoints or --model-overrides are not parsed at all. The dropouts come first: a bad
+    # --dropout is named as itself, not as the --fusion-dropout it sets.
+    dropout: float = option(values=PROBABILITY, fairseqs=True)
+    attention_dropout: float = option(values=PROBABILITY, fairseqs=True)
+    activation_dropout: float = option(values=PROBABILITY, fairseqs=True)
+    encoder_layerdrop: float = option(values=PROBABILITY, fairseqs=True)
+    decoder_layerdrop: float = option(values=PROBABILITY, fairseqs=True)
+
+    # --- MLRF (Wang et al., COLING 2018) ---------------------------------------------------------
+    fuse_encoder: str = option("none", _fuse_help("encoder"), choice(FUSION_FUNCTIONS), structural=True)
+    fuse_decoder: str = option("none", _fuse_help("decoder"), choice(FUSION_FUNCTIONS), structural=True)
+    fusion_hops: int = option(
+        4, "number of attention hops nhop of self-attention fusion (MLRF Eq. 5)", POSITIVE_INT, metavar="N",
+        structural=True, read_by=SELF_ATTENTION_FUSION, idle_reason="only self-attention fusion "
+        "(--fuse-encoder/--fuse-decoder sa) has hops")
+    fusion_attn_dim: int = option(
+        None, "inner size da of the attention FNN of self-attention fusion (MLRF Eq. 5; default 4d)", POSITIVE_INT,
+        metavar="N", derive=lambda args: 4 * args.encoder_embed_dim, structural=True, read_by=SELF_ATTENTION_FUSION,
+        idle_reason="only self-attention fusion has an attention FNN (Eq. 5)")
+    fusion_ffn_dim: int = option(
+        None, "hidden units df of the fusion FNN (FNN fusion and after the hops; default 2d)", POSITIVE_INT,
+        metavar="N", derive=lambda args: 2 * args.encoder_embed_dim, structural=True, read_by=FUSION_FNN,
+        idle_reason="only FNN and self-attention fusion have a fusion FNN")
+    fusion_independent_w1: bool = option(
+        False, "one W1 per layer in self-attention fusion (MLRF Table 3, '+ indep. W1')", SWITCH, structural=True,
+        read_by=SELF_ATTENTION_FUSION, idle_reason="only self-attention fusion has W1 (Eq. 5)")
+    fusion_no_embedding_layer: bool = option(
+        False, "do not fuse the embedding layer h0 (MLRF Table 4 ablation)", SWITCH, structural=True,
+        read_by=LAYER_FUSION, idle_reason="it acts on layer fusion")
+    fusion_no_layer_embedding: bool = option(
+        False, "no layer embedding in self-attention and FNN fusion (MLRF Eq. 4, Table 4 ablation)", SWITCH,
+        structural=True, read_by=FUSION_FNN, idle_reason="only self-attention and FNN fusion read the layer embedding")
+    fusion_no_layernorm: bool = option(
+        False, "skip the layer normalisation after the fusion layer", SWITCH, structural=True, read_by=LAYER_FUSION,
+        idle_reason="it acts on layer fusion")
+    fusion_dropout: float = option(
+        None, "dropout on the hidden units of the fusion FNNs (default: --dropout)", PROBABILITY, metavar="P",
+        derive=lambda args: args.dropout, read_by=FUSION_FNN,
+        idle_reason="only FNN and self-attention fusion have a fusion FNN")
+
+    # --- deep representations (Dou et al., EMNLP 2018) ---------------------------------------------
+    aggregate_encoder: str = option("none", _aggregate_help("encoder"), choice(AGGREGATION_STRATEGIES), structural=True)
+    aggregate_decoder: str = option("none", _aggregate_help("decoder"), choice(AGGREGATION_STRATEGIES), structural=True)
+    dense_connection: str = option(
+        "layernorm", "reading of Eq. 4 for --aggregate-* dense: Eq. 4 followed by a LayerNorm without parameters "
+        "(default), Eq. 4 to the letter (the sum of the accumulated states, doubling every layer), or the sum or the "
+        "mean of the layers' own outputs", choice(DENSE_CONNECTION_READINGS), structural=True,
+        read_by=DENSE_AGGREGATION, idle_reason="it reads dense aggregation")
+    aggregation_fn: str = option(
+        "sigmoid", "the function F inside the aggregation node AGG (Table 4; paper: sigmoid)",
+        choice(AGGREGATION_FUNCTIONS), structural=True, read_by=AGGREGATION_NODES,
+        idle_reason="only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes")
+    aggregation_residual: str = option(
+        "all", "which inputs of AGG have a residual connection to its output (Table 4; paper: all)",
+        choice(AGGREGATION_RESIDUALS), structural=True, read_by=AGGREGATION_NODES,
+        idle_reason="only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes")
+    multi_layer_attention: int = option(
+        1, "self-attention of every layer l > K attends to its K nearest lower layers with separate attention "
+        "models, merged by AGG (Eq. 8); 1 is the vanilla self-attention", POSITIVE_INT, metavar="K", structural=True)
+
+    # --- encoder layer fusion (Liu et al., ICLR 2021) ------------------------------------------------
+    layer_attention: str = option(
+        "none", "give each decoder layer its own source memory S_m = sum_n W_mn (x) X_n over the encoder embedding "
+        "layer and all encoder layers: one scalar per (m, n) (coarse) or element-wise weights (fine), softmax over "
+        "encoder layers (Liu et al. 2021 Sec. 3.2)", choice(LAYER_ATTENTION_KINDS), structural=True)
+    layer_attention_dropconnect: float = option(
+        0.3, "DropConnect probability on the layer-attention weights (paper: 0.3)", PROBABILITY, metavar="P",
+        read_by=LAYER_ATTENTION, idle_reason="it drops layer-attention weights")
+    mask_encoder_layer: Optional[int] = option(
+        None, "analysis: zero the layer-attention weight of encoder layer N (0 = embedding) and renormalise the "
+        "others; use at generation time with --model-overrides \"{'mask_encoder_layer': N}\"", INTEGER, metavar="N")
+    surface_fusion: str = option(
+        "none", "fuse the output distribution with a surface attention over the source word embeddings: hard "
+        "(Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)", choice(SURFACE_FUSION_KINDS), structural=True)
+    surface_fusion_lambda: float = option(
+        0.8, "interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]", real(0.0, 1.0, high_included=True),
+        metavar="L", read_by=HARD_SURFACE_FUSION, idle_reason="only hard SurfaceFusion (Eq. 6) interpolates")
+    surface_fusion_tau: float = option(
+        None, f"softmax temperature tau of the surface distribution (Eq. 5), >= {MIN_SURFACE_FUSION_TAU}; default 1 "
+        "for hard and 5 for soft fusion, as in the paper", real(0.0, float("inf"), low_included=False,
+                                                               high_included=True),
+        metavar="T", derive=lambda args: 5.0 if args.surface_fusion == "soft" else 1.0, check=tau_error,
+        read_by=SURFACE_FUSION, idle_reason="it is SurfaceFusion's temperature")
+    surface_fusion_variant: str = option(
+        "paper", "paper: SurfaceFusion as the paper's text describes it (default); released: as the authors' "
+        "released code trains it (query and keys detached, one head, a shared residual FFN on decoder output and "
+        "surface vector, dropout on the embedding values)", choice(SURFACE_FUSION_VARIANTS), structural=True,
+        read_by=SURFACE_FUSION, idle_reason="it changes SurfaceFusion")
+
+
+def check_fusion_args(args) -> None:
+    """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
+    check_values(args, FusionTransformerConfig)  # every value's type before any comparison
+    check_layers_are_kept(args)
+    check_mlrf_args(args)
+    check_deep_representation_args(args)
+    check_encoder_layer_fusion_args(args)
+    warn_idle_flags(args, FusionTransformerConfig)
+
+
+def check_layers_are_kept(args):
+    reads_every_layer = [
+        f"--{dest.replace('_', '-')} {getattr(args, dest)}"
+        for dest in ("fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder", "aggregate_decoder")
+        if getattr(args, dest) != "none"
+    ] + ([f"--multi-layer-attention {args.multi_layer_attention}"] if args.multi_layer_attention > 1 else [])
+    if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
+        raise ConfigurationError(
+            "layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop must be 0 "
+            f"with {' '.join(reads_every_layer)}"
+        )
+
+
+def check_mlrf_args(args):
+    with_layer_embedding = ("sa", "fnn")
+    if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
+            and not args.fusion_no_layer_embedding and args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigurationError(
+            f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
+            f"which needs --encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim "
+            f"({args.decoder_embed_dim}); or pass --fusion-no-layer-embedding"
+        )
+
+
+def check_deep_representation_args(args):
+    for side in ("encoder", "decoder"):
+        aggregate, fuse = getattr(args, f"aggregate_{side}"), getattr(args, f"fuse_{side}")
+        if aggregate != "none" and fuse != "none":
+            raise ConfigurationError(
+                f"--aggregate-{side} {aggregate} and --fuse-{side} {fuse} both define the {side}'s output "
+                f"representation; choose one per side (they combine across sides, e.g. --aggregate-encoder "
+                f"with --fuse-decoder)"
+            )
+        layers, k = getattr(args, f"{side}_layers"), args.multi_layer_attention
+        if k > 1 and layers <= k:
+            raise ConfigurationError(
+                f"--multi-layer-attention {k} attends the {k} layers below a layer, so it needs more than {k} "
+                f"layers; --{side}-layers is {layers}"
+            )
+    if args.aggregation_fn == "attention":
+        for side in ("encoder", "decoder"):
+            heads = getattr(args, f"{side}_attention_heads")
+            if getattr(args, f"{side}_embed_dim") % heads:
+                raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
+
+
+def check_encoder_layer_fusion_args(args):
+    source_memory = [f"--{dest.replace('_', '-')} {getattr(args, dest)}"
+                     for dest in ("layer_attention", "fuse_encoder", "aggregate_encoder")
+                     if getattr(args, dest) != "none"]
+    if getattr(args, "no_cross_attention", False) and source_memory:
+        raise ConfigurationError(
+            "--no-cross-attention removes the decoder's attention to the source memory that "
+            f"{' and '.join(source_memory)} builds: it would get no gradient and the output would ignore the "
+            "source; drop one of them"
+        )
+    if args.layer_attention != "none" and args.fuse_encoder != "none":
+        raise ConfigurationError(
+            f"--layer-attention {args.layer_attention} and --fuse-encoder {args.fuse_encoder} both define the "
+            "decoder's source memory (per-layer mixtures vs one fused memory); choose one of them"
+        )
+    check_masked_encoder_layer(args)
+    if args.layer_attention != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigurationError(
+            f"--layer-attention needs --encoder-embed-dim ({args.encoder_embed_dim}) == "
+            f"--decoder-embed-dim ({args.decoder_embed_dim})"
+        )
+    if args.surface_fusion != "none" and getattr(args, "adaptive_softmax_cutoff", None):
+        raise ConfigurationError(
+            f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
+            f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them"
+        )
+    if args.surface_fusion != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigurationError(
+            f"--surface-fusion reads source word embeddings through the target output projection, which needs "
+            f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
+        )
+
+
+def check_masked_encoder_layer(args):
+    layer = args.mask_encoder_layer
+    if layer is None:
+        return
+    if args.layer_attention == "none":
+        raise ConfigurationError(
+            f"--mask-encoder-layer {layer} masks a layer-attention weight, which needs --layer-attention coarse or fine"
+        )
+    if not 0 <= layer <= args.encoder_layers:
+        raise ConfigurationError(
+            f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) to {args.encoder_layers}"
+        )
