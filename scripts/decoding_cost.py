@@ -82,9 +82,7 @@ project's general benchmark (``fusion_fairseq/tools/benchmark.py``); this script
 length.
 
 ``--json`` and ``--markdown`` are checked before any measurement: their directory must exist, and
-an existing file is replaced only when it is this script's earlier output (marked
-``"written_by": "fusion-fairseq decoding_cost.py"``; the Markdown in a first-line comment), any
-other file only with ``--force``.
+an existing file is overwritten only with ``--force``.
 
 Exit status: 0; 1 when the structural check fails; 2 on bad settings (the message names the flag).
 """
@@ -337,10 +335,8 @@ def projection_modules(name: str, model):
     return found
 
 
-def structure_check(name: str, model, dictionary, args, length: int, device, target_layers: int,
-                    source_layers: int) -> Dict[str, object]:
-    """Count the key projections by phase; ``passed`` says whether the source is projected once
-    per layer per sentence (first decoder step), never per step."""
+def projection_calls(name: str, model, dictionary, args, length: int, device) -> List[Dict[str, object]]:
+    """Generate once and record every key-projection call: module, role, phase, step, rows, positions."""
     runner = Instrumented(model, dictionary, args.beam, args.structure_steps, time.perf_counter, lambda: None)
     calls = []
     handles = []
@@ -357,6 +353,50 @@ def structure_check(name: str, model, dictionary, args, length: int, device, tar
     finally:
         for handle in handles:
             handle.remove()
+    return calls
+
+
+def coordination_checks(encoder_calls, first, later, per_step, length: int, steps: int, target_layers: int,
+                        source_layers: int):
+    """The first step's source projections and the checks of the coordination model."""
+    first_source = [c for c in first if c["positions"] == length]
+    first_target = [c for c in first if c["positions"] == 1]
+    checks = {
+        "encoder: one call per source layer over the n source positions":
+            len(encoder_calls) == source_layers and all(c["positions"] == length for c in encoder_calls),
+        "first decoder step: one call per target layer over the n source positions":
+            len(first_source) == target_layers,
+        "first decoder step: one call per target layer over the one new target position":
+            len(first_target) == target_layers and len(first) == 2 * target_layers,
+        "every later step: one call per layer, over one target position only":
+            len(per_step) == steps
+            and all(len(v) == target_layers and all(c["positions"] == 1 for c in v) for v in per_step.values()),
+        "the source is never projected after the first step": not any(c["positions"] == length for c in later),
+    }
+    return first_source, checks
+
+
+def transformer_checks(first, later, per_step, length: int, steps: int, target_layers: int):
+    """The first step's source projections and the checks of the Transformer."""
+    first_source = [c for c in first if c["role"] == "source-attention"]
+    checks = {
+        "first decoder step: source-attention keys once per decoder layer over the n source positions":
+            len(first_source) == target_layers and all(c["positions"] == length for c in first_source),
+        "every later step: only the self-attention, over one target position":
+            len(per_step) == steps
+            and all(len(v) == target_layers and all(c["role"] == "target" and c["positions"] == 1 for c in v)
+                    for v in per_step.values()),
+        "the source is never projected after the first step":
+            not any(c["role"] == "source-attention" for c in later),
+    }
+    return first_source, checks
+
+
+def structure_check(name: str, model, dictionary, args, length: int, device, target_layers: int,
+                    source_layers: int) -> Dict[str, object]:
+    """Count the key projections by phase; ``passed`` says whether the source is projected once
+    per layer per sentence (first decoder step), never per step."""
+    calls = projection_calls(name, model, dictionary, args, length, device)
     batch, hypotheses = args.batch_size, args.batch_size * args.beam
     encoder_calls = [c for c in calls if c["phase"] == "encoder"]
     first = [c for c in calls if c["phase"] == "decoder" and c["step"] == 0]
@@ -366,32 +406,11 @@ def structure_check(name: str, model, dictionary, args, length: int, device, tar
     for c in later:
         per_step.setdefault(c["step"], []).append(c)
     if name == COORDINATION:
-        first_source = [c for c in first if c["positions"] == length]
-        first_target = [c for c in first if c["positions"] == 1]
-        checks = {
-            "encoder: one call per source layer over the n source positions":
-                len(encoder_calls) == source_layers and all(c["positions"] == length for c in encoder_calls),
-            "first decoder step: one call per target layer over the n source positions":
-                len(first_source) == target_layers,
-            "first decoder step: one call per target layer over the one new target position":
-                len(first_target) == target_layers and len(first) == 2 * target_layers,
-            "every later step: one call per layer, over one target position only":
-                len(per_step) == args.structure_steps
-                and all(len(v) == target_layers and all(c["positions"] == 1 for c in v) for v in per_step.values()),
-            "the source is never projected after the first step": not any(c["positions"] == length for c in later),
-        }
+        first_source, checks = coordination_checks(encoder_calls, first, later, per_step, length,
+                                                    args.structure_steps, target_layers, source_layers)
     else:
-        first_source = [c for c in first if c["role"] == "source-attention"]
-        checks = {
-            "first decoder step: source-attention keys once per decoder layer over the n source positions":
-                len(first_source) == target_layers and all(c["positions"] == length for c in first_source),
-            "every later step: only the self-attention, over one target position":
-                len(per_step) == args.structure_steps
-                and all(len(v) == target_layers and all(c["role"] == "target" and c["positions"] == 1 for c in v)
-                        for v in per_step.values()),
-            "the source is never projected after the first step":
-                not any(c["role"] == "source-attention" for c in later),
-        }
+        first_source, checks = transformer_checks(first, later, per_step, length, args.structure_steps,
+                                                  target_layers)
     source_rows = sorted({c["rows"] for c in first_source})
     return {
         "source_length": length,
@@ -624,16 +643,16 @@ def format_markdown(result) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)], script=PROG)
+        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)])
         result = run(args)
     except (CostError, UsageError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     print(format_text(result))
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     if args.markdown:
-        write_markdown(args.markdown, format_markdown(result), PROG)
+        write_markdown(args.markdown, format_markdown(result))
     return 0 if result["structure_passed"] else 1
 
 

@@ -73,7 +73,6 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     load_checkpoint_state,
     model_from_state,
     run_main,
-    save_figure,
     use_agg_backend,
     write_json,
 )
@@ -292,7 +291,7 @@ def run_spectrum(args) -> Dict:
     print(f"wrote {args.out}")
     result = {"threshold": args.threshold, "x_axis": args.x_axis, "curves": curves}
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     return result
 
 
@@ -323,7 +322,7 @@ def plot_spectrum(curves: List[Dict], args):
     ax.grid(True, which="major", linewidth=0.3)
     ax.tick_params(which="both", labelsize=7)
     ax.legend(fontsize=7)
-    save_figure(fig, args.out, PROG, dpi=args.dpi)
+    fig.savefig(args.out, dpi=args.dpi)
     plt.close(fig)
 
 
@@ -431,13 +430,13 @@ def run_cosine(args) -> Dict:
                   f"e.g. {', '.join(r['oov_examples'][:5])}")
     result = {"dict": args.dict, "pair_lines": lines, "pairs": len(pairs), "rows": rows}
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     return result
 
 
 def run(args) -> Dict:
     inputs = [("--path", path) for path in args.path] + [("--dict", getattr(args, "dict", None))]
-    check_outputs(args, [("--out", getattr(args, "out", None)), ("--json", args.json)], inputs, script=PROG)
+    check_outputs(args, [("--out", getattr(args, "out", None)), ("--json", args.json)], inputs)
     return run_spectrum(args) if args.command == "spectrum" else run_cosine(args)
 
 

@@ -68,11 +68,11 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     positive,
     read_checkpoint,
     run_main,
-    save_figure,
     use_agg_backend,
     write_json,
 )
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
+from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 use_agg_backend()
 
@@ -316,33 +316,23 @@ def plot(rows: List[Dict], metric: str, title: str, out: str, dpi: int):
         pad = 0.15 * (high - low) or 1.0
         ax.set_ylim(low - pad, high + pad)
     fig.suptitle(title, fontsize=8)
-    save_figure(fig, out, PROG, dpi=dpi)
+    fig.savefig(out, dpi=dpi)
     plt.close(fig)
 
 
 def check_kept_outputs(args) -> None:
-    """--keep-outputs DIR: a directory (made if missing) without earlier generate-*.txt, unless --force."""
+    """--keep-outputs DIR: a directory (made if missing); its earlier generate-*.txt only with --force."""
     directory = args.keep_outputs
     if not directory:
         return
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ScriptError(f"--keep-outputs {directory} is a file; give a directory")
-    earlier = sorted(glob.glob(os.path.join(directory, "generate-*.txt")))
-    if earlier and not args.force:
-        raise ScriptError(f"--keep-outputs {directory} already holds {len(earlier)} generate-*.txt files "
-                          f"({os.path.basename(earlier[0])} ...); pass --force to replace them, or give another directory")
+    for earlier in sorted(glob.glob(os.path.join(directory, "generate-*.txt"))):
+        refuse_existing_output("--keep-outputs", earlier, args.force, ScriptError)
 
 
-def run(args) -> Dict:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)], script=PROG)
-    check_kept_outputs(args)
-    check_data_dir(args.data)
-    kind, num_encoder_layers = encoder_layer_range(args.path)
-    layers = layers_to_mask(args.layers, num_encoder_layers)
-    if args.keep_outputs:
-        os.makedirs(args.keep_outputs, exist_ok=True)
-
-    runs: List[Optional[int]] = [None] + layers
+def generate_all(args, runs: List[Optional[int]]) -> Dict[Optional[int], Dict]:
+    """fairseq-generate once per entry of ``runs`` (None: unmasked), ``--jobs`` at a time."""
     results: Dict[Optional[int], Dict] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(run_generate, args, layer): layer for layer in runs}
@@ -351,35 +341,51 @@ def run(args) -> Dict:
             results[layer] = future.result()
             print(f"  mask {layer_label(layer):>4}: BLEU {fmt(results[layer]['bleu'], '.2f')}, "
                   f"avg len {results[layer]['avg_len']:.3f}", flush=True)
+    return results
 
-    base = results[None]
-    rows = []
-    for layer in runs:
-        result = results[layer]
-        if result["subset_size"] is not None and result["sentences"] != result["subset_size"]:
-            print(f"warning: mask {layer_label(layer)}: fairseq-generate returned {result['sentences']} hypotheses "
-                  f"for {result['subset_size']} sentences of --gen-subset {args.gen_subset}", file=sys.stderr)
-        rows.append({
-            "layer": layer,
-            "masked": layer_label(layer),
-            "bleu": result["bleu"],
-            "bleu_change_pct": relative_change(result["bleu"], base["bleu"]),
-            "sacrebleu": result["sacrebleu"],
-            "sacrebleu_change_pct": relative_change(result["sacrebleu"], base["sacrebleu"]),
-            "avg_len": result["avg_len"],
-            "len_change_pct": relative_change(result["avg_len"], base["avg_len"]),
-            "avg_score": result["avg_score"],
-            "sentences": result["sentences"],
-            "identical_to_unmasked": layer is not None and result["hypotheses"] == base["hypotheses"],
-            "command": result["command"],
-        })
 
+def table_row(layer: Optional[int], result: Dict, base: Dict, gen_subset: str) -> Dict:
+    """One row of the table: the scores of a run and their change relative to the unmasked ``base``."""
+    if result["subset_size"] is not None and result["sentences"] != result["subset_size"]:
+        print(f"warning: mask {layer_label(layer)}: fairseq-generate returned {result['sentences']} hypotheses "
+              f"for {result['subset_size']} sentences of --gen-subset {gen_subset}", file=sys.stderr)
+    return {
+        "layer": layer,
+        "masked": layer_label(layer),
+        "bleu": result["bleu"],
+        "bleu_change_pct": relative_change(result["bleu"], base["bleu"]),
+        "sacrebleu": result["sacrebleu"],
+        "sacrebleu_change_pct": relative_change(result["sacrebleu"], base["sacrebleu"]),
+        "avg_len": result["avg_len"],
+        "len_change_pct": relative_change(result["avg_len"], base["avg_len"]),
+        "avg_score": result["avg_score"],
+        "sentences": result["sentences"],
+        "identical_to_unmasked": layer is not None and result["hypotheses"] == base["hypotheses"],
+        "command": result["command"],
+    }
+
+
+def table_header(args, kind_name: str, num_encoder_layers: int) -> str:
+    return (f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb..{num_encoder_layers}): "
+            f"{args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, lenpen {args.lenpen}, "
+            f"remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 line, sacreBLEU = sacrebleu on the "
+            "H-/T- lines;\navg len = mean tokens per H- line; d...% = relative change to the unmasked run")
+
+
+def run(args) -> Dict:
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
+    check_kept_outputs(args)
+    check_data_dir(args.data)
+    kind, num_encoder_layers = encoder_layer_range(args.path)
+    layers = layers_to_mask(args.layers, num_encoder_layers)
+    if args.keep_outputs:
+        os.makedirs(args.keep_outputs, exist_ok=True)
+
+    runs: List[Optional[int]] = [None] + layers
+    results = generate_all(args, runs)
+    rows = [table_row(layer, results[layer], results[None], args.gen_subset) for layer in runs]
     kind_name = "fine-grained" if kind == "fine" else "coarse-grained"
-    header = (f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb..{num_encoder_layers}): "
-              f"{args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, lenpen {args.lenpen}, "
-              f"remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 line, sacreBLEU = sacrebleu on the "
-              "H-/T- lines;\navg len = mean tokens per H- line; d...% = relative change to the unmasked run")
-    print(format_table(rows, header))
+    print(format_table(rows, table_header(args, kind_name, num_encoder_layers)))
     result = {
         "checkpoint": args.path,
         "data": args.data,
@@ -399,7 +405,7 @@ def run(args) -> Dict:
              f"({kind_name} layer attention), {args.gen_subset}, beam {args.beam}", args.out, args.dpi)
         print(f"wrote {args.out}")
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     return result
 
 

@@ -57,7 +57,6 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     load_model,
     positive,
     run_main,
-    save_figure,
     teacher_forced_input,
     token_strings,
     use_agg_backend,
@@ -222,12 +221,12 @@ def plot(weights, x_labels: List[str], y_labels: List[str], x_axis_label: str, o
     colorbar = fig.colorbar(image, ax=[row[0] for row in axes], fraction=0.04, pad=0.02, shrink=0.6)
     colorbar.set_label("probability (white = 1, black = 0)", fontsize=8)
     colorbar.ax.tick_params(labelsize=8)
-    save_figure(fig, out, PROG, dpi=dpi)
+    fig.savefig(out, dpi=dpi)
     plt.close(fig)
 
 
 def run(args) -> dict:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)], script=PROG)
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
     model, _, task = load_model(args.path, args.data, args.user_dir)
     fusion = side_fusion(model, args.side)
     bpe = build_bpe(args)
@@ -281,7 +280,7 @@ def run(args) -> dict:
          f"{os.path.basename(args.path)}", args.dpi)
     print(f"wrote {args.out}")
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     return result
 
 

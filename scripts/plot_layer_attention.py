@@ -51,7 +51,6 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     model_args,
     model_from_state,
     run_main,
-    save_figure,
     use_agg_backend,
     write_json,
 )
@@ -193,12 +192,12 @@ def plot(matrix: np.ndarray, dec_labels: List[str], enc_labels: List[str], layou
     colorbar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
     colorbar.set_label("weight", fontsize=8)
     colorbar.ax.tick_params(labelsize=7)
-    save_figure(fig, out, PROG, dpi=dpi)
+    fig.savefig(out, dpi=dpi)
     plt.close(fig)
 
 
 def run(args) -> dict:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)], script=PROG)
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
     overrides = {"mask_encoder_layer": None}  # the stored weights, whatever the checkpoint was saved with
     state = load_checkpoint_state(args.path, args.data, overrides, args.user_dir)
     margs = model_args(state)
@@ -246,7 +245,7 @@ def run(args) -> dict:
         if args.per_dim:
             result["weights_per_dim"] = weights.tolist()
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     return result
 
 

@@ -65,7 +65,6 @@ from fusion_fairseq.tools.analysis import (  # noqa: E402
     load_model,
     positive,
     run_main,
-    save_figure,
     teacher_forced_input,
     token_strings,
     use_agg_backend,
@@ -257,12 +256,12 @@ def plot(weights: np.ndarray, mask: np.ndarray, row_labels: List[str], column_la
     colorbar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, shrink=0.8)
     colorbar.set_label("attention weight", fontsize=8)
     colorbar.ax.tick_params(labelsize=8)
-    save_figure(fig, out, PROG, dpi=dpi)
+    fig.savefig(out, dpi=dpi)
     plt.close(fig)
 
 
 def run(args) -> dict:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)], script=PROG)
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     num_layers = check_model(model, cfg, args.path)
     layer_index = check_layer(args.layer, num_layers)
@@ -318,7 +317,7 @@ def run(args) -> dict:
          ROW_AXIS_LABELS[args.row_labels])
     print(f"wrote {args.out}")
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     return result
 
 

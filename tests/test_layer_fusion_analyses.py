@@ -397,7 +397,7 @@ def test_cosine_separate_embeddings(embedding_script, capsys, fine_checkpoint, t
 
     # the output projection as the target side
     code, _, err = run_script(embedding_script, capsys, "cosine", "--path", fine_checkpoint, "--data", tiny_data_bin,
-                              "--dict", bilingual, "--target-embedding", "output", "--json", out_json)
+                              "--dict", bilingual, "--target-embedding", "output", "--json", out_json, "--force")
     assert code == 0, err
     row = json.loads(out_json.read_text())["rows"][0]
     direct = direct_cosines(model.encoder.embed_tokens.weight.detach(),

@@ -219,5 +219,5 @@ def test_bpe(plot_script, capsys, tiny_mlrf_checkpoint, tiny_data_bin, tmp_path)
     code, _, err = run_script(plot_script, capsys, *common, "--source", SOURCE, "--json", str(out_json))
     assert code == 0, err
     assert json.loads(out_json.read_text())["source_tokens"] == SOURCE.split() + ["</s>"]
-    code, _, err = run_script(plot_script, capsys, *common, "--source", "w3 w8")
+    code, _, err = run_script(plot_script, capsys, *common, "--source", "w3 w8", "--force")
     assert code == 2 and "--source: word 'w@@' after BPE is not in the dictionary" in err

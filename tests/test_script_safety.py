@@ -3,6 +3,7 @@ non-positive --beam / --timeout, and report a damaged checkpoint file in one lin
 
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -151,74 +152,56 @@ def test_a_users_file_is_refused_before_the_work(scripts, capsys, tmp_path, name
     code, err = run(scripts, capsys, name, *required_arguments(name, tmp_path / "missing.pt", tmp_path),
                     flag, existing, *other)
     assert code == 2
-    assert err.strip() == f"{err.split(':')[0]}: error: {flag} {existing} exists and was not written by " \
-                          f"{name}.py; pass --force to replace it, or give another name"
+    assert err.strip() == f"{err.split(':')[0]}: error: {flag} {existing} exists; pass --force to overwrite it, " \
+                          "or give another name"
     assert existing.read_bytes() == before
 
 
-FIGURE_FORMATS = ["png", "pdf", "svg", "svgz", "ps", "eps"]
+def marked_outputs(tmp_path):
+    """Files that carry the marks by which scripts once recognised their own earlier output (and
+    replaced it without --force): a figure's metadata, a JSON "written_by" key, a Markdown comment."""
+    import matplotlib
 
-
-def check(path, script="plot_layer_attention.py", force=False):
-    from fusion_fairseq.tools.analysis import check_outputs
-
-    check_outputs(SimpleNamespace(force=force), [("--out", str(path))], script=script)
-
-
-@pytest.mark.parametrize("extension", FIGURE_FORMATS)
-def test_a_figure_is_replaced_without_force_only_when_the_script_wrote_it(tmp_path, extension):
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fusion_fairseq.tools.analysis import UsageError, file_mark, save_figure
-
-    ours, users = tmp_path / f"ours.{extension}", users_figure(tmp_path / f"users.{extension}")
+    figure = tmp_path / "ours.png"
     fig, ax = plt.subplots(figsize=(1, 1))
     ax.plot([0, 1])
-    save_figure(fig, str(ours), "plot_layer_attention.py", dpi=50)
+    fig.savefig(figure, dpi=50, metadata={"Software": "fusion-fairseq plot_layer_attention.py"})
     plt.close(fig)
-    assert file_mark(str(ours)) == "fusion-fairseq plot_layer_attention.py"
-    check(ours)
-    for refused in ({"path": users}, {"path": ours, "script": "plot_fusion_attention.py"}):
-        with pytest.raises(UsageError, match="exists and was not written by .*; pass --force to replace it"):
-            check(**refused)
-        check(**refused, force=True)
+    (tmp_path / "ours.json").write_text('{"written_by": "fusion-fairseq plot_layer_attention.py", "rows": [1]}')
+    (tmp_path / "ours.md").write_text("<!-- written_by: fusion-fairseq plot_layer_attention.py -->\n# Table\n")
+    return [figure, tmp_path / "ours.json", tmp_path / "ours.md"]
 
 
-def test_json_and_markdown_are_replaced_without_force_only_when_the_script_wrote_them(tmp_path, capsys):
-    from fusion_fairseq.tools.analysis import UsageError, check_outputs, file_mark, write_json, write_markdown
+def test_an_existing_output_is_overwritten_only_with_force(tmp_path):
+    """Whoever wrote it: a file carrying this script's own mark is refused without --force too."""
+    from fusion_fairseq.tools.analysis import UsageError, check_outputs
 
-    ours_json, ours_md = tmp_path / "ours.json", tmp_path / "ours.md"
-    write_json(str(ours_json), {"rows": [1]}, "decoding_cost.py")
-    write_markdown(str(ours_md), "# Table\n", "decoding_cost.py")
-    assert json.loads(ours_json.read_text()) == {"written_by": "fusion-fairseq decoding_cost.py", "rows": [1]}
-    assert ours_md.read_text() == "<!-- written_by: fusion-fairseq decoding_cost.py -->\n# Table\n"
-    assert file_mark(str(ours_json)) == file_mark(str(ours_md)) == "fusion-fairseq decoding_cost.py"
-    outputs = [("--json", str(ours_json)), ("--markdown", str(ours_md))]
-    check_outputs(SimpleNamespace(force=False), outputs, script="decoding_cost.py")
-    users = {"config.json": b'{"rows": []}', "notes.md": b"# my notes\n", "empty.json": b"", "text.json": b"w1 w2 w3",
-             "other_script.json": b'{"written_by": "fusion-fairseq plot_layer_attention.py"}'}
-    for name, content in users.items():
-        (tmp_path / name).write_bytes(content)
-        with pytest.raises(UsageError, match=f"--json .*{name} exists and was not written by decoding_cost.py"):
-            check_outputs(SimpleNamespace(force=False), [("--json", str(tmp_path / name))], script="decoding_cost.py")
-        assert (tmp_path / name).read_bytes() == content
-    with pytest.raises(UsageError, match="was not written by fusion-fairseq-benchmark"):
-        check_outputs(SimpleNamespace(force=False), outputs, script="fusion-fairseq-benchmark")
+    for path in [*marked_outputs(tmp_path), users_figure(tmp_path / "users.png")]:
+        before = path.read_bytes()
+        message = f"--out {path} exists; pass --force to overwrite it, or give another name"
+        with pytest.raises(UsageError, match=f"^{re.escape(message)}$"):
+            check_outputs(SimpleNamespace(force=False), [("--out", str(path))])
+        assert path.read_bytes() == before
+        check_outputs(SimpleNamespace(force=True), [("--out", str(path))])
 
 
-def test_a_script_reruns_into_its_own_outputs_without_force(scripts, capsys, tiny_mlrf_checkpoint, tiny_data_bin,
-                                                            tmp_path):
-    from PIL import Image
-
+def test_a_rerun_into_the_same_outputs_needs_force(scripts, capsys, tiny_mlrf_checkpoint, tiny_data_bin, tmp_path):
     figure, weights = tmp_path / "fig.png", tmp_path / "weights.json"
     argv = [*required_arguments("plot_fusion_attention", tiny_mlrf_checkpoint, tiny_data_bin),
             "--out", figure, "--json", weights]
-    for _ in range(2):
-        code, err = run(scripts, capsys, "plot_fusion_attention", *argv)
-        assert code == 0, err
-    assert json.loads(weights.read_text())["written_by"] == "fusion-fairseq plot_fusion_attention.py"
-    with Image.open(figure) as image:
-        assert image.info["Software"] == "fusion-fairseq plot_fusion_attention.py"
+    code, err = run(scripts, capsys, "plot_fusion_attention", *argv)
+    assert code == 0, err
+    for path in (figure, weights):
+        os.utime(path, ns=(0, 0))
+    code, err = run(scripts, capsys, "plot_fusion_attention", *argv)
+    assert code == 2 and f"--out {figure} exists; pass --force to overwrite it" in err
+    assert os.stat(figure).st_mtime_ns == os.stat(weights).st_mtime_ns == 0
+    code, err = run(scripts, capsys, "plot_fusion_attention", *argv, "--force")
+    assert code == 0, err
+    assert os.stat(figure).st_mtime_ns > 0 and os.stat(weights).st_mtime_ns > 0
 
 
 @pytest.mark.parametrize("name", ["mask_encoder_layers", "plot_layer_attention", "plot_fusion_attention"])
@@ -251,7 +234,7 @@ def test_mask_encoder_layers_refuses_earlier_kept_outputs(scripts, capsys, tmp_p
     (kept / "generate-none.txt").write_text("an earlier run\n")
     code, err = run(scripts, capsys, "mask_encoder_layers", "--path", tmp_path / "missing.pt", "--data", tmp_path,
                     "--keep-outputs", kept)
-    assert code == 2 and f"--keep-outputs {kept} already holds 1 generate-*.txt files" in err
+    assert code == 2 and f"--keep-outputs {kept / 'generate-none.txt'} exists; pass --force to overwrite it" in err
     assert (kept / "generate-none.txt").read_text() == "an earlier run\n"
 
 
@@ -339,13 +322,13 @@ def test_measurements_check_their_outputs_first(decoding_cost, monkeypatch, caps
     users.write_text('{"my": "settings"}\n')
     code, err = measure(flag, users)
     assert code == 2 and err.strip().splitlines()[-1].endswith(
-        f": error: {flag} {users} exists and was not written by {script}; pass --force to replace it, "
-        "or give another name")
+        f": error: {flag} {users} exists; pass --force to overwrite it, or give another name")
     assert users.read_text() == '{"my": "settings"}\n'
     assert measure(flag, users, "--force") == (None, None)
     ours = tmp_path / "ours.out"
-    (write_json if flag == "--json" else write_markdown)(str(ours), {} if flag == "--json" else "", script)
-    assert measure(flag, ours) == (None, None)
+    (write_json if flag == "--json" else write_markdown)(str(ours), {} if flag == "--json" else "")
+    assert measure(flag, ours)[0] == 2
+    assert measure(flag, ours, "--force") == (None, None)
 
 
 # --- evaluate.sh ------------------------------------------------------------------------------

@@ -46,4 +46,6 @@ train dense --arch dense_fconv_iwslt_de_en &
 dense=$!
 wait "$residual" || { echo "error: the residual model's training failed, see $OUT/residual.log" >&2; exit 1; }
 wait "$dense" || { echo "error: the dense model's training failed, see $OUT/dense.log" >&2; exit 1; }
-"$PYTHON" -m fusion_fairseq.tools.time_to_loss --reference "$OUT/residual.log" "$OUT/dense.log" --json "$OUT/time_to_loss.json"
+# --force: OUT is this recipe's own directory, whose logs every run rewrites; the JSON is read from them
+"$PYTHON" -m fusion_fairseq.tools.time_to_loss --reference "$OUT/residual.log" "$OUT/dense.log" --json "$OUT/time_to_loss.json" \
+  --force

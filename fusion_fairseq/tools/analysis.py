@@ -13,10 +13,9 @@ What lives here is only what those scripts have in common; each script keeps its
   and their messages, which name the flag (:func:`check_checkpoint_file`, :func:`check_data_dir`);
   :func:`read_checkpoint` reports a damaged or non-checkpoint file in one line naming it.
 * Output files: :func:`add_force_argument` and :func:`check_outputs`, called before any work, so
-  that no script replaces a file other than its own earlier output without ``--force``, nor
-  fails only after its work; :func:`write_json`, :func:`write_markdown` and :func:`save_figure`
-  mark what they write with the script's name (:func:`output_mark`, read back by
-  :func:`file_mark`), which is how a rerun recognises its own earlier output.
+  that no script overwrites an existing file without ``--force`` (the rule of
+  :func:`fusion_fairseq.tools.common.refuse_existing_output`), nor fails only after its work;
+  :func:`write_json` and :func:`write_markdown` write and say so.
 * Sentences to token ids: :func:`build_bpe`, :func:`encode_sentence` (unknown words are an error
   unless ``--allow-unk``), :func:`token_strings`, :func:`beam_search`, :func:`teacher_forced_input`.
 * Small argparse helpers for the flags several scripts share (:func:`positive` for --beam,
@@ -27,16 +26,16 @@ script needs no ``--user-dir``.
 """
 
 import argparse
-import gzip
 import json
 import logging
 import math
 import os
-import re
 import sys
 from typing import Callable, List, Optional
 
 import torch
+
+from fusion_fairseq.tools.common import refuse_existing_output
 
 USER_DIR_HELP = "fairseq --user-dir to import (the plugin itself is always imported)"
 
@@ -158,11 +157,9 @@ def finite(flag: str):
 
 
 def add_force_argument(parser):
-    """``--force``: the only way a script replaces an existing file that it did not write itself
-    (see :func:`check_outputs`)."""
+    """``--force``: the only way a script overwrites an existing output file (see :func:`check_outputs`)."""
     parser.add_argument("--force", action="store_true",
-                        help="replace an existing output file that this script did not write, which is refused "
-                        "otherwise (its own earlier output is replaced without --force)")
+                        help="overwrite an existing output file, which is refused otherwise")
 
 
 def same_file(a: str, b: str) -> bool:
@@ -173,91 +170,11 @@ def same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-# What the scripts write carries a mark, so that a rerun recognises its own earlier output and
-# nothing else: JSON a first key "written_by", Markdown a first-line HTML comment, figures
-# matplotlib's metadata (PNG text chunk "Software"; PDF, PS/EPS and SVG "Creator").
-
-MARKDOWN_MARK = re.compile(r"\A<!-- written_by: (.*?) -->\n")
-JSON_MARK = re.compile(rb'\A\s*\{\s*"written_by"\s*:\s*"([^"\\]*)"')
-PS_MARK = re.compile(rb"^%%Creator: (.*?)\r?$", re.MULTILINE)
-SVG_MARK = re.compile(rb"<dc:creator>\s*<cc:Agent>\s*<dc:title>(.*?)</dc:title>")
-PDF_MARK = re.compile(rb"/Creator \((.*?)\)")
-FIGURE_MARK_KEYS = {"png": "Software", "pdf": "Creator", "ps": "Creator", "eps": "Creator", "svg": "Creator",
-                    "svgz": "Creator"}
-HEAD_BYTES = 8192
-
-
-def output_mark(script: str) -> str:
-    """The mark of the files ``script`` writes: ``fusion-fairseq plot_layer_attention.py``; a
-    console script (``fusion-fairseq-benchmark``) is its own mark."""
-    return script if script.startswith("fusion-fairseq") else f"fusion-fairseq {script}"
-
-
-def file_mark(path: str) -> Optional[str]:
-    """The mark (:func:`output_mark`) that the existing file ``path`` carries, read from its first
-    few KB (a PDF: its last few, where matplotlib writes the Info dictionary); None for any other
-    file."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(HEAD_BYTES)
-            if head.startswith(b"%PDF"):
-                return _search(PDF_MARK, _pdf_info_region(handle))
-        if head.startswith(b"\x1f\x8b"):  # svgz
-            with gzip.open(path, "rb") as handle:
-                head = handle.read(HEAD_BYTES)
-    except (OSError, EOFError, ValueError):
-        return None
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return _png_software(path)
-    if head.startswith(b"%!PS"):
-        return _search(PS_MARK, head)
-    if head.lstrip().startswith((b"<?xml", b"<svg")):
-        return _search(SVG_MARK, head)
-    if head.startswith(b"<!-- "):
-        return _search(MARKDOWN_MARK, head.decode("utf-8", "replace"))
-    return _search(JSON_MARK, head)
-
-
-def _search(pattern, text) -> Optional[str]:
-    match = pattern.search(text)
-    if match is None:
-        return None
-    found = match.group(1)
-    return found.decode("utf-8", "replace") if isinstance(found, bytes) else found
-
-
-def _pdf_info_region(handle) -> bytes:
-    """The bytes before the cross-reference table of a matplotlib PDF, which end with its Info
-    dictionary (found through ``startxref`` at the end of the file)."""
-    handle.seek(0, os.SEEK_END)
-    size = handle.tell()
-    handle.seek(max(0, size - 64))
-    match = re.search(rb"startxref\s+(\d+)", handle.read())
-    if match is None:
-        return b""
-    xref = min(int(match.group(1)), size)
-    handle.seek(max(0, xref - HEAD_BYTES))
-    return handle.read(xref - max(0, xref - HEAD_BYTES))
-
-
-def _png_software(path: str) -> Optional[str]:
-    """A PNG's "Software" text chunk (PIL reads the chunks before the image data only)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as image:
-            software = image.info.get("Software")
-    except Exception:  # noqa: BLE001 - a damaged PNG is no earlier output
-        return None
-    return software if isinstance(software, str) else None
-
-
-def check_outputs(args, outputs, inputs=(), *, script: str) -> None:
+def check_outputs(args, outputs, inputs=()) -> None:
     """Called before any work: each output (``(flag, path)``, path None when not asked for) must
     go to an existing directory, be no directory itself, differ from the other outputs and from
-    every input (``(flag, path)``; not even --force replaces an input). An existing file is
-    replaced only when it carries the mark of ``script`` (its earlier output, a rerun); any other
-    file only with ``args.force``. A :class:`UsageError` naming the flag otherwise."""
+    every input (``(flag, path)``; not even --force replaces an input), and exist only with
+    ``args.force`` (:func:`refuse_existing_output`). A :class:`UsageError` naming the flag otherwise."""
     given = [(flag, path) for flag, path in outputs if path]
     for index, (flag, path) in enumerate(given):
         parent = os.path.dirname(os.path.abspath(path))
@@ -268,37 +185,21 @@ def check_outputs(args, outputs, inputs=(), *, script: str) -> None:
         for other_flag, other in list(given[:index]) + [(f, p) for f, p in inputs if p]:
             if same_file(path, other):
                 raise UsageError(f"{flag} {path} is the same file as {other_flag} {other}; give another name")
-        if os.path.exists(path) and file_mark(path) != output_mark(script) and not getattr(args, "force", False):
-            raise UsageError(f"{flag} {path} exists and was not written by {script}; pass --force to replace it, "
-                             "or give another name")
+        refuse_existing_output(flag, path, getattr(args, "force", False), UsageError)
 
 
-def write_json(path: str, result: dict, script: str) -> None:
-    """Write ``result`` to ``path`` as indented JSON (``--json OUT``), marked as written by
-    ``script`` (a first key ``written_by``), and say so on stdout."""
+def write_json(path: str, result: dict) -> None:
+    """Write ``result`` to ``path`` as indented JSON (``--json OUT``) and say so on stdout."""
     with open(path, "w") as handle:
-        json.dump({"written_by": output_mark(script), **result}, handle, indent=1)
+        json.dump(result, handle, indent=1)
     print(f"wrote {path}")
 
 
-def write_markdown(path: str, text: str, script: str) -> None:
-    """Write the Markdown ``text`` to ``path``, marked as written by ``script`` (a first-line
-    HTML comment, invisible when rendered), and say so on stdout."""
+def write_markdown(path: str, text: str) -> None:
+    """Write the Markdown ``text`` to ``path`` and say so on stdout."""
     with open(path, "w") as handle:
-        handle.write(f"<!-- written_by: {output_mark(script)} -->\n{text}")
+        handle.write(text)
     print(f"wrote {path}")
-
-
-def save_figure(fig, path: str, script: str, **savefig_options) -> None:
-    """``fig.savefig(path)``, marked as written by ``script`` in the metadata of the formats that
-    have it (see :data:`FIGURE_MARK_KEYS`; a figure in any other format cannot be recognised, so
-    a rerun needs --force to replace it)."""
-    import matplotlib
-
-    extension = os.path.splitext(path)[1][1:].lower() or matplotlib.rcParams["savefig.format"]
-    key = FIGURE_MARK_KEYS.get(extension)
-    metadata = {key: output_mark(script)} if key else None
-    fig.savefig(path, metadata=metadata, **savefig_options)
 
 
 # --------------------------------------------------------------------------------------------

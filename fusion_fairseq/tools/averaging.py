@@ -12,6 +12,8 @@ import re
 import sys
 from typing import List, Optional, Sequence
 
+from fusion_fairseq.tools.common import refuse_existing_output
+
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
 
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by-update", action="store_true",
                    help="with --dir: the interval checkpoints checkpoint_E_U.pt instead of the epoch ones")
     p.add_argument("--output", required=True, help="the averaged checkpoint to write")
-    p.add_argument("--force", action="store_true", help="replace an existing --output (never one of the inputs)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output (never one of the inputs)")
     return p
 
 
@@ -78,11 +80,12 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     missing = [path for path in inputs if not os.path.isfile(path)]
     if missing:
         fail(f"--inputs: no such file: {', '.join(missing)}")
-    if os.path.exists(args.output):
-        if any(os.path.samefile(args.output, path) for path in inputs):
-            fail(f"--output {args.output} is one of the checkpoints to average; give another file")
-        if not args.force:
-            fail(f"--output {args.output} exists; pass --force to replace it")
+    if os.path.exists(args.output) and any(os.path.samefile(args.output, path) for path in inputs):
+        fail(f"--output {args.output} is one of the checkpoints to average; give another file")
+    try:
+        refuse_existing_output("--output", args.output, args.force)
+    except FileExistsError as error:
+        fail(str(error))
     try:
         average_checkpoints(inputs, args.output)
     except Exception as error:  # noqa: BLE001 - a damaged or foreign file: one line naming them

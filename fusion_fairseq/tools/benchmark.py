@@ -113,9 +113,7 @@ The JSON records the environment (device, dtype, torch / fairseq / Python versio
 load average), the settings, and per configuration: arch, flags, skipped width flags,
 model-specific arguments, parameters, per-round tokens/s and sentences/s with their medians,
 ratio statistics, decoded hypothesis lengths and memory. ``--json`` and ``--markdown`` are checked
-before any measurement: an existing file is replaced only when it is an earlier output of the
-benchmark (marked ``"written_by": "fusion-fairseq-benchmark"``; the Markdown in a first-line
-comment), any other file only with ``--force``.
+before any measurement: an existing file is overwritten only with ``--force``.
 """
 
 import argparse
@@ -667,20 +665,10 @@ def flop_stats(runner, base) -> Dict[str, object]:
     return stats
 
 
-def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
-                  log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
-    """Measure every configuration (the baseline among them) and return the JSON-ready results."""
-    check_settings(settings)
-    baselines = [c for c in configs if c.baseline]
-    if len(baselines) != 1:
-        raise BenchmarkError(f"exactly one baseline configuration is needed, got {len(baselines)}")
-    if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
-    device = torch.device(settings.device)
+def build_runners(configs: List[BenchmarkConfig], settings: BenchmarkSettings, device,
+                  log: Callable[[str], None]) -> List[_Runner]:
+    """One :class:`_Runner` per configuration, on shared synthetic samples."""
     autocast_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[settings.dtype]
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    env = environment(settings, device)
-
     dictionary = dictionary_of_size(settings.vocab)
     train_sample, decode_sample = synthetic_samples(settings, dictionary, device)
     runners = []
@@ -690,7 +678,13 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
         for skipped in runner.skipped_width_flags:
             log(f"  {config.name}: width flag {skipped} not applied")
         runners.append(runner)
+    return runners
 
+
+def measure_rounds(runners: List[_Runner], settings: BenchmarkSettings, sync: Callable[[], None],
+                   log: Callable[[str], None]) -> float:
+    """Training and decoding speed of every runner, round-robin with the order rotated by one every
+    round; returns the seconds it took."""
     started = time.perf_counter()
     for repeat in range(settings.repeats):
         shift = repeat % len(runners)
@@ -701,57 +695,78 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
         for runner in order:
             value = runner.measure_decoding(sync)
             log(f"[round {repeat + 1}/{settings.repeats}] decode {runner.config.name}: {value:,.2f} sentences/s")
-    timing_seconds = time.perf_counter() - started
+    return time.perf_counter() - started
 
-    if settings.flops:
-        for runner in runners:
-            runner.measure_flops()
 
-    if settings.memory:
-        transient_peak = cuda_transient_peak if device.type == "cuda" else cpu_transient_peak
-        for runner in runners:
-            runner.measure_memory(transient_peak)
+def config_result(runner: _Runner, base: _Runner, settings: BenchmarkSettings) -> Dict[str, object]:
+    """The JSON record of one configuration, its ratios against the baseline ``base``."""
+    return {
+        "arch": runner.config.arch,
+        "baseline": runner.config.baseline,
+        "variant_flags": runner.config.flags,
+        "flags": runner.flags,
+        "skipped_width_flags": runner.skipped_width_flags,
+        "model_args": runner.model_args,
+        "parameters": runner.parameters,
+        "trainable_parameters": runner.trainable_parameters,
+        "train": {
+            "tokens_per_s": runner.tokens_per_s,
+            "median_tokens_per_s": statistics.median(runner.tokens_per_s),
+            "ratio": ratio_stats(runner.tokens_per_s, base.tokens_per_s),
+        },
+        "decode": {
+            "sentences_per_s": runner.sentences_per_s,
+            "median_sentences_per_s": statistics.median(runner.sentences_per_s),
+            "ratio": ratio_stats(runner.sentences_per_s, base.sentences_per_s),
+            "decoder_steps": settings.decode_length + 1,
+            "hypothesis_lengths": sorted(runner.decoded_lengths),
+        },
+        "memory": runner.memory or None,
+        "flops": flop_stats(runner, base) if settings.flops else None,
+    }
 
-    base = next(r for r in runners if r.config.baseline)
-    results = {}
-    for runner in runners:
-        results[runner.config.name] = {
-            "arch": runner.config.arch,
-            "baseline": runner.config.baseline,
-            "variant_flags": runner.config.flags,
-            "flags": runner.flags,
-            "skipped_width_flags": runner.skipped_width_flags,
-            "model_args": runner.model_args,
-            "parameters": runner.parameters,
-            "trainable_parameters": runner.trainable_parameters,
-            "train": {
-                "tokens_per_s": runner.tokens_per_s,
-                "median_tokens_per_s": statistics.median(runner.tokens_per_s),
-                "ratio": ratio_stats(runner.tokens_per_s, base.tokens_per_s),
-            },
-            "decode": {
-                "sentences_per_s": runner.sentences_per_s,
-                "median_sentences_per_s": statistics.median(runner.sentences_per_s),
-                "ratio": ratio_stats(runner.sentences_per_s, base.sentences_per_s),
-                "decoder_steps": settings.decode_length + 1,
-                "hypothesis_lengths": sorted(runner.decoded_lengths),
-            },
-            "memory": runner.memory or None,
-            "flops": flop_stats(runner, base) if settings.flops else None,
-        }
-    env["load_average_end"] = load_average()
-    settings_dict = asdict(settings)
-    settings_dict["decode_len"] = settings.decode_length
-    settings_dict.update({
+
+def settings_record(settings: BenchmarkSettings) -> Dict[str, object]:
+    """The settings as the JSON records them, with how the optimiser, decoding and order were set up."""
+    record = asdict(settings)
+    record["decode_len"] = settings.decode_length
+    record.update({
         "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / target tokens",
         "decoding": f"fairseq SequenceGenerator, beam {settings.beam}, max_len_a=0, "
                     f"max_len_b=min_len={settings.decode_length} (every hypothesis {settings.decode_length} tokens + EOS)",
         "order": "round-robin; the configuration order is rotated by one every round",
         "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()},
     })
+    return record
+
+
+def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
+                  log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
+    """Measure every configuration (the baseline among them) and return the JSON-ready results."""
+    check_settings(settings)
+    baselines = [c for c in configs if c.baseline]
+    if len(baselines) != 1:
+        raise BenchmarkError(f"exactly one baseline configuration is needed, got {len(baselines)}")
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    device = torch.device(settings.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    env = environment(settings, device)
+    runners = build_runners(configs, settings, device, log)
+    timing_seconds = measure_rounds(runners, settings, sync, log)
+    if settings.flops:
+        for runner in runners:
+            runner.measure_flops()
+    if settings.memory:
+        transient_peak = cuda_transient_peak if device.type == "cuda" else cpu_transient_peak
+        for runner in runners:
+            runner.measure_memory(transient_peak)
+    base = next(r for r in runners if r.config.baseline)
+    results = {runner.config.name: config_result(runner, base, settings) for runner in runners}
+    env["load_average_end"] = load_average()
     return {
         "environment": env,
-        "settings": settings_dict,
+        "settings": settings_record(settings),
         "baseline": base.config.name,
         "memory_method": MEMORY_METHOD[device.type] if settings.memory else None,
         "timing_seconds": timing_seconds,
@@ -914,7 +929,7 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
         print("\n".join(plugin_architectures()))
         return {}
     try:
-        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)], script=PROG)
+        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)])
     except UsageError as exc:  # one line, before any measurement
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(exc.exit_status) from None
@@ -929,9 +944,9 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
     table = markdown_table(result)
     print(table)
     if args.json:
-        write_json(args.json, result, PROG)
+        write_json(args.json, result)
     if args.markdown:
-        write_markdown(args.markdown, table, PROG)
+        write_markdown(args.markdown, table)
     return result
 
 

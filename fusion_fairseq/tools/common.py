@@ -1,5 +1,6 @@
-"""Helpers the project's tools and scripts share: argument types, stand-in dictionaries, parameter
-counts and the description of the machine a figure was measured on."""
+"""Helpers the project's tools and scripts share: argument types, the rule for existing output
+files, stand-in dictionaries, parameter counts and the description of the machine a figure was
+measured on."""
 
 import argparse
 import os
@@ -20,6 +21,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def refuse_existing_output(flag: str, path: str, force: bool, error: type = FileExistsError) -> None:
+    """An existing output file is never overwritten unless the user passes --force."""
+    if os.path.exists(path) and not force:
+        raise error(f"{flag} {path} exists; pass --force to overwrite it, or give another name")
 
 
 def dictionary_of_size(size: int):

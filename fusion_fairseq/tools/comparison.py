@@ -1434,8 +1434,11 @@ class Experiment:
         chosen = _read_json(os.path.join(self.out, "composition.json"))
         return composed_method(chosen["components"]) if chosen else None
 
-    def concrete_methods(self) -> List[Method]:
-        return [m for m in (self.method(method.name) for method in self.methods) if m is not None]
+    def concrete_methods(self, keep_unchosen: bool = False) -> List[Method]:
+        """The methods, the composition as chosen; before it is chosen it is left out, or with
+        ``keep_unchosen`` kept as its placeholder (for the report)."""
+        resolved = [(self.method(method.name), method) for method in self.methods]
+        return [chosen or method for chosen, method in resolved if chosen is not None or keep_unchosen]
 
     def rdir(self, name: str, seed: int) -> str:
         return run_dir(self.out, name, seed)
@@ -1574,16 +1577,13 @@ class Experiment:
         settings = argparse.Namespace(**{**vars(self.settings), "max_update": budget or (
             asked if asked != "auto" else "auto (calibrating)")})
         try:
-            return write_report(self.out, self.concrete_methods_or_placeholder(), self.settings.seeds, self.plan,
+            return write_report(self.out, self.concrete_methods(keep_unchosen=True), self.settings.seeds, self.plan,
                                 settings, self.settings.width, self.data_bin)
         except Exception as error:  # noqa: BLE001 - a report must not stop the training of the other runs
             if not quiet:
                 raise
             log(f"warning: could not write the intermediate report: {error}")
             return {}
-
-    def concrete_methods_or_placeholder(self) -> List[Method]:
-        return [self.method(m.name) or m for m in self.methods]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:

@@ -41,6 +41,7 @@ import subprocess
 import threading
 import sys
 import time
+from typing import NamedTuple
 
 from fusion_fairseq.cli import user_dir
 
@@ -503,10 +504,9 @@ def build_parser():
     return p
 
 
-def run_quickstart(argv=None):
-    """Run the whole job; returns the table's rows (dicts)."""
-    args = build_parser().parse_args(argv)
-    started = time.time()
+def check_args(args):
+    """The models to train and whether the corpus is synthetic; fills in the defaults that depend
+    on it and refuses values out of range (``SystemExit`` with a message naming the flag)."""
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
@@ -526,64 +526,95 @@ def run_quickstart(argv=None):
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 0")
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
+    return models, synthetic
 
+
+class OutDirs(NamedTuple):
+    """The directories under ``--out``."""
+
+    out: str
+    raw: str
+    bpe: str
+    bin: str
+    checkpoints: str
+    logs: str
+
+
+def make_out_dirs(args) -> OutDirs:
+    """The directories under ``--out`` (``--out`` and its ``logs`` made); --data must not be among them."""
     out = os.path.abspath(args.out)
-    raw_dir, bpe_dir, bin_dir = os.path.join(out, "raw"), os.path.join(out, "bpe"), os.path.join(out, "data-bin")
-    ckpt_root, logs_dir = os.path.join(out, "checkpoints"), os.path.join(out, "logs")
-    if args.data and os.path.abspath(args.data) in {out, raw_dir, bpe_dir, bin_dir}:
+    dirs = OutDirs(out, *(os.path.join(out, name) for name in ("raw", "bpe", "data-bin", "checkpoints", "logs")))
+    if args.data and os.path.abspath(args.data) in {out, dirs.raw, dirs.bpe, dirs.bin}:
         raise SystemExit("error: --out must not be (the parent of) the --data directory")
-    for directory in (out, logs_dir):
+    for directory in (out, dirs.logs):
         os.makedirs(directory, exist_ok=True)
-    jobs = args.jobs or default_jobs(len(models))
-    if not args.threads and jobs > 1:  # share the cores: OpenMP threads fighting over them are far slower
-        args.threads = max(1, available_cpus() // jobs)
-    env = fairseq_env(args)
-    total = 5
-    step = 1
+    return dirs
 
-    stage(step, total, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
+
+def prepare_corpus(args, synthetic, dirs: OutDirs, env, total):
+    """Stages 1 to 3: the raw corpus, the joint BPE and fairseq-preprocess."""
+    stage(1, total, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
     if synthetic:
-        prepare_synthetic_data(args, raw_dir)
+        prepare_synthetic_data(args, dirs.raw)
     else:
-        prepare_real_data(args, raw_dir)
-    step += 1
-    stage(step, total, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
-    learn_and_apply_bpe(args, raw_dir, bpe_dir)
-    step += 1
-    stage(step, total, "fairseq-preprocess --joined-dictionary")
-    preprocess(args, bpe_dir, bin_dir, logs_dir, env)
+        prepare_real_data(args, dirs.raw)
+    stage(2, total, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
+    learn_and_apply_bpe(args, dirs.raw, dirs.bpe)
+    stage(3, total, "fairseq-preprocess --joined-dictionary")
+    preprocess(args, dirs.bpe, dirs.bin, dirs.logs, env)
 
-    step += 1
+
+def train_and_test(args, models, jobs, dirs: OutDirs, env, total):
+    """Stages 4 and 5: train every model, decode the test split and score it; the table's rows."""
     parallel = f", {jobs} at a time with {env.get('OMP_NUM_THREADS', 'default')} thread(s) each" if jobs > 1 else ""
-    stage(step, total, f"fairseq-train {' and '.join(models)}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
+    stage(4, total, f"fairseq-train {' and '.join(models)}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
           f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens{parallel}")
     for name in models:
         log(f"  [{name}] {MODELS[name][1]} (--arch {MODELS[name][0]})")
-    trained = run_jobs(jobs, models, lambda name: train(args, name, bin_dir, ckpt_root, logs_dir, env))
-    step += 1
-    stage(step, total, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
-    generated = run_jobs(jobs, models, lambda name: generate(args, name, bin_dir, trained[name]["checkpoint"], logs_dir, env))
+    trained = run_jobs(jobs, models, lambda name: train(args, name, dirs.bin, dirs.checkpoints, dirs.logs, env))
+    stage(5, total, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
+    generated = run_jobs(jobs, models,
+                         lambda name: generate(args, name, dirs.bin, trained[name]["checkpoint"], dirs.logs, env))
     rows = []
     for name in models:
         hypotheses, decode_sps = generated[name]
-        score = bleu(hypotheses, os.path.join(raw_dir, f"test.{args.tgt}"))
+        score = bleu(hypotheses, os.path.join(dirs.raw, f"test.{args.tgt}"))
         log(f"  [{name}] {score}")
         rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1],
                      "bleu": score.score, "params": trained[name]["params"], "train_wps": trained[name]["train_wps"],
                      "decode_sps": decode_sps, "train_seconds": trained[name]["train_seconds"],
                      "train_cpu_seconds": trained[name]["train_cpu_seconds"],
                      "checkpoint": trained[name]["checkpoint"], "sacrebleu": str(score)})
+    return rows
 
+
+def write_results(args, rows, synthetic, dirs: OutDirs, wall):
+    """Print the table and write ``results.md`` and ``results.json`` under ``--out``."""
     table = format_table(rows)
-    wall = time.time() - started
     log(f"\n=== results on {'the synthetic' if synthetic else args.data} test set ({args.src} -> {args.tgt}), "
         f"{args.max_update} updates each, total wall time {wall:.0f}s\n")
     log(table)
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+    with open(os.path.join(dirs.out, "results.md"), "w", encoding="utf-8") as f:
         f.write(table + "\n")
-    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(dirs.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
-    log(f"\nwritten: {out}/results.md, {out}/results.json (logs and hypotheses in {logs_dir})")
+    log(f"\nwritten: {dirs.out}/results.md, {dirs.out}/results.json (logs and hypotheses in {dirs.logs})")
+
+
+def run_quickstart(argv=None):
+    """Run the whole job; returns the table's rows (dicts)."""
+    args = build_parser().parse_args(argv)
+    started = time.time()
+    models, synthetic = check_args(args)
+    dirs = make_out_dirs(args)
+    jobs = args.jobs or default_jobs(len(models))
+    if not args.threads and jobs > 1:  # share the cores: OpenMP threads fighting over them are far slower
+        args.threads = max(1, available_cpus() // jobs)
+    env = fairseq_env(args)
+    total = 5
+    prepare_corpus(args, synthetic, dirs, env, total)
+    rows = train_and_test(args, models, jobs, dirs, env, total)
+    write_results(args, rows, synthetic, dirs, time.time() - started)
     return rows
 
 

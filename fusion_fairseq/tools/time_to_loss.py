@@ -9,9 +9,7 @@ validation excluded; interpolated between log lines).
 
     python -m fusion_fairseq.tools.time_to_loss --reference residual.log dense.log [--json out.json] [--force]
 
-``--json`` is checked before the logs are read: an existing file is replaced only when it is an
-earlier output of this tool (``"written_by": "fusion-fairseq time_to_loss"``), any other file only
-with ``--force``.
+``--json`` is checked before the logs are read: an existing file is overwritten only with ``--force``.
 """
 
 import argparse
@@ -102,13 +100,13 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     try:
         check_outputs(args, [("--json", args.json)], inputs=[("--reference", args.reference)] +
-                      [("log", log) for log in args.logs], script="time_to_loss")
+                      [("log", log) for log in args.logs])
     except UsageError as error:
         parser.exit(error.exit_status, f"{parser.prog}: error: {error}\n")
     result = compare(args.reference, args.logs)
     print(format_table(result))
     if args.json:
-        write_json(args.json, result, "time_to_loss")
+        write_json(args.json, result)
     return result
 
 
