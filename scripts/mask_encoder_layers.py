@@ -152,7 +152,7 @@ def encoder_layer_range(path: str):
 
 
 def mask_error(layer: int, num_encoder_layers: int) -> str:
-    """The model's own message (``fusion_args.check_fusion_args`` / ``LayerAttention.mask_layer``)."""
+    """The model's own message (``fusion_config.check_masked_encoder_layer``)."""
     return f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) to {num_encoder_layers}"
 
 

@@ -9,6 +9,8 @@ from fairseq import checkpoint_utils
 
 from fusion_fairseq.tools.averaging import average_checkpoints, last_checkpoints, main
 
+pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
+
 
 @pytest.fixture
 def three_checkpoints(tiny_mlrf_checkpoint, tmp_path):

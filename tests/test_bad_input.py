@@ -264,6 +264,7 @@ def test_no_cross_attention_with_a_source_memory_is_refused(flags):
 
 # --- errors found while building print as one line -------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,message", [
     (["--arch", "dense_fconv_iwslt_de_en", "--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
     (["--arch", "fusion_transformer", "--layer-attention", "fine", "--fuse-encoder", "sa"],

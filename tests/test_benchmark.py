@@ -42,6 +42,7 @@ def run(tmp_path_factory):
     return returned, result, md_path.read_text()
 
 
+@pytest.mark.slow
 def test_every_config_reported_in_order(run):
     _, result, _ = run
     assert list(result["configs"]) == EXPECTED_CONFIGS

@@ -35,6 +35,7 @@ def write_multi30k(directory, lines=40):
             (directory / f"{split}.{lang}").write_text("\n".join(sentences) + "\n")
 
 
+@pytest.mark.slow
 def test_the_comparison_prepares_its_data_with_its_own_interpreter(path_without_this_interpreter, tmp_path):
     write_multi30k(tmp_path / "raw")
     args = SimpleNamespace(data_bin=None, out=str(tmp_path / "out"), report_only=False, raw=str(tmp_path / "raw"),

@@ -62,6 +62,7 @@ def _done(out, method, seed):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_every_run_has_numeric_bleu_and_params(smoke):
     _, out, results = smoke
     with open(os.path.join(out, "results.json")) as f:
@@ -83,6 +84,7 @@ def test_every_run_has_numeric_bleu_and_params(smoke):
     assert stored["settings"]["max_update"] == 4 and stored["settings"]["seeds"] == SEEDS
 
 
+@pytest.mark.slow
 def test_mean_and_spread_by_hand(smoke):
     _, out, results = smoke
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
@@ -104,6 +106,7 @@ def test_mean_and_spread_by_hand(smoke):
         assert "2/2" in line
 
 
+@pytest.mark.slow
 def test_four_test_sets_two_checkpoints_and_the_paired_difference(smoke):
     """Every run is scored on the four Multi30k test sets with its best and its averaged checkpoint;
     the report's tables carry per-set means and, per seed, the paired difference to the Transformer
@@ -141,6 +144,7 @@ def test_paired_bootstrap_of_identical_and_better_systems():
     assert better["p_value"] < 0.05 and "case:lc" in better["signature"]
 
 
+@pytest.mark.slow
 def test_learning_curve_png(smoke):
     _, out, results = smoke
     path = os.path.join(out, "learning_curves.png")
@@ -153,6 +157,7 @@ def test_learning_curve_png(smoke):
         assert row["mean_curve"]["4"] == pytest.approx(statistics.fmean(r["4"] for r in runs), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_second_invocation_does_not_retrain(smoke, capsys):
     raw, out, _ = smoke
     markers = {(m, s): os.path.join(out, "runs", m, f"seed{s}", "done.json") for m in METHODS_UNDER_TEST for s in SEEDS}
@@ -171,6 +176,7 @@ def test_second_invocation_does_not_retrain(smoke, capsys):
     assert all(r["status"] == "done" for row in results["methods"] for r in row["runs"])
 
 
+@pytest.mark.slow
 def test_report_only_shows_pending_runs(smoke, capsys):
     raw, out, _ = smoke
     results = main(_argv(raw, out, ["transformer", "mlrf"]) + ["--report-only"])
@@ -183,6 +189,7 @@ def test_report_only_shows_pending_runs(smoke, capsys):
     assert "2 of 4 runs done" in md and "| pending | pending |" in md
 
 
+@pytest.mark.slow
 def test_changed_settings_are_refused(smoke):
     raw, out, _ = smoke
     argv = _argv(raw, out, ["transformer"])
@@ -268,6 +275,7 @@ def test_every_method_uses_known_flags():
             assert args.share_all_embeddings and args.encoder_embed_dim == 256 and args.decoder_layers == 3
 
 
+@pytest.mark.slow
 def test_auto_budget_provisional_runs_and_composition(tmp_path, monkeypatch):
     """--max-update auto: the first seed's Transformer trains in chunks until its curve is flat, the
     other runs stop at --provisional-update meanwhile and then go on to the budget; the composition is
@@ -353,6 +361,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
     assert capsys.readouterr().out == "" and comparison.checkpoint_updates(last) == 500
 
 
+@pytest.mark.slow
 def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
     raw, out, _ = smoke
     theirs = tmp_path / "theirs"

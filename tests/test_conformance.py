@@ -465,6 +465,7 @@ def assert_cli_pipeline_worked(runs, test_src):
     assert sorted(hypothesis_ids(interactive.stdout)) == [0, 1], interactive.stdout[-2000:] + interactive.log[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ARCH_VARIANTS, ids=lambda v: v.id)
 def test_cli_end_to_end(variant, cli_runs, tiny_raw):
     tiny_config(variant)  # fails clearly for a model without tiny overrides
@@ -473,6 +474,7 @@ def test_cli_end_to_end(variant, cli_runs, tiny_raw):
     assert_cli_pipeline_worked(runs, os.path.join(tiny_raw, "test.src"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [BOTH_FNN_SA], ids=lambda v: v.id)
 def test_cli_end_to_end_fresh_interpreters(variant, cli_runs, tiny_raw):
     """Both-FNN-SA with a new interpreter per entry point, as a user runs them: fairseq-generate

@@ -38,6 +38,8 @@ from conformance_utils import (
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fusion_fairseq.cli import user_dir
 
+pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
+
 TEST_SENTENCES, VALID_SENTENCES = 12, 30  # conftest.write_reversal_corpus
 
 

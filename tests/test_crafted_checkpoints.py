@@ -107,6 +107,7 @@ def test_transformer_config_strings_are_not_evaluated_on_load(tiny_mlrf_checkpoi
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_dense_fconv_layer_specs_are_not_evaluated_on_load(dense_fconv_checkpoint, tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     path = crafted(dense_fconv_checkpoint, tmp_path, encoder_layers=touch_payload(marker, "[(8, 3)] * 2"))
@@ -115,6 +116,7 @@ def test_dense_fconv_layer_specs_are_not_evaluated_on_load(dense_fconv_checkpoin
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_generate_refuses_a_crafted_checkpoint_in_one_line(dense_fconv_checkpoint, tiny_data_bin, tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     path = crafted(dense_fconv_checkpoint, tmp_path, decoder_layers=touch_payload(marker, "[(8, 3)] * 2"))
@@ -201,6 +203,7 @@ def validate(data_bin, checkpoint, *flags):
                          "--max-tokens", "1000", "--valid-subset", "test", *flags)
 
 
+@pytest.mark.slow
 def test_validate_refuses_a_crafted_criterion_in_one_line(no_fusion_checkpoint, tiny_data_bin, tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     path = with_stored(no_fusion_checkpoint, tmp_path, criterion=ctc_criterion(marker))
@@ -210,6 +213,7 @@ def test_validate_refuses_a_crafted_criterion_in_one_line(no_fusion_checkpoint, 
                           "fairseq would evaluate it when building the criterion")
 
 
+@pytest.mark.slow
 def test_validate_refuses_a_crafted_task_in_one_line(no_fusion_checkpoint, tiny_data_bin, tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     path = with_stored(no_fusion_checkpoint, tmp_path, task=multilingual_task(marker, tiny_data_bin))
@@ -309,7 +313,8 @@ def test_literal_task_booleans_load(no_fusion_checkpoint, tmp_path, value):
     state["cfg"]["task"]["left_pad_source"] = value
     path = tmp_path / "literal.pt"
     torch.save(state, path)
-    checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    loaded = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert loaded["cfg"]["task"]["left_pad_source"] == value
 
 
 # --- item: only fine-tuning starts fusion parameters fresh -----------------------------------
@@ -323,6 +328,7 @@ def test_fusion_switched_on_at_load_is_an_error_naming_the_parameters(no_fusion_
         checkpoint_utils.load_model_ensemble_and_task([no_fusion_checkpoint], arg_overrides=overrides)
 
 
+@pytest.mark.slow
 def test_generate_with_fusion_overrides_fails_in_one_line(no_fusion_checkpoint, tiny_data_bin):
     result = generate(tiny_data_bin, no_fusion_checkpoint, "--model-overrides", "{'fuse_decoder': 'sa'}")
     assert_one_line_error(result, "the checkpoint has no fusion parameters", "decoder.output_fusion.")
@@ -339,6 +345,7 @@ def test_a_parameter_free_structure_switched_on_at_load_is_refused(no_fusion_che
         checkpoint_utils.load_model_ensemble_and_task([no_fusion_checkpoint], arg_overrides={flag: "dense"})
 
 
+@pytest.mark.slow
 def test_generate_with_a_structural_override_fails_in_one_line(no_fusion_checkpoint, tiny_data_bin):
     result = generate(tiny_data_bin, no_fusion_checkpoint, "--model-overrides", "{'aggregate_decoder': 'dense'}")
     assert_one_line_error(result, "--model-overrides sets aggregate_decoder 'dense'",
@@ -355,6 +362,7 @@ def test_overrides_that_keep_the_trained_structure_load(no_fusion_checkpoint):
     assert cfg.model.aggregate_decoder == "none" and cfg.model.dropout == 0.0
 
 
+@pytest.mark.slow
 def test_resuming_another_configuration_is_an_error(no_fusion_checkpoint, tiny_data_bin, tmp_path):
     save_dir = tmp_path / "resume"
     save_dir.mkdir()
@@ -367,6 +375,7 @@ def test_resuming_another_configuration_is_an_error(no_fusion_checkpoint, tiny_d
     assert_one_line_error(result, "the checkpoint has no fusion parameters", "decoder.output_fusion.")
 
 
+@pytest.mark.slow
 def test_resuming_with_a_parameter_free_structural_change_is_an_error(tiny_data_bin, tmp_path):
     """A dense connection adds no parameter, so the strict load of checkpoint_last.pt passes and the
     resumed model would compute another function than the one trained so far."""
@@ -396,6 +405,7 @@ def vanilla_checkpoint(tiny_data_bin, tmp_path_factory):
     return train(tiny_data_bin, str(tmp_path_factory.mktemp("vanilla")), "transformer", *TINY_TRANSFORMER)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["_name", "arch"])
 def test_the_architecture_cannot_change_at_load(dense_checkpoint, field):
     """fairseq builds the model of ``_name``: a vanilla Transformer would drop the aggregation."""
@@ -414,6 +424,7 @@ def test_parameter_changing_overrides_are_named_not_left_to_the_strict_load(tiny
         checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint], arg_overrides=overrides)
 
 
+@pytest.mark.slow
 def test_generate_with_a_parameter_changing_override_fails_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin):
     result = generate(tiny_data_bin, tiny_mlrf_checkpoint, "--model-overrides", "{'fusion_hops': 2}")
     assert_one_line_error(result, "--model-overrides sets fusion_hops 2", "was trained with fusion_hops 4")
@@ -430,17 +441,20 @@ def resume(data_bin, checkpoint, save_dir, arch, *flags):
     )
 
 
+@pytest.mark.slow
 def test_resuming_a_vanilla_checkpoint_with_dense_aggregation_is_an_error(vanilla_checkpoint, tiny_data_bin, tmp_path):
     result = resume(tiny_data_bin, vanilla_checkpoint, tmp_path / "resume", "fusion_transformer",
                     "--aggregate-encoder", "dense", "--aggregate-decoder", "dense")
     assert_one_line_error(result, "trained with arch 'transformer'", "the command line gives arch 'fusion_transformer'")
 
 
+@pytest.mark.slow
 def test_resuming_a_dense_checkpoint_as_a_vanilla_transformer_is_an_error(dense_checkpoint, tiny_data_bin, tmp_path):
     result = resume(tiny_data_bin, dense_checkpoint, tmp_path / "resume", "transformer")
     assert_one_line_error(result, "trained with arch 'fusion_transformer'", "the command line gives arch 'transformer'")
 
 
+@pytest.mark.slow
 def test_resuming_with_another_fusion_function_fails_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path):
     """The strict load fails first (another function has other parameters): the flag is named."""
     result = resume(tiny_data_bin, tiny_mlrf_checkpoint, tmp_path / "resume", "mlrf_iwslt_de_en",
@@ -448,6 +462,7 @@ def test_resuming_with_another_fusion_function_fails_in_one_line(tiny_mlrf_check
     assert_one_line_error(result, "trained with fuse_decoder 'sa'", "the command line gives fuse_decoder 'avg'")
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_fusion_parameters_fresh(no_fusion_checkpoint, tiny_data_bin, tmp_path):
     checkpoint = train(tiny_data_bin, str(tmp_path / "finetune"), "fusion_transformer", *TINY_TRANSFORMER,
                        "--fuse-decoder", "sa", "--finetune-from-model", no_fusion_checkpoint, updates=1)
@@ -474,6 +489,9 @@ def test_a_state_dict_loaded_in_code_is_the_callers_initialisation():
     vanilla = build_model("fusion_transformer", *TINY_TRANSFORMER)
     fusion = build_model("fusion_transformer", *TINY_TRANSFORMER, "--fuse-decoder", "sa")
     fusion.load_state_dict(vanilla.state_dict(), strict=True)
+    fusion_weights = {name for name in fusion.state_dict() if name not in vanilla.state_dict()}
+    assert fusion_weights and all("output_fusion." in name for name in fusion_weights)
+    assert torch.equal(fusion.state_dict()["encoder.embed_tokens.weight"], vanilla.state_dict()["encoder.embed_tokens.weight"])
 
 
 # --- the dense-connection reading of a checkpoint ----------------------------------------------
@@ -486,6 +504,7 @@ def literal_dense_checkpoint(tiny_data_bin, tmp_path_factory):
                  "--aggregate-encoder", "dense", "--dense-connection", "literal")
 
 
+@pytest.mark.slow
 def test_the_dense_connection_reading_cannot_change_at_load(literal_dense_checkpoint):
     path = literal_dense_checkpoint
     refused = "sets dense_connection 'layernorm' .* trained with dense_connection 'literal'"
@@ -495,6 +514,7 @@ def test_the_dense_connection_reading_cannot_change_at_load(literal_dense_checkp
     assert models[0].encoder.aggregation.reading == "literal"
 
 
+@pytest.mark.slow
 def test_a_new_dense_checkpoint_keeps_its_reading(tiny_data_bin, tmp_path):
     trained = train(tiny_data_bin, str(tmp_path), "fusion_transformer", *TINY_TRANSFORMER,
                     "--aggregate-encoder", "dense")

@@ -197,6 +197,7 @@ def base_delta(*flags):
     return count_parameters(build_model("fusion_transformer", *BASE, *flags, src_vocab=8, tgt_vocab=8)) - vanilla
 
 
+@pytest.mark.slow
 def test_table1_parameter_deltas_on_transformer_base():
     d, f = 512, 2048
     node = lambda k: k * d * f + f + f * d + d + 2 * d  # noqa: E731  FFN [x1..xk] -> f -> d, then LN

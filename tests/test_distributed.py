@@ -26,6 +26,8 @@ from conformance_utils import (FAMILIES, IN_PROCESS, CliRun, build_like_fairseq_
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.fairseq_fixes import free_local_port
 
+pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
+
 UPDATES = 3
 BACKENDS = ("c10d", "legacy_ddp")
 TRAINING = (

@@ -75,6 +75,7 @@ def test_setup_py_reads_name_and_version_from_pyproject():
     assert result.stdout.split() == ["fusion-fairseq", "0.1.0"]
 
 
+@pytest.mark.slow
 def test_importing_the_plugin_leaves_torchaudio_out():
     """ve-fairseq installs a torchaudio that may not match torch; the plugin must not need it."""
     check = "import sys, fusion_fairseq; print('torchaudio' in sys.modules)"

@@ -357,6 +357,7 @@ def test_a_genuine_criterion_name_clash_still_raises():
 
 
 # -------------------------------------------------------------------------------------- CLI
+@pytest.mark.slow
 def test_fairseq_train_logs_the_layer_diversity(tiny_data_bin, tmp_path):
     args = [
         sys.executable, "-m", "fairseq_cli.train", tiny_data_bin, "--user-dir", USER_DIR,

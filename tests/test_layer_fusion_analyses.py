@@ -21,6 +21,8 @@ from fairseq.data import Dictionary
 
 from conftest import REPO_ROOT, TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
 
+pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_WIDTH_FLAGS = [flag for i, flag in enumerate(TINY_MLRF_FLAGS)
                     if not flag.startswith("--fusion-") and not TINY_MLRF_FLAGS[i - 1].startswith("--fusion-")]

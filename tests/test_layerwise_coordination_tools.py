@@ -57,6 +57,7 @@ def run_plot(plot_script, capsys, *argv):
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_plot_png_json_text_and_weights(plot_script, capsys, coordination_checkpoint, tiny_joined_data_bin, tmp_path):
     png, out_json = tmp_path / "fig.png", tmp_path / "weights.json"
     code, out, err = run_plot(

@@ -61,6 +61,7 @@ def test_bad_values_are_refused(shrink, lrs, message):
         ShrinkOnValidationIncrease(ShrinkOnValidationIncreaseConfig(lr_shrink=shrink, lr=lrs), FakeOptimizer())
 
 
+@pytest.mark.slow
 def test_fairseq_train_runs_it_and_stops_below_the_minimum(tiny_data_bin, tmp_path):
     """Through fairseq-train: NAG at a rate of 2 makes the validation loss rise after the second epoch;
     from then on the rate shrinks at every epoch end (2, 2, 0.2, 0.02, ...) until it is below

@@ -186,6 +186,7 @@ def test_side_without_sa_fusion_is_a_clear_error(plot_script, capsys, encoder_sa
     assert code == 2 and "--fuse-encoder fnn" in err and "--fuse-encoder sa is needed" in err
 
 
+@pytest.mark.slow
 def test_command_line_exit_status(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path):
     """The real script: non-zero exit and a message naming the flag and the word."""
     result = subprocess.run(

@@ -19,6 +19,7 @@ def run_python(code, cwd):
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_user_dir_command_prints_the_package_directory(tmp_path):
     result = subprocess.run(["fusion-fairseq-user-dir"], cwd=tmp_path, capture_output=True, text=True, check=True)
     path = result.stdout.strip()
@@ -29,10 +30,15 @@ def test_user_dir_command_prints_the_package_directory(tmp_path):
 def test_import_user_module_twice_after_import():
     import fusion_fairseq  # noqa: F401
 
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    registered = ARCH_MODEL_REGISTRY["fusion_transformer"]
     utils.import_user_module(Namespace(user_dir=user_dir()))
     utils.import_user_module(Namespace(user_dir=user_dir()))
+    assert ARCH_MODEL_REGISTRY["fusion_transformer"] is registered  # no second registration replaced it
 
 
+@pytest.mark.slow
 def test_the_same_files_under_a_second_module_name_do_not_clash(tmp_path):
     """E.g. an installed copy imported as ``fusion_fairseq`` and a checkout passed to --user-dir."""
     copy = tmp_path / "fusion_fairseq_checkout"
@@ -69,6 +75,7 @@ def _run_python(code):
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
+@pytest.mark.slow
 def test_only_configuration_errors_print_as_one_line():
     """A ConfigurationError that ends a program prints as "PROG: error: MESSAGE"; any other
     exception, a ValueError raised in the plugin's own code included (a bug), keeps its traceback."""
@@ -83,6 +90,7 @@ def test_only_configuration_errors_print_as_one_line():
     assert "ValueError: unknown aggregation 'bogus'" in bug.stderr
 
 
+@pytest.mark.slow
 def test_every_global_change_is_applied_once():
     """fusion_fairseq.global_changes lists every change the plugin makes at import; after import each
     one is in place, and applying them again (the plugin imported under a second name) changes

@@ -59,6 +59,7 @@ def synthetic_run(tmp_path_factory):
     return out, stdout
 
 
+@pytest.mark.slow
 def test_synthetic_smoke_run_prints_both_models(synthetic_run):
     out, stdout = synthetic_run
     for header in ("[1/5] data: synthetic corpus", "[2/5] joint BPE", "[3/5] fairseq-preprocess",
@@ -85,6 +86,7 @@ def test_synthetic_smoke_run_prints_both_models(synthetic_run):
     assert "--fuse-encoder fnn --fuse-decoder sa" in log and "FusionTransformer" in log
 
 
+@pytest.mark.slow
 def test_rerun_keeps_user_files_and_starts_training_afresh(synthetic_run):
     out, _ = synthetic_run
     stdout = run_quickstart("--out", out, "--train-size", 300, "--valid-size", 20, "--test-size", 12,
@@ -109,6 +111,7 @@ def multi30k_slice(tmp_path_factory):
     return directory
 
 
+@pytest.mark.slow
 def test_real_data_path_on_a_multi30k_slice(multi30k_slice, tmp_path):
     out = tmp_path / "out"
     stdout = run_quickstart("--data", multi30k_slice, "--src", "de", "--tgt", "en", "--out", out, "--models", "mlrf",
@@ -195,6 +198,7 @@ def layer_fusion_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_layer_fusion_analyses_run_on_a_quickstart_checkpoint(layer_fusion_run):
     out = layer_fusion_run
     result = subprocess.run(["bash", ANALYSES, str(out)], capture_output=True, text=True, timeout=900,

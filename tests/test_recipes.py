@@ -91,6 +91,7 @@ def m30k(m30k_slice, tmp_path_factory):
     return dest, result
 
 
+@pytest.mark.slow
 def test_multi30k_recipe_outputs(m30k, m30k_slice):
     dest, result = m30k
     databin = dest / "data-bin"
@@ -132,6 +133,7 @@ def have_fastbpe():
     return True
 
 
+@pytest.mark.slow
 @needs_multi30k
 def test_fastbpe_segmentation_equals_subword_nmt_on_multi30k(tmp_path):
     """Same codes (learned by subword-nmt, converted for fastBPE) give identical segmentations, including
@@ -272,6 +274,7 @@ def number_of(line):
     return int(found[-1]) if found else None
 
 
+@pytest.mark.slow
 def test_iwslt14_recipe_outputs(iwslt, tmp_path):
     dest, kept, test_numbers, result = iwslt
     assert f"Binarised data (de -> en) is in: {dest / 'data-bin'}" in result.stdout
@@ -391,6 +394,7 @@ def test_bleu_scores_and_compound_split(tmp_path):
 
 # -------------------------------------------------------------------------------------------- evaluate.sh
 
+@pytest.mark.slow
 def test_evaluate_end_to_end_on_a_tiny_transformer(m30k, m30k_slice, tmp_path):
     dest, _ = m30k
     databin = dest / "data-bin"
@@ -640,6 +644,7 @@ def test_layerwise_coordination_recipe_batch_counts_concatenated_pairs(tmp_path)
     assert args.max_tokens == 2048 and args.lr == [0.000988] and args.warmup_updates == 4000
 
 
+@pytest.mark.slow
 def test_iwslt14_recipe_he2018_test_set_subword_filter_and_separate_dictionaries(tmp_path):
     """--test-set he2018 leaves TEDX.dev2012 out (He et al. 2018 Sec. 4.1); --max-subwords drops train
     and valid pairs with a side over N subwords after BPE, keeping the valid references in step (Wang et

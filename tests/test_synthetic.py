@@ -71,6 +71,7 @@ def test_zero_size_split_is_an_empty_file(tmp_path):
     assert read_lines(tmp_path / "valid.src") == [] and read_lines(tmp_path / "valid.tgt") == []
 
 
+@pytest.mark.slow
 def test_command_line_writes_the_same_corpus(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "fusion_fairseq.tools.synthetic", "--out", str(tmp_path / "cli"), "--train-size", "50",

@@ -51,6 +51,7 @@ def test_a_log_without_validation_is_refused(tmp_path):
         time_to_loss.compare(empty, [empty])
 
 
+@pytest.mark.slow
 def test_recipe_trains_both_models_and_reports(tiny_joined_data_bin, tmp_path):
     out, cwd = tmp_path / "out", tmp_path / "cwd"
     cwd.mkdir()
