@@ -7,7 +7,7 @@ import torch
 
 import fusion_fairseq.models.dense_fconv  # noqa: F401  (registers dense_fconv*)
 import fusion_fairseq.models.dense_transformer  # noqa: F401  (registers dense_transformer*)
-from fusion_fairseq.modules.dense_connection import block_sizes, dense_plan, final_width, summary_positions
+from fusion_fairseq.modules.densenmt_connection import block_sizes, dense_plan, final_width, summary_positions
 from model_building import build_model, count_parameters, dictionary_of_size, parse_model_args
 
 warnings.filterwarnings("ignore", category=FutureWarning)

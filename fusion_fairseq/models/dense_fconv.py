@@ -48,7 +48,7 @@ from fairseq.modules import GradMultiply
 
 from fusion_fairseq.checkpoint_safety import parse_config_literal
 from fusion_fairseq.modules.dense_attention import DENSE_ATTENTION_KINDS, DenseConvAttention, weight_normed_linear
-from fusion_fairseq.modules.dense_connection import (
+from fusion_fairseq.modules.densenmt_connection import (
     DenseFeatures,
     SummaryLayer,
     block_sizes,

@@ -38,7 +38,7 @@ from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLa
 
 from fusion_fairseq.checkpoint_safety import require_literal_transformer_config
 from fusion_fairseq.modules.dense_attention import DenseSourceAttention
-from fusion_fairseq.modules.dense_connection import (
+from fusion_fairseq.modules.densenmt_connection import (
     DenseFeatures,
     SummaryLayer,
     block_sizes,
