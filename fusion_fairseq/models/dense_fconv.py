@@ -532,8 +532,8 @@ class DenseFConvModel(FConvModel):
     @classmethod
     def build_model(cls, args, task):
         dense_fconv(args)
-        check_dense_args(args, DenseFConvConfig, [("--encoder-embed-dim", args.encoder_embed_dim),
-                                ("--decoder-embed-dim", args.decoder_embed_dim)])
+        embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]
+        check_dense_args(args, DenseFConvConfig, embed_dims)
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ConfigurationError(
                 f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim {args.decoder_embed_dim} "

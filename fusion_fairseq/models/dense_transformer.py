@@ -326,8 +326,8 @@ class DenseTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         dense_transformer(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        check_dense_args(args, DenseTransformerConfig, [("--encoder-embed-dim", args.encoder_embed_dim),
-                                ("--decoder-embed-dim", args.decoder_embed_dim)])
+        embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]
+        check_dense_args(args, DenseTransformerConfig, embed_dims)
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")
             dense = not getattr(args, f"no_dense_{side}")
