@@ -33,7 +33,7 @@ WIDE = Feature(lambda args: args.kind == "wide", lambda args: f"--kind is {args.
 
 @dataclass
 class ToyConfig:
-    dropout: float = option(values=PROBABILITY, fairseqs=True)
+    dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
     kind: str = option("narrow", "the kind", choice(("narrow", "wide")), structural=True)
     width: int = option(None, "the width", POSITIVE_INT, metavar="N", derive=lambda args: 2 * args.size,
                         read_by=WIDE, idle_reason="only wide models have a width")
@@ -98,7 +98,7 @@ def test_every_own_field_of_a_model_is_a_flag_with_help(model):
     ARCH_MODEL_REGISTRY[model].add_args(parser)
     options = {action.dest: action for action in parser._actions}
     for field in dataclasses.fields(config):
-        if not field.metadata["fairseqs"]:
+        if not field.metadata["declared_by_fairseq"]:
             assert options[field.name].help, field.name
             assert options[field.name].option_strings == ["--" + field.name.replace("_", "-")]
 

@@ -89,17 +89,17 @@ class Feature:
 def option(default=None, help: str = "", values: Optional[Values] = None, *, metavar: Optional[str] = None,
            derive: Optional[Callable[[argparse.Namespace], Any]] = None,
            check: Optional[Callable[[Any], Optional[str]]] = None, structural: bool = False,
-           read_by: Optional[Feature] = None, idle_reason: str = "", fairseqs: bool = False):
+           read_by: Optional[Feature] = None, idle_reason: str = "", declared_by_fairseq: bool = False):
     """A configuration field.
 
     ``derive(args)`` gives the default from other flags; ``check(value)`` returns a message for an
     accepted value that is still wrong; ``structural``: the field changes the model's function or
     parameters, so a checkpoint fixes it; ``read_by`` and ``idle_reason`` make a warning when the
-    field is set and the feature is absent; ``fairseqs``: the flag and its default are fairseq's
-    own, the field only adds the check of its values.
+    field is set and the feature is absent; ``declared_by_fairseq``: the flag and its default are
+    fairseq's own, the field only adds the check of its values.
     """
     metadata = dict(help=help, values=values, metavar=metavar, derive=derive, check=check, structural=structural,
-                    read_by=read_by, idle_reason=idle_reason, fairseqs=fairseqs)
+                    read_by=read_by, idle_reason=idle_reason, declared_by_fairseq=declared_by_fairseq)
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -108,7 +108,7 @@ def flag_of(name: str) -> str:
 
 
 def _own_fields(config):
-    return [field for field in dataclasses.fields(config) if not field.metadata["fairseqs"]]
+    return [field for field in dataclasses.fields(config) if not field.metadata["declared_by_fairseq"]]
 
 
 def _argparse_type(flag: str, values: Values, check):

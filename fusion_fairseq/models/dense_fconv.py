@@ -99,9 +99,9 @@ SUMMARY_LAYERS = Feature(lambda a: a.summary_every > 0, lambda a: f"--summary-ev
 class DenseConfig:
     """DenseNMT's flags (Shen et al. 2018), common to its ConvS2S and Transformer models."""
 
-    dropout: float = option(values=PROBABILITY, fairseqs=True)
-    attention_dropout: float = option(values=PROBABILITY, fairseqs=True)
-    activation_dropout: float = option(values=PROBABILITY, fairseqs=True)
+    dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    attention_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    activation_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
     growth_dim: Optional[int] = option(
         None, "hidden size of every layer: the new features each dense layer adds (Eq. 6/7), the width of a residual "
         "side unless --residual-dim is set (default: the per-layer sizes of the architecture)", POSITIVE_INT,
@@ -135,7 +135,7 @@ class DenseFConvConfig(DenseConfig):
         "sizes)", POSITIVE_INT, metavar="D", structural=True, read_by=RESIDUAL_SIDE,
         idle_reason="it is the width of a residual side")
     decoder_attention: str = option(
-        fairseqs=True, read_by=Feature(lambda a: False, lambda a: "it cannot be switched off"),
+        declared_by_fairseq=True, read_by=Feature(lambda a: False, lambda a: "it cannot be switched off"),
         idle_reason="the dense_fconv decoder attends to the source in every layer (Sec. 3.2)")
 
 

@@ -97,11 +97,11 @@ class FusionTransformerConfig:
     # fairseq's flags, checked at build time: fairseq's parser takes any float, and values from
     # checkpoints or --model-overrides are not parsed at all. The dropouts come first: a bad
     # --dropout is named as itself, not as the --fusion-dropout it sets.
-    dropout: float = option(values=PROBABILITY, fairseqs=True)
-    attention_dropout: float = option(values=PROBABILITY, fairseqs=True)
-    activation_dropout: float = option(values=PROBABILITY, fairseqs=True)
-    encoder_layerdrop: float = option(values=PROBABILITY, fairseqs=True)
-    decoder_layerdrop: float = option(values=PROBABILITY, fairseqs=True)
+    dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    attention_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    activation_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    encoder_layerdrop: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    decoder_layerdrop: float = option(values=PROBABILITY, declared_by_fairseq=True)
 
     # --- MLRF (Wang et al., COLING 2018) ---------------------------------------------------------
     fuse_encoder: str = option("none", _fuse_help("encoder"), choice(FUSION_FUNCTIONS), structural=True)
