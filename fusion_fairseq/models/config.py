@@ -46,7 +46,7 @@ def _is_number(value) -> bool:
 
 @dataclass(frozen=True)
 class RealRange(Values):
-    """A number in a range; text that is no number is told so."""
+    """A number in the range ``description`` names (e.g. "in [0, 1)"); text that is no number is told so."""
 
     def error(self, flag: str, value, shown: str) -> Optional[str]:
         if not _is_number(value):
