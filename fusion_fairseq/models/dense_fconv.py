@@ -68,6 +68,7 @@ from .config import (
     check_values,
     choice,
     fill_defaults,
+    flag_of,
     option,
     set_defaults,
     warn_idle_flags,
@@ -541,7 +542,7 @@ class DenseFConvModel(FConvModel):
             )
         for flag in ("encoder_embed_path", "decoder_embed_path"):
             if getattr(args, flag, None):
-                raise ConfigurationError(f"--{flag.replace('_', '-')} is not supported by dense_fconv")
+                raise ConfigurationError(f"{flag_of(flag)} is not supported by dense_fconv")
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_out_embed_dim = args.embed_bottleneck_dim

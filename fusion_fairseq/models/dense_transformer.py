@@ -23,7 +23,7 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +48,7 @@ from fusion_fairseq.modules.densenmt_connection import (
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import LayerCheckpointing
-from .config import POSITIVE_INT, add_arguments, fill_defaults, option, set_defaults
+from .config import POSITIVE_INT, add_arguments, fill_defaults, flag_of, option, set_defaults
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
 from fusion_fairseq.errors import ConfigurationError
 
@@ -337,7 +337,7 @@ class DenseTransformerModel(TransformerModel):
                 raise ConfigurationError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
         for flag in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
             if getattr(args, flag, None):
-                raise ConfigurationError(f"--{flag.replace('_', '-')} is not supported by dense_transformer")
+                raise ConfigurationError(f"{flag_of(flag)} is not supported by dense_transformer")
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = 1024
         if getattr(args, "max_target_positions", None) is None:

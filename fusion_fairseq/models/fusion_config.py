@@ -18,6 +18,7 @@ from .config import (
     Feature,
     check_values,
     choice,
+    flag_of,
     option,
     real,
     warn_idle_flags,
@@ -197,7 +198,7 @@ def check_fusion_args(args) -> None:
 
 def check_layers_are_kept(args):
     reads_every_layer = [
-        f"--{dest.replace('_', '-')} {getattr(args, dest)}"
+        f"{flag_of(dest)} {getattr(args, dest)}"
         for dest in ("fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder", "aggregate_decoder")
         if getattr(args, dest) != "none"
     ] + ([f"--multi-layer-attention {args.multi_layer_attention}"] if args.multi_layer_attention > 1 else [])
@@ -242,7 +243,7 @@ def check_deep_representation_args(args):
 
 
 def check_encoder_layer_fusion_args(args):
-    source_memory = [f"--{dest.replace('_', '-')} {getattr(args, dest)}"
+    source_memory = [f"{flag_of(dest)} {getattr(args, dest)}"
                      for dest in ("layer_attention", "fuse_encoder", "aggregate_encoder")
                      if getattr(args, dest) != "none"]
     if getattr(args, "no_cross_attention", False) and source_memory:

@@ -7,7 +7,6 @@
 
 from typing import Any, Dict, List, Optional
 
-import torch
 from torch import Tensor
 from fairseq.models.transformer import TransformerDecoder
 
