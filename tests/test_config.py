@@ -18,6 +18,7 @@ from fusion_fairseq.models.config import (
     SWITCH,
     Feature,
     add_arguments,
+    argparse_type,
     check_values,
     choice,
     fill_defaults,
@@ -25,6 +26,7 @@ from fusion_fairseq.models.config import (
     option,
     structural_fields,
 )
+from fusion_fairseq.tools.common import positive_int
 from model_building import parse_model_args
 
 PLUGIN_MODELS = ["fusion_transformer", "dense_transformer", "dense_fconv", "layerwise_coordination"]
@@ -60,6 +62,17 @@ def test_the_parser_names_the_flag_and_the_text(capsys):
     with pytest.raises(SystemExit):
         toy_parser().parse_args(["--width", "two"])
     assert "--width must be a positive integer, got 'two'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parse_type", [positive_int, argparse_type(POSITIVE_INT)], ids=["tools", "models"])
+def test_the_tools_flags_accept_what_the_models_flags_accept(parse_type, capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=parse_type)
+    assert parser.parse_args(["--steps", "3"]).steps == 3
+    for text in ("0", "-2", "1.5", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--steps", text])
+        assert f"argument --steps: must be a positive integer, got '{text}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -37,7 +37,11 @@ class Values:
     choices: Optional[Sequence[str]] = None
 
     def error(self, flag: str, value, shown: str) -> Optional[str]:
-        return None if self.accepts(value) else f"{flag} {self.description}, got {shown}"
+        return None if self.accepts(value) else _naming(flag, f"{self.description}, got {shown}")
+
+
+def _naming(flag: str, message: str) -> str:
+    return f"{flag} {message}" if flag else message
 
 
 def _is_number(value) -> bool:
@@ -50,8 +54,8 @@ class RealRange(Values):
 
     def error(self, flag: str, value, shown: str) -> Optional[str]:
         if not _is_number(value):
-            return f"{flag} must be a number {self.description}, got {shown}"
-        return None if self.accepts(value) else f"{flag} must be {self.description}, got {shown}"
+            return _naming(flag, f"must be a number {self.description}, got {shown}")
+        return None if self.accepts(value) else _naming(flag, f"must be {self.description}, got {shown}")
 
 
 def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> RealRange:
@@ -72,6 +76,7 @@ def choice(options: Sequence[str]) -> Values:
 
 
 POSITIVE_INT = Values("must be a positive integer", lambda value: type(value) is int and value > 0, int)
+NON_NEGATIVE_INT = Values("must be an integer >= 0", lambda value: type(value) is int and value >= 0, int)
 INTEGER = Values("must be an integer", lambda value: type(value) is int, int)
 SWITCH = Values("is a switch: True or False", lambda value: isinstance(value, bool))
 PROBABILITY = real(0.0, 1.0)
@@ -111,7 +116,10 @@ def _own_fields(config):
     return [field for field in dataclasses.fields(config) if not field.metadata["declared_by_fairseq"]]
 
 
-def _argparse_type(flag: str, values: Values, check):
+def argparse_type(values: Values, flag: str = "", check: Optional[Callable[[Any], Optional[str]]] = None):
+    """The argparse ``type`` that accepts ``values``; ``flag``, when given, is named in the message as
+    :func:`check_values` names it (argparse prefixes the flag in any case)."""
+
     def parse(text):
         try:
             value = values.convert(text)
@@ -135,7 +143,7 @@ def add_arguments(parser, config) -> None:
         elif meta["values"].choices:
             parser.add_argument(flag, choices=meta["values"].choices, help=meta["help"])
         else:
-            parser.add_argument(flag, type=_argparse_type(flag, meta["values"], meta["check"]),
+            parser.add_argument(flag, type=argparse_type(meta["values"], flag, meta["check"]),
                                 metavar=meta["metavar"], help=meta["help"])
 
 

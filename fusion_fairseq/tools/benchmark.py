@@ -140,7 +140,7 @@ from fairseq.sequence_generator import SequenceGenerator
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
 from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, write_json, write_markdown
 from fusion_fairseq.tools.common import (
-    count_parameters, device_name, dictionary_of_size, load_average, plugin_architectures, positive_int)
+    count_parameters, device_name, dictionary_of_size, load_average, plugin_architectures, non_negative_int, positive_int)
 
 PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
 BASELINE_NAME = "vanilla"
@@ -826,16 +826,6 @@ def markdown_table(result: Dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     defaults = BenchmarkSettings()
     parser = argparse.ArgumentParser(
@@ -873,7 +863,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="sentences per batch")
     group.add_argument("--src-len", type=positive_int, default=defaults.src_len, help="source tokens per sentence (EOS included)")
     group.add_argument("--tgt-len", type=positive_int, default=defaults.tgt_len, help="target tokens per sentence (EOS included)")
-    group.add_argument("--warmup", type=_non_negative_int, default=defaults.warmup, help="untimed training steps per round")
+    group.add_argument("--warmup", type=non_negative_int, default=defaults.warmup, help="untimed training steps per round")
     group.add_argument("--steps", type=positive_int, default=defaults.steps, help="timed training steps per round")
     group.add_argument("--repeats", type=positive_int, default=defaults.repeats, help="rounds over all configurations")
     group.add_argument("--criterion", choices=CRITERIA, default=defaults.criterion)
@@ -885,7 +875,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--decode-batch-size", type=positive_int, default=defaults.decode_batch_size)
     group.add_argument("--decode-len", type=positive_int, default=None,
                        help="output tokens per hypothesis, forced with min_len = max_len (default: --tgt-len)")
-    group.add_argument("--decode-warmup", type=_non_negative_int, default=defaults.decode_warmup,
+    group.add_argument("--decode-warmup", type=non_negative_int, default=defaults.decode_warmup,
                        help="untimed decode batches per round")
     group.add_argument("--decode-batches", type=positive_int, default=defaults.decode_batches,
                        help="timed decode batches per round")

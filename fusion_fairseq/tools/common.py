@@ -2,25 +2,19 @@
 files, stand-in dictionaries, parameter counts and the description of the machine a figure was
 measured on."""
 
-import argparse
 import os
 import platform
 import sys
 from typing import Dict, List, Optional
 
+from fusion_fairseq.models.config import NON_NEGATIVE_INT, POSITIVE_INT, argparse_type
+
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_PACKAGE = "fusion_fairseq"
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+positive_int = argparse_type(POSITIVE_INT)
+non_negative_int = argparse_type(NON_NEGATIVE_INT)
 
 
 def refuse_existing_output(flag: str, path: str, force: bool, error: type = FileExistsError) -> None:
