@@ -1,5 +1,5 @@
-"""Half precision checked on the CPU: what ``--fp16`` / ``--bf16`` training and half inference need
-of the models, short of a GPU.
+"""Half precision of the models: what ``--fp16`` / ``--bf16`` training and half inference need of
+them, checked on the CPU and, where there is one, on a CUDA GPU.
 
 Every registered architecture (``conformance_utils.ARCHITECTURES``), and the fusion modules a
 preset does not switch on (soft and hard SurfaceFusion at the smallest tau, the literal dense
@@ -28,7 +28,8 @@ at unit scale, far above these bounds.
 Half arithmetic on this CPU is slow (a base-width model takes tens of seconds for both dtypes):
 one preset of each family runs always (both dtypes for MLRF, one for the others), the other
 parametrisations are marked ``slow`` and deselected by default (``pytest -m slow
-tests/test_half_precision.py`` runs them).
+tests/test_half_precision.py`` runs them). On a CUDA device every configuration also runs there
+(``-cuda`` ids; skipped without one), the float32 reference without TF32.
 """
 
 import pytest
@@ -59,10 +60,16 @@ FEATURES = [
     Variant("coarse-layer-attention", "fusion_transformer", ("--layer-attention", "coarse")),
     Variant("hierarchical-attention-nodes", "deeprep_transformer_wmt_en_de", ("--aggregation-fn", "attention")),
 ]
+DTYPES = (("bfloat16", torch.bfloat16), ("float16", torch.float16))
+VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES] + FEATURES
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CONFIGURATIONS = [
-    pytest.param(variant, dtype, id=f"{variant.id}-{name}", marks=() if (variant.id, name) in ALWAYS else pytest.mark.slow)
-    for variant in [Variant(arch, arch) for arch in ARCHITECTURES] + FEATURES
-    for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16))
+    pytest.param(variant, dtype, "cpu", id=f"{variant.id}-{name}",
+                 marks=() if (variant.id, name) in ALWAYS else pytest.mark.slow)
+    for variant in VARIANTS for name, dtype in DTYPES
+] + [  # on a GPU every configuration is quick
+    pytest.param(variant, dtype, "cuda", id=f"{variant.id}-{name}-cuda", marks=CUDA)
+    for variant in VARIANTS for name, dtype in DTYPES
 ]
 VOCABULARY, SOURCE_LENGTH, TARGET_LENGTH = 100, 6, 4
 
@@ -71,18 +78,19 @@ def tolerance(dtype) -> float:
     return 4 * torch.finfo(dtype).eps
 
 
-def base_width_model(variant):
+def base_width_model(variant, device):
     torch.manual_seed(1)
     return build_model(variant.arch, *WIDTH[ARCHITECTURES[variant.arch]], *variant.flags, src_vocab=VOCABULARY,
-                       tgt_vocab=VOCABULARY, joined=True).eval()
+                       tgt_vocab=VOCABULARY, joined=True).eval().to(device)
 
 
-def sentences():
+def sentences(device):
     generator = torch.Generator().manual_seed(0)
     src = torch.randint(4, VOCABULARY, (2, SOURCE_LENGTH), generator=generator)
     target = torch.randint(4, VOCABULARY, (2, TARGET_LENGTH), generator=generator)
     prev = torch.cat([torch.full((2, 1), 2), target[:, :-1]], dim=1)  # EOS first, as fairseq's collater
-    return {"src_tokens": src, "src_lengths": torch.full((2,), SOURCE_LENGTH), "prev_output_tokens": prev}, target
+    net_input = {"src_tokens": src, "src_lengths": torch.full((2,), SOURCE_LENGTH), "prev_output_tokens": prev}
+    return {key: value.to(device) for key, value in net_input.items()}, target.to(device)
 
 
 def loss_and_log_probs(model, net_input, target):
@@ -97,16 +105,25 @@ def assert_finite_training_step(model, loss):
     assert not infinite, f"gradients not finite: {infinite}"
 
 
-@pytest.mark.parametrize("variant,dtype", CONFIGURATIONS)
-def test_half_precision_matches_float32(variant, dtype):
-    net_input, target = sentences()
-    model = base_width_model(variant)
+@pytest.fixture
+def exact_float32():
+    """The float32 reference computed in float32 on a GPU too (cuDNN's convolutions would round to TF32)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("variant,dtype,device", CONFIGURATIONS)
+def test_half_precision_matches_float32(variant, dtype, device, exact_float32):
+    net_input, target = sentences(device)
+    model = base_width_model(variant, device)
     with torch.no_grad():
         reference, _, _, logits = loss_and_log_probs(model, net_input, target)
     reference, logit_scale = reference.item(), max(1.0, logits.abs().max().item())
     close = dict(rtol=tolerance(dtype), atol=tolerance(dtype))
 
-    with torch.autocast("cpu", dtype=dtype):
+    with torch.autocast(device, dtype=dtype):
         loss = loss_and_log_probs(model, net_input, target)[0]
     assert_finite_training_step(model, loss)
     torch.testing.assert_close(loss.item(), reference, **close, msg=lambda m: f"autocast loss: {m}")

@@ -1,0 +1,121 @@
+"""fairseq-train and fairseq-generate in half precision on a GPU.
+
+Every registered architecture, at its preset's own width and depth, trains 20 updates through
+``fairseq-train`` with each of ``--fp16``, ``--bf16`` and ``--memory-efficient-fp16`` on the toy
+reversal corpus (Adam, lr 5e-4 after 5 warm-up updates, label smoothing 0.1, <= 1,000 tokens per
+batch), then ``fairseq-generate`` decodes the test set with the checkpoint in the same precision.
+Passing means: every logged loss is finite, no more than :data:`MAX_SKIPPED_UPDATES` updates were
+skipped for a gradient overflow, the last epoch's training loss is below the first's, and every test
+sentence gets a hypothesis with a finite score.
+
+Without a CUDA device these tests are skipped. The checks themselves run everywhere: on the CPU
+(fairseq trains in float16 there too, slowly) a tiny MLRF goes through the same pipeline, and the
+log reader is tested on made-up logs that must fail. The matching check of incremental decoding
+against the full forward in half precision on the GPU is ``tests/test_half_precision.py``'s
+``cuda`` parametrisation.
+"""
+
+import json
+import math
+import re
+from typing import List
+
+import pytest
+import torch
+
+from conformance_utils import ARCHITECTURES, CliRun, IN_PROCESS, TINY_OVERRIDES, hypothesis_ids, run_in_one_interpreter
+from fusion_fairseq.cli import user_dir
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+MODES = {"fp16": "--fp16", "bf16": "--bf16", "memory-efficient-fp16": "--memory-efficient-fp16"}
+UPDATES = 20
+# fp16's loss scale starts at 128 and halves at each overflow: a few skipped updates while it
+# settles are fairseq's design; more than this in 20 updates is a model that overflows.
+MAX_SKIPPED_UPDATES = 4
+JOINED = {"layerwise_coordination"}  # models that need one dictionary for both languages
+
+
+def half_precision_pipeline(data_bin: str, arch: str, mode_flag: str, save_dir: str, extra=()) -> List[CliRun]:
+    train = CliRun("train", "fairseq_cli.train", [
+        data_bin, "--user-dir", user_dir(), "--arch", arch, *extra, mode_flag,
+        "--optimizer", "adam", "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", "1000", "--max-update", str(UPDATES), "--seed", "1", "--disable-validation",
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval", "1000",
+        "--log-format", "json", "--log-interval", "1", "--no-progress-bar", *IN_PROCESS,
+    ])
+    generate_precision = "--bf16" if mode_flag == "--bf16" else "--fp16"
+    generate = CliRun("generate", "fairseq_cli.generate", [
+        data_bin, "--user-dir", user_dir(), "--path", f"{save_dir}/checkpoint_last.pt",
+        generate_precision, "--beam", "3", *IN_PROCESS,
+    ])
+    return [train, generate]
+
+
+def training_problems(log: str) -> List[str]:
+    """What is wrong with a half-precision ``fairseq-train --log-format json`` log; empty when nothing."""
+    updates = [json.loads(match) for match in re.findall(r"\| train_inner \| (\{.*\})", log)]
+    epochs = [json.loads(match) for match in re.findall(r"\| train \| (\{.*\})", log)]
+    skipped = log.count("gradient overflow detected")
+    problems = []
+    if not updates or not epochs:
+        return ["no training statistics in the log"]
+    not_finite = [u["num_updates"] for u in updates if not math.isfinite(float(u["loss"]))]
+    if not_finite:
+        problems.append(f"loss not finite at updates {not_finite}")
+    if skipped > MAX_SKIPPED_UPDATES:
+        problems.append(f"{skipped} updates skipped for gradient overflow (at most {MAX_SKIPPED_UPDATES} allowed)")
+    first, last = float(epochs[0]["train_loss"]), float(epochs[-1]["train_loss"])
+    if not last < first:
+        problems.append(f"training loss did not decrease: first epoch {first}, last epoch {last}")
+    return problems
+
+
+def assert_half_precision_pipeline_worked(runs: List[CliRun], test_sentences: int):
+    train, generate = runs
+    for run in runs:
+        assert run.error is None, f"{run.module} {' '.join(map(str, run.args))} failed:\n{run.error}\n{run.log[-3000:]}"
+    assert training_problems(train.stdout + train.log) == [], train.log[-3000:]
+    assert sorted(hypothesis_ids(generate.stdout)) == list(range(test_sentences)), generate.stdout[-2000:]
+    scores = [float(line.split("\t")[1]) for line in generate.stdout.splitlines() if line.startswith("H-")]
+    assert all(math.isfinite(score) for score in scores), generate.stdout[-2000:]
+
+
+@CUDA
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_every_architecture_trains_and_decodes_in_half_precision(arch, mode, request, tmp_path):
+    data_bin = request.getfixturevalue("tiny_joined_data_bin" if ARCHITECTURES[arch] in JOINED else "tiny_data_bin")
+    runs = run_in_one_interpreter(half_precision_pipeline(data_bin, arch, MODES[mode], str(tmp_path / "ck")),
+                                  str(tmp_path))
+    assert_half_precision_pipeline_worked(runs, test_sentences=12)
+
+
+@pytest.mark.slow
+def test_the_pipeline_and_its_checks_run_on_the_cpu(tiny_data_bin, tmp_path):
+    """The same pipeline for a tiny MLRF in float16 on the CPU, so that CI runs what the GPU runs."""
+    tiny = (*TINY_OVERRIDES["fusion_transformer"].flags, "--cpu")
+    runs = half_precision_pipeline(tiny_data_bin, "mlrf_iwslt_de_en", "--memory-efficient-fp16",
+                                   str(tmp_path / "ck"), extra=tiny)
+    runs[1].args.append("--cpu")
+    assert_half_precision_pipeline_worked(run_in_one_interpreter(runs, str(tmp_path)), test_sentences=12)
+
+
+def log_of(losses, epoch_losses, overflows=0):
+    lines = [f'| INFO | train_inner | {{"loss": "{loss}", "num_updates": "{i + 1}"}}' for i, loss in enumerate(losses)]
+    lines += [f'| INFO | train | {{"epoch": {i + 1}, "train_loss": "{loss}"}}' for i, loss in enumerate(epoch_losses)]
+    lines += ["| INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient"] * overflows
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("log,problem", [
+    (log_of([5.1, 4.0], [5.0, 4.2]), None),
+    (log_of([5.1, "nan"], [5.0, 4.2]), "loss not finite at updates ['2']"),
+    (log_of([5.1, 4.0], [5.0, 5.0]), "training loss did not decrease: first epoch 5.0, last epoch 5.0"),
+    (log_of([5.1, 4.0], [5.0, 4.2], overflows=MAX_SKIPPED_UPDATES), None),
+    (log_of([5.1, 4.0], [5.0, 4.2], overflows=MAX_SKIPPED_UPDATES + 1), "5 updates skipped for gradient overflow"),
+    ("", "no training statistics in the log"),
+])
+def test_the_log_reader_finds_what_went_wrong(log, problem):
+    problems = training_problems(log)
+    assert problems == [] if problem is None else any(p.startswith(problem) for p in problems), problems
