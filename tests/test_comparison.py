@@ -4,41 +4,16 @@ without retraining, and the errors."""
 
 import json
 import os
-import random
 import statistics
 
 import pytest
 
+from conftest import MULTI30K_SLICE, write_multi30k_slice
 from fusion_fairseq.tools import comparison
 from fusion_fairseq.tools.comparison import METHODS, Width, main, match_parameter, parse_width, summarise
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_RAW = [os.path.join(os.path.dirname(REPO), "shared", "data", "multi30k", "raw"), "/work/shared/data/multi30k/raw"]
-SPLITS = {"train": 300, "val": 50, "test_2016_flickr": 50, "test_2017_flickr": 20, "test_2017_mscoco": 20,
-          "test_2018_flickr": 20}
 METHODS_UNDER_TEST = ["transformer", "surface_fusion"]
 SEEDS = [1, 2]
-
-
-def _write_raw(directory):
-    """300 / 50 / 50 lines of Multi30k De-En when the shared copy is there, else a synthetic corpus
-    with the same file names."""
-    os.makedirs(directory, exist_ok=True)
-    source = next((d for d in SHARED_RAW if os.path.isfile(os.path.join(d, "train.de"))), None)
-    rng = random.Random(0)
-    words = {"de": "ein mann eine frau hund spielt im park auf der straße mit einem ball".split(),
-             "en": "a man woman dog plays in the park on street with ball".split()}
-    for split, count in SPLITS.items():
-        for lang in ("de", "en"):
-            with open(os.path.join(directory, f"{split}.{lang}"), "w", encoding="utf-8") as out:
-                if source:
-                    with open(os.path.join(source, f"{split}.{lang}"), encoding="utf-8") as f:
-                        for _, line in zip(range(count), f):
-                            out.write(line)
-                else:
-                    state = random.Random(f"{split}{count}")
-                    for _ in range(count):
-                        out.write(" ".join(state.choice(words[lang]) for _ in range(rng.randint(3, 9))).capitalize() + ".\n")
 
 
 def _argv(raw, out, methods=None):
@@ -52,7 +27,7 @@ def _argv(raw, out, methods=None):
 def smoke(tmp_path_factory):
     root = tmp_path_factory.mktemp("comparison")
     raw, out = str(root / "raw"), str(root / "out")
-    _write_raw(raw)
+    write_multi30k_slice(raw)
     results = main(_argv(raw, out))
     return raw, out, results
 
@@ -116,7 +91,7 @@ def test_four_test_sets_two_checkpoints_and_the_paired_difference(smoke):
     assert set(done["scores"]) == {"best", "average"}
     for kind, sets in done["scores"].items():
         assert set(sets) == {*comparison.TEST_SETS, "all"}
-        assert sets["all"]["sentences"] == sum(SPLITS[name] for name in comparison.TEST_SETS)
+        assert sets["all"]["sentences"] == sum(MULTI30K_SLICE[name] for name in comparison.TEST_SETS)
     assert done["averaged_updates"] == [2, 4] and done["best_update"] in (2, 4)
     assert done["trained_by"] and done["evaluated_by"]
     row = next(r for r in results["methods"] if r["method"] == "surface_fusion")
@@ -285,7 +260,7 @@ def test_auto_budget_provisional_runs_and_composition(tmp_path, monkeypatch):
     monkeypatch.setattr(comparison, "PLATEAU_DELTA", 1e9)  # flat at the first validation with one 2 updates earlier
     monkeypatch.setattr(comparison, "COMPONENTS", ("surface_fusion", "fgla"))
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
-    _write_raw(raw)
+    write_multi30k_slice(raw)
     argv = _argv(raw, out, ["transformer", "surface_fusion", "fgla", "composition"])
     argv[argv.index("--max-update") + 1] = "auto"
     argv[argv.index("--seeds") + 1:argv.index("--seeds") + 3] = ["1"]

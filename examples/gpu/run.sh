@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU measurements, prepared on any online machine and run on one NVIDIA GPU without internet.
+#
+#   bash examples/gpu/run.sh prepare [KIT]   online: wheels for Python 3.12 and the binarised Multi30k
+#   bash examples/gpu/run.sh install [KIT]   GPU machine: fusion-fairseq from KIT, beside its CUDA torch
+#   bash examples/gpu/run.sh half OUT        GPU: every architecture in fp16, bf16, memory-efficient fp16
+#   bash examples/gpu/run.sh speed OUT       GPU: the papers' speed ratios at Transformer-Base size, bf16
+#   bash examples/gpu/run.sh compare OUT [KIT]  GPU: the comparison's eight configurations at 6+6, d=512
+#
+# KIT (default: gpu-kit/ in this checkout, ignored by git) travels with the checkout to the GPU
+# machine: about 25 MB. OUT receives small results only (logs, JSON, Markdown). SMOKE=1 runs prepare
+# (without the wheels), speed and compare at toy size on the CPU, which is how
+# tests/test_gpu_runbook.py checks these commands.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+STEP=${1:-}
+PY=${PYTHON:-python3}
+usage() { sed -n '4,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+need_out() { [[ -n "${1:-}" ]] || { echo "run.sh $STEP: missing the output folder OUT" >&2; exit 2; }; mkdir -p "$1"; }
+
+# Packages a CUDA PyTorch image already has, left out of the wheelhouse to keep the kit small; pip
+# names any that the target lacks when it installs offline.
+IMAGE_HAS=torch,torchaudio,numpy,scipy,scikit-learn,matplotlib,pillow,fonttools,lxml,cython,kiwisolver,contourpy,pyyaml,regex,joblib,threadpoolctl,packaging,tqdm,tabulate
+RAW=${MULTI30K_RAW:-$REPO/../shared/data/multi30k/raw}
+TEST_SETS=(test_2016_flickr test_2017_flickr test_2017_mscoco test_2018_flickr)
+
+# the comparison at a paper's depth: the CPU comparison's methods, data, optimiser and budget rule at
+# Transformer-Base widths; dropout 0.3, the usual Base-size value on a corpus of 29,000 sentences
+# (0.1 at d=128 on the CPU)
+COMPARE=(--width 6+6:512:2048:8 --dropout 0.3 --max-update auto --eval-every 250 --seeds 1 2 --device cuda
+         --jobs 8 --threads 2 --train-args=--bf16
+         --methods transformer,mlrf,deeprep,surface_fusion,fgla,layerwise_coordination,dense_transformer,composition)
+# Dou et al. Table 1, MLRF's Dec-SA and Both-FNN-SA, SurfaceFusion; every ratio against fairseq's transformer
+SPEED=(--encoder-layers 6 --decoder-layers 6 --embed-dim 512 --ffn-dim 2048 --heads 8 --vocab 32000
+       --batch-size 64 --device cuda --dtype bf16 --repeats 5 --archs
+       --variant "no fusion=fusion_transformer:"
+       --variant "Dense=fusion_transformer:--aggregate-encoder dense --aggregate-decoder dense"
+       --variant "Linear=fusion_transformer:--aggregate-encoder linear --aggregate-decoder linear"
+       --variant "Iterative=fusion_transformer:--aggregate-encoder iterative --aggregate-decoder iterative"
+       --variant "Hierarchical=fusion_transformer:--aggregate-encoder hierarchical --aggregate-decoder hierarchical"
+       --variant "MLA-k2=fusion_transformer:--multi-layer-attention 2"
+       --variant "MLRF Dec-SA=fusion_transformer:--fuse-decoder sa"
+       --variant "MLRF Both-FNN-SA=fusion_transformer:--fuse-encoder fnn --fuse-decoder sa"
+       --variant "SurfaceFusion-hard=fusion_transformer:--surface-fusion hard"
+       --variant "SurfaceFusion-soft=fusion_transformer:--surface-fusion soft"
+       --variant "Coarse-LA=fusion_transformer:--layer-attention coarse")
+# DenseNMT against its convolutional baseline of similar size (Shen et al.: 8.1% slower per step)
+SPEED_DENSENMT=(--baseline-arch fconv_iwslt_de_en --archs --vocab 32000 --batch-size 64 --device cuda --dtype bf16
+                --repeats 5 --variant 'BASE-4L=fconv_iwslt_de_en:--decoder-layers "[(256, 3)] * 4"'
+                --variant "DenseNMT-4L-2=dense_fconv_iwslt_de_en:")
+if [[ "${SMOKE:-0}" == 1 ]]; then  # the same commands at toy size on the CPU: later flags override earlier ones
+    COMPARE+=(--width 1+1:16:32:2 --dropout 0.1 --max-update 4 --provisional-update 4 --eval-every 2 --seeds 1
+              --device cpu --jobs 1 --threads 1 --train-args= --max-tokens 512 --warmup 2
+              --methods transformer,mlrf --gen-args="--max-len-a 0 --max-len-b 12")
+    SMOKE_SIZE=(--encoder-layers 3 --decoder-layers 3 --embed-dim 16 --ffn-dim 32 --heads 2 --vocab 64
+                --batch-size 2 --device cpu --dtype fp32 --repeats 1 --steps 1 --warmup 0 --decode-batches 1
+                --decode-warmup 0 --no-memory --no-flops)
+    SPEED+=("${SMOKE_SIZE[@]}")
+    SPEED_DENSENMT+=("${SMOKE_SIZE[@]}")
+fi
+
+case "$STEP" in
+    prepare)
+        KIT=${2:-$REPO/gpu-kit}
+        [[ -f "$RAW/train.de" ]] || { echo "run.sh prepare: no Multi30k in $RAW (set MULTI30K_RAW)" >&2; exit 2; }
+        # the wheelhouse script is tested by tests/test_install.py; the smoke run skips its download
+        [[ "${SMOKE:-0}" == 1 ]] || bash "$REPO/scripts/wheelhouse.sh" "$KIT/wheels" --python 3.12 --exclude "$IMAGE_HAS"
+        # the comparison's own data preparation (compare_methods.py prepare_data): joint BPE 8,000, joined dictionary
+        [[ -f "$KIT/multi30k/data-bin/recipe.env" ]] || PYTHON=$PY bash "$REPO/scripts/prepare-multi30k.sh" \
+            --from "$RAW" --dest "$KIT/multi30k" --src de --tgt en --test-set test_2016_flickr --bpe-merges 8000
+        mkdir -p "$KIT/multi30k/test-raw"
+        for name in "${TEST_SETS[@]}"; do cp "$RAW/$name".{de,en} "$KIT/multi30k/test-raw/"; done
+        rm -rf "$KIT/multi30k/raw" "$KIT/multi30k/tok" "$KIT/multi30k"/{train,valid,test}.{de,en}  # what the GPU needs not
+        du -sh "$KIT" ;;
+    install)
+        KIT=${2:-$REPO/gpu-kit}
+        "$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" --no-build-isolation -e "$REPO[test]"
+        "$PY" -c 'import torch, fairseq, fusion_fairseq; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "fairseq", fairseq.__version__)' ;;
+    half)
+        need_out "${2:-}"
+        set -o pipefail
+        "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_training.py tests/test_half_precision.py -k "cuda or trains_and_decodes" \
+            -m "slow or not slow" -n "${WORKERS:-8}" --junitxml "$2/half.xml" 2>&1 | tee "$2/half.log" ;;
+    speed)
+        need_out "${2:-}"
+        "$PY" "$REPO/scripts/benchmark.py" "${SPEED[@]}" --json "$2/speed.json" --markdown "$2/speed.md"
+        "$PY" "$REPO/scripts/benchmark.py" "${SPEED_DENSENMT[@]}" --json "$2/speed-densenmt.json" \
+            --markdown "$2/speed-densenmt.md" ;;
+    compare)
+        need_out "${2:-}"
+        KIT=${3:-$REPO/gpu-kit}
+        "$PY" "$REPO/scripts/compare_methods.py" --out "$2" --data-bin "$KIT/multi30k/data-bin" \
+            --raw "$KIT/multi30k/test-raw" "${COMPARE[@]}" ;;
+    *) usage ;;
+esac

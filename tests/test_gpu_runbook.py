@@ -1,0 +1,77 @@
+"""examples/gpu/run.sh: the commands prepared for a GPU machine run, at toy size on the CPU
+(``SMOKE=1``: the same flags, later ones shrinking the models and moving them to the CPU), so that
+GPU time is not spent finding a wrong flag. The half-precision step runs pytest on
+``tests/test_gpu_training.py`` and ``tests/test_half_precision.py``; its selection is checked here."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, write_multi30k_slice
+
+RUNBOOK = os.path.join(REPO_ROOT, "examples", "gpu", "run.sh")
+
+
+def runbook(step, *args, smoke=True, env=None):
+    environment = {**os.environ, "PYTHON": sys.executable, "SMOKE": "1" if smoke else "0", **(env or {})}
+    return subprocess.run(["bash", RUNBOOK, step, *map(str, args)], cwd=REPO_ROOT, env=environment,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    write_multi30k_slice(root / "raw")
+    result = runbook("prepare", root / "kit", env={"MULTI30K_RAW": str(root / "raw")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "kit"
+
+
+@pytest.mark.slow
+def test_prepare_makes_the_data_the_comparison_reads(kit):
+    assert (kit / "multi30k" / "data-bin" / "recipe.env").is_file()
+    assert (kit / "multi30k" / "code").is_file()  # the BPE codes the test sets are segmented with
+    assert sorted(os.listdir(kit / "multi30k" / "test-raw")) == sorted(
+        f"{name}.{lang}" for name in ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
+        for lang in ("de", "en"))
+
+
+@pytest.mark.slow
+def test_the_speed_commands_run_every_configuration(tmp_path):
+    result = runbook("speed", tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {config for name in ("speed.json", "speed-densenmt.json")
+            for config in json.load(open(tmp_path / "out" / name))["configs"]}
+    assert {"Dense", "Linear", "Iterative", "Hierarchical", "MLA-k2", "MLRF Dec-SA", "SurfaceFusion-hard",
+            "BASE-4L", "DenseNMT-4L-2"} <= rows, rows
+
+
+@pytest.mark.slow
+def test_the_comparison_command_trains_and_scores(kit, tmp_path):
+    result = runbook("compare", tmp_path / "out", kit)
+    assert result.returncode == 0, result.stderr[-3000:]
+    methods = json.load(open(tmp_path / "out" / "results.json"))["methods"]
+    runs = {(m["method"], run["seed"]): run["status"] for m in methods for run in m["runs"]}
+    assert runs == {("transformer", 1): "done", ("mlrf", 1): "done"}
+    scored = {"test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr", "all"}
+    assert all(set(m["test"]["best"]) == scored for m in methods), [m["test"]["best"].keys() for m in methods]
+
+
+def test_the_half_precision_step_selects_the_gpu_tests():
+    selected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
+         "-k", "cuda or trains_and_decodes", "tests/test_gpu_training.py", "tests/test_half_precision.py"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300).stdout.splitlines()
+    tests = [line for line in selected if "::" in line]
+    assert len([t for t in tests if "test_gpu_training.py" in t]) == 3 * 18
+    assert tests and all(t.endswith("-cuda]") for t in tests if "test_half_precision.py" in t)
+    with open(RUNBOOK) as handle:
+        assert '-k "cuda or trains_and_decodes"' in handle.read()
+
+
+def test_a_step_without_its_output_folder_is_refused():
+    result = runbook("speed")
+    assert result.returncode == 2 and "missing the output folder OUT" in result.stderr
