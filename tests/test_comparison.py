@@ -355,3 +355,32 @@ def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
     main(argv)
     with open(theirs / "plan.json") as f:
         assert "transformer" in json.load(f)["entries"]
+
+
+def _paired(difference, low, high):
+    return {"difference": difference, "ci95": [low, high]}
+
+
+@pytest.mark.parametrize("paired,baseline,expected", [
+    ([_paired(1.2, 0.4, 2.0), _paired(0.9, 0.1, 1.7)], [33.0, 33.5], "better"),
+    ([_paired(-1.2, -2.0, -0.4), _paired(-0.9, -1.7, -0.1)], [33.0, 33.5], "worse"),
+    ([_paired(1.2, 0.4, 2.0), _paired(0.9, -0.1, 1.7)], [33.0, 33.5], "within the spread"),  # one interval holds 0
+    ([_paired(1.2, 0.4, 2.0), _paired(0.9, 0.1, 1.7)], [33.0, 34.2], "within the spread"),  # a seed moves it more
+    ([_paired(1.2, 0.4, 2.0), _paired(-0.9, -1.7, -0.1)], [33.0, 33.5], "within the spread"),  # opposite sides
+    ([_paired(1.2, 0.4, 2.0), None], [33.0], "pending (1 of 2 seeds)"),
+])
+def test_the_verdict_needs_every_seed_and_more_than_the_seed_spread(paired, baseline, expected):
+    assert comparison.verdict(paired, baseline) == expected
+
+
+def test_the_verdict_table_sets_each_gap_beside_its_papers():
+    def run(seed, all_four, paired=None):
+        return {"seed": seed, "paired": paired and {"best": paired, "average": paired},
+                "test": {"best": {"all": all_four}, "average": {"all": all_four}}}
+
+    rows = [{"method": "transformer", "title": "Transformer", "runs": [run(1, 30.0), run(2, 30.2)]},
+            {"method": "mlrf", "title": "MLRF", "paper_gap": [0.92, "IWSLT14"],
+             "runs": [run(1, 31.0, _paired(1.0, 0.5, 1.5)), run(2, 31.0, _paired(0.8, 0.2, 1.4))]}]
+    table = comparison.verdict_table(rows, [1, 2])
+    assert table[-1] == "| MLRF | +0.90 | better | +0.90 | better | +0.92 | IWSLT14 |"
+    assert all(m.paper_gap for m in METHODS.values() if m.name != "transformer")  # every paper's row has its gap
