@@ -28,9 +28,18 @@ training, rank 0 reads the checkpoint and broadcasts it pickled, its tensors rep
 ``_TensorPlaceholder`` (a frozen dataclass holding an index); the other ranks unpickle it with
 ``torch.load``, whose ``weights_only`` default (torch >= 2.6) refuses that class, on GPUs too: it
 joins torch's safe globals.
+
+``train_bf16_without_tpu``: fairseq's ``options.parse_args_and_arch`` (main branch, ve-fairseq
+0.12.3) sets ``--tpu`` for every ``--bf16`` run (fairseq issue #4696), and its Trainer then asks
+torch_xla for a TPU device: ``fairseq-train --bf16`` stops at ``'NoneType' object has no attribute
+'xla_device'`` on a GPU and on the CPU. Where torch_xla is not installed no TPU can be meant, so the
+wrapper of ``call_main`` clears that flag, and fairseq's own bfloat16 path trains on the GPU (or
+the CPU with ``--cpu``): the model and criterion in bfloat16, float32 master weights in
+``FP16Optimizer``, no loss scaling. With torch_xla installed, ``--bf16`` stays fairseq's TPU path.
 """
 
 import functools
+import importlib.util
 import os
 import socket
 
@@ -160,6 +169,35 @@ class DistributedDataParallelOnCpu(torch.nn.parallel.DistributedDataParallel):
         if all(parameter.device.type == "cpu" for parameter in module.parameters()):
             device_ids = output_device = None
         super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
+
+
+# --------------------------------------------------------------------------- bfloat16 without a TPU
+
+_BF16_MARK = "_trains_bf16_without_tpu"
+
+
+def tpu_implied_by_bf16(cfg) -> bool:
+    """fairseq set ``--tpu`` because of ``--bf16``, and there is no torch_xla to drive a TPU."""
+    return cfg.common.bf16 and cfg.common.tpu and importlib.util.find_spec("torch_xla") is None
+
+
+def with_bf16_without_tpu(call_main):
+    """``call_main`` that trains ``--bf16`` on the GPU or CPU where fairseq assumed a TPU."""
+
+    @functools.wraps(call_main)
+    def wrapper(cfg, main, **kwargs):
+        if tpu_implied_by_bf16(cfg):
+            cfg.common.tpu = False
+        return call_main(cfg, main, **kwargs)
+
+    setattr(wrapper, _BF16_MARK, True)
+    return wrapper
+
+
+def train_bf16_without_tpu():
+    """Install :func:`with_bf16_without_tpu` on ``fairseq.distributed.utils`` (once)."""
+    if not getattr(distributed_utils.call_main, _BF16_MARK, False):
+        distributed_utils.call_main = with_bf16_without_tpu(distributed_utils.call_main)
 
 
 def train_in_cpu_processes():

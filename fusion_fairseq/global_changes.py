@@ -11,6 +11,7 @@ one list. Each is idempotent (the plugin may be imported twice, as ``fusion_fair
 | ``sys.excepthook`` prints a :class:`ConfigurationError` as one line | a refused value is a usage error, not a crash; every other exception keeps its traceback | plugin rule | ``test_plugin_import.py`` |
 | ``data_utils.batch_by_size`` keeps the last partial batch | fairseq drops up to ``--required-batch-size-multiple`` - 1 sentences from generation, validation and every epoch | fairseq #5036 | ``test_fairseq_fixes.py`` |
 | fairseq's multi-process training runs on the CPU | fairseq counts processes in GPUs: ``--cpu --distributed-world-size 2`` fails or trains nothing | plugin fix of fairseq's ``distributed/utils.py`` | ``test_distributed.py`` |
+| ``--bf16`` trains without a TPU | fairseq sets ``--tpu`` for every ``--bf16`` run and stops where torch_xla is missing | fairseq #4696 | ``test_fairseq_fixes.py`` |
 
 The reasons in full are in the docstrings of the functions listed in :data:`CHANGES`.
 """
@@ -25,6 +26,7 @@ CHANGES = (
     checkpoint_safety.print_configuration_errors_in_one_line,
     fairseq_fixes.keep_last_partial_batch,
     fairseq_fixes.train_in_cpu_processes,
+    fairseq_fixes.train_bf16_without_tpu,
 )
 
 

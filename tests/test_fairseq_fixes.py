@@ -1,6 +1,7 @@
 """The plugin's fixes of fairseq (``fusion_fairseq.fairseq_fixes``): every sentence in its batches
 (fairseq issue #5036); multi-process training on the CPU (the pieces here; ``fairseq-train --cpu
---distributed-world-size 2`` and torchrun themselves in ``tests/test_distributed.py``)."""
+--distributed-world-size 2`` and torchrun themselves in ``tests/test_distributed.py``); ``--bf16``
+without a TPU (fairseq issue #4696)."""
 
 from argparse import Namespace
 
@@ -126,3 +127,33 @@ def test_other_ranks_read_the_broadcast_checkpoint():
     buffer.seek(0)
     loaded = torch.load(buffer, map_location="cpu")
     assert distributed_utils._put_tensors_in_obj(loaded, tensors)["model"]["w"].tolist() == [1.0, 1.0]
+
+
+# --------------------------------------------------------------------------- bfloat16 without a TPU
+
+
+def test_bf16_trains_without_a_tpu(monkeypatch):
+    """fairseq's options turn ``--bf16`` into a TPU run; where torch_xla is missing the flag is cleared
+    before fairseq's ``call_main`` builds the Trainer (``fairseq-train --bf16`` end to end, on the
+    CPU, in ``tests/test_gpu_training.py``)."""
+    from fairseq.distributed import utils as distributed_utils
+
+    cfg = cpu_training_config("--bf16")
+    assert cfg.common.tpu  # fairseq's doing (issue #4696)
+    seen = []
+    monkeypatch.setattr(distributed_utils, "call_main", lambda cfg, main: seen.append(cfg.common.tpu))
+    from fusion_fairseq.fairseq_fixes import train_bf16_without_tpu
+
+    train_bf16_without_tpu()
+    distributed_utils.call_main(cfg, None)
+    assert seen == [False] and cfg.common.bf16
+
+
+def test_an_explicit_tpu_run_is_left_to_fairseq_where_torch_xla_is_installed(monkeypatch):
+    from fusion_fairseq import fairseq_fixes
+
+    cfg = cpu_training_config("--bf16")
+    monkeypatch.setattr(fairseq_fixes.importlib.util, "find_spec", lambda name: object())
+    seen = []
+    fairseq_fixes.with_bf16_without_tpu(lambda cfg, main: seen.append(cfg.common.tpu))(cfg, None)
+    assert seen == [True]

@@ -9,7 +9,7 @@ skipped for a gradient overflow, the last epoch's training loss is below the fir
 sentence gets a hypothesis with a finite score.
 
 Without a CUDA device these tests are skipped. The checks themselves run everywhere: on the CPU
-(fairseq trains in float16 there too, slowly) a tiny MLRF goes through the same pipeline, and the
+(fairseq trains in half precision there too, slowly) a tiny MLRF goes through the same pipeline, and the
 log reader is tested on made-up logs that must fail. The matching check of incremental decoding
 against the full forward in half precision on the GPU is ``tests/test_half_precision.py``'s
 ``cuda`` parametrisation.
@@ -92,11 +92,12 @@ def test_every_architecture_trains_and_decodes_in_half_precision(arch, mode, req
 
 
 @pytest.mark.slow
-def test_the_pipeline_and_its_checks_run_on_the_cpu(tiny_data_bin, tmp_path):
-    """The same pipeline for a tiny MLRF in float16 on the CPU, so that CI runs what the GPU runs."""
+@pytest.mark.parametrize("mode", ["bf16", "memory-efficient-fp16"])  # fairseq's FP16Optimizer needs CUDA
+def test_the_pipeline_and_its_checks_run_on_the_cpu(mode, tiny_data_bin, tmp_path):
+    """The same pipeline for a tiny MLRF on the CPU, so that CI runs what the GPU runs (``--bf16``
+    only with the plugin's fix of fairseq issue #4696)."""
     tiny = (*TINY_OVERRIDES["fusion_transformer"].flags, "--cpu")
-    runs = half_precision_pipeline(tiny_data_bin, "mlrf_iwslt_de_en", "--memory-efficient-fp16",
-                                   str(tmp_path / "ck"), extra=tiny)
+    runs = half_precision_pipeline(tiny_data_bin, "mlrf_iwslt_de_en", MODES[mode], str(tmp_path / "ck"), extra=tiny)
     runs[1].args.append("--cpu")
     assert_half_precision_pipeline_worked(run_in_one_interpreter(runs, str(tmp_path)), test_sentences=12)
 

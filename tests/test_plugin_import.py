@@ -107,10 +107,13 @@ def test_every_global_change_is_applied_once():
         "    return (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,\n"
         "            checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch)\n"
         "before = installed()\n"
-        "marks = ['prints_configuration_errors_in_one_line', '_keeps_last_partial_batch', '_trains_in_cpu_processes',\n"
-        "         'checks_loaded_configurations']\n"
-        "print(len(global_changes.CHANGES), [bool(getattr(f, m, False)) for f, m in zip(before, marks)])\n"
+        "marked = [(sys.excepthook, 'prints_configuration_errors_in_one_line'),\n"
+        "          (data_utils.batch_by_size, '_keeps_last_partial_batch'),\n"
+        "          (distributed_utils.call_main, '_trains_in_cpu_processes'),\n"
+        "          (checkpoint_utils.load_checkpoint_to_cpu, 'checks_loaded_configurations'),\n"
+        "          (distributed_utils.call_main, '_trains_bf16_without_tpu')]\n"
+        "print(len(global_changes.CHANGES), [bool(getattr(f, m, False)) for f, m in marked])\n"
         "global_changes.apply_all()\n"
         "print(installed() == before)\n")
     assert checked.returncode == 0, checked.stderr[-2000:]
-    assert checked.stdout.split("\n")[:2] == ["7 [True, True, True, True]", "True"]
+    assert checked.stdout.split("\n")[:2] == ["8 [True, True, True, True, True]", "True"]
