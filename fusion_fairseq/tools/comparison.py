@@ -1170,6 +1170,7 @@ def markdown_header(results: dict) -> List[str]:
     n_done = sum(run["status"] == "done" for run in runs)
     devices = sorted({d for run in runs for d in run.get("devices", [])})
     train_total = sum(run.get("train_seconds") or 0 for run in runs)
+    decode_total = sum(run.get("generate_seconds") or 0 for run in runs)
     return [
         "# One benchmark for all methods: Multi30k De->En",
         "",
@@ -1186,8 +1187,8 @@ def markdown_header(results: dict) -> List[str]:
         f"validation NLL and the average of the last {AVERAGED} checkpoints are translated (beam {s['beam']}). "
         f"Seeds: {', '.join(map(str, s['seeds']))}.",
         f"* Device(s) used so far: {'; '.join(devices) if devices else '–'}. Requested: "
-        f"`--device {s['device']}`, {s['jobs']} parallel job(s). Training time so far: {_fmt_duration(train_total)} "
-        "(sum over runs).",
+        f"`--device {s['device']}`, {s['jobs']} parallel job(s). Time so far, summed over runs: training "
+        f"{_fmt_duration(train_total)}, test decoding {_fmt_duration(decode_total)}.",
         "* BLEU: detokenised sacreBLEU against the raw reference (case-insensitive; signature in results.json) and, "
         "in parentheses, tokenised BLEU (multi-bleu style), both as `scripts/evaluate.sh`. Mean ± sample std "
         "[min, max] over the finished seeds. The first table: the best checkpoint on test_2016_flickr.",
