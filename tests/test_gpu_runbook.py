@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from conformance_utils import ARCHITECTURES
 from conftest import REPO_ROOT, write_multi30k_slice
 
 RUNBOOK = os.path.join(REPO_ROOT, "examples", "gpu", "run.sh")
@@ -66,7 +67,7 @@ def test_the_half_precision_step_selects_the_gpu_tests():
          "-k", "cuda or trains_and_decodes", "tests/test_gpu_training.py", "tests/test_half_precision.py"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300).stdout.splitlines()
     tests = [line for line in selected if "::" in line]
-    assert len([t for t in tests if "test_gpu_training.py" in t]) == 3 * 18
+    assert len([t for t in tests if "test_gpu_training.py" in t]) == 3 * len(ARCHITECTURES)  # every mode
     assert tests and all(t.endswith("-cuda]") for t in tests if "test_half_precision.py" in t)
     with open(RUNBOOK) as handle:
         assert '-k "cuda or trains_and_decodes"' in handle.read()
