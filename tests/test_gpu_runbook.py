@@ -47,7 +47,7 @@ def test_the_speed_commands_run_every_configuration(tmp_path):
     rows = {config for name in ("speed.json", "speed-densenmt.json")
             for config in json.load(open(tmp_path / "out" / name))["configs"]}
     assert {"Dense", "Linear", "Iterative", "Hierarchical", "MLA-k2", "MLRF Dec-SA", "SurfaceFusion-hard",
-            "BASE-4L", "DenseNMT-4L-2"} <= rows, rows
+            "Fine-LA", "BASE-4L", "DenseNMT-4L-2"} <= rows, rows
 
 
 @pytest.mark.slow

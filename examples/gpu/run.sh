@@ -43,7 +43,8 @@ SPEED=(--encoder-layers 6 --decoder-layers 6 --embed-dim 512 --ffn-dim 2048 --he
        --variant "MLRF Both-FNN-SA=fusion_transformer:--fuse-encoder fnn --fuse-decoder sa"
        --variant "SurfaceFusion-hard=fusion_transformer:--surface-fusion hard"
        --variant "SurfaceFusion-soft=fusion_transformer:--surface-fusion soft"
-       --variant "Coarse-LA=fusion_transformer:--layer-attention coarse")
+       --variant "Coarse-LA=fusion_transformer:--layer-attention coarse"
+       --variant "Fine-LA=fusion_transformer:--layer-attention fine")
 # DenseNMT against its convolutional baseline of similar size (Shen et al.: 8.1% slower per step)
 SPEED_DENSENMT=(--baseline-arch fconv_iwslt_de_en --archs --vocab 32000 --batch-size 64 --device cuda --dtype bf16
                 --repeats 5 --variant 'BASE-4L=fconv_iwslt_de_en:--decoder-layers "[(256, 3)] * 4"'
