@@ -8,7 +8,7 @@
 #   bash examples/gpu/run.sh compare OUT [KIT]  GPU: the comparison's eight configurations at 6+6, d=512
 #
 # KIT (default: gpu-kit/ in this checkout, ignored by git) travels with the checkout to the GPU
-# machine: about 25 MB. OUT receives small results only (logs, JSON, Markdown). SMOKE=1 runs prepare
+# machine: 26 MB. OUT receives small results only (logs, JSON, Markdown). SMOKE=1 runs prepare
 # (without the wheels), speed and compare at toy size on the CPU, which is how
 # tests/test_gpu_runbook.py checks these commands.
 set -euo pipefail
