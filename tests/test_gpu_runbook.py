@@ -41,6 +41,21 @@ def test_prepare_makes_the_data_the_comparison_reads(kit):
 
 
 @pytest.mark.slow
+def test_prepare_again_keeps_the_kit_and_never_touches_a_folder_it_did_not_make(kit, tmp_path):
+    dictionary = kit / "multi30k" / "data-bin" / "dict.en.txt"
+    before = dictionary.stat().st_mtime_ns
+    again = runbook("prepare", kit, env={"MULTI30K_RAW": str(kit.parent / "raw")})
+    assert again.returncode == 0 and dictionary.stat().st_mtime_ns == before, again.stderr[-2000:]
+
+    foreign = tmp_path / "kit" / "multi30k"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    refused = runbook("prepare", tmp_path / "kit", env={"MULTI30K_RAW": str(kit.parent / "raw")})
+    assert refused.returncode == 2 and "exists without prepared data" in refused.stderr
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.slow
 def test_the_speed_commands_run_every_configuration(tmp_path):
     result = runbook("speed", tmp_path / "out")
     assert result.returncode == 0, result.stderr[-3000:]

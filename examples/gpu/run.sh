@@ -65,13 +65,20 @@ case "$STEP" in
         KIT=${2:-$REPO/gpu-kit}
         [[ -f "$RAW/train.de" ]] || { echo "run.sh prepare: no Multi30k in $RAW (set MULTI30K_RAW)" >&2; exit 2; }
         # the wheelhouse script is tested by tests/test_install.py; the smoke run skips its download
-        [[ "${SMOKE:-0}" == 1 ]] || bash "$REPO/scripts/wheelhouse.sh" "$KIT/wheels" --python 3.12 --exclude "$IMAGE_HAS"
-        # the comparison's own data preparation (compare_methods.py prepare_data): joint BPE 8,000, joined dictionary
-        [[ -f "$KIT/multi30k/data-bin/recipe.env" ]] || PYTHON=$PY bash "$REPO/scripts/prepare-multi30k.sh" \
-            --from "$RAW" --dest "$KIT/multi30k" --src de --tgt en --test-set test_2016_flickr --bpe-merges 8000
+        if [[ -d "$KIT/wheels" ]]; then echo "run.sh prepare: keeping the wheels in $KIT/wheels"
+        elif [[ "${SMOKE:-0}" != 1 ]]; then bash "$REPO/scripts/wheelhouse.sh" "$KIT/wheels" --python 3.12 --exclude "$IMAGE_HAS"
+        fi
+        # the comparison's own data preparation (compare_methods.py prepare_data): joint BPE 8,000, joined
+        # dictionary; made in a scratch folder, of which the kit keeps the binarised data and the BPE codes
+        if [[ ! -f "$KIT/multi30k/data-bin/recipe.env" ]]; then
+            [[ ! -e "$KIT/multi30k" ]] || { echo "run.sh prepare: $KIT/multi30k exists without prepared data; move it away" >&2; exit 2; }
+            WORK=$(mktemp -d)
+            PYTHON=$PY bash "$REPO/scripts/prepare-multi30k.sh" --from "$RAW" --dest "$WORK" --src de --tgt en \
+                --test-set test_2016_flickr --bpe-merges 8000
+            mkdir -p "$KIT/multi30k" && mv "$WORK/data-bin" "$WORK/code" "$KIT/multi30k/" && rm -rf "$WORK"
+        fi
         mkdir -p "$KIT/multi30k/test-raw"
-        for name in "${TEST_SETS[@]}"; do cp "$RAW/$name".{de,en} "$KIT/multi30k/test-raw/"; done
-        rm -rf "$KIT/multi30k/raw" "$KIT/multi30k/tok" "$KIT/multi30k"/{train,valid,test}.{de,en}  # what the GPU needs not
+        for name in "${TEST_SETS[@]}"; do cp -n "$RAW/$name".{de,en} "$KIT/multi30k/test-raw/"; done
         du -sh "$KIT" ;;
     install)
         KIT=${2:-$REPO/gpu-kit}
