@@ -86,8 +86,7 @@ case "$STEP" in
         "$PY" -c 'import torch, fairseq, fusion_fairseq; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "fairseq", fairseq.__version__)' ;;
     half)
         need_out "${2:-}"
-        set -o pipefail
-        "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_training.py tests/test_half_precision.py -k "cuda or trains_and_decodes" \
+        "$PY" -m pytest -q -p no:cacheprovider "$REPO/tests/test_gpu_training.py" "$REPO/tests/test_half_precision.py" -k "cuda or trains_and_decodes" \
             -m "slow or not slow" -n "${WORKERS:-8}" --junitxml "$2/half.xml" 2>&1 | tee "$2/half.log" ;;
     speed)
         need_out "${2:-}"
