@@ -107,6 +107,7 @@ def test_four_test_sets_two_checkpoints_and_the_paired_difference(smoke):
     line = next(line for line in md.split("## Test sacreBLEU: the checkpoint")[1].splitlines()
                 if line.startswith("| Encoder layer fusion: SurfaceFusion"))
     assert f"{paired['difference']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}]" in line
+    assert f"| {row['length_ratio']['best']['mean']:.2f} |" in line
 
 
 def test_paired_bootstrap_of_identical_and_better_systems():
@@ -117,6 +118,32 @@ def test_paired_bootstrap_of_identical_and_better_systems():
     better = comparison.paired_bootstrap(refs, worse, refs, lowercase=True)
     assert better["system"] == 100 and better["difference"] > 0 and better["ci95"][0] > 0
     assert better["p_value"] < 0.05 and "case:lc" in better["signature"]
+    # 6 tokens against the reference's 8 in every sentence
+    assert better["length_ratio"] == {"baseline": 0.75, "system": 1.0}
+
+
+def test_each_run_reports_its_output_length_the_transformer_from_its_side_of_the_pairs():
+    def run(seed, paired=None):
+        return {"seed": seed, "paired": paired, "test": {"best": {"all": 30.0}}}
+
+    def pair(baseline, system):
+        return {kind: {"difference": 1.0, "ci95": [0.5, 1.5], "length_ratio": {"baseline": baseline, "system": system}}
+                for kind in ("best", "average")}
+
+    rows = [{"method": "transformer", "runs": [run(1), run(2)]},
+            {"method": "mlrf", "runs": [run(1, pair(1.05, 0.98)), run(2, pair(1.01, 1.0))]},
+            {"method": "fgla", "runs": [run(1, pair(1.05, 0.96)), run(2)]}]
+    comparison.add_length_ratios(rows)
+    transformer, mlrf, fgla = rows
+    assert [r["length_ratio"]["best"] for r in transformer["runs"]] == [1.05, 1.01]
+    assert transformer["length_ratio"]["best"]["mean"] == 1.03 and mlrf["length_ratio"]["best"]["mean"] == 0.99
+    assert fgla["length_ratio"]["average"]["n"] == 1 and fgla["runs"][1]["length_ratio"] == {}
+    for row in rows:
+        row.update(title=row["method"], test={kind: {name: summarise([30.0]) for name in (*comparison.TEST_SETS, "all")}
+                                              for kind in comparison.CHECKPOINT_KINDS})
+    table = comparison.test_set_tables(rows, SEEDS)
+    assert "| all four | length | Δ seed 1 |" in table[5]
+    assert table[7].startswith("| transformer | 30.00 | 30.00 | 30.00 | 30.00 | 30.00 | 1.03 |")
 
 
 @pytest.mark.slow

@@ -920,12 +920,14 @@ def _binarise_test_set(raw_prefix: str, where: str, codes: str, data_bin: str, r
 # ------------------------------------------------------------------------------------ paired bootstrap
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default
+PAIRED_FORMAT = 2  # part of the paired.json cache key: raised when paired_bootstrap's result gains a field
 
 
 def paired_bootstrap(references: List[str], baseline: List[str], system: List[str], lowercase: bool) -> dict:
     """sacreBLEU's paired bootstrap resampling (``--paired-bs``, 1000 samples, its seed): the system's
-    and the baseline's BLEU, the p-value sacrebleu reports, and the 95% confidence interval of the
-    difference system - baseline over the same resampled test sets."""
+    and the baseline's BLEU, the p-value sacrebleu reports, the 95% confidence interval of the
+    difference system - baseline over the same resampled test sets, and each side's output length over
+    the reference length (BLEU's brevity penalty sees only short output; long output costs precision)."""
     import numpy as np
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
@@ -944,7 +946,10 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
     return {"baseline": round(base.score, 2), "system": round(sys_.score, 2),
             "difference": round(sys_.score - base.score, 2), "ci95": [round(float(low), 2), round(float(high), 2)],
             "p_value": sys_.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
-            "signature": str(bleu.get_signature())}
+            "signature": str(bleu.get_signature()),
+            # the columns of sacrebleu's statistics: hypothesis length, reference length, n-gram counts
+            "length_ratio": {side: round(float(s[:, 0].sum() / s[:, 1].sum()), 3)
+                             for side, s in zip(("baseline", "system"), stats)}}
 
 
 def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
@@ -1004,7 +1009,7 @@ def paired_with_baseline(out: str, method: str, seed: int, lowercase: bool) -> O
     if method == "transformer" or not (system and baseline and system.get("scores") and baseline.get("scores")):
         return None
     path = os.path.join(rdir, "paired.json")
-    key = [system["finished"], baseline["finished"]]
+    key = [system["finished"], baseline["finished"], PAIRED_FORMAT]
     cached = _read_json(path)
     if cached and cached.get("key") == key:
         return cached["paired"]
@@ -1072,6 +1077,25 @@ def add_updates_to_baseline_nll(rows: List[dict]) -> None:
         row["updates_to_baseline_nll_ratio"] = summarise(ratios)
 
 
+def add_length_ratios(rows: List[dict]) -> None:
+    """Per run and kind of checkpoint, its output length over the reference length on the four test
+    sets together, from the paired comparisons (the Transformer's from its side of them), and per
+    method their summary over seeds."""
+    baseline: Dict[int, Dict[str, float]] = {}
+    for row in rows:
+        for run in row["runs"]:
+            paired = run.get("paired") or {}
+            run["length_ratio"] = {kind: p["length_ratio"]["system"] for kind, p in paired.items()}
+            for kind, p in paired.items():
+                baseline.setdefault(run["seed"], {})[kind] = p["length_ratio"]["baseline"]
+    for row in rows:
+        if row["method"] == "transformer":
+            for run in row["runs"]:
+                run["length_ratio"] = baseline.get(run["seed"], {})
+        row["length_ratio"] = {kind: summarise([run["length_ratio"][kind] for run in row["runs"]
+                                                if kind in run["length_ratio"]]) for kind in CHECKPOINT_KINDS}
+
+
 def collect_run(out: str, method: str, seed: int, lowercase: bool) -> dict:
     """One run's entry of the report: its scores once done, else its progress so far."""
     rdir = run_dir(out, method, seed)
@@ -1123,6 +1147,7 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
     rows = [method_row(method, [collect_run(out, method.name, seed, lowercase) for seed in seeds],
                        plan.get(method.name, {})) for method in methods]
     add_updates_to_baseline_nll(rows)
+    add_length_ratios(rows)
     return {
         "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")",
         "data_bin": data_bin,
@@ -1259,12 +1284,15 @@ def test_set_tables(rows: List[dict], seeds: List[int]) -> List[str]:
         lines += ["", f"## Test sacreBLEU: {title}", "",
                   f"Mean ± sample std over the finished seeds; Δ: the method minus the Transformer of the same seed "
                   "on the four test sets together, with the 95% confidence interval of sacreBLEU's paired bootstrap "
-                  f"({BOOTSTRAP_SAMPLES} resamples), per seed.", "",
-                  "| method | " + " | ".join(short[n] for n in TEST_SETS) + " | all four | " +
+                  f"({BOOTSTRAP_SAMPLES} resamples), per seed. Length: the output's length over the "
+                  "reference's on the four together (tokenised as sacreBLEU does; mean over seeds).", "",
+                  "| method | " + " | ".join(short[n] for n in TEST_SETS) + " | all four | length | " +
                   " | ".join(f"Δ seed {seed}" for seed in seeds) + " |",
-                  "|---|" + "---:|" * (len(TEST_SETS) + 1 + len(seeds))]
+                  "|---|" + "---:|" * (len(TEST_SETS) + 2 + len(seeds))]
         for r in rows:
             cells = [_fmt_mean_std(r["test"][kind][name]) for name in (*TEST_SETS, "all")]
+            ratio = r["length_ratio"][kind]
+            cells.append(f"{ratio['mean']:.2f}" if ratio else "–")
             for run in r["runs"]:
                 paired = (run.get("paired") or {}).get(kind)
                 cells.append(f"{paired['difference']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}]"
