@@ -5,6 +5,7 @@ without retraining, and the errors."""
 import json
 import os
 import statistics
+import time
 
 import pytest
 
@@ -411,3 +412,33 @@ def test_the_verdict_table_sets_each_gap_beside_its_papers():
     table = comparison.verdict_table(rows)
     assert table[-1] == "| MLRF | +0.90 | better | +0.90 | better | +0.92 | IWSLT14 |"
     assert all(m.paper_gap for m in METHODS.values() if m.name != "transformer")  # every paper's row has its gap
+
+
+def test_the_averaged_checkpoints_are_the_last_intervals_up_to_the_budget_and_none_may_be_missing():
+    every_250 = {u: f"checkpoint_1_{u}.pt" for u in range(250, 4501, 250)}
+    assert comparison.averaged_updates(every_250, 4000, 250) == [3000, 3250, 3500, 3750, 4000]
+    assert comparison.averaged_updates({2: "a", 4: "b"}, 5, 2) == [2, 4]  # the budget holds two intervals
+    del every_250[3500]
+    with pytest.raises(SystemExit, match=r"no checkpoint of update\(s\) 3500$"):
+        comparison.averaged_updates(every_250, 4000, 250)
+
+
+def test_a_session_killed_after_its_last_checkpoint_still_counts_its_training_time(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text('2026-11-24 10:00:00 | INFO | train | {"num_updates": "250"}\n'
+                   '2026-11-24 10:10:00 | INFO | valid | {"valid_num_updates": "500"}\n')
+    start = time.mktime(time.strptime("2026-11-24 10:00:00", "%Y-%m-%d %H:%M:%S"))
+    sessions = [{"start": start - 600, "end": start, "from_update": 0, "to_update": 250, "device": "cpu", "commit": "a"},
+                {"start": start, "end": None, "from_update": 250, "device": "cpu", "commit": "b"}]
+    record = comparison.training_record(sessions, str(log))
+    assert record == {"train_seconds": 1200.0, "updates_per_second": round(500 / 1200, 3), "devices": ["cpu"],
+                      "trained_by": ["a", "b"]}
+
+
+def test_the_reported_curve_stops_at_the_budget(tmp_path):
+    rdir = tmp_path / "runs" / "transformer" / "seed1"
+    rdir.mkdir(parents=True)
+    (rdir / "run.log").write_text("".join(
+        f'x | valid | {{"valid_nll_loss": "{3 - u / 1000}", "valid_num_updates": "{u}"}}\n' for u in (250, 500, 750)))
+    assert comparison.collect_run(str(tmp_path), "transformer", 1, True, 500)["curve"] == {"250": 2.75, "500": 2.5}
+    assert set(comparison.collect_run(str(tmp_path), "transformer", 1, True, None)["curve"]) == {"250", "500", "750"}

@@ -781,15 +781,16 @@ def evaluate_worker(rdir: str, budget: int) -> None:
 
     from fusion_fairseq.tools.averaging import average_checkpoints
 
-    sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
-    train_seconds = sum((s["end"] or s["start"]) - s["start"] for s in sessions)
-    best_update, best_nll = best_within(learning_curve(os.path.join(rdir, "run.log")), budget)
+    log_path = os.path.join(rdir, "run.log")
+    best_update, best_nll = best_within(learning_curve(log_path), budget)
     checkpoints = interval_checkpoints(config["save_dir"])
     eval_dir = os.path.join(rdir, f"eval-beam{config['beam']}")
     os.makedirs(eval_dir, exist_ok=True)
-    last = [path for update, path in checkpoints.items() if update <= budget][-AVERAGED:]
+    interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
+    averaged = averaged_updates(checkpoints, budget, interval)
     models = {"best": checkpoints[best_update],
-              "average": average_checkpoints(last, os.path.join(eval_dir, f"average-last{AVERAGED}.pt"))}
+              "average": average_checkpoints([checkpoints[u] for u in averaged],
+                                             os.path.join(eval_dir, f"average-last{AVERAGED}.pt"))}
     started = time.time()
     scores = {kind: {name: translate_and_score(config, path, test_set, os.path.join(eval_dir, kind, name))
                      for name, test_set in plan["test_sets"].items()}
@@ -802,22 +803,41 @@ def evaluate_worker(rdir: str, budget: int) -> None:
         "method": config["method"], "seed": config["seed"], "arch": config["arch"],
         "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
         "sacrebleu_signature": headline["sacrebleu_signature"], "scores": scores,
-        "params": logged_parameters(os.path.join(rdir, "run.log")) or config["params"], "updates": budget,
+        "params": logged_parameters(log_path) or config["params"], "updates": budget,
         "best_update": best_update, "best_valid_nll": best_nll,
-        "averaged_updates": [int(INTERVAL_CHECKPOINT.fullmatch(os.path.basename(p)).group(1)) for p in last],
-        "train_seconds": round(train_seconds, 1), "generate_seconds": round(time.time() - started, 1),
-        "updates_per_second": round(sum((s.get("to_update") or 0) - s.get("from_update", 0) for s in sessions) /
-                                    max(1e-9, train_seconds), 3),
-        "devices": sorted({s["device"] for s in sessions}),
-        "trained_by": sorted({s.get("commit") or "unknown" for s in sessions}), "evaluated_by": code_commit(),
+        "averaged_updates": averaged,
+        **training_record(_read_json(os.path.join(rdir, "sessions.json")) or [], log_path),
+        "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
     }
+    _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
     if not config.get("keep_checkpoints"):  # keep the scored models; the rest only served resuming
         for path in {*checkpoints.values(), os.path.join(config["save_dir"], "checkpoint_last.pt"),
                      os.path.join(config["save_dir"], "checkpoint_best.pt")} - {models["best"]}:
             if os.path.exists(path):
                 os.remove(path)
-    _write_json(os.path.join(rdir, "done.json"), done)  # the marker: written last
+
+
+def training_record(sessions: List[dict], log_path: str) -> dict:
+    """Training time, speed, devices and code commits of a run's sessions (one killed after its last
+    checkpoint ends at its last log line)."""
+    close_interrupted_sessions(sessions, log_path)
+    seconds = sum(s["end"] - s["start"] for s in sessions)
+    updates = sum((s.get("to_update") or 0) - s.get("from_update", 0) for s in sessions)
+    return {"train_seconds": round(seconds, 1), "updates_per_second": round(updates / max(1e-9, seconds), 3),
+            "devices": sorted({s["device"] for s in sessions}),
+            "trained_by": sorted({s.get("commit") or "unknown" for s in sessions})}
+
+
+def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) -> List[int]:
+    """The updates of the last :data:`AVERAGED` checkpoints every ``interval`` updates up to ``budget``
+    (fewer only when the budget holds fewer intervals); an error when one of them is missing."""
+    wanted = list(range(budget - budget % interval, 0, -interval))[:AVERAGED][::-1]
+    missing = [u for u in wanted if u not in checkpoints]
+    if missing:
+        raise ComparisonError(f"cannot average the last {AVERAGED} checkpoints up to update {budget}: "
+                              f"no checkpoint of update(s) {', '.join(map(str, missing))}")
+    return wanted
 
 
 def logged_parameters(log_path: str) -> Optional[int]:
@@ -1096,8 +1116,9 @@ def add_length_ratios(rows: List[dict]) -> None:
                                                 if kind in run["length_ratio"]]) for kind in CHECKPOINT_KINDS}
 
 
-def collect_run(out: str, method: str, seed: int, lowercase: bool) -> dict:
-    """One run's entry of the report: its scores once done, else its progress so far."""
+def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optional[int]) -> dict:
+    """One run's entry of the report: its scores once done, else its progress so far; its validation
+    curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
     rdir = run_dir(out, method, seed)
     done = _read_json(os.path.join(rdir, "done.json"))
     run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
@@ -1117,7 +1138,8 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool) -> dict:
             run.update(train_seconds=round(seconds, 1), devices=sorted({s["device"] for s in sessions}))
             if seconds > 0 and updates:
                 run["updates_per_second"] = round(updates / seconds, 3)
-    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(os.path.join(rdir, "run.log")).items()}
+    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(os.path.join(rdir, "run.log")).items()
+                    if budget is None or u <= budget}
     return run
 
 
@@ -1144,7 +1166,8 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
 def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, settings, width: Width,
             data_bin: str) -> dict:
     lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
-    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase) for seed in seeds],
+    budget = settings.max_update if isinstance(settings.max_update, int) else None  # else "auto (calibrating)"
+    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase, budget) for seed in seeds],
                        plan.get(method.name, {})) for method in methods]
     add_updates_to_baseline_nll(rows)
     add_length_ratios(rows)
@@ -1196,6 +1219,8 @@ def markdown_header(results: dict) -> List[str]:
     devices = sorted({d for run in runs for d in run.get("devices", [])})
     train_total = sum(run.get("train_seconds") or 0 for run in runs)
     decode_total = sum(run.get("generate_seconds") or 0 for run in runs)
+    signatures = {run["sacrebleu_signature"] for run in runs if run.get("sacrebleu_signature")}
+    case = ("case-insensitive" if all("case:lc" in sig for sig in signatures) else "cased") if signatures else "–"
     return [
         "# One benchmark for all methods: Multi30k De->En",
         "",
@@ -1214,7 +1239,7 @@ def markdown_header(results: dict) -> List[str]:
         f"* Device(s) used so far: {'; '.join(devices) if devices else '–'}. Requested: "
         f"`--device {s['device']}`, {s['jobs']} parallel job(s). Time so far, summed over runs: training "
         f"{_fmt_duration(train_total)}, test decoding {_fmt_duration(decode_total)}.",
-        "* BLEU: detokenised sacreBLEU against the raw reference (case-insensitive; signature in results.json) and, "
+        f"* BLEU: detokenised sacreBLEU against the raw reference ({case}; signature in results.json) and, "
         "in parentheses, tokenised BLEU (multi-bleu style), both as `scripts/evaluate.sh`. Mean ± sample std "
         "[min, max] over the finished seeds. The first table: the best checkpoint on test_2016_flickr.",
         "",
@@ -1223,7 +1248,7 @@ def markdown_header(results: dict) -> List[str]:
 
 def headline_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
     baseline = next((r["params"] for r in rows if r["method"] == "transformer"), None)
-    lines = [f"| method | params | Δ vs Transformer | {' | '.join(f'seed {seed}' for seed in seeds)} | sacreBLEU | "
+    lines = [f"| method | params | params vs Transformer | {' | '.join(f'seed {seed}' for seed in seeds)} | sacreBLEU | "
              "tokenised BLEU | done |", "|---|---:|---:|" + "---:|" * len(seeds) + "---|---|---|"]
     for r in rows:
         cells = []
@@ -1244,6 +1269,8 @@ def headline_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
 
 def runs_table(rows: List[dict]) -> List[str]:
     lines = ["", "## Runs", "",
+             "Times are wall-clock, under whatever else the machine ran meanwhile (other runs, evaluations): "
+             "they do not compare methods' speed; the benchmark's step-time ratios do (docs/measurements.md).", "",
              "| method | seed | status | updates | training time | updates/s | test decoding | device | finished |",
              "|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
