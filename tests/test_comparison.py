@@ -442,3 +442,27 @@ def test_the_reported_curve_stops_at_the_budget(tmp_path):
         f'x | valid | {{"valid_nll_loss": "{3 - u / 1000}", "valid_num_updates": "{u}"}}\n' for u in (250, 500, 750)))
     assert comparison.collect_run(str(tmp_path), "transformer", 1, True, 500)["curve"] == {"250": 2.75, "500": 2.5}
     assert set(comparison.collect_run(str(tmp_path), "transformer", 1, True, None)["curve"]) == {"250", "500", "750"}
+
+
+def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(tmp_path, monkeypatch):
+    """An evaluated run keeps only the checkpoint it scores, which may come before the budget: it
+    still counts as trained to the budget."""
+    out = tmp_path / "out"
+    curves = {"transformer": 2.70, "mlrf": 2.60, "deeprep": 2.65, "surface_fusion": 2.75, "fgla": 2.80}
+    for name, best in curves.items():
+        rdir = out / "runs" / name / "seed1"
+        (rdir / "checkpoints").mkdir(parents=True)
+        (rdir / "run.log").write_text("".join(f'x | valid | {{"valid_nll_loss": "{best + (4 - u) / 100}", '
+                                              f'"valid_num_updates": "{u}"}}\n' for u in (1, 2, 3, 4)))
+        (rdir / "checkpoints" / "checkpoint_1_3.pt").write_bytes(b"")
+        (rdir / "done.json").write_text("{}")
+    (out / "budget.json").write_text('{"max_update": "auto", "budget": 4}')
+    monkeypatch.setattr(comparison, "_build_counter", lambda *args: lambda method, flags: 1)
+    monkeypatch.setattr(comparison, "make_plan", lambda *args: {})
+    experiment = object.__new__(comparison.Experiment)
+    experiment.out, experiment.methods = str(out), comparison.resolve_methods(["transformer,composition"])
+    experiment.settings = comparison.build_parser().parse_args(["--out", str(out), "--seeds", "1"])
+    experiment.data_bin, experiment.recipe = None, {}
+    experiment.choose_composition()
+    with open(out / "composition.json") as f:
+        assert json.load(f)["components"] == ["mlrf", "deeprep"]

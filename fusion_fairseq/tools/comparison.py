@@ -1570,6 +1570,12 @@ class Experiment:
         if not known and asked != "auto" and not self.settings.report_only:
             _write_json(path, {"max_update": asked, "budget": asked})
 
+    def trained_to(self, name: str, seed: int, budget: int) -> bool:
+        """Whether a run has reached ``budget``: an interval checkpoint there, or evaluated (the evaluation
+        removes every checkpoint but the one it scores)."""
+        return (os.path.isfile(os.path.join(self.rdir(name, seed), "done.json"))
+                or saved_updates(self.save_dir(name, seed)) >= budget)
+
     def budget(self) -> Optional[int]:
         known = _read_json(os.path.join(self.out, "budget.json"))
         return known["budget"] if known else None
@@ -1599,7 +1605,7 @@ class Experiment:
             return
         seed = self.settings.seeds[0]
         names = ["transformer", *COMPONENTS]
-        if any(saved_updates(self.save_dir(name, seed)) < budget for name in names):
+        if not all(self.trained_to(name, seed, budget) for name in names):
             return
         best = {name: best_within(learning_curve(os.path.join(self.rdir(name, seed), "run.log")), budget)[1]
                 for name in names}
