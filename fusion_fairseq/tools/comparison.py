@@ -1132,12 +1132,8 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optio
         status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
         run.update(status=status, updates=updates)
         sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
-        if sessions:  # time so far (a session still going: until now)
-            seconds = sum(((s.get("end") or time.time()) if status == "running" else
-                           (s.get("end") or s["start"])) - s["start"] for s in sessions)
-            run.update(train_seconds=round(seconds, 1), devices=sorted({s["device"] for s in sessions}))
-            if seconds > 0 and updates:
-                run["updates_per_second"] = round(updates / seconds, 3)
+        if sessions:  # time so far (a session still going or killed: until its last log line)
+            run.update(training_record(sessions, os.path.join(rdir, "run.log")))
     run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(os.path.join(rdir, "run.log")).items()
                     if budget is None or u <= budget}
     return run
