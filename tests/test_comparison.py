@@ -466,3 +466,13 @@ def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(
     experiment.choose_composition()
     with open(out / "composition.json") as f:
         assert json.load(f)["components"] == ["mlrf", "deeprep"]
+
+
+def test_a_killed_unfinished_run_reports_its_time_until_its_last_log_line(tmp_path):
+    rdir = tmp_path / "runs" / "mlrf" / "seed1"
+    rdir.mkdir(parents=True)
+    (rdir / "run.log").write_text('2026-11-24 10:10:00 | INFO | train | {"num_updates": "300"}\n')
+    start = time.mktime(time.strptime("2026-11-24 10:00:00", "%Y-%m-%d %H:%M:%S"))
+    (rdir / "sessions.json").write_text(json.dumps([{"start": start, "end": None, "from_update": 0, "device": "cpu"}]))
+    run = comparison.collect_run(str(tmp_path), "mlrf", 1, True, 4000)
+    assert (run["status"], run["updates"], run["train_seconds"], run["updates_per_second"]) == ("partial", 300, 600, 0.5)
