@@ -476,3 +476,14 @@ def test_a_killed_unfinished_run_reports_its_time_until_its_last_log_line(tmp_pa
     (rdir / "sessions.json").write_text(json.dumps([{"start": start, "end": None, "from_update": 0, "device": "cpu"}]))
     run = comparison.collect_run(str(tmp_path), "mlrf", 1, True, 4000)
     assert (run["status"], run["updates"], run["train_seconds"], run["updates_per_second"]) == ("partial", 300, 600, 0.5)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-update", "5", "--eval-every", "2"], r"--max-update 5: not a multiple of --eval-every 2, the only"),
+    (["--max-update", "auto", "--eval-every", "300"], r"--max-update auto: its budgets are multiples of 500, not a"),
+    (["--max-update", "auto", "--eval-every", "250", "--provisional-update", "900"], r"--provisional-update 900: not"),
+])
+def test_a_run_must_stop_where_fairseq_writes_a_checkpoint(tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["--out", str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()

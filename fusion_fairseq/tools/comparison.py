@@ -1707,6 +1707,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be at DEBUG
     check_method_choice(settings, [m.name for m in methods])
+    check_checkpoint_alignment(settings)
     if settings.device is None:
         settings.device = "cuda" if _cuda_available() else "cpu"
     settings.out = os.path.abspath(settings.out)
@@ -1763,6 +1764,20 @@ def check_method_choice(settings, names: List[str]) -> None:
     if COMPOSITION in names and missing:
         raise ComparisonError(f"--methods: '{COMPOSITION}' is chosen from the runs of {', '.join(COMPONENTS)} and "
                               f"transformer; add {', '.join(missing)}")
+
+
+def check_checkpoint_alignment(settings) -> None:
+    """Every update a run stops at is a multiple of --eval-every: fairseq writes the interval checkpoints
+    (the resume points, the best and the averaged candidates) only there."""
+    every = settings.eval_every
+    why = f"not a multiple of --eval-every {every}, the only updates with a checkpoint"
+    if settings.max_update == "auto":
+        if BUDGET_STEP % every:
+            raise ComparisonError(f"--max-update auto: its budgets are multiples of {BUDGET_STEP}, {why}")
+        if settings.provisional_update % every:
+            raise ComparisonError(f"--provisional-update {settings.provisional_update}: {why}")
+    elif settings.max_update % every:
+        raise ComparisonError(f"--max-update {settings.max_update}: {why}")
 
 
 def _cuda_available() -> bool:
