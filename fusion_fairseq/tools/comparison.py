@@ -1120,6 +1120,7 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optio
     """One run's entry of the report: its scores once done, else its progress so far; its validation
     curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
     rdir = run_dir(out, method, seed)
+    log_path = os.path.join(rdir, "run.log")
     done = _read_json(os.path.join(rdir, "done.json"))
     run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
     if done:
@@ -1128,13 +1129,13 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optio
             "updates_per_second", "devices", "finished", "sacrebleu_signature")})
         run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase))
     else:
-        updates = last_logged_update(os.path.join(rdir, "run.log"))
+        updates = last_logged_update(log_path)
         status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
         run.update(status=status, updates=updates)
         sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
         if sessions:  # time so far (a session still going or killed: until its last log line)
-            run.update(training_record(sessions, os.path.join(rdir, "run.log")))
-    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(os.path.join(rdir, "run.log")).items()
+            run.update(training_record(sessions, log_path))
+    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items()
                     if budget is None or u <= budget}
     return run
 
