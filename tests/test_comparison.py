@@ -75,7 +75,8 @@ def test_mean_and_spread_by_hand(smoke):
             assert stats["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5, abs=0.006)
             assert (stats["min"], stats["max"]) == (min(values), max(values))
         title = METHODS[row["method"]].title
-        line = next(line for line in md.splitlines() if line.startswith(f"| {title} |"))
+        per_seed = md.split("## test_2016_flickr per seed")[1]
+        line = next(line for line in per_seed.splitlines() if line.startswith(f"| {title} |"))
         assert f"{row['params']:,}" in line and f"{row['sacrebleu']['mean']:.2f}" in line
         for seed in SEEDS:
             assert f"{_done(out, row['method'], seed)['sacrebleu']:.2f}" in line
@@ -412,6 +413,30 @@ def test_the_verdict_table_sets_each_gap_beside_its_papers():
     table = comparison.verdict_table(rows)
     assert table[-1] == "| MLRF | +0.90 | better | +0.90 | better | +0.92 | IWSLT14 |"
     assert all(m.paper_gap for m in METHODS.values() if m.name != "transformer")  # every paper's row has its gap
+
+
+def test_the_summary_gives_every_test_set_for_both_checkpoints_and_the_verdicts():
+    def run(seed, paired=None):
+        return {"seed": seed, "status": "done" if paired is not False else "running",
+                "paired": paired and {"best": paired, "average": _paired(-0.5, -0.9, -0.1)},
+                "test": {kind: {"all": 30.0 + seed / 10} for kind in comparison.CHECKPOINT_KINDS}}
+
+    def scores(best, average):
+        return {"best": {name: summarise([best]) for name in (*comparison.TEST_SETS, "all")},
+                "average": {name: summarise([average]) for name in (*comparison.TEST_SETS, "all")}}
+
+    rows = [{"method": "transformer", "title": "Transformer", "params": 1000, "test": scores(30.0, 31.0),
+             "runs": [run(1), run(2)]},
+            {"method": "mlrf", "title": "MLRF", "params": 1166, "test": scores(31.25, 30.5),
+             "runs": [run(1, _paired(1.0, 0.5, 1.5)), run(2, False)]}]
+    table = comparison.summary_table(rows)
+    assert table[5] == ("| method | params vs Transformer | seeds | 2016_flickr | 2017_flickr | 2017_mscoco | "
+                        "2018_flickr | all four | Δ all four | verdict |")
+    assert table[7] == "| Transformer | +0.0% | 2/2 |" + " 30.00 / 31.00 |" * 5 + " – | – |"
+    assert table[8] == ("| MLRF | +16.6% | 1/2 |" + " 31.25 / 30.50 |" * 5 +
+                        " +1.00 / -0.50 | pending (1 of 2 seeds) / pending (1 of 2 seeds) |")
+    rows[1]["runs"][1] = run(2, _paired(1.2, 0.4, 2.0))
+    assert comparison.summary_table(rows)[8].endswith("| +1.10 / -0.50 | better / worse |")
 
 
 def test_the_averaged_checkpoints_are_the_last_intervals_up_to_the_budget_and_none_may_be_missing():

@@ -1203,8 +1203,8 @@ def _fmt_duration(seconds: Optional[float]) -> str:
 
 def markdown(results: dict) -> str:
     rows, seeds = results["methods"], results["settings"]["seeds"]
-    return "\n".join([*markdown_header(results), *headline_table(rows, seeds, results["settings"]["max_update"]),
-                      *runs_table(rows), *test_set_tables(rows, seeds), *verdict_table(rows),
+    return "\n".join([*markdown_header(results), *summary_table(rows),
+                      *per_seed_table(rows, seeds, results["settings"]["max_update"]), *runs_table(rows), *test_set_tables(rows, seeds), *verdict_table(rows),
                       *learning_speed_table(rows, seeds, results["settings"]["max_update"]), *methods_table(rows),
                       "", "![validation NLL against updates](learning_curves.png)", ""])
 
@@ -1238,15 +1238,47 @@ def markdown_header(results: dict) -> List[str]:
         f"{_fmt_duration(train_total)}, test decoding {_fmt_duration(decode_total)}.",
         f"* BLEU: detokenised sacreBLEU against the raw reference ({case}; signature in results.json) and, "
         "in parentheses, tokenised BLEU (multi-bleu style), both as `scripts/evaluate.sh`. Mean ± sample std "
-        "[min, max] over the finished seeds. The first table: the best checkpoint on test_2016_flickr.",
-        "",
+        "[min, max] over the finished seeds.",
     ]
 
 
-def headline_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
-    baseline = next((r["params"] for r in rows if r["method"] == "transformer"), None)
-    lines = [f"| method | params | params vs Transformer | {' | '.join(f'seed {seed}' for seed in seeds)} | sacreBLEU | "
-             "tokenised BLEU | done |", "|---|---:|---:|" + "---:|" * len(seeds) + "---|---|---|"]
+def summary_table(rows: List[dict]) -> List[str]:
+    """Markdown: the table the README shows. Per method, sacreBLEU on every test set and on the four
+    together for the best / the averaged checkpoint (mean over the finished seeds), then the paired
+    difference to the Transformer on the four together and its :func:`verdict`, for both kinds."""
+    baseline = next((r for r in rows if r["method"] == "transformer"), None)
+    if baseline is None or not any(run.get("test") for r in rows for run in r["runs"]):
+        return []
+    short = [name.replace("test_", "") for name in TEST_SETS]
+    lines = ["", "## Summary", "",
+             "Each cell: the checkpoint of the best validation NLL / the average of the last "
+             f"{AVERAGED} checkpoints; sacreBLEU, mean over the finished seeds (their spread and the per-seed "
+             "confidence intervals: the tables below). Δ and verdict: as in [Against the Transformer]"
+             "(#against-the-transformer).", "",
+             "| method | params vs Transformer | seeds | " + " | ".join(short) + " | all four | Δ all four | verdict |",
+             "|---|---:|---:|" + "---:|" * (len(TEST_SETS) + 2) + "---|"]
+    for r in rows:
+        scores = [" / ".join(f"{r['test'][kind][name]['mean']:.2f}" if r["test"][kind][name] else "–"
+                             for kind in CHECKPOINT_KINDS) for name in (*TEST_SETS, "all")]
+        if r is baseline:
+            against = ["–", "–"]
+        else:
+            pairs = [difference_and_verdict(r, baseline, kind) for kind in CHECKPOINT_KINDS]
+            against = [" / ".join(difference for difference, _ in pairs), " / ".join(v for _, v in pairs)]
+        done = sum(run["status"] == "done" for run in r["runs"])
+        params, base_params = r["params"], baseline["params"]
+        versus = f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–"
+        lines.append(f"| {r['title']} | {versus} | "
+                     f"{done}/{len(r['runs'])} | " + " | ".join(scores + against) + " |")
+    return lines
+
+
+def per_seed_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
+    lines = ["", "## test_2016_flickr per seed: the best checkpoint", "",
+             "sacreBLEU and, in parentheses, tokenised BLEU; then their mean ± std [min, max] over the finished "
+             "seeds.", "",
+             f"| method | params | {' | '.join(f'seed {seed}' for seed in seeds)} | sacreBLEU | "
+             "tokenised BLEU | done |", "|---|---:|" + "---:|" * len(seeds) + "---|---|---|"]
     for r in rows:
         cells = []
         for run in r["runs"]:
@@ -1257,9 +1289,8 @@ def headline_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
             else:
                 cells.append(run["status"])
         params = r["params"]
-        delta = f"{100 * (params - baseline) / baseline:+.1f}%" if params and baseline else "–"
         n = sum(run["status"] == "done" for run in r["runs"])
-        lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | {delta} | " + " | ".join(cells) +
+        lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | " + " | ".join(cells) +
                      f" | {_fmt_stats(r['sacrebleu'])} | {_fmt_stats(r['tokenized_bleu'])} | {n}/{len(r['runs'])} |")
     return lines
 
@@ -1345,6 +1376,15 @@ def verdict(paired: List[Optional[dict]], baseline_scores: List[float]) -> str:
     return "within the spread"
 
 
+def difference_and_verdict(row: dict, baseline: dict, kind: str) -> Tuple[str, str]:
+    """A method's mean paired difference to the Transformer over the seeds scored so far, as text, and its
+    :func:`verdict`, for one kind of checkpoint."""
+    paired = [(run.get("paired") or {}).get(kind) for run in row["runs"]]
+    base = [run["test"][kind]["all"] for run in baseline["runs"] if run.get("test", {}).get(kind)]
+    known = [p["difference"] for p in paired if p]
+    return (f"{statistics.fmean(known):+.2f}" if known else "–"), verdict(paired, base)
+
+
 def verdict_table(rows: List[dict]) -> List[str]:
     """Markdown: per method and kind of checkpoint, the mean paired difference to the Transformer on the
     four test sets together, the :func:`verdict`, and the gap its paper reports."""
@@ -1360,12 +1400,7 @@ def verdict_table(rows: List[dict]) -> List[str]:
     for r in rows:
         if r["method"] == "transformer":
             continue
-        cells = []
-        for kind in CHECKPOINT_KINDS:
-            paired = [(run.get("paired") or {}).get(kind) for run in r["runs"]]
-            base = [run["test"][kind]["all"] for run in baseline["runs"] if run.get("test", {}).get(kind)]
-            known = [p["difference"] for p in paired if p]
-            cells += [f"{statistics.fmean(known):+.2f}" if known else "–", verdict(paired, base)]
+        cells = [cell for kind in CHECKPOINT_KINDS for cell in difference_and_verdict(r, baseline, kind)]
         gap, where = r.get("paper_gap") or (None, "")
         cells += [f"{gap:+.2f}" if gap is not None else "–", where or "–"]
         lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
