@@ -4,12 +4,13 @@ without retraining, and the errors."""
 
 import json
 import os
+import re
 import statistics
 import time
 
 import pytest
 
-from conftest import MULTI30K_SLICE, write_multi30k_slice
+from conftest import MULTI30K_SLICE, REPO_ROOT, write_multi30k_slice
 from fusion_fairseq.tools import comparison
 from fusion_fairseq.tools.comparison import METHODS, Width, main, match_parameter, parse_width, summarise
 
@@ -512,3 +513,18 @@ def test_a_run_must_stop_where_fairseq_writes_a_checkpoint(tmp_path, flags, mess
     with pytest.raises(SystemExit, match=message):
         main(["--out", str(tmp_path / "out"), *flags])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_shows_the_converged_comparison_as_its_committed_report_has_it():
+    """Until every run is done the README gives the report's count of finished runs; then its summary table."""
+    def read(*path):
+        with open(os.path.join(REPO_ROOT, *path), encoding="utf-8") as f:
+            return f.read()
+
+    report, readme = read("examples", "comparison", "converged", "results.md"), read("README.md")
+    done, total = re.search(r"\*\*(\d+) of (\d+) runs done\*\*", report).groups()
+    if done != total:
+        assert f"**Status: {done} of {total} runs done**" in readme
+    else:
+        summary = report.split("\n## Summary\n")[1].split("\n## ")[0]
+        assert "\n".join(line for line in summary.splitlines() if line.startswith("|")) in readme
