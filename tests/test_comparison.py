@@ -234,6 +234,19 @@ def test_width_and_summary_helpers():
     assert stats["mean"] == pytest.approx(21.33, abs=0.01) and stats["std"] == pytest.approx(1.53, abs=0.01)
 
 
+def test_the_figure_averages_the_finished_seeds_only_and_over_the_same_seeds_at_every_point():
+    assert comparison.mean_curve([{250: 5.0, 500: 4.0}, {250: 6.0}]) == {250: 5.5}
+    assert comparison.mean_curve([]) == {}
+    scores = {kind: {name: 30.0 for name in (*comparison.TEST_SETS, "all")} for kind in comparison.CHECKPOINT_KINDS}
+    done = {"status": "done", "curve": {"250": 5.0, "500": 4.0}, "sacrebleu": 30.0, "tokenized_bleu": 30.5,
+            "test": scores}
+    running = {"status": "running", "curve": {"250": 6.0}}
+    row = comparison.method_row(METHODS["mlrf"], [done, running], {})
+    assert row["mean_curve"] == {"250": 5.0, "500": 4.0} and row["curve_seeds"] == 1
+    row = comparison.method_row(METHODS["mlrf"], [running, dict(running, curve={"250": 5.0, "500": 4.5})], {})
+    assert row["mean_curve"] == {"250": 5.5} and row["curve_seeds"] == 2
+
+
 def test_updates_to_reach_the_transformers_best_nll():
     def row(method, *runs):
         return {"method": method, "title": method, "runs": [

@@ -1051,12 +1051,12 @@ def summarise(values: Sequence[float]) -> Optional[dict]:
 
 
 def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
-    updates = sorted({u for c in curves for u in c})
-    out = {}
-    for u in updates:
-        vals = [c[u] for c in curves if u in c]
-        out[u] = statistics.fmean(vals)
-    return out
+    """The mean of the curves at the updates every one of them reached: the same seeds at every point,
+    so that no step appears where a shorter curve ends."""
+    if not curves:
+        return {}
+    common = sorted(set.intersection(*(set(c) for c in curves)))
+    return {u: statistics.fmean(c[u] for c in curves) for u in common}
 
 
 def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
@@ -1143,7 +1143,8 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optio
 def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
     """A method's entry of the report: its runs and their summaries over the finished seeds."""
     finished = [r for r in runs if r["status"] == "done"]
-    curves = [run_curve(r) for r in runs if r["curve"]]
+    # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
+    curves = [run_curve(r) for r in (finished or runs) if r["curve"]]
     return {
         "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
         "method_flags": list(method.flags),
