@@ -1448,23 +1448,28 @@ def plot_curves(results: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    # the right panel repeats the second half of training at a scale where the methods come apart
+    fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5))
+    half = max((int(u) for r in results["methods"] for u in r["mean_curve"]), default=0) // 2
     for r in results["methods"]:
-        curve = r["mean_curve"]
+        curve = {int(u): v for u, v in r["mean_curve"].items()}
         if not curve:
             continue
-        xs = [int(u) for u in curve]
-        ax.plot(xs, list(curve.values()), marker="o", markersize=3,
-                label=f"{r['title']} ({r['curve_seeds']} seed{'s' if r['curve_seeds'] != 1 else ''})")
+        label = f"{r['title']} ({r['curve_seeds']} seed{'s' if r['curve_seeds'] != 1 else ''})"
+        whole.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=label)
+        late = {u: v for u, v in curve.items() if u >= half}
+        tail.plot(list(late), list(late.values()), marker="o", markersize=3)
     s = results["settings"]
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation NLL (bits per target token)")
-    ax.set_title(f"Multi30k De->En, {s['width_text']}, mean over seeds")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8)
+    whole.set_title(f"Multi30k De->En, {s['width_text']}, mean over seeds", fontsize=10)
+    tail.set_title(f"from update {half} on", fontsize=10)
+    for ax in (whole, tail):
+        ax.set_xlabel("updates")
+        ax.set_ylabel("validation NLL (bits per target token)")
+        ax.grid(alpha=0.3)
+    if whole.lines:
+        whole.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=ax.transAxes)
+        whole.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=whole.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
