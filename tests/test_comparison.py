@@ -121,32 +121,47 @@ def test_paired_bootstrap_of_identical_and_better_systems():
     better = comparison.paired_bootstrap(refs, worse, refs, lowercase=True)
     assert better["system"] == 100 and better["difference"] > 0 and better["ci95"][0] > 0
     assert better["p_value"] < 0.05 and "case:lc" in better["signature"]
-    # 6 tokens against the reference's 8 in every sentence
-    assert better["length_ratio"] == {"baseline": 0.75, "system": 1.0}
 
 
-def test_each_run_reports_its_output_length_the_transformer_from_its_side_of_the_pairs():
-    def run(seed, paired=None):
-        return {"seed": seed, "paired": paired, "test": {"best": {"all": 30.0}}}
+def _evaluated_run(out, method, seed, hypotheses, references):
+    """A run as the evaluation leaves it: done.json and, per kind of checkpoint and test set, its files."""
+    scores = {}
+    for kind in comparison.CHECKPOINT_KINDS:
+        scores[kind] = {}
+        for name in comparison.TEST_SETS:
+            where = out / "files" / method / str(seed) / kind / name
+            where.mkdir(parents=True)
+            (where / "hyp.detok").write_text("\n".join(hypotheses) + "\n")
+            (where / "raw.en").write_text("\n".join(references) + "\n")
+            scores[kind][name] = {"sacrebleu": 30.0, "hyp_detok": str(where / "hyp.detok"),
+                                  "raw_ref": str(where / "raw.en"), "sentences": len(references)}
+        scores[kind]["all"] = {"sacrebleu": 30.0}
+    rdir = out / "runs" / method / f"seed{seed}"
+    rdir.mkdir(parents=True)
+    done = {"sacrebleu": 30.0, "tokenized_bleu": 30.0, "params": 1, "updates": 4, "train_seconds": 1.0,
+            "generate_seconds": 1.0, "updates_per_second": 4.0, "devices": [], "finished": "now",
+            "sacrebleu_signature": "case:lc", "scores": scores}
+    (rdir / "done.json").write_text(json.dumps(done))
 
-    def pair(baseline, system):
-        return {kind: {"difference": 1.0, "ci95": [0.5, 1.5], "length_ratio": {"baseline": baseline, "system": system}}
-                for kind in ("best", "average")}
 
-    rows = [{"method": "transformer", "runs": [run(1), run(2)]},
-            {"method": "mlrf", "runs": [run(1, pair(1.05, 0.98)), run(2, pair(1.01, 1.0))]},
-            {"method": "fgla", "runs": [run(1, pair(1.05, 0.96)), run(2)]}]
-    comparison.add_length_ratios(rows)
-    transformer, mlrf, fgla = rows
-    assert [r["length_ratio"]["best"] for r in transformer["runs"]] == [1.05, 1.01]
-    assert transformer["length_ratio"]["best"]["mean"] == 1.03 and mlrf["length_ratio"]["best"]["mean"] == 0.99
-    assert fgla["length_ratio"]["average"]["n"] == 1 and fgla["runs"][1]["length_ratio"] == {}
-    for row in rows:
-        row.update(title=row["method"], test={kind: {name: summarise([30.0]) for name in (*comparison.TEST_SETS, "all")}
-                                              for kind in comparison.CHECKPOINT_KINDS})
-    table = comparison.test_set_tables(rows, SEEDS)
+def test_each_run_reports_its_own_output_length_also_a_transformer_seed_no_method_has_yet(tmp_path):
+    references = [f"a man rides a horse number {i} ." for i in range(20)]  # 8 tokens each
+    _evaluated_run(tmp_path, "transformer", 1, [f"a man rides number {i} ." for i in range(20)], references)
+    _evaluated_run(tmp_path, "transformer", 2, [f"a man rides a big brown horse number {i} ." for i in range(20)],
+                   references)
+    _evaluated_run(tmp_path, "mlrf", 1, references, references)
+    runs = {(method, seed): comparison.collect_run(str(tmp_path), method, seed, lowercase=True, budget=4)
+            for method, seed in (("transformer", 1), ("transformer", 2), ("mlrf", 1))}
+    assert runs["transformer", 1]["length_ratio"] == {"best": 0.75, "average": 0.75}  # 6 tokens against 8
+    assert runs["transformer", 2]["length_ratio"] == {"best": 1.25, "average": 1.25}  # 10 against 8
+    assert runs["mlrf", 1]["length_ratio"]["best"] == 1.0
+    row = comparison.method_row(METHODS["transformer"], [runs["transformer", 1], runs["transformer", 2]], {})
+    assert row["length_ratio"]["best"] == {"n": 2, "mean": 1.0, "std": 0.35, "min": 0.75, "max": 1.25}
+    row.update(title="transformer", test={kind: {name: summarise([30.0]) for name in (*comparison.TEST_SETS, "all")}
+                                          for kind in comparison.CHECKPOINT_KINDS})
+    table = comparison.test_set_tables([row], SEEDS)
     assert "| all four | length | Δ seed 1 |" in table[5]
-    assert table[7].startswith("| transformer | 30.00 | 30.00 | 30.00 | 30.00 | 30.00 | 1.03 |")
+    assert table[7].startswith("| transformer | 30.00 | 30.00 | 30.00 | 30.00 | 30.00 | 1.00 |")
 
 
 @pytest.mark.slow
@@ -239,7 +254,7 @@ def test_the_figure_averages_the_finished_seeds_only_and_over_the_same_seeds_at_
     assert comparison.mean_curve([]) == {}
     scores = {kind: {name: 30.0 for name in (*comparison.TEST_SETS, "all")} for kind in comparison.CHECKPOINT_KINDS}
     done = {"status": "done", "curve": {"250": 5.0, "500": 4.0}, "sacrebleu": 30.0, "tokenized_bleu": 30.5,
-            "test": scores}
+            "test": scores, "length_ratio": {"best": 1.0}}
     running = {"status": "running", "curve": {"250": 6.0}}
     row = comparison.method_row(METHODS["mlrf"], [done, running], {})
     assert row["mean_curve"] == {"250": 5.0, "500": 4.0} and row["curve_seeds"] == 1

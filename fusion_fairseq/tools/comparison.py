@@ -945,9 +945,8 @@ PAIRED_FORMAT = 2  # part of the paired.json cache key: raised when paired_boots
 
 def paired_bootstrap(references: List[str], baseline: List[str], system: List[str], lowercase: bool) -> dict:
     """sacreBLEU's paired bootstrap resampling (``--paired-bs``, 1000 samples, its seed): the system's
-    and the baseline's BLEU, the p-value sacrebleu reports, the 95% confidence interval of the
-    difference system - baseline over the same resampled test sets, and each side's output length over
-    the reference length (BLEU's brevity penalty sees only short output; long output costs precision)."""
+    and the baseline's BLEU, the p-value sacrebleu reports and the 95% confidence interval of the
+    difference system - baseline over the same resampled test sets."""
     import numpy as np
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
@@ -966,20 +965,20 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
     return {"baseline": round(base.score, 2), "system": round(sys_.score, 2),
             "difference": round(sys_.score - base.score, 2), "ci95": [round(float(low), 2), round(float(high), 2)],
             "p_value": sys_.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
-            "signature": str(bleu.get_signature()),
-            # the columns of sacrebleu's statistics: hypothesis length, reference length, n-gram counts
-            "length_ratio": {side: round(float(s[:, 0].sum() / s[:, 1].sum()), 3)
-                             for side, s in zip(("baseline", "system"), stats)}}
+            "signature": str(bleu.get_signature())}
 
 
 def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
-    """Detokenised sacreBLEU of the test sets together (one corpus)."""
+    """Detokenised sacreBLEU of the test sets together (one corpus), and the output's length over the
+    reference's, tokenised as sacreBLEU does: its brevity penalty sees only short output, while long
+    output (a model looping until the length limit) costs precision."""
     from sacrebleu.metrics import BLEU
 
     bleu = BLEU(lowercase=lowercase)
     score = bleu.corpus_score(read_concatenated(scores, "hyp_detok"), [read_concatenated(scores, "raw_ref")])
     return {"sacrebleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
-            "sentences": sum(scores[name]["sentences"] for name in TEST_SETS)}
+            "sentences": sum(scores[name]["sentences"] for name in TEST_SETS),
+            "length_ratio": round(score.sys_len / score.ref_len, 3)}
 
 
 def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
@@ -1097,25 +1096,6 @@ def add_updates_to_baseline_nll(rows: List[dict]) -> None:
         row["updates_to_baseline_nll_ratio"] = summarise(ratios)
 
 
-def add_length_ratios(rows: List[dict]) -> None:
-    """Per run and kind of checkpoint, its output length over the reference length on the four test
-    sets together, from the paired comparisons (the Transformer's from its side of them), and per
-    method their summary over seeds."""
-    baseline: Dict[int, Dict[str, float]] = {}
-    for row in rows:
-        for run in row["runs"]:
-            paired = run.get("paired") or {}
-            run["length_ratio"] = {kind: p["length_ratio"]["system"] for kind, p in paired.items()}
-            for kind, p in paired.items():
-                baseline.setdefault(run["seed"], {})[kind] = p["length_ratio"]["baseline"]
-    for row in rows:
-        if row["method"] == "transformer":
-            for run in row["runs"]:
-                run["length_ratio"] = baseline.get(run["seed"], {})
-        row["length_ratio"] = {kind: summarise([run["length_ratio"][kind] for run in row["runs"]
-                                                if kind in run["length_ratio"]]) for kind in CHECKPOINT_KINDS}
-
-
 def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optional[int]) -> dict:
     """One run's entry of the report: its scores once done, else its progress so far; its validation
     curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
@@ -1127,7 +1107,9 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optio
         run.update(status="done", **{k: done[k] for k in (
             "sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
             "updates_per_second", "devices", "finished", "sacrebleu_signature")})
-        run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase))
+        run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase),
+                   length_ratio={kind: concatenated_bleu(sets, lowercase)["length_ratio"]
+                                 for kind, sets in (done.get("scores") or {}).items()})
     else:
         updates = last_logged_update(log_path)
         status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
@@ -1156,6 +1138,8 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
         "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
         "test": {kind: {name: summarise([r["test"][kind][name] for r in finished if r.get("test", {}).get(kind)])
                         for name in (*TEST_SETS, "all")} for kind in CHECKPOINT_KINDS},
+        "length_ratio": {kind: summarise([r["length_ratio"][kind] for r in finished if kind in r["length_ratio"]])
+                         for kind in CHECKPOINT_KINDS},
         "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()},
         "curve_seeds": len(curves),
     }
@@ -1168,7 +1152,6 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
     rows = [method_row(method, [collect_run(out, method.name, seed, lowercase, budget) for seed in seeds],
                        plan.get(method.name, {})) for method in methods]
     add_updates_to_baseline_nll(rows)
-    add_length_ratios(rows)
     return {
         "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")",
         "data_bin": data_bin,
