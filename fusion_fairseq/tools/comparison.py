@@ -1187,9 +1187,10 @@ def _fmt_duration(seconds: Optional[float]) -> str:
 
 def markdown(results: dict) -> str:
     rows, seeds = results["methods"], results["settings"]["seeds"]
-    return "\n".join([*markdown_header(results), *summary_table(rows),
-                      *per_seed_table(rows, seeds, results["settings"]["max_update"]), *runs_table(rows), *test_set_tables(rows, seeds), *verdict_table(rows),
-                      *learning_speed_table(rows, seeds, results["settings"]["max_update"]), *methods_table(rows),
+    max_update = results["settings"]["max_update"]
+    return "\n".join([*markdown_header(results), *summary_table(rows), *per_seed_table(rows, seeds, max_update),
+                      *runs_table(rows), *test_set_tables(rows, seeds), *verdict_table(rows),
+                      *learning_speed_table(rows, seeds, max_update), *methods_table(rows),
                       "", "![validation NLL against updates](learning_curves.png)", ""])
 
 
