@@ -1,0 +1,43 @@
+"""The project's Markdown pages: every relative link names a file of the repository and, where it
+has a ``#fragment``, a heading of that file (GitHub's anchors: lower case, punctuation dropped,
+spaces as hyphens)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+PAGES = sorted({*Path(REPO_ROOT).glob("*.md"), *Path(REPO_ROOT).glob("docs/**/*.md"),
+                *Path(REPO_ROOT).glob("examples/**/*.md")})
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set:
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def relative_links(page: Path):
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        if not re.match(r"[a-z]+:", target):
+            yield target
+
+
+def test_the_pages_are_found():
+    assert {"README.md", "docs/measurements.md", "examples/comparison/README.md"} <= {
+        str(page.relative_to(REPO_ROOT)) for page in PAGES}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_every_relative_link_names_a_file_and_heading_that_exist(page):
+    broken = []
+    for target in relative_links(page):
+        path, _, fragment = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and linked.suffix == ".md" and fragment not in anchors(linked):
+            broken.append(f"{target}: no heading #{fragment} in {linked.name}")
+    assert not broken, broken
