@@ -248,3 +248,19 @@ def test_bad_values_are_refused_naming_the_flag(capsys, flag, value):
 def test_flags_without_their_feature_are_warned_about(caplog, flags, idle):
     check_fusion_args(args_with(*flags))
     assert any(idle in record.getMessage() and "without effect" in record.getMessage() for record in caplog.records)
+
+
+def test_parameters_added_to_transformer_base():
+    """The figures of docs/models.md: fairseq's base Transformer (6+6, d=512) with each option,
+    against the formulas: 2 x d(d+3)/2 DWA weights; 30 connections (6 encoder layers of 2
+    sublayers, 6 decoder layers of 3) of n(n+2) = 24 (SHC), 24 + 2d + d(n+2) + 2 = 4,122 (DHC)
+    and nd n(n+2) + n(n+2) + 3 = 49,179 (mHC) for n = 4."""
+    vanilla = sum(p.numel() for p in build_model("transformer").parameters())
+    added = {
+        BOTH_DENSEFORMER: 2 * 27,
+        hyper("static"): 30 * 24,
+        hyper("dynamic"): 30 * 4_122,
+        hyper("manifold"): 30 * 49_179,
+    }
+    for flags, expected in added.items():
+        assert sum(p.numel() for p in build_model("fusion_transformer", *flags).parameters()) - vanilla == expected, flags
