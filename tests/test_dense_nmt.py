@@ -216,6 +216,56 @@ def test_dense_attention_cache_follows_a_finished_sentence_out_with_a_beam_size_
     assert (after - full).abs().max() <= 1e-5
 
 
+def trace_dense_decoder(model, src, prev):
+    """Run the tiny dense Transformer once; per decoder layer its source attention's own output
+    ``a``, the value its residual add received (LayerNorm input minus residual: post-norm layers
+    hand the residual in as the query), and the a_l block of the features the output projection
+    reads (d0 = 16, growth 8: block l at 16 + 16 l + 8)."""
+    traces, handles, read = [], [], {}
+    for layer in model.decoder.layers:
+        trace = {}
+        handles.append(layer.encoder_attn.register_forward_hook(
+            lambda m, args, kwargs, out, trace=trace: trace.update(query=kwargs["query"], a=out[0]), with_kwargs=True))
+        handles.append(layer.encoder_attn_layer_norm.register_forward_pre_hook(
+            lambda m, args, trace=trace: trace.update(summed=args[0])))
+        traces.append(trace)
+    handles.append(model.decoder.project_out_dim.register_forward_pre_hook(lambda m, args: read.update(x=args[0])))
+    torch.manual_seed(3)
+    run(model, src, prev)
+    for handle in handles:
+        handle.remove()
+    features = read["x"].transpose(0, 1)  # T x B x C, as the layers' states
+    for index, trace in enumerate(traces):
+        start = 16 + 16 * index + 8
+        trace["read"] = features[..., start:start + 8]
+        trace["added"] = trace["summed"] - trace["query"]
+    return traces
+
+
+def test_dense_transformer_concatenates_a_l_with_the_dropout_of_its_residual_add():
+    """Eq. 7's a_l, as later layers and the output projection read it, is the attention output
+    after the layer's dropout, with the same mask as the residual add (not the raw output)."""
+    model = tiny_model("dense_transformer_iwslt_de_en", dropout="0.5").train()
+    src = torch.randint(4, 30, (4, 7))
+    prev = torch.randint(4, 25, (4, 6))
+    prev[:, 0] = 2
+    for trace in trace_dense_decoder(model, src, prev):
+        assert torch.allclose(trace["read"], trace["added"], atol=1e-5)
+        dropped = trace["read"] == 0
+        assert 0.3 < dropped.float().mean().item() < 0.7
+        assert torch.allclose(trace["read"][~dropped], 2 * trace["a"][~dropped], atol=1e-5)
+
+
+def test_dense_transformer_reads_a_l_unchanged_in_evaluation():
+    model = tiny_model("dense_transformer_iwslt_de_en", dropout="0.5").eval()
+    src = torch.randint(4, 30, (4, 7))
+    prev = torch.randint(4, 25, (4, 6))
+    prev[:, 0] = 2
+    with torch.no_grad():
+        for trace in trace_dense_decoder(model, src, prev):
+            assert torch.equal(trace["read"], trace["a"])
+
+
 @pytest.mark.parametrize("arch,variant", [case for case in CASES if case[1] in (VARIANTS[0], VARIANTS[1], VARIANTS[7])])
 def test_left_padding_invariance(arch, variant):
     model = tiny_model(arch, *variant).eval()

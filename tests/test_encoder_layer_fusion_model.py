@@ -49,6 +49,42 @@ def test_each_decoder_layer_reads_its_own_memory():
     assert torch.equal(encoder_out["encoder_embedding"][0], embeddings)
 
 
+def memories_of_one_layer(model, src, lengths, layer):
+    """S_m with every weight on encoder layer ``layer`` (a logit 200 above the others: the others'
+    softmax weights underflow to exactly 0), in the model's current mode."""
+    with torch.no_grad():
+        model.decoder.layer_attention.logits.zero_()
+        model.decoder.layer_attention.logits[:, layer] = 200.0
+    encoder_out = model.encoder(src, lengths)
+    return model.decoder.layer_memories(encoder_out, None), encoder_out
+
+
+def test_x0_gets_the_embedding_dropout_in_training_and_none_in_evaluation():
+    """X_0 stands where the encoder's dropped-out input embedding stands: with --dropout p, the
+    memories read it dropped out (one mask shared by every S_m); in evaluation it is unchanged."""
+    model = build_model("fusion_transformer", *TINY, "--layer-attention", "fine", "--dropout", "0.5")
+    src, lengths, _, _ = batch(model, batch_size=4, src_len=8)
+    torch.manual_seed(0)
+    memories, encoder_out = memories_of_one_layer(model.train(), src, lengths, 0)
+    x0 = encoder_out["encoder_embedding"][0].transpose(0, 1)
+    dropped = memories[0] == 0
+    assert 0.35 < dropped.float().mean().item() < 0.65
+    assert torch.allclose(memories[0][~dropped], 2 * x0[~dropped])
+    assert torch.equal(memories[1], memories[0])
+    memories, encoder_out = memories_of_one_layer(model.eval(), src, lengths, 0)
+    assert torch.equal(memories[0], encoder_out["encoder_embedding"][0].transpose(0, 1))
+
+
+def test_memories_of_encoder_layers_get_no_dropout_of_their_own():
+    """S_m adds no dropout to what the encoder layers' outputs already carry (X_N reaches the
+    vanilla decoder so)."""
+    model = build_model("fusion_transformer", *TINY, "--layer-attention", "fine", "--dropout", "0.5").train()
+    src, lengths, _, _ = batch(model, batch_size=4, src_len=8)
+    torch.manual_seed(0)
+    memories, encoder_out = memories_of_one_layer(model, src, lengths, 2)
+    assert torch.equal(memories[0], encoder_out["encoder_states"][2])
+
+
 def test_memories_are_built_once_per_sentence_in_beam_search():
     model = build_model("fusion_transformer", *TINY, "--layer-attention", "fine", "--surface-fusion", "hard").eval()
     src, lengths, _, _ = batch(model)

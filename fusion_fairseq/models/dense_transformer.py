@@ -8,7 +8,9 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
   transformation H of Eq. 6 is "project, then one Transformer layer"; the layer's own residual
   connections stay inside H);
 * dense decoder (Eq. 7): likewise over ``[z_l, a_l, ..., z_1, a_1, z_0]``, where a_l is the output of
-  layer l's encoder-decoder attention (before its residual add) and z_l the layer's output;
+  layer l's encoder-decoder attention as its residual add reads it (after the layer's dropout, the
+  same mask; reading: the paper states no dropout, and a_l is a layer output like z_l) and z_l the
+  layer's output;
 * summary layers (Sec. 3.3) after every SUMLEN-1 layers: a linear projection back to d0;
 * dense attention (Sec. 3.2): the memory of every decoder layer's encoder-decoder attention is
   ``none``: the top encoder layer (projected to d0 when the encoder is dense); ``1`` (Eq. 9): the
@@ -82,13 +84,22 @@ class DenseTransformerEncoderLayer(TransformerEncoderLayer):
 class DenseTransformerDecoderLayer(TransformerDecoderLayer):
     """fairseq's decoder layer whose encoder-decoder attention is a :class:`DenseSourceAttention`
     (DenseAtt-2 groups; recording a_l for a dense decoder), with an input projection from the
-    concatenated features when ``in_dim`` is given (H of Eq. 7)."""
+    concatenated features when ``in_dim`` is given (H of Eq. 7).
+
+    ``attention_value`` (with ``record_attention``): a_l as the layer's residual path adds it, i.e.
+    after the layer's dropout, with the very mask the residual add used. Paper: Eq. 7 concatenates
+    a_l beside z_l and Sec. 3.1 projects the top block's concatenation to the output; the paper
+    states no dropout (its ConvS2S model drops every layer's input). Reading: a_l is one of the
+    layer's outputs, so downstream layers and the output projection see it with the same dropout
+    as the vanilla residual path does; in evaluation it is the attention output itself.
+    """
 
     def __init__(self, args, in_dim: Optional[int], source_groups: int, record_attention: bool):
         self._source_groups = source_groups
         self._record_attention = record_attention
         super().__init__(args)
         self.input_projection = xavier_linear(in_dim, args.decoder_embed_dim) if in_dim is not None else None
+        self.attention_value: Optional[Tensor] = None
 
     def build_encoder_attention(self, embed_dim, args):
         cfg = TransformerConfig.from_namespace(args)
@@ -101,7 +112,17 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
     def forward(self, x, *args, **kwargs):
         if self.input_projection is not None:
             x = self.input_projection(x)
+        self.attention_value = None
+        if self._record_attention:
+            self.encoder_attn.last_output = None  # set again only by this step's source attention
         return super().forward(x, *args, **kwargs)
+
+    def residual_connection(self, x, residual):
+        # fairseq calls this with each sub-layer's dropped-out output; the first call after the
+        # source attention has run carries a_l with the dropout mask its residual add uses
+        if self._record_attention and self.attention_value is None and self.encoder_attn.last_output is not None:
+            self.attention_value = x
+        return super().residual_connection(x, residual)
 
 
 class DenseTransformerEncoder(TransformerEncoder):
@@ -278,7 +299,7 @@ class DenseTransformerDecoder(TransformerDecoder):
             if layer_attn is not None and index == alignment_layer:
                 attn = layer_attn.float().to(x)
             if self.dense:
-                features.append(x, layer.encoder_attn.last_output)  # Eq. 7: [z_l, a_l]
+                features.append(x, layer.attention_value)  # Eq. 7: [z_l, a_l], a_l dropped out as in the residual add
                 if str(index) in self.summaries:
                     features.restart(self.summaries[str(index)](features.concat()))
         if attn is not None:

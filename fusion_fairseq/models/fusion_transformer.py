@@ -116,7 +116,7 @@ def build_layer_attention(args) -> Optional[LayerAttention]:
         return None
     attention = LayerAttention(
         args.decoder_layers, args.encoder_layers, args.encoder_embed_dim, args.layer_attention,
-        dropconnect=args.layer_attention_dropconnect,
+        dropconnect=args.layer_attention_dropconnect, embedding_dropout=args.dropout,
     )
     attention.mask_layer(args.mask_encoder_layer)
     return attention

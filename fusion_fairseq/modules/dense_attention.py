@@ -93,7 +93,8 @@ class DenseSourceAttention(MultiheadAttention):
     them with the beams exactly as it moves the vanilla encoder-decoder attention's.
 
     ``record_output``: keep the last output (``tgt x batch x embed_dim``) in ``last_output``, for a
-    dense decoder that concatenates the attention value a_l beside z_l (Eq. 7).
+    dense decoder that concatenates the attention value a_l beside z_l (Eq. 7). This is the value
+    before the decoder layer's dropout; the layer concatenates its dropped-out form.
     """
 
     def __init__(self, *args, groups: int = 1, record_output: bool = False, **kwargs):

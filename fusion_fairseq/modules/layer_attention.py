@@ -28,24 +28,37 @@ class LayerAttention(nn.Module):
     average of the encoder layers (the paper does not state an initialisation; a dropped zero
     logit is still zero, so DropConnect acts only once the logits have moved away from 0). The
     released code draws them from U(-r, r), r = sqrt(2 / (M + N + 1)).
-    Unlike the released code, nothing is applied around the weighted sum: the paper's Sec. 3.2
-    gives S_m as the weighted sum alone and X_0 as the word embedding. The released code adds a
-    LayerNorm and dropout on S_m, and dropout, word dropout and a LayerNorm on X_0.
+
+    Dropout around the sum (``embedding_dropout``; the model passes its --dropout). Paper: Sec. 3.2
+    gives S_m as the weighted sum alone, X_0 as the word embeddings without positions, and
+    DropConnect as the one regularisation it adds; App. A.1 keeps every other setting of the
+    Transformer, which drops out the embedding sum X_emb + X_pos before layer 1 and every
+    sub-layer output before its residual add. Reading: X_0 stands where that dropped embedding
+    stands, so it gets the same dropout (rate --dropout, a mask of its own: fairseq's encoder does
+    not hand its mask out); X_1..X_N carry their layers' dropout already, so S_m, a convex
+    combination of them, carries dropout as the vanilla memory X_N does and gets no further one.
+    In evaluation nothing changes. The released code differs: its X_0 is the word embedding under
+    the encoder input's dropout mask, dropped again (a second, independent mask of the same rate)
+    and layer-normalised; its S_m is layer-normalised and dropped at the DropConnect rate. The
+    paper states neither LayerNorm nor the second dropouts, so they are not used here.
 
     ``masked_layer`` (analysis, Sec. 3.3 / Figure 2): that encoder layer's weight is set to zero
     and the others are renormalised (exactly w_n / (1 - w_masked)); encoding is unchanged.
     """
 
     def __init__(self, num_decoder_layers: int, num_encoder_layers: int, embed_dim: int, kind: str = "fine",
-                 dropconnect: float = 0.0):
+                 dropconnect: float = 0.0, embedding_dropout: float = 0.0):
         super().__init__()
         if kind not in LAYER_ATTENTION_KINDS[1:]:
             raise ValueError(f"layer attention kind {kind!r}; allowed: coarse, fine")
         if not 0.0 <= dropconnect < 1.0:
             raise ValueError(f"LayerAttention dropconnect must be in [0, 1), got {dropconnect!r}")
+        if not 0.0 <= embedding_dropout < 1.0:
+            raise ValueError(f"LayerAttention embedding_dropout must be in [0, 1), got {embedding_dropout!r}")
         self.kind = kind
         self.num_inputs = num_encoder_layers + 1
         self.dropconnect = dropconnect
+        self.embedding_dropout = embedding_dropout
         width = embed_dim if kind == "fine" else 1
         self.logits = nn.Parameter(torch.zeros(num_decoder_layers, self.num_inputs, width))
         self.masked_layer: Optional[int] = None
@@ -71,10 +84,13 @@ class LayerAttention(nn.Module):
         return torch.softmax(logits.float(), dim=1).type_as(logits)
 
     def forward(self, layers: List[Tensor]) -> Tensor:
-        """``layers``: N+1 tensors ``(src_len, batch, D)``, X_0 first. Returns ``(M, src_len, batch, D)``."""
+        """``layers``: N+1 tensors ``(src_len, batch, D)``, X_0 first (the word embeddings before
+        any dropout). Returns ``(M, src_len, batch, D)``."""
         if len(layers) != self.num_inputs:
             raise ValueError(f"expected {self.num_inputs} encoder layers (embedding included), got {len(layers)}")
-        stacked = torch.stack(layers, dim=0)
+        # X_0 is dropped out once, shared by every S_m, as the encoder's input embedding is
+        embedding = F.dropout(layers[0], p=self.embedding_dropout, training=self.training)
+        stacked = torch.stack([embedding, *layers[1:]], dim=0)
         weights = self.weights()
         if self.kind == "coarse":
             return torch.einsum("mn,ntbd->mtbd", weights.squeeze(-1), stacked)
