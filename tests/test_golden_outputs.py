@@ -55,10 +55,24 @@ def test_a_changed_function_changes_the_golden_output(golden_data_bin, one_threa
     assert output["grad_norm"] != pytest.approx(STORED["comparison/surface_fusion"]["grad_norm"], rel=1e-5)
 
 
+# The 3+3 comparison (examples/comparison/converged.sh) has finished. Configurations whose function
+# changed after its runs, on purpose, each with the change; its README and the recipes' say which
+# rows predate it. Every other compared configuration must still compute what its runs computed.
+CHANGED_SINCE_THE_SHALLOW_COMPARISON = {
+    "comparison/dense_transformer": "DenseNMT: a_l concatenated after the layer's dropout",
+    "comparison/fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
+    "comparison/composition:deeprep+fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
+    "comparison/composition:surface_fusion+fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
+    "comparison/composition:deeprep+surface_fusion+fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
+}
+
+
 def test_the_pinned_comparison_computes_what_main_computes():
-    """The converged comparison trains from the commit pinned in examples/comparison/converged.sh.
+    """The shallow comparison trained from the commit pinned in examples/comparison/converged.sh.
     Its stored golden outputs of every compared configuration are the ones main stores (and main
-    computes them, above): a change that moves a compared method must restart its runs with a new pin."""
+    computes them, above), except exactly the configurations changed since on purpose
+    (:data:`CHANGED_SINCE_THE_SHALLOW_COMPARISON`): any other change that moves a compared method
+    fails here."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(repo, "examples", "comparison", "converged.sh"), encoding="utf-8") as f:
         pin = re.search(r"^PIN=([0-9a-f]{40})$", f.read(), re.M).group(1)
@@ -66,4 +80,6 @@ def test_the_pinned_comparison_computes_what_main_computes():
     if shown.returncode != 0:
         pytest.skip(f"the pinned commit {pin[:10]} is not in this checkout's history ({shown.stderr.strip()[:100]})")
     pinned = {key: value for key, value in json.loads(shown.stdout).items() if key.startswith("comparison/")}
-    assert pinned == {key: value for key, value in STORED.items() if key.startswith("comparison/")}
+    now = {key: value for key, value in STORED.items() if key in pinned}
+    changed = {key for key in pinned if pinned[key] != now.get(key)}
+    assert changed == set(CHANGED_SINCE_THE_SHALLOW_COMPARISON)
