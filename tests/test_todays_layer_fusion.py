@@ -264,3 +264,16 @@ def test_parameters_added_to_transformer_base():
     }
     for flags, expected in added.items():
         assert sum(p.numel() for p in build_model("fusion_transformer", *flags).parameters()) - vanilla == expected, flags
+
+
+@pytest.mark.parametrize("override", [{"hyper_connections_rate": 2}, {"hyper_connections_decoder": "static"},
+                                      {"denseformer_period": 2}, {"denseformer_encoder": False}])
+def test_a_checkpoint_keeps_its_structure_against_model_overrides(override):
+    """The options are structural: ``--model-overrides`` cannot change them at load (checkpoint_safety)."""
+    from fusion_fairseq.checkpoint_safety import structural_override_errors
+
+    trained = args_with(*BOTH_DENSEFORMER, "--encoder-layers", "4", *hyper("dynamic")[2:])
+    trained.denseformer_decoder = False  # one wiring per side: DenseFormer encoder, hyper-connections decoder
+    (error,) = structural_override_errors("ckpt.pt", trained, override)
+    (flag, value), = override.items()
+    assert f"--model-overrides sets {flag} {value!r} but checkpoint ckpt.pt was trained with {flag}" in str(error)
