@@ -72,6 +72,33 @@ def test_aggregation_node_relu_and_attention_functions():
         attention.input_weight_blocks()
 
 
+def test_aggregation_node_drops_out_f_before_the_residual_sum():
+    """In training, F's output is dropped out (the model's --dropout) before the inputs are added;
+    in evaluation the node is Eq. 7 as above."""
+    torch.manual_seed(0)
+    node = AggregationNode(2, 8, 16, dropout=0.5)
+    x, y = torch.randn(50, 8), torch.randn(50, 8)
+    node.eval()
+    evaluated = node(x, y)
+    torch.testing.assert_close(evaluated, node.layer_norm(node.transform([x, y]) + x + y))
+    node.train()
+    trained = node(x, y)
+    f = node.transform([x, y])
+    kept = (trained - node.layer_norm(2 * f + x + y)).abs().amax(dim=-1) < 1e-5  # rows where F was kept (x 2)
+    dropped = (trained - node.layer_norm(x + y)).abs().amax(dim=-1) < 1e-5  # never all of a row in practice
+    assert not kept.all() and not torch.allclose(trained, evaluated)
+    assert not dropped.any()
+
+
+def test_aggregation_strategies_pass_the_models_dropout_to_their_nodes():
+    model = build_model("fusion_transformer", "--aggregate-encoder", "hierarchical", "--aggregate-decoder",
+                        "iterative", "--multi-layer-attention", "2", "--dropout", "0.25")
+    nodes = [m for name, m in model.named_modules() if isinstance(m, AggregationNode)]
+    in_stacks = [m for name, m in model.named_modules() if isinstance(m, AggregationNode) and ".aggregation." in name]
+    assert in_stacks and all(node.dropout.p == 0.25 for node in in_stacks)
+    assert all(node.dropout.p == 0.0 for node in nodes if node not in in_stacks)  # multi-layer attention's
+
+
 def test_dense_connection_literal_is_eq4_by_hand():
     # H1 = L(H0); H2 = L(H1) + H1; H3 = L(H2) + H1 + H2, with L(x) = x + 1
     top, states = DenseConnection(3, "literal").run(torch.tensor([0.0]), add_one)

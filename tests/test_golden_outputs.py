@@ -61,9 +61,13 @@ def test_a_changed_function_changes_the_golden_output(golden_data_bin, one_threa
 CHANGED_SINCE_THE_SHALLOW_COMPARISON = {
     "comparison/dense_transformer": "DenseNMT: a_l concatenated after the layer's dropout",
     "comparison/fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
-    "comparison/composition:deeprep+fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
+    "comparison/composition:deeprep+fgla": "fine-grained layer attention: X_0 gets the embedding dropout; the "
+                                           "aggregation nodes get the model's dropout",
     "comparison/composition:surface_fusion+fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
-    "comparison/composition:deeprep+surface_fusion+fgla": "fine-grained layer attention: X_0 gets the embedding dropout",
+    "comparison/composition:deeprep+surface_fusion+fgla": "fine-grained layer attention: X_0 gets the embedding "
+                                                          "dropout; the aggregation nodes get the model's dropout",
+    "comparison/deeprep": "deep representations: the aggregation nodes get the model's dropout",
+    "comparison/composition:deeprep+surface_fusion": "deep representations: the aggregation nodes get the model's dropout",
 }
 
 

@@ -92,7 +92,7 @@ def build_side_aggregation(args, side: str):
     return build_layer_aggregation(
         getattr(args, f"aggregate_{side}"), getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
         getattr(args, f"{side}_ffn_embed_dim"), args.aggregation_fn, args.aggregation_residual,
-        getattr(args, f"{side}_attention_heads"), args.dense_connection,
+        getattr(args, f"{side}_attention_heads"), args.dense_connection, args.dropout,
     )
 
 

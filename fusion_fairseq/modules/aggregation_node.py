@@ -24,10 +24,17 @@ class AggregationNode(nn.Module):
     reproduces the parameter counts of Table 1 (+31.5M for iterative, +23.1M for hierarchical
     aggregation on both sides of Transformer-Base).
     ``top_input`` is the index (in call order) of the highest backbone layer among the inputs.
+
+    ``dropout``: on F's output before the residual sum. Paper: Eq. 7 states no dropout, and Sec. 4.1
+    keeps the configuration of Vaswani et al., whose every sublayer's output is dropped out before
+    its residual sum. Reading: AGG has the shape of such a sublayer, LN(F(x) + x), and gets the
+    model's ``--dropout`` there, as the layers whose outputs it merges do; without it, an iterative
+    or hierarchical node would hand the next layer and the output projection an undropped path.
+    A node inside multi-layer attention (Eq. 8) takes 0: the layer drops its attention's output.
     """
 
     def __init__(self, num_inputs: int, embed_dim: int, hidden_dim: int, function: str = "sigmoid",
-                 residual: str = "all", top_input: int = 0, num_heads: int = 1):
+                 residual: str = "all", top_input: int = 0, num_heads: int = 1, dropout: float = 0.0):
         super().__init__()
         if function not in AGGREGATION_FUNCTIONS:
             raise ValueError(f"AggregationNode function must be one of {', '.join(AGGREGATION_FUNCTIONS)}, got {function!r}")
@@ -44,6 +51,7 @@ class AggregationNode(nn.Module):
             self.fc2 = nn.Linear(hidden_dim, embed_dim)
             fan_in_uniform_(self.fc1)
             fan_in_uniform_(self.fc2)
+        self.dropout = nn.Dropout(dropout)
         self.layer_norm = nn.LayerNorm(embed_dim)
 
     def transform(self, inputs: List[Tensor]) -> Tensor:
@@ -59,7 +67,7 @@ class AggregationNode(nn.Module):
     def forward(self, *inputs: Tensor) -> Tensor:
         if len(inputs) != self.num_inputs:
             raise ValueError(f"aggregation node built for {self.num_inputs} inputs got {len(inputs)}")
-        output = self.transform(list(inputs))
+        output = self.dropout(self.transform(list(inputs)))
         if self.residual == "all":
             output = output + sum(inputs)
         elif self.residual == "top":

@@ -202,10 +202,11 @@ class HierarchicalAggregation(PlainStack):
 
 def build_layer_aggregation(strategy: str, num_layers: int, embed_dim: int, hidden_dim: int,
                             function: str = "sigmoid", residual: str = "all", num_heads: int = 1,
-                            dense_reading: str = "layernorm") -> PlainStack:
-    """The stack wiring for ``strategy`` in :data:`AGGREGATION_STRATEGIES`."""
+                            dense_reading: str = "layernorm", dropout: float = 0.0) -> PlainStack:
+    """The stack wiring for ``strategy`` in :data:`AGGREGATION_STRATEGIES`; ``dropout`` is the
+    aggregation nodes' (see :class:`AggregationNode`)."""
     def make_node(num_inputs: int, top_input: int) -> AggregationNode:
-        return AggregationNode(num_inputs, embed_dim, hidden_dim, function, residual, top_input, num_heads)
+        return AggregationNode(num_inputs, embed_dim, hidden_dim, function, residual, top_input, num_heads, dropout)
 
     if strategy == "none":
         return PlainStack(num_layers)
