@@ -543,16 +543,20 @@ def test_a_run_must_stop_where_fairseq_writes_a_checkpoint(tmp_path, flags, mess
     assert not (tmp_path / "out").exists()
 
 
-def test_the_readme_shows_the_converged_comparison_as_its_committed_report_has_it():
-    """Until every run is done the README gives the report's count of finished runs; then its summary table."""
+def test_the_readme_shows_the_shallow_point_as_its_committed_report_has_it():
+    """The README's 3+3 table is the report's summary with the averaged checkpoints' cells only (the
+    best-checkpoint cells and the verdict column are left out), and it is not called converged."""
     def read(*path):
         with open(os.path.join(REPO_ROOT, *path), encoding="utf-8") as f:
             return f.read()
 
     report, readme = read("examples", "comparison", "converged", "results.md"), read("README.md")
-    done, total = re.search(r"\*\*(\d+) of (\d+) runs done\*\*", report).groups()
-    if done != total:
-        assert f"**Status: {done} of {total} runs done**" in readme
-    else:
-        summary = report.split("\n## Summary\n")[1].split("\n## ")[0]
-        assert "\n".join(line for line in summary.splitlines() if line.startswith("|")) in readme
+    results = readme.split("\n## Results\n")[1].split("\n## ")[0]
+    assert "### The 3+3 (shallow) point" in results and "convergence" not in results
+    summary = report.split("\n## Summary\n")[1].split("\n## ")[0]
+    rows = [line for line in summary.splitlines() if line.startswith("|")][2:]
+    assert len(rows) == 8
+    for line in rows:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        averaged = cells[:3] + [cell.split(" / ")[-1] for cell in cells[3:9]]
+        assert "| " + " | ".join(averaged) + " |" in results
