@@ -55,6 +55,7 @@ from conformance_utils import (
     tiny_config,
     training_step,
 )
+from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection
 from fusion_fairseq.modules import FUSION_FUNCTIONS, MultiHopAttentionFusion
 
 
@@ -119,8 +120,36 @@ OTHER_FUSION_VARIANTS = [
     Variant("surface-fusion=hard+released", "fusion_transformer",
             ("--surface-fusion", "hard", "--surface-fusion-variant", "released")),
 ]
+
+
+def hyper_connections(kind, *more):
+    return ("--hyper-connections-encoder", kind, "--hyper-connections-decoder", kind, *more)
+
+
+DENSEFORMER = ("--denseformer-encoder", "--denseformer-decoder", "--encoder-layers", "3", "--decoder-layers", "3")
+# Today's layer fusion: DenseFormer with its dilation and period, every kind of hyper-connection
+# in post-norm (fairseq's default) and pre-norm (the papers' setting), and compositions with the
+# fusions that read the layer stack.
+TODAYS_FUSION_VARIANTS = [
+    Variant("denseformer", "fusion_transformer", DENSEFORMER),
+    Variant("denseformer-2x2+pre-norm", "fusion_transformer",
+            (*DENSEFORMER, "--denseformer-dilation", "2", "--denseformer-period", "2", *PRE_NORM)),
+    Variant("denseformer-enc+fine+dec=sa", "fusion_transformer",
+            ("--denseformer-encoder", "--layer-attention", "fine", "--fuse-decoder", "sa")),
+] + [
+    Variant(f"hyper-connections={kind}{suffix}", "fusion_transformer", hyper_connections(kind, *flags))
+    for kind in ("static", "dynamic", "manifold") for suffix, flags in (("", ()), ("+pre-norm", PRE_NORM))
+] + [
+    Variant("hyper-connections=dynamic+rate-2+fine+hard", "fusion_transformer",
+            hyper_connections("dynamic", "--hyper-connections-rate", "2", "--layer-attention", "fine",
+                              "--surface-fusion", "hard")),
+    Variant("hc-enc=manifold+denseformer-dec+enc=sa", "fusion_transformer",
+            ("--hyper-connections-encoder", "manifold", "--denseformer-decoder", "--fuse-encoder", "sa")),
+]
 ARCH_VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES]
-VARIANTS = ARCH_VARIANTS + (MLRF_VARIANTS + OTHER_FUSION_VARIANTS if "fusion_transformer" in ARCHITECTURES else [])
+# fairseq-train / -generate / -interactive: every architecture, and the options of today's layer fusion
+CLI_VARIANTS = ARCH_VARIANTS + [v for v in TODAYS_FUSION_VARIANTS if v.id in ("denseformer", "hyper-connections=dynamic")]
+VARIANTS = ARCH_VARIANTS + (MLRF_VARIANTS + OTHER_FUSION_VARIANTS + TODAYS_FUSION_VARIANTS if "fusion_transformer" in ARCHITECTURES else [])
 BOTH_FNN_SA = Variant("fusion_transformer+Both-FNN-SA", "fusion_transformer", fuse("fnn", "sa"))
 
 # A gradient counts as "all zeros" when its largest entry is below this fraction of the model's
@@ -137,6 +166,22 @@ def shift_invariant_biases(model):
     they are excused only from the "not all zeros" part of the gradient check."""
     names = {name for name, _ in model.named_parameters() if name.endswith(".k_proj.bias")}
     names |= {f"{name}.w2.bias" for name, module in model.named_modules() if isinstance(module, MultiHopAttentionFusion)}
+    return names | gated_by_zero_weights(model)
+
+
+def gated_by_zero_weights(model):
+    """The parameters of hyper-connections that only act through weights the papers start at zero
+    (Zhu et al. Sec. 2.3: W_m, W_r, W_beta = 0; mHC: phi = 0, our reading): the dynamic scales
+    and the norm of DHC, mHC's scales. Their first gradient is zero analytically; the zero
+    weights themselves get one, and after the first update so do these
+    (``test_hyper_connections_dynamic_parts_learn`` in tests/test_todays_layer_fusion.py)."""
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, HyperConnection) and module.dynamic:
+            names |= {f"{name}.dynamic_alpha_scale", f"{name}.dynamic_beta_scale",
+                      f"{name}.norm.weight", f"{name}.norm.bias"}
+        if isinstance(module, ManifoldHyperConnection):
+            names.add(f"{name}.scales")
     return names
 
 
@@ -407,7 +452,7 @@ def cli_runs(request, tmp_path_factory):
     background threads, so that their subprocesses overlap with the in-process checks; each CLI
     test then waits for its own result.
 
-    * every registered arch: train -> generate -> interactive, all runs of a worker in ONE
+    * every registered arch and today's layer fusion: train -> generate -> interactive, all runs of a worker in ONE
       subprocess interpreter (``CLI_DRIVER``: each run exactly as ``python -m``), two workers;
     * Both-FNN-SA: the same pipeline with a fresh ``python -m`` interpreter per run.
     """
@@ -466,7 +511,7 @@ def assert_cli_pipeline_worked(runs, test_src):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ARCH_VARIANTS, ids=lambda v: v.id)
+@pytest.mark.parametrize("variant", CLI_VARIANTS, ids=lambda v: v.id)
 def test_cli_end_to_end(variant, cli_runs, tiny_raw):
     tiny_config(variant)  # fails clearly for a model without tiny overrides
     runs, future = cli_runs[variant.id]

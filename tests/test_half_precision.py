@@ -62,6 +62,12 @@ FEATURES = [
             ("--aggregate-encoder", "iterative", "--aggregate-decoder", "linear", "--multi-layer-attention", "3")),
     Variant("coarse-layer-attention", "fusion_transformer", ("--layer-attention", "coarse")),
     Variant("hierarchical-attention-nodes", "deeprep_transformer_wmt_en_de", ("--aggregation-fn", "attention")),
+    Variant("denseformer-2x2", "fusion_transformer",
+            ("--denseformer-encoder", "--denseformer-decoder", "--denseformer-dilation", "2", "--denseformer-period", "2")),
+] + [  # static hyper-connections compute a subset of the dynamic ones' operations
+    Variant(f"hyper-connections-{kind}", "fusion_transformer",
+            ("--hyper-connections-encoder", kind, "--hyper-connections-decoder", kind))
+    for kind in ("dynamic", "manifold")
 ]
 DTYPES = (("bfloat16", torch.bfloat16), ("float16", torch.float16))
 VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES] + FEATURES

@@ -8,6 +8,7 @@ from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
 from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
 from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES, DENSE_CONNECTION_READINGS
+from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from .config import (
@@ -69,11 +70,27 @@ DENSE_AGGREGATION = Feature(lambda a: "dense" in (a.aggregate_encoder, a.aggrega
 LAYER_ATTENTION = Feature(lambda a: a.layer_attention != "none", lambda a: f"--layer-attention is {a.layer_attention}")
 HARD_SURFACE_FUSION = Feature(lambda a: a.surface_fusion == "hard", _surface_fusion_kind)
 SURFACE_FUSION = Feature(lambda a: a.surface_fusion != "none", _surface_fusion_kind)
+DENSEFORMER = Feature(lambda a: a.denseformer_encoder or a.denseformer_decoder,
+                      lambda a: "neither --denseformer-encoder nor --denseformer-decoder is set")
+HYPER_CONNECTIONS = Feature(
+    lambda a: "none" != a.hyper_connections_encoder or "none" != a.hyper_connections_decoder,
+    lambda a: "--hyper-connections-encoder/--hyper-connections-decoder are none/none")
 
 
 def _fuse_help(side):
     return (f"fuse all {side} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
             "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
+
+
+def _denseformer_help(side):
+    return (f"DenseFormer (Pagliardini et al. 2024): after each {side} layer, a learned depth-weighted average "
+            "of the embedding and every earlier layer output, starting as the identity")
+
+
+def _hyper_connections_help(side):
+    return (f"replace the {side}'s residual connections by hyper-connections over --hyper-connections-rate "
+            "streams: static or dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream mixing "
+            "(manifold: mHC, Xie et al. 2026)")
 
 
 def _aggregate_help(side):
@@ -185,6 +202,27 @@ class FusionTransformerConfig:
         "surface vector, dropout on the embedding values)", choice(SURFACE_FUSION_VARIANTS), structural=True,
         read_by=SURFACE_FUSION, idle_reason="it changes SurfaceFusion")
 
+    # --- today's layer fusion ----------------------------------------------------------------------
+    denseformer_encoder: bool = option(
+        False, _denseformer_help("encoder"), SWITCH, structural=True)
+    denseformer_decoder: bool = option(
+        False, _denseformer_help("decoder"), SWITCH, structural=True)
+    denseformer_dilation: int = option(
+        1, "dilation k of DenseFormer: the average after layer i weighs only the outputs X_j with j = i mod k "
+        "(Pagliardini et al. 2024, 'kxp-DenseFormer')", POSITIVE_INT, metavar="K", structural=True,
+        read_by=DENSEFORMER, idle_reason="it thins DenseFormer's averages")
+    denseformer_period: int = option(
+        1, "period p of DenseFormer: an average follows only layers p, 2p, ...", POSITIVE_INT, metavar="P",
+        structural=True, read_by=DENSEFORMER, idle_reason="it thins DenseFormer's averages")
+    hyper_connections_encoder: str = option(
+        "none", _hyper_connections_help("encoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
+    hyper_connections_decoder: str = option(
+        "none", _hyper_connections_help("decoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
+    hyper_connections_rate: int = option(
+        4, "expansion rate n of hyper-connections: the number of residual streams (Zhu et al. 2025; paper: 4)",
+        POSITIVE_INT, metavar="N", structural=True, read_by=HYPER_CONNECTIONS,
+        idle_reason="it sets the streams of hyper-connections")
+
 
 def check_fusion_args(args) -> None:
     """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
@@ -193,6 +231,7 @@ def check_fusion_args(args) -> None:
     check_mlrf_args(args)
     check_deep_representation_args(args)
     check_encoder_layer_fusion_args(args)
+    check_todays_layer_fusion_args(args)
     warn_idle_flags(args, FusionTransformerConfig)
 
 
@@ -201,7 +240,8 @@ def check_layers_are_kept(args):
         f"{flag_of(dest)} {getattr(args, dest)}"
         for dest in ("fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder", "aggregate_decoder")
         if getattr(args, dest) != "none"
-    ] + ([f"--multi-layer-attention {args.multi_layer_attention}"] if args.multi_layer_attention > 1 else [])
+    ] + [f"--denseformer-{side}" for side in ("encoder", "decoder") if getattr(args, f"denseformer_{side}")] \
+      + ([f"--multi-layer-attention {args.multi_layer_attention}"] if args.multi_layer_attention > 1 else [])
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
         raise ConfigurationError(
             "layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop must be 0 "
@@ -286,4 +326,48 @@ def check_masked_encoder_layer(args):
     if not 0 <= layer <= args.encoder_layers:
         raise ConfigurationError(
             f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) to {args.encoder_layers}"
+        )
+
+
+
+
+def check_todays_layer_fusion_args(args):
+    """DenseFormer and hyper-connections each define how a side's layers are wired: one wiring per side."""
+    for side in ("encoder", "decoder"):
+        denseformer = getattr(args, f"denseformer_{side}")
+        hyper = getattr(args, f"hyper_connections_{side}")
+        aggregate = getattr(args, f"aggregate_{side}")
+        wirings = ([f"--denseformer-{side}"] if denseformer else []) \
+            + ([f"--hyper-connections-{side} {hyper}"] if hyper != "none" else []) \
+            + ([f"--aggregate-{side} {aggregate}"] if aggregate != "none" else [])
+        if len(wirings) > 1:
+            raise ConfigurationError(
+                f"{' and '.join(wirings)} both wire the {side}'s layers (which representation enters each "
+                f"layer); choose one per side"
+            )
+        if denseformer and not args.denseformer_period <= getattr(args, f"{side}_layers"):
+            raise ConfigurationError(
+                f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
+                f"--{side}-layers is {getattr(args, f'{side}_layers')}"
+            )
+        if hyper != "none":
+            check_hyper_connected_side(args, side, hyper)
+
+
+def check_hyper_connected_side(args, side: str, kind: str):
+    flag = f"--hyper-connections-{side} {kind}"
+    if args.multi_layer_attention > 1:
+        raise ConfigurationError(
+            f"{flag} and --multi-layer-attention {args.multi_layer_attention}: multi-layer attention reads "
+            "single lower-layer states, hyper-connected layers hold several streams; choose one of them"
+        )
+    if kind == "manifold" and args.hyper_connections_rate < 2:
+        raise ConfigurationError(
+            f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing to mix), "
+            f"got {args.hyper_connections_rate}"
+        )
+    if side == "decoder" and getattr(args, "cross_self_attention", False):
+        raise ConfigurationError(
+            f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
+            "only, and does not support --cross-self-attention; drop one of them"
         )

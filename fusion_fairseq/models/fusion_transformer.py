@@ -23,6 +23,8 @@ from fusion_fairseq.checkpoint_safety import (
     require_literal_transformer_config,
 )
 from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
+from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage
+from fusion_fairseq.modules.hyper_connection import HyperConnectedStack
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
@@ -30,6 +32,7 @@ from .config import add_arguments, fill_defaults, set_defaults
 from .fusion_config import FusionTransformerConfig, check_fusion_args
 from .fusion_decoder import FusionTransformerDecoder
 from .fusion_encoder import FusionTransformerEncoder
+from .hyper_connected_layers import install_hyper_connections
 from .layer_stack import install_multi_layer_attention
 from fusion_fairseq.errors import ConfigurationError
 
@@ -40,7 +43,7 @@ logger = logging.getLogger(__name__)
 # none of them, and every other parameter of this model has the vanilla model's name.
 FUSION_PARAMETER_MARKERS = (
     "output_fusion.", "aggregation.", "layer_attention.", "surface_fusion.",
-    "self_attn.lower_attentions.", "self_attn.aggregate.",
+    "self_attn.lower_attentions.", "self_attn.aggregate.", "hyper_connections.",
 )
 
 
@@ -79,6 +82,13 @@ def build_side_fusion(args, side: str, layer_embedding: Optional[nn.Embedding]):
 
 
 def build_side_aggregation(args, side: str):
+    """The wiring of one side's stack: Dou et al.'s aggregation, DenseFormer's averages or the
+    streams of hyper-connections (at most one of them, see ``fusion_config``)."""
+    layers = getattr(args, f"{side}_layers")
+    if getattr(args, f"denseformer_{side}"):
+        return DepthWeightedAverage(layers, args.denseformer_dilation, args.denseformer_period)
+    if getattr(args, f"hyper_connections_{side}") != "none":
+        return HyperConnectedStack(layers, args.hyper_connections_rate)
     return build_layer_aggregation(
         getattr(args, f"aggregate_{side}"), getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
         getattr(args, f"{side}_ffn_embed_dim"), args.aggregation_fn, args.aggregation_residual,
@@ -93,6 +103,12 @@ def install_side_multi_layer_attention(args, side: str, layers):
             getattr(args, f"{side}_attention_heads"), args.attention_dropout, getattr(args, f"{side}_ffn_embed_dim"),
             args.aggregation_fn, args.aggregation_residual,
         )
+
+
+def install_side_hyper_connections(args, side: str, layers):
+    kind = getattr(args, f"hyper_connections_{side}")
+    if kind != "none":
+        install_hyper_connections(layers, kind, args.hyper_connections_rate, getattr(args, f"{side}_embed_dim"))
 
 
 def build_layer_attention(args) -> Optional[LayerAttention]:
@@ -149,6 +165,7 @@ class FusionTransformerModel(TransformerModel):
         )
         for side, module in (("encoder", encoder), ("decoder", decoder)):
             install_side_multi_layer_attention(args, side, module.layers)
+            install_side_hyper_connections(args, side, module.layers)
         return cls(args, encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,

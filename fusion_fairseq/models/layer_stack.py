@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from fusion_fairseq.modules import MultiLayerSelfAttention
 
 from .activation_checkpointing import call_checkpointed, fairseq_checkpointing
+from .hyper_connected_layers import forward_on_streams
 
 
 def hand_lower_layers(layer: nn.Module, states: List[Tensor]):
@@ -19,11 +20,15 @@ def hand_lower_layers(layer: nn.Module, states: List[Tensor]):
 
 
 def run_layer(layer: nn.Module, states: List[Tensor], *args, **kwargs):
-    """``layer(*args, **kwargs)`` after :func:`hand_lower_layers`. A layer with multi-layer
+    """``layer(*args, **kwargs)`` after :func:`hand_lower_layers`; a layer with hyper-connections
+    runs over its streams (:func:`forward_on_streams`). A layer with multi-layer
     attention that fairseq wrapped for ``--checkpoint-activations`` runs under torch's
     non-re-entrant checkpoint instead, which hands the lower states over again when backward
     recomputes the layer and passes their gradients (see ``activation_checkpointing``)."""
     wrapped = fairseq_checkpointing(layer)
+    if hasattr(layer, "hyper_connections"):  # ``args[0]`` holds the streams; fairseq's forward would take one
+        enabled, offload = (True, wrapped[1]) if wrapped is not None else (False, False)
+        return call_checkpointed(forward_on_streams, layer, *args, enabled=enabled, offload=offload, **kwargs)
     if wrapped is None or not isinstance(layer.self_attn, MultiLayerSelfAttention):
         hand_lower_layers(layer, states)
         return layer(*args, **kwargs)

@@ -1,0 +1,79 @@
+"""DenseFormer's depth-weighted average (Pagliardini et al., NeurIPS 2024), as a stack wiring.
+
+Paper: Sec. 3, Eq. 1 and Fig. 1. With X_0 the embedding and X_i = B_i(Y_{i-1}) the output of
+block i, a depth-weighted average (DWA) after block i hands the next block
+
+    Y_i = sum_{j <= i} alpha_{i,j} X_j,        alpha_{i,i} = 1 and alpha_{i,j<i} = 0 at the start,
+
+so the model starts as the plain Transformer. The k x p variants (Sec. 3, "Dilated DenseFormer"
+and "Periodic DenseFormer"): with dilation k, DWA i reads only the X_j with j = i (mod k); with
+period p, only blocks i = p, 2p, ... are followed by a DWA, the others hand on X_i unchanged.
+For k = p = 1 and d blocks this gives sum_{i=1}^{d} (i + 1) = d(d + 3)/2 scalars.
+
+Reading, where the text leaves it open, as the authors' code (``epfml/DenseFormer``,
+``DWAModules``) does: the weights average the block *outputs* X_j (not the earlier averages
+Y_j), and the last block is followed by a DWA too, whose output goes to the final LayerNorm and
+the output projection. For fairseq's post-norm layers, X_i is the layer's normalised output; in
+a pre-norm stack, fairseq's final LayerNorm follows Y_L as it follows X_L.
+
+The stack records [Y_0, ..., Y_L] (Y_i = X_i after a block without DWA) as its states: the
+representation each layer hands on, which MLRF fusion, layer attention and the layer-diversity
+criterion read. Every weight mixes one position's states, so incremental decoding stays exact.
+"""
+
+from typing import List, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .layer_aggregation import ApplyLayer, PlainStack
+
+
+def averaged_blocks(num_layers: int, period: int) -> List[int]:
+    """The blocks i (1-based) that a DWA follows."""
+    return [block for block in range(1, num_layers + 1) if block % period == 0]
+
+
+def averaged_outputs(block: int, dilation: int) -> List[int]:
+    """The indices j of the outputs X_j that the DWA after block ``block`` weighs, in ascending order."""
+    return list(range(block % dilation, block + 1, dilation))
+
+
+def depth_weighted_average_parameters(num_layers: int, dilation: int = 1, period: int = 1) -> int:
+    """The number of DWA weights of one stack: d(d + 3)/2 for k = p = 1."""
+    return sum(len(averaged_outputs(block, dilation)) for block in averaged_blocks(num_layers, period))
+
+
+class DepthWeightedAverage(PlainStack):
+    """DenseFormer's stack: a DWA after every ``period``-th block over every ``dilation``-th output."""
+
+    def __init__(self, num_layers: int, dilation: int = 1, period: int = 1):
+        super().__init__(num_layers)
+        self.dilation, self.period = dilation, period
+        self.blocks = averaged_blocks(num_layers, period)
+        self.alphas = nn.ParameterList(self.identity_weights(block) for block in self.blocks)
+        self.position = {block: position for position, block in enumerate(self.blocks)}
+
+    def identity_weights(self, block: int) -> nn.Parameter:
+        weights = torch.zeros(len(averaged_outputs(block, self.dilation)))
+        weights[-1] = 1.0  # alpha_{i,i}: the block's own output
+        return nn.Parameter(weights)
+
+    def weights(self) -> List[Tuple[int, List[int], Tensor]]:
+        """(block i, the j it reads, alpha_i) for every DWA, for analysis."""
+        return [(block, averaged_outputs(block, self.dilation), self.alphas[self.position[block]])
+                for block in self.blocks]
+
+    def run(self, x0: Tensor, apply_layer: ApplyLayer) -> Tuple[Tensor, List[Tensor]]:
+        outputs = [x0]  # X_0, X_1, ...
+        states = [x0]  # Y_0, Y_1, ...
+        for index in range(self.num_layers):
+            outputs.append(apply_layer(index, states[-1], states))
+            block = index + 1
+            position = self.position.get(block)
+            if position is None:
+                states.append(outputs[-1])
+                continue
+            read = torch.stack([outputs[j] for j in averaged_outputs(block, self.dilation)], dim=-1)
+            states.append(torch.matmul(read, self.alphas[position].to(read)))
+        return states[-1], states

@@ -1,0 +1,193 @@
+"""Hyper-connections (Zhu et al., ICLR 2025) and manifold-constrained hyper-connections (mHC,
+Xie et al., DeepSeek 2026): the residual stream widened to n copies.
+
+Paper (Zhu et al.): Sec. 2, Eqs. 1-6. The hidden vector h becomes the hyper hidden matrix
+H = (h_1, ..., h_n)^T (n x d), n copies of the embedding at the start. Around every layer T^k
+(one attention or one feed-forward sublayer; fairseq's decoder layer has three, its encoder
+layer two), the hyper-connection
+
+    HC = [[0, B], [A_m, A_r]],   B in R^{1 x n}, A_m in R^{n x 1}, A_r in R^{n x n}
+
+reads the layer input h_0 = A_m^T H (width-connection) and writes back
+H' = B^T T(h_0) + A_r^T H (depth-connection), Eq. 3. Static (SHC) weights are learned
+directly; dynamic (DHC) ones add an input-dependent term per stream, Eqs. 4-6:
+
+    H_bar = norm(H);  B(H) = s_beta * tanh(H_bar W_beta)^T + B;
+    A_m(H) = s_alpha * tanh(H_bar W_m) + A_m;  A_r(H) = s_alpha * tanh(H_bar W_r) + A_r,
+
+with W_* zero and s_alpha = s_beta = 0.01 at the start. Initialisation (Sec. 2.3): A_m = e_{k mod n}
+for layer k, A_r = I, B = 1, which computes exactly the Pre-Norm residual: every stream stays the
+same vector h. The stack's output is read from the streams (the paper sums them before the final
+norm).
+
+Paper (Xie et al., mHC): the same three maps, computed from the flattened n x d streams
+x = RMSNorm(vec(H)) (no weight): H_pre = sigmoid(a_pre (x phi_pre) + b_pre),
+H_post = 2 sigmoid(a_post (x phi_post) + b_post), H_res = SinkhornKnopp(a_res mat(x phi_res) + b_res),
+20 iterations, so that H_res is doubly stochastic (rows and columns sum to one) and the signal
+neither grows nor vanishes across depth; x_{l+1} = H_res x_l + H_post^T F(H_pre x_l).
+
+Readings:
+* Layer index k counts sublayers over the whole stack (attention 0, feed-forward 1, ... in the
+  encoder; self-attention, cross-attention, feed-forward in the decoder): each T^k of the paper
+  is one sublayer with its own connection.
+* The stack's output is the streams' mean, the paper's sum divided by n: the same after a final
+  LayerNorm up to its epsilon, and the only readout under which a post-norm stack (fairseq's
+  default, no final LayerNorm) starts as the plain Transformer.
+* The norm of DHC is a LayerNorm with parameters, shared by the streams of one connection.
+* mHC initialisation (not given in what we read of the paper): phi = 0 and a = 0.01 as for DHC,
+  b_pre = logit(1/n) so that the layer first reads the streams' mean, b_post = 0 so that 2 sigmoid
+  writes the output to every stream with weight 1, and b_res with 0 on the diagonal and -4
+  elsewhere, so that H_res starts near the identity (0.95 on the diagonal for n = 4), as A_r = I
+  does for HC. Any doubly stochastic H_res keeps equal streams equal, so at the start mHC, too,
+  computes the plain Transformer.
+* Post-norm (fairseq's ``--*-normalize-before`` off): each sublayer's LayerNorm is applied to every
+  stream after the depth-connection, LN(B^T T(h_0) + A_r^T H); with equal streams this is
+  LN(h + T(h)), fairseq's post-norm layer. Pre-norm: the LayerNorm is part of T^k, as in the paper.
+
+Every weight mixes the streams of one position, so incremental decoding stays exact.
+"""
+
+import math
+from typing import List, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .layer_aggregation import ApplyLayer, PlainStack
+
+HYPER_CONNECTION_KINDS = ("none", "static", "dynamic", "manifold")
+DYNAMIC_SCALE_INIT = 0.01
+SINKHORN_ITERATIONS = 20
+MANIFOLD_OFF_DIAGONAL_LOGIT = -4.0
+
+
+class HyperConnection(nn.Module):
+    """SHC or DHC around one sublayer: :meth:`width` gives the sublayer's input, :meth:`depth`
+    the new streams. Streams are ``(..., n, d)``."""
+
+    def __init__(self, rate: int, embed_dim: int, layer_index: int, dynamic: bool):
+        super().__init__()
+        self.rate = rate
+        input_weights = torch.zeros(rate, 1)
+        input_weights[layer_index % rate, 0] = 1.0
+        self.static_alpha = nn.Parameter(torch.cat([input_weights, torch.eye(rate)], dim=1))  # [A_m | A_r]
+        self.static_beta = nn.Parameter(torch.ones(rate))  # B
+        self.dynamic = dynamic
+        if dynamic:
+            self.norm = nn.LayerNorm(embed_dim)
+            self.dynamic_alpha_fn = nn.Parameter(torch.zeros(embed_dim, rate + 1))  # [W_m | W_r]
+            self.dynamic_alpha_scale = nn.Parameter(torch.tensor(DYNAMIC_SCALE_INIT))
+            self.dynamic_beta_fn = nn.Parameter(torch.zeros(embed_dim))  # W_beta
+            self.dynamic_beta_scale = nn.Parameter(torch.tensor(DYNAMIC_SCALE_INIT))
+
+    def connection_weights(self, streams: Tensor) -> Tuple[Tensor, Tensor]:
+        """alpha = [A_m | A_r] ``(..., n, n+1)`` and B ``(..., n)``."""
+        if not self.dynamic:
+            return self.static_alpha, self.static_beta
+        normed = self.norm(streams)
+        alpha = self.static_alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)
+        beta = self.static_beta + self.dynamic_beta_scale * torch.tanh(normed @ self.dynamic_beta_fn)
+        return alpha, beta
+
+    def width(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """(h_0 = A_m^T H ``(..., d)``, A_r^T H ``(..., n, d)``, B ``(..., n)``)."""
+        alpha, beta = self.connection_weights(streams)
+        mixed = alpha.transpose(-1, -2).to(streams) @ streams  # (..., n+1, d)
+        return mixed[..., 0, :], mixed[..., 1:, :], beta
+
+    @staticmethod
+    def depth(output: Tensor, kept_streams: Tensor, beta: Tensor) -> Tensor:
+        """H' = B^T T(h_0) + A_r^T H."""
+        return beta.to(output).unsqueeze(-1) * output.unsqueeze(-2) + kept_streams
+
+
+def sinkhorn(logits: Tensor, iterations: int = SINKHORN_ITERATIONS) -> Tensor:
+    """exp(logits) scaled to a doubly stochastic matrix over the last two dimensions by alternating
+    row and column normalisation (Sinkhorn-Knopp), computed in log space for stability."""
+    log_matrix = logits.float()
+    for _ in range(iterations):
+        log_matrix = log_matrix - log_matrix.logsumexp(dim=-1, keepdim=True)
+        log_matrix = log_matrix - log_matrix.logsumexp(dim=-2, keepdim=True)
+    return log_matrix.exp().to(logits.dtype)
+
+
+class ManifoldHyperConnection(nn.Module):
+    """mHC around one sublayer, with the interface of :class:`HyperConnection`."""
+
+    def __init__(self, rate: int, embed_dim: int):
+        super().__init__()
+        self.rate = rate
+        self.phi = nn.Parameter(torch.zeros(rate * embed_dim, rate * (rate + 2)))  # [phi_pre | phi_post | phi_res]
+        self.scales = nn.Parameter(torch.full((3,), DYNAMIC_SCALE_INIT))  # a_pre, a_post, a_res
+        if rate < 2:
+            raise ValueError(f"manifold-constrained hyper-connections need at least 2 streams, got {rate}")
+        res_bias = torch.full((rate, rate), MANIFOLD_OFF_DIAGONAL_LOGIT).fill_diagonal_(0.0)
+        pre_bias = torch.full((rate,), -math.log(rate - 1))  # sigmoid(b_pre) = 1/n
+        self.bias = nn.Parameter(torch.cat([pre_bias, torch.zeros(rate), res_bias.flatten()]))
+
+    def width(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        n = self.rate
+        flat = streams.flatten(-2)
+        flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+        dynamic = flat @ self.phi.to(flat)
+        scale = self.scales.to(flat).repeat_interleave(torch.tensor([n, n, n * n], device=flat.device))
+        logits = scale * dynamic + self.bias.to(flat)
+        pre, post, res = logits.split([n, n, n * n], dim=-1)
+        pre, post = torch.sigmoid(pre), 2 * torch.sigmoid(post)
+        res = sinkhorn(res.unflatten(-1, (n, n)))
+        layer_input = (pre.unsqueeze(-2) @ streams).squeeze(-2)
+        return layer_input, res @ streams, post
+
+    depth = staticmethod(HyperConnection.depth)
+
+
+def build_hyper_connection(kind: str, rate: int, embed_dim: int, layer_index: int) -> nn.Module:
+    if kind in ("static", "dynamic"):
+        return HyperConnection(rate, embed_dim, layer_index, dynamic=kind == "dynamic")
+    if kind == "manifold":
+        return ManifoldHyperConnection(rate, embed_dim)
+    raise ValueError(f"unknown hyper-connection kind {kind!r}; allowed: {', '.join(HYPER_CONNECTION_KINDS[1:])}")
+
+
+def hyper_connection_parameters(kind: str, rate: int, embed_dim: int) -> int:
+    """Parameters of one connection: n(n+2) for SHC; DHC adds the LayerNorm (2d), W_m, W_r, W_beta
+    (d(n+2)) and two scales; mHC has nd x n(n+2) + n(n+2) + 3."""
+    n, d = rate, embed_dim
+    if kind == "static":
+        return n * (n + 2)
+    if kind == "dynamic":
+        return n * (n + 2) + 2 * d + d * (n + 2) + 2
+    if kind == "manifold":
+        return n * d * n * (n + 2) + n * (n + 2) + 3
+    raise ValueError(f"unknown hyper-connection kind {kind!r}")
+
+
+class HyperConnectedStack(PlainStack):
+    """The stack over n streams: the embedding is copied n times, every layer maps streams to
+    streams (its sublayers carry their own connections), and each layer's state, like the stack's
+    output, is the streams' mean (see the readings above)."""
+
+    def __init__(self, num_layers: int, rate: int):
+        super().__init__(num_layers)
+        self.rate = rate
+
+    def run(self, x0: Tensor, apply_layer: ApplyLayer) -> Tuple[Tensor, List[Tensor]]:
+        streams = x0.unsqueeze(-2).expand(*x0.shape[:-1], self.rate, x0.shape[-1])
+        states = [x0]
+        for index in range(self.num_layers):
+            streams = apply_layer(index, streams, states)
+            states.append(streams.mean(dim=-2))
+        return states[-1], states
+
+
+def connect(connection: nn.Module, streams: Tensor, sublayer, layer_norm: nn.Module, normalize_before: bool):
+    """One sublayer with its hyper-connection: ``sublayer(h_0)`` is its output (dropout included);
+    ``layer_norm`` is the sublayer's own LayerNorm, applied to its input (pre-norm) or to every
+    stream after the connection (post-norm). Returns (new streams, what the sublayer returned
+    beside its output)."""
+    layer_input, kept, beta = connection.width(streams)
+    if normalize_before:
+        layer_input = layer_norm(layer_input)
+    output, extra = sublayer(layer_input)
+    streams = connection.depth(output, kept, beta)
+    return (streams if normalize_before else layer_norm(streams)), extra

@@ -1,0 +1,139 @@
+#!/usr/bin/env python
+"""Plot the learned connection weights of DenseFormer and hyper-connections in a checkpoint.
+
+    python scripts/plot_connection_weights.py --path CKPT [--data DATA_BIN] --out fig.png [--json w.json]
+
+DenseFormer (``--denseformer-*``, Pagliardini et al. 2024, as their Fig. 4): one row per
+depth-weighted average (after layer i), one column per output X_j it may read (j = 0 is the
+embedding); cells it does not read are blank. Hyper-connections (``--hyper-connections-*``, Zhu et
+al. 2025, as their Fig. 7): for every sublayer, the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of its
+input-independent part (static weights; for mHC the maps at zero dynamic input, sigmoid(b_pre),
+2 sigmoid(b_post) and SinkhornKnopp(b_res)), side by side. One panel per side that has either.
+
+Exit status: 0 on success, 2 with a message naming the flag on bad input (no such file, a
+checkpoint with neither option).
+"""
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
+    sys.path.append(REPO_ROOT)
+
+from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage  # noqa: E402
+from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection, sinkhorn  # noqa: E402
+from fusion_fairseq.tools.analysis import (  # noqa: E402
+    UsageError,
+    add_dpi_argument,
+    add_force_argument,
+    add_user_dir_argument,
+    check_outputs,
+    load_checkpoint_state,
+    model_from_state,
+    run_main,
+    use_agg_backend,
+    write_json,
+)
+
+use_agg_backend()
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+PROG = "plot_connection_weights.py"
+
+
+def parse_args(argv: Optional[List[str]] = None):
+    parser = argparse.ArgumentParser(description="Plot DenseFormer's and hyper-connections' learned weights.")
+    parser.add_argument("--path", required=True, help="checkpoint file (fairseq-train output)")
+    parser.add_argument("--data", help="binarised data directory; default: the one stored in the checkpoint")
+    parser.add_argument("--out", required=True, help="PNG file to write")
+    parser.add_argument("--json", metavar="OUT", help="also write the matrices as JSON")
+    add_user_dir_argument(parser)
+    add_dpi_argument(parser)
+    add_force_argument(parser)
+    return parser.parse_args(argv)
+
+
+def denseformer_matrix(stack: DepthWeightedAverage) -> np.ndarray:
+    """``(averages, L+1)`` with NaN where an average reads nothing."""
+    matrix = np.full((len(stack.blocks), stack.num_layers + 1), np.nan)
+    for row, (_, read, alpha) in enumerate(stack.weights()):
+        matrix[row, read] = alpha.detach().float().numpy()
+    return matrix
+
+
+def connection_matrix(connection) -> np.ndarray:
+    """[[0, B], [A_m, A_r]] of the input-independent part of one hyper-connection."""
+    n = connection.rate
+    if isinstance(connection, HyperConnection):
+        alpha, beta = connection.static_alpha, connection.static_beta
+    else:
+        pre, post, res = connection.bias.split([n, n, n * n])
+        alpha = torch.cat([torch.sigmoid(pre)[:, None], sinkhorn(res.view(n, n)).T], dim=1)
+        beta = 2 * torch.sigmoid(post)
+    matrix = torch.zeros(n + 1, n + 1)
+    matrix[0, 1:], matrix[1:, :] = beta, alpha
+    return matrix.detach().float().numpy()
+
+
+def side_weights(model) -> dict:
+    weights = {}
+    for side in ("encoder", "decoder"):
+        module = getattr(model, side)
+        stack = getattr(module, "aggregation", None)
+        if isinstance(stack, DepthWeightedAverage):
+            weights[f"{side} DenseFormer"] = denseformer_matrix(stack)
+        connections = [connection for layer in module.layers for connection in getattr(layer, "hyper_connections", [])
+                       if isinstance(connection, (HyperConnection, ManifoldHyperConnection))]
+        if connections:
+            weights[f"{side} hyper-connections"] = np.concatenate(
+                [np.pad(connection_matrix(c), ((0, 0), (0, 1)), constant_values=np.nan) for c in connections], axis=1)
+    return weights
+
+
+def plot(weights: dict, out: str, dpi: int):
+    fig, axes = plt.subplots(len(weights), 1, figsize=(8, 2.6 * len(weights)), layout="constrained", squeeze=False)
+    for ax, (name, matrix) in zip(axes[:, 0], weights.items()):
+        image = ax.imshow(matrix, cmap="RdBu_r", vmin=-np.nanmax(np.abs(matrix)), vmax=np.nanmax(np.abs(matrix)),
+                          aspect="auto", interpolation="nearest")
+        ax.set_title(name, fontsize=9)
+        if "DenseFormer" in name:
+            ax.set_xlabel("output X_j (0 = embedding)", fontsize=8)
+            ax.set_ylabel("average after layer", fontsize=8)
+        else:
+            ax.set_xlabel("sublayers, each [[0, B], [A_m, A_r]]", fontsize=8)
+        fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
+    state = load_checkpoint_state(args.path, args.data, user_dir=args.user_dir)
+    model, _, _ = model_from_state(args.path, state)
+    weights = side_weights(model)
+    if not weights:
+        raise UsageError(f"--path {args.path}: the checkpoint's model has neither DenseFormer averages nor "
+                         "hyper-connections; one trained with --denseformer-* or --hyper-connections-* is needed")
+    for name, matrix in weights.items():
+        print(name)
+        print(np.array2string(matrix, precision=3, max_line_width=200))
+    plot(weights, args.out, args.dpi)
+    if args.json:
+        write_json(args.json, {name: [[None if np.isnan(v) else float(v) for v in row] for row in matrix]
+                               for name, matrix in weights.items()})
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    return run_main(run, args, PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
