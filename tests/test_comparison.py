@@ -6,6 +6,8 @@ import json
 import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -297,8 +299,14 @@ def test_every_method_uses_known_flags():
 
     width = parse_width(comparison.DEFAULT_WIDTH)
     settings = SimpleNamespace(dropout=0.1, lr=1e-3, warmup=10, max_tokens=100, max_update=1, eval_every=1,
-                               log_interval=1, train_args="")
+                               log_interval=1, train_args="", lr_schedule="inverse_sqrt")
+    known = options.get_training_parser()
+    options.parse_args_and_arch(known, ["unused", "--user-dir", comparison.PLUGIN_DIR, "--arch", "fusion_transformer"])
     for method in METHODS.values():
+        if method.name in ("denseformer", "hyper_connections") and not any(
+                flag.startswith("--denseformer" if method.name == "denseformer" else "--hyper-connections")
+                for action in known._actions for flag in action.option_strings):
+            continue  # their flags come with the models of the main branch
         flags = comparison.model_flags(method, width, 4 if method.match else None)
         argv = ["unused", "--user-dir", comparison.PLUGIN_DIR, *flags, *(method.criterion or comparison.DEFAULT_CRITERION),
                 *comparison.common_train_flags(settings, "de", "en")]
@@ -441,7 +449,9 @@ def test_the_verdict_table_sets_each_gap_beside_its_papers():
              "runs": [run(1, 31.0, _paired(1.0, 0.5, 1.5)), run(2, 31.0, _paired(0.8, 0.2, 1.4))]}]
     table = comparison.verdict_table(rows)
     assert table[-1] == "| MLRF | +0.90 | better | +0.90 | better | +0.92 | IWSLT14 |"
-    assert all(m.paper_gap for m in METHODS.values() if m.name != "transformer")  # every paper's row has its gap
+    # every paper's row has its gap, but the baselines and the two papers measured on language models (no BLEU)
+    no_gap = ("transformer", "transformer_continued", "denseformer", "hyper_connections")
+    assert all(m.paper_gap for m in METHODS.values() if m.name not in no_gap)
 
 
 def test_the_summary_gives_every_test_set_for_both_checkpoints_and_the_verdicts():
@@ -515,7 +525,7 @@ def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(
     monkeypatch.setattr(comparison, "make_plan", lambda *args: {})
     experiment = object.__new__(comparison.Experiment)
     experiment.out, experiment.methods = str(out), comparison.resolve_methods(["transformer,composition"])
-    experiment.settings = comparison.build_parser().parse_args(["--out", str(out), "--seeds", "1"])
+    experiment.settings = comparison.parse_settings(["--out", str(out), "--seeds", "1"])
     experiment.data_bin, experiment.recipe = None, {}
     experiment.choose_composition()
     with open(out / "composition.json") as f:
@@ -543,16 +553,219 @@ def test_a_run_must_stop_where_fairseq_writes_a_checkpoint(tmp_path, flags, mess
     assert not (tmp_path / "out").exists()
 
 
-def test_the_readme_shows_the_converged_comparison_as_its_committed_report_has_it():
-    """Until every run is done the README gives the report's count of finished runs; then its summary table."""
+def test_the_readme_shows_the_shallow_point_as_its_committed_report_has_it():
+    """The README's 3+3 table is the report's summary with the averaged checkpoints' cells only (the
+    best-checkpoint cells and the verdict column are left out), and it is not called converged."""
     def read(*path):
         with open(os.path.join(REPO_ROOT, *path), encoding="utf-8") as f:
             return f.read()
 
     report, readme = read("examples", "comparison", "converged", "results.md"), read("README.md")
-    done, total = re.search(r"\*\*(\d+) of (\d+) runs done\*\*", report).groups()
-    if done != total:
-        assert f"**Status: {done} of {total} runs done**" in readme
-    else:
-        summary = report.split("\n## Summary\n")[1].split("\n## ")[0]
-        assert "\n".join(line for line in summary.splitlines() if line.startswith("|")) in readme
+    results = readme.split("\n## Results\n")[1].split("\n## ")[0]
+    assert "### The 3+3 (shallow) point" in results and "convergence" not in results
+    summary = report.split("\n## Summary\n")[1].split("\n## ")[0]
+    rows = [line for line in summary.splitlines() if line.startswith("|")][2:]
+    assert len(rows) == 8
+    for line in rows:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        averaged = cells[:3] + [cell.split(" / ")[-1] for cell in cells[3:9]]
+        assert "| " + " | ".join(averaged) + " |" in results
+
+
+@pytest.mark.slow
+def test_the_deep_plan_end_to_end(tmp_path, monkeypatch):
+    """--deep at a tiny width: the polynomial schedule to the budget, the fine-tuned rows starting from the
+    Transformer's final averaged checkpoint, only the average scored, the seeds-and-sentences verdict, a
+    third seed once the first two are scored, the budget check and the package versions of every run."""
+    monkeypatch.setattr(comparison, "CHECK_WINDOW", 2)
+    monkeypatch.setattr(comparison, "CHECK_WINDOWS", 1)
+    raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
+    write_multi30k_slice(raw)
+    argv = _argv(raw, out, ["transformer", "fgla", "transformer_continued", "deeprep_finetuned"]) + [
+        "--deep", "--finetune-update", "2", "--planned-cpu-hours", "1.5"]
+    argv[argv.index("--width") + 1] = "2+2:16:32:2"  # the layer-diversity criterion needs two layers a side
+    results = main(argv)
+    with open(os.path.join(out, "third_seed.json")) as f:
+        third = json.load(f)
+    assert third["seed"] == 3 and "transformer" in third["methods"]
+    assert set(third["intervals"]) == {"fgla", "transformer_continued", "deeprep_finetuned"}
+    rows = {row["method"]: row for row in results["methods"]}
+    assert [run["seed"] for run in rows["transformer"]["runs"]] == [1, 2, 3]
+    assert all(run["status"] == "done" for row in rows.values() for run in row["runs"])
+    for name, row in rows.items():
+        for run in row["runs"]:
+            rdir = os.path.join(out, run["dir"])
+            with open(os.path.join(rdir, "config.json")) as f:
+                argv_run = json.load(f)["train_argv"]
+            total = argv_run[argv_run.index("--total-num-update") + 1]
+            assert argv_run[argv_run.index("--lr-scheduler") + 1] == "polynomial_decay"
+            done = _done(out, name, run["seed"])
+            assert list(done["scores"]) == ["average"] and any(p.startswith("torch==") for p in done["packages"])
+            with open(os.path.join(rdir, "sessions.json")) as f:
+                assert all(any(p.startswith("torch==") for p in s["packages"]) for s in json.load(f))
+            if name in ("transformer_continued", "deeprep_finetuned"):
+                start = argv_run[argv_run.index("--finetune-from-model") + 1]
+                assert total == "2" and start == os.path.join(out, "runs", "transformer", f"seed{run['seed']}",
+                                                              "checkpoints", "average-last5-to-4.pt")
+                assert os.path.isfile(start) and done["updates"] == 2
+            else:
+                assert total == "4" and "--finetune-from-model" not in argv_run
+    assert rows["deeprep_finetuned"]["baseline"] == "transformer_continued"
+    assert rows["fgla"]["verdict"]["seeds"] == [len(rows["fgla"]["runs"]), 3]
+    assert results["budget_check"]["updates"] == [2, 4] and set(results["budget_check"]["seeds"]) == {"1", "2", "3"}
+    assert results["cpu_hours"]["planned"] == 1.5 and results["cpu_hours"]["actual"] > 0
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        report = f.read()
+    assert "## Verdict" in report and "## Budget check" in report and "Planned: 1.5" in report
+
+
+def test_summed_sentence_statistics_give_sacrebleus_corpus_score():
+    from sacrebleu.metrics import BLEU
+
+    hypotheses = ["a man rides a horse .", "two dogs play", "the woman is smiling at the camera .", "x"]
+    references = ["a man is riding a horse .", "two dogs are playing .", "a woman smiles at the camera .", "y z"]
+    found = comparison.sentence_statistics(hypotheses, references, lowercase=True)
+    assert comparison.corpus_bleu(found.sum(0)) == BLEU(lowercase=True).corpus_score(hypotheses, [references]).score
+    assert comparison.corpus_bleu(found[:2].sum(0)) == BLEU(lowercase=True).corpus_score(
+        hypotheses[:2], [references[:2]]).score
+
+
+def _statistics(matches, sentences=200):
+    """Sentence statistics of a system whose every sentence of 10 words has ``matches`` unigram matches
+    (and as many of every longer n-gram, so BLEU grows with it)."""
+    import numpy as np
+
+    row = [matches, max(matches - 1, 0), max(matches - 2, 0), max(matches - 3, 0), 10, 9, 8, 7, 10, 10]
+    return np.array([row] * sentences)
+
+
+def test_the_verdict_counts_the_seed_to_seed_spread_and_the_sentences():
+    better = comparison.seed_sentence_bootstrap([_statistics(8), _statistics(8)], [_statistics(6), _statistics(6)])
+    assert better["verdict"] == "better" and better["difference"] > 0 and better["ci95"][0] > 0
+    worse = comparison.seed_sentence_bootstrap([_statistics(6), _statistics(6)], [_statistics(8), _statistics(8)])
+    assert worse["verdict"] == "worse" and worse["ci95"][1] < 0
+    # the same mean gain, but one seed of the method below the baseline: the seeds' spread makes it undecided,
+    # which a per-seed test of the sentences alone (each seed's interval) could not see as one verdict
+    spread = comparison.seed_sentence_bootstrap([_statistics(9), _statistics(5)], [_statistics(6), _statistics(6)])
+    assert spread["verdict"] == "undecided" and spread["ci95"][0] < 0 < spread["ci95"][1]
+    assert spread["seeds"] == [2, 2] and spread["samples"] == comparison.VERDICT_SAMPLES
+
+
+def test_the_deep_preset_and_its_schedule():
+    settings = comparison.parse_settings(["--deep", "--max-update", "3000"])
+    assert str(settings.width) == comparison.DEEP_WIDTH == "6+6:128:512:4" and settings.lr_schedule == "polynomial"
+    assert comparison.resolve_methods(settings.methods)[-1].name == "composition"
+    assert {"denseformer", "hyper_connections", "deeprep_finetuned", "transformer_continued",
+            *comparison.SHALLOW_METHODS} <= {m.name for m in comparison.resolve_methods(settings.methods)}
+    assert comparison.schedule_flags(settings) == ["--lr-scheduler", "polynomial_decay", "--warmup-updates", "250",
+                                                   "--end-learning-rate", "0", "--total-num-update", "3000"]
+    assert comparison.schedule_flags(settings, 1000)[-1] == "1000"  # a fine-tuned run anneals over its own updates
+    shallow = comparison.parse_settings([])
+    assert str(shallow.width) == comparison.DEFAULT_WIDTH and shallow.lr_schedule == "inverse_sqrt"
+    assert [m.name for m in comparison.resolve_methods(shallow.methods)] == list(comparison.SHALLOW_METHODS)
+    assert METHODS["denseformer"].flags == ("--denseformer-encoder", "--denseformer-decoder")
+    assert METHODS["hyper_connections"].flags == ("--hyper-connections-encoder", "dynamic", "--hyper-connections-decoder",
+                                                  "dynamic", "--hyper-connections-rate", "4")
+    assert (METHODS["deeprep_finetuned"].init, METHODS["deeprep_finetuned"].baseline) == ("transformer",
+                                                                                         "transformer_continued")
+    assert METHODS["deeprep_finetuned"].criterion == METHODS["deeprep"].criterion
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--deep", "--max-update", "auto"], r"--max-update auto: the polynomial schedule anneals to 0 at a budget fixed"),
+    (["--deep", "--max-update", "3000", "--eval-every", "250", "--finetune-update", "900"],
+     r"--finetune-update 900: not a multiple of --eval-every 250"),
+    (["--max-update", "4", "--eval-every", "2"], r"--raw: not given, and .* holds no prepared data"),
+])
+def test_the_deep_plan_refuses_what_it_cannot_run(tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["--out", str(tmp_path / "out"), *flags])
+
+
+def test_the_budget_check_looks_at_every_seed_of_the_transformer(monkeypatch):
+    monkeypatch.setattr(comparison, "CHECK_WINDOW", 500)
+    monkeypatch.setattr(comparison, "CHECK_WINDOWS", 2)
+    flat = {"2000": 2.6, "2500": 2.59, "3000": 2.585}
+    row = {"runs": [{"seed": 1, "curve": flat}, {"seed": 2, "curve": dict(flat)}, {"seed": 3, "curve": {"500": 5.0}}]}
+    check = comparison.budget_check(row, 3000)
+    assert check["passed"] and check["updates"] == [2000, 2500, 3000] and set(check["seeds"]) == {"1", "2"}
+    row["runs"][1]["curve"] = {"2000": 2.7, "2500": 2.6, "3000": 2.585}  # the second seed still improves
+    check = comparison.budget_check(row, 3000)
+    assert not check["passed"] and check["seeds"]["2"]["changes"] == [-0.1, -0.015]
+    assert comparison.budget_check(row, None) is None
+
+
+def _train_losses(log_path):
+    losses = {}
+    with open(log_path, encoding="utf-8") as f:
+        for line in f:
+            m = re.search(r"\| (?:train_inner|valid) \| (\{.*\})", line)
+            if m:
+                stats = json.loads(m.group(1))
+                key = ("valid", stats["valid_num_updates"]) if "valid_loss" in stats else ("train", stats["num_updates"])
+                losses[key] = stats.get("valid_loss", stats.get("loss"))
+    return losses
+
+
+@pytest.mark.slow
+def test_resuming_is_bit_exact(tmp_path):
+    """20 updates in one go and 10 + resume + 10 log the same losses at every update and validation."""
+    raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
+    write_multi30k_slice(raw)
+    argv = _argv(raw, out, ["transformer"]) + ["--log-interval", "1", "--deep", "--width", "1+1:16:32:2"]
+    argv[argv.index("--max-update") + 1], argv[argv.index("--eval-every") + 1] = "20", "10"
+    argv[argv.index("--seeds") + 1:argv.index("--seeds") + 3] = ["1"]
+    main(argv + ["--stage", "train"])
+    unbroken = os.path.join(out, "runs", "transformer", "seed1")
+    resumed = str(tmp_path / "resumed")
+    os.makedirs(resumed)
+    with open(os.path.join(unbroken, "config.json")) as f:
+        config = json.load(f)
+    config["save_dir"] = os.path.join(resumed, "checkpoints")
+    with open(os.path.join(resumed, "config.json"), "w") as f:
+        json.dump(config, f)
+    env = comparison.worker_env(comparison.parse_settings(["--threads", "1", "--device", "cpu"]))
+    for target in ("10", "20"):
+        with open(os.path.join(resumed, "run.log"), "a") as log:
+            subprocess.run([sys.executable, "-m", "fusion_fairseq.tools.comparison", "_train", resumed, target],
+                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=resumed, check=True)
+    expected, found = _train_losses(os.path.join(unbroken, "run.log")), _train_losses(os.path.join(resumed, "run.log"))
+    assert len(expected) == 22 and found == expected
+
+
+def test_the_deep_launcher_refuses_what_it_did_not_create(tmp_path):
+    """examples/comparison/deep.sh: no step without a pinned commit; an EXP, a venv or a train.pid it did
+    not make is refused (one-line errors) and left as it was."""
+    with open(os.path.join(REPO_ROOT, "examples", "comparison", "deep.sh"), encoding="utf-8") as f:
+        script = f.read()
+    assert re.search(r"^PIN=  #", script, flags=re.MULTILINE)
+    unpinned = tmp_path / "unpinned.sh"
+    unpinned.write_text(script)
+    result = subprocess.run(["bash", str(unpinned), "train", str(tmp_path / "exp"), str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "PIN is empty" in result.stderr and not (tmp_path / "exp").exists()
+    head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    pinned = os.path.join(REPO_ROOT, "examples", "comparison", ".deep-under-test.sh")
+    try:
+        with open(pinned, "w", encoding="utf-8") as f:
+            f.write(script.replace("PIN=  #", f"PIN={head}  #", 1))
+        stranger = tmp_path / "stranger"
+        stranger.mkdir()
+        result = subprocess.run(["bash", pinned, "status", str(stranger)], capture_output=True, text=True)
+        assert result.returncode == 1 and "was not created by this script" in result.stderr
+        assert os.listdir(stranger) == []  # not stamped
+        exp = tmp_path / "exp"
+        (exp / "venv").mkdir(parents=True)
+        (exp / ".created_by_deep_sh").write_text(f"{exp}\n")
+        (exp / "venv" / "theirs").write_text("kept")
+        sleeper = subprocess.Popen(["sleep", "60"])
+        (exp / "train.pid").write_text(f"{sleeper.pid}\n")
+        try:
+            result = subprocess.run(["bash", pinned, "status", str(exp)], capture_output=True, text=True)
+        finally:
+            sleeper.kill()
+        assert result.stdout.startswith("not training")  # a live pid that is not the runner is not trusted
+        assert result.returncode == 1 and f"{exp}/venv was not created by this script" in result.stderr
+        assert os.listdir(exp / "venv") == ["theirs"]
+    finally:
+        os.remove(pinned)

@@ -65,10 +65,6 @@ from fusion_fairseq.tools.common import cpu_name, device_name, load_average, pos
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
 SCRIPTS_DIR = os.path.join(REPO_ROOT, "scripts")
-SHARED_RAW_CANDIDATES = (
-    "/work/shared/data/multi30k/raw",
-    os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k", "raw"),
-)
 
 
 def log(message: str = "") -> None:
@@ -98,6 +94,11 @@ class Method:
     note: str = ""
     #: the BLEU difference to its Transformer baseline that the paper reports for this configuration, and where
     paper_gap: Optional[Tuple[float, str]] = None
+    #: a method that starts from the final averaged checkpoint of this method's run of the same seed
+    #: (fairseq's --finetune-from-model) and trains --finetune-update more updates
+    init: Optional[str] = None
+    #: the row its difference and verdict are taken against
+    baseline: str = "transformer"
 
 
 #: One headline configuration per paper, at the common width. Order = table order.
@@ -134,7 +135,30 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
                 "dimension chosen to match the Transformer's parameters as the paper does (DenseNMT-4L ~ BASE-4L)",
            paper_gap=(+0.02, "IWSLT14 De-En, Table 1, embedding 128: DenseNMT-4L-2 30.01 vs the convolutional "
                              "BASE-4L 29.99 (+0.80 at 64, +0.97 at 256)")),
+    Method("denseformer", "DenseFormer 1x1", "Pagliardini et al. 2024", "fusion_transformer",
+           ("--denseformer-encoder", "--denseformer-decoder"),
+           note="a depth-weighted average of the embedding and every earlier block's output after each block, "
+                "on both sides (dilation 1, period 1); the paper measures language models (perplexity), no translation BLEU"),
+    Method("hyper_connections", "Hyper-connections DHCx4", "Zhu et al. 2025 (ICLR)", "fusion_transformer",
+           ("--hyper-connections-encoder", "dynamic", "--hyper-connections-decoder", "dynamic",
+            "--hyper-connections-rate", "4"),
+           note="dynamic hyper-connections, expansion rate 4, on both sides; the paper measures language models, no "
+                "translation BLEU"),
+    Method("transformer_continued", "Transformer, continued", "fairseq's vanilla Transformer", "transformer",
+           init="transformer",
+           note="the Transformer's final averaged checkpoint trained --finetune-update more updates with the same "
+                "schedule: the baseline of deeprep_finetuned"),
+    Method("deeprep_finetuned", "Deep representations, fine-tuned from the Transformer", "Dou et al. 2018 (EMNLP)",
+           "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
+           criterion=("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
+                      "--diversity-lambda", "1.0"), init="transformer", baseline="transformer_continued",
+           note="as deeprep, but starting from the Transformer's final averaged checkpoint of the same seed and "
+                "trained --finetune-update more updates with the same schedule, as the paper trains it",
+           paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
 )}
+#: the methods of the 3+3 (shallow) comparison: the default of --methods without --deep
+SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "layerwise_coordination",
+                   "dense_transformer")
 
 
 def resolve_methods(names: Sequence[str]) -> List[Method]:
@@ -170,6 +194,12 @@ class Width:
 
 DEFAULT_WIDTH = "3+3:256:1024:4"
 SMALL_WIDTH = "3+3:128:512:4"
+#: ``--deep``: the 6+6 comparison (examples/comparison/README.md, "The 6+6 comparison"): this width, the
+#: polynomial schedule to a fixed budget, these methods, the averaged checkpoint only, the verdict of
+#: :func:`seed_sentence_bootstrap` and a third seed where two do not decide (:data:`THIRD_SEED_RULE`)
+DEEP_WIDTH = "6+6:128:512:4"
+DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", "transformer_continued", "deeprep_finetuned",
+                "composition")
 
 
 def parse_width(text: str) -> Width:
@@ -234,14 +264,24 @@ def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int,
 
 
 # ------------------------------------------------------------------------------------------- settings
-def common_train_flags(settings: argparse.Namespace, src: str, tgt: str) -> List[str]:
-    """Everything but the model, the criterion, the seed, the budget, the device and the paths: identical for all."""
+def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) -> List[str]:
+    """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
+    fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
+    if settings.lr_schedule == "polynomial":
+        total = total or (settings.max_update if isinstance(settings.max_update, int) else settings.warmup + 1)
+        return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(settings.warmup),
+                "--end-learning-rate", "0", "--total-num-update", str(total)]
+    return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup), "--warmup-init-lr", "1e-07"]
+
+
+def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: Optional[int] = None) -> List[str]:
+    """Everything but the model, the criterion, the seed, the budget, the device and the paths: identical for all
+    (``total``: the updates the schedule anneals to, see :func:`schedule_flags`)."""
     return [
         "--task", "translation", "--source-lang", src, "--target-lang", tgt,
         "--dropout", str(settings.dropout),
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-        "--lr", str(settings.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup),
-        "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001",
+        "--lr", str(settings.lr), *schedule_flags(settings, total), "--weight-decay", "0.0001",
         "--max-tokens", str(settings.max_tokens),
         # validate + checkpoint every --eval-every updates and at the end only (not at epoch ends); every
         # interval checkpoint is kept: they are the resume points and the candidates of the evaluation
@@ -266,11 +306,14 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
     return flags
 
 
-def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int) -> List[str]:
-    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_worker`)."""
+def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
+               total: Optional[int] = None, init: Optional[str] = None) -> List[str]:
+    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_worker`);
+    ``total``: the run's budget, which the polynomial schedule anneals to; ``init``: the checkpoint it starts from."""
     return [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
-            *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"]),
-            "--seed", str(seed), *shlex.split(settings.train_args or "")]
+            *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"], total),
+            "--seed", str(seed), *(["--finetune-from-model", init] if init else []),
+            *shlex.split(settings.train_args or "")]
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -284,13 +327,6 @@ def read_recipe_env(data_bin: str) -> dict:
                 key, value = line.split("=", 1)
                 values[key] = value
     return values
-
-
-def default_raw() -> Optional[str]:
-    for path in SHARED_RAW_CANDIDATES:
-        if os.path.isfile(os.path.join(path, "train.de")):
-            return path
-    return None
 
 
 def prepare_data(args) -> str:
@@ -308,10 +344,10 @@ def prepare_data(args) -> str:
         return data_bin
     if args.report_only:
         raise ComparisonError(f"--report-only: no prepared data in {data_bin}")
-    raw = args.raw or default_raw()
+    raw = args.raw
     if not raw:
-        raise ComparisonError("no Multi30k raw data found (looked in " + ", ".join(SHARED_RAW_CANDIDATES) +
-                              "); give --raw DIR (train/val/test_2016_flickr .de/.en) or --data-bin DIR")
+        raise ComparisonError(f"--raw: not given, and {data_bin} holds no prepared data; give --raw DIR (the Multi30k "
+                              "task-1 raw files train/val/test_*.de/.en) or --data-bin DIR")
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     command = ["bash", os.path.join(SCRIPTS_DIR, "prepare-multi30k.sh"), "--from", os.path.abspath(raw),
                "--dest", dest, "--src", "de", "--tgt", "en", "--test-set", "test_2016_flickr",
@@ -459,6 +495,39 @@ def calibrated_budget(plateau: int) -> int:
     return BUDGET_STEP * math.ceil(plateau / BUDGET_STEP)
 
 
+#: With a fixed budget (the 6+6 comparison), the check after training that it was enough: for every seed
+#: of the Transformer, the validation NLL (bits) changes by less than CHECK_DELTA over each of the last
+#: CHECK_WINDOWS windows of CHECK_WINDOW updates before the budget. The report says whether it held.
+CHECK_DELTA = 0.02
+CHECK_WINDOW = 500
+CHECK_WINDOWS = 3
+CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by less than {CHECK_DELTA} bits over "
+              f"each of the last {CHECK_WINDOWS} windows of {CHECK_WINDOW} updates before the budget")
+
+
+def budget_check(baseline_row: Optional[dict], budget: Optional[int]) -> Optional[dict]:
+    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget``: per seed the NLL at the window
+    ends and the changes; "passed" when every seed's changes are below CHECK_DELTA (None: no run reached it)."""
+    if baseline_row is None or budget is None:
+        return None
+    ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
+    seeds = {}
+    for run in baseline_row["runs"]:
+        curve = run_curve(run)
+        if budget not in curve:
+            continue
+        if any(u not in curve for u in ends):
+            seeds[str(run["seed"])] = {"error": f"no validation at update(s) {', '.join(str(u) for u in ends if u not in curve)}"}
+            continue
+        changes = [round(curve[b] - curve[a], 4) for a, b in zip(ends, ends[1:])]
+        seeds[str(run["seed"])] = {"nll": [curve[u] for u in ends], "changes": changes,
+                                   "passed": all(abs(c) < CHECK_DELTA for c in changes)}
+    if not seeds:
+        return None
+    return {"rule": CHECK_RULE, "updates": ends, "seeds": seeds,
+            "passed": all(found.get("passed", False) for found in seeds.values())}
+
+
 def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
     """(update, NLL) of the best validation at or before ``budget``."""
     update = min((u for u in curve if u <= budget), key=lambda u: (curve[u], u))
@@ -468,7 +537,9 @@ def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
 # ----------------------------------------------------------------------------------------- composition
 #: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
 #: any run of the comparison has been scored.
-COMPONENTS = ("mlrf", "deeprep", "surface_fusion", "fgla")
+#: Hard SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, not a likelihood,
+#: so it cannot be compared with the others' NLL that the rule ranks by.
+COMPONENTS = ("mlrf", "deeprep", "fgla")
 COMPOSITION = "composition"
 COMPOSITION_RULE = (
     "the components (" + ", ".join(COMPONENTS) + ") whose first-seed best validation NLL within the budget is "
@@ -568,6 +639,14 @@ def _set_aside_unreadable(last: str, last_updates: Optional[int]) -> None:
         print(f"[compare] {last} is unreadable (kept as {aside})", flush=True)
 
 
+def installed_packages() -> List[str]:
+    """name==version of every installed distribution, sorted: what a run ran with."""
+    import importlib.metadata
+
+    return sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                   if d.metadata["Name"]}, key=str.lower)
+
+
 def code_commit() -> Optional[str]:
     """The commit of the code that runs (``+modified`` when tracked files differ from it); None outside git."""
     def git(*args):
@@ -588,8 +667,9 @@ def device_flags(device: str) -> List[str]:
     return ["--cpu"] if device == "cpu" else []
 
 
-def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int, rdir: str) -> dict:
-    argv = train_argv(method, plan_entry, settings, data_bin, recipe, seed)
+def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int, rdir: str,
+               total: Optional[int] = None, init: Optional[str] = None) -> dict:
+    argv = train_argv(method, plan_entry, settings, data_bin, recipe, seed, total, init)
     return {
         "method": method.name, "seed": seed, "arch": method.arch, "params": plan_entry["params"],
         "train_argv": argv,  # the comparable part: the same in every session of this run
@@ -759,7 +839,8 @@ def train_worker(rdir: str, target: int) -> None:
     close_interrupted_sessions(sessions, log_path)
     resume_from_newest_intact(config["save_dir"])
     session = {"start": time.time(), "end": None, "device": device_description(config["device"]),
-               "from_update": saved_updates(config["save_dir"]), "target": target, "commit": code_commit()}
+               "from_update": saved_updates(config["save_dir"]), "target": target, "commit": code_commit(),
+               "python": sys.version.split()[0], "packages": installed_packages()}
     sessions.append(session)
     _write_json(sessions_path, sessions)
     argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", config["save_dir"], *config["device_flags"]]
@@ -779,18 +860,15 @@ def evaluate_worker(rdir: str, budget: int) -> None:
     plan = _read_json(os.path.join(rdir, "evaluation.json"))
     import torch
 
-    from fusion_fairseq.tools.averaging import average_checkpoints
-
     log_path = os.path.join(rdir, "run.log")
     best_update, best_nll = best_within(learning_curve(log_path), budget)
     checkpoints = interval_checkpoints(config["save_dir"])
     eval_dir = os.path.join(rdir, f"eval-beam{config['beam']}")
     os.makedirs(eval_dir, exist_ok=True)
     interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
-    averaged = averaged_updates(checkpoints, budget, interval)
-    models = {"best": checkpoints[best_update],
-              "average": average_checkpoints([checkpoints[u] for u in averaged],
-                                             os.path.join(eval_dir, f"average-last{AVERAGED}.pt"))}
+    average = final_average(config["save_dir"], budget, interval)
+    models = {"best": checkpoints.get(best_update), "average": average}
+    models = {kind: models[kind] for kind in plan.get("kinds", CHECKPOINT_KINDS)}
     started = time.time()
     scores = {kind: {name: translate_and_score(config, path, test_set, os.path.join(eval_dir, kind, name))
                      for name, test_set in plan["test_sets"].items()}
@@ -798,22 +876,23 @@ def evaluate_worker(rdir: str, budget: int) -> None:
     lowercase = config["recipe"].get("LOWERCASE", "0") == "1"
     for per_set in scores.values():
         per_set["all"] = concatenated_bleu(per_set, lowercase)
-    headline = scores["best"][next(iter(plan["test_sets"]))]
+    headline = next(iter(scores.values()))[next(iter(plan["test_sets"]))]
     done = {
         "method": config["method"], "seed": config["seed"], "arch": config["arch"],
         "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
         "sacrebleu_signature": headline["sacrebleu_signature"], "scores": scores,
         "params": logged_parameters(log_path) or config["params"], "updates": budget,
         "best_update": best_update, "best_valid_nll": best_nll,
-        "averaged_updates": averaged,
+        "averaged_updates": _read_json(average + ".json")["updates"],
         **training_record(_read_json(os.path.join(rdir, "sessions.json")) or [], log_path),
         "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+        "packages": installed_packages(),
     }
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
     if not config.get("keep_checkpoints"):  # keep the scored models; the rest only served resuming
         for path in {*checkpoints.values(), os.path.join(config["save_dir"], "checkpoint_last.pt"),
-                     os.path.join(config["save_dir"], "checkpoint_best.pt")} - {models["best"]}:
+                     os.path.join(config["save_dir"], "checkpoint_best.pt")} - set(models.values()):
             if os.path.exists(path):
                 os.remove(path)
 
@@ -827,6 +906,21 @@ def training_record(sessions: List[dict], log_path: str) -> dict:
     return {"train_seconds": round(seconds, 1), "updates_per_second": round(updates / max(1e-9, seconds), 3),
             "devices": sorted({s["device"] for s in sessions}),
             "trained_by": sorted({s.get("commit") or "unknown" for s in sessions})}
+
+
+def final_average(save_dir: str, budget: int, interval: int) -> str:
+    """The average of the last :data:`AVERAGED` checkpoints up to ``budget`` (:func:`averaged_updates`), made
+    once into ``save_dir`` (with a note of its updates beside it) and kept: it is scored, and the runs that
+    start from a trained model start from it."""
+    from fusion_fairseq.tools.averaging import average_checkpoints
+
+    path = os.path.join(save_dir, f"average-last{AVERAGED}-to-{budget}.pt")
+    if not (os.path.isfile(path) and os.path.isfile(path + ".json")):
+        checkpoints = interval_checkpoints(save_dir)
+        updates = averaged_updates(checkpoints, budget, interval)
+        average_checkpoints([checkpoints[u] for u in updates], path)
+        _write_json(path + ".json", {"updates": updates})
+    return path
 
 
 def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) -> List[int]:
@@ -905,7 +999,7 @@ def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str)
                       "tok_ref": os.path.join(where, f"tok.{tgt}")}
         if os.path.isfile(os.path.join(where, "bin", "done")):
             continue
-        raw_dir = raw or default_raw()
+        raw_dir = raw
         needed = [os.path.join(raw_dir or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
         missing = [path for path in needed if not os.path.isfile(path)]
         if missing:
@@ -955,17 +1049,91 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
     test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": bleu}, [references], test_type="bs",
                       n_samples=BOOTSTRAP_SAMPLES)
     _, results = test()
-    stats = [np.array(bleu._extract_corpus_statistics(hyps, [references]), dtype="float32")
-             for hyps in (baseline, system)]
+    stats = [sentence_statistics(hyps, references, lowercase) for hyps in (baseline, system)]
     indices = np.random.default_rng(BOOTSTRAP_SEED).choice(len(references), size=(BOOTSTRAP_SAMPLES, len(references)))
-    differences = np.array([bleu._compute_score_from_stats(stats[1][i].sum(0)).score -
-                            bleu._compute_score_from_stats(stats[0][i].sum(0)).score for i in indices])
+    differences = np.array([corpus_bleu(stats[1][i].sum(0)) - corpus_bleu(stats[0][i].sum(0)) for i in indices])
     low, high = np.percentile(differences, [2.5, 97.5])
     base, sys_ = results["BLEU"]
     return {"baseline": round(base.score, 2), "system": round(sys_.score, 2),
             "difference": round(sys_.score - base.score, 2), "ci95": [round(float(low), 2), round(float(high), 2)],
             "p_value": sys_.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
             "signature": str(bleu.get_signature())}
+
+
+def sentence_statistics(hypotheses: List[str], references: List[str], lowercase: bool):
+    """Per sentence, sacreBLEU's sufficient statistics (n-gram matches and totals for n = 1..4, the
+    hypothesis' and the reference's length) from its public ``BLEU.sentence_score``: summed over any
+    set of sentences they give that set's corpus BLEU (:func:`corpus_bleu`)."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(lowercase=lowercase, effective_order=True)  # only its n-gram counts are read: the same either way
+    rows = []
+    for hypothesis, reference in zip(hypotheses, references):
+        score = bleu.sentence_score(hypothesis, [reference])
+        rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
+    return np.array(rows, dtype=np.int64)
+
+
+def corpus_bleu(statistics_sum) -> float:
+    """Corpus BLEU (sacreBLEU's default exponential smoothing) from summed :func:`sentence_statistics`."""
+    from sacrebleu.metrics import BLEU
+
+    c = [int(x) for x in statistics_sum]
+    return BLEU.compute_bleu(correct=c[0:4], total=c[4:8], sys_len=c[8], ref_len=c[9], smooth_method="exp").score
+
+
+#: The verdict of the 6+6 comparison, fixed before any of its test scores existed: a method's Δ is its
+#: mean corpus BLEU over its seeds minus its baseline's, on the four test sets together (the average of
+#: the last checkpoints); its 95% interval comes from VERDICT_SAMPLES bootstrap replicates, each drawing
+#: the seeds of the method and of the baseline with replacement (so seed-to-seed variance counts) and
+#: then one set of sentences with replacement, shared by every run (test-set sampling). Better: the
+#: interval is above 0; worse: below 0; otherwise undecided.
+VERDICT_SAMPLES = 1000
+VERDICT_SEED = 12345
+VERDICT_RULE = ("Δ: mean sacreBLEU over the method's seeds minus its baseline's, on the four test sets together; "
+                f"95% interval of {VERDICT_SAMPLES} bootstrap replicates, each resampling the seeds of both (with "
+                "replacement), then the test sentences (one draw shared by every run); better: the interval is above "
+                "0, worse: below 0, otherwise undecided")
+THIRD_SEED_RULE = ("once every run of the first seeds is scored: one more seed for the Transformer, for every "
+                   "configuration whose verdict is undecided, and for its baseline")
+
+
+def seed_sentence_bootstrap(system: List, baseline: List, samples: int = VERDICT_SAMPLES, seed: int = VERDICT_SEED) -> dict:
+    """:data:`VERDICT_RULE` for the :func:`sentence_statistics` of a method's runs (one per seed) and its baseline's."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = len(system[0])
+
+    def mean_bleu(runs, weights=None):
+        return statistics.fmean(corpus_bleu(run.sum(0) if weights is None else weights @ run) for run in runs)
+
+    differences = []
+    for _ in range(samples):
+        picked = [[runs[i] for i in rng.integers(len(runs), size=len(runs))] for runs in (system, baseline)]
+        weights = np.bincount(rng.integers(n, size=n), minlength=n)
+        differences.append(mean_bleu(picked[0], weights) - mean_bleu(picked[1], weights))
+    low, high = (round(float(x), 2) for x in np.percentile(differences, [2.5, 97.5]))
+    return {"difference": round(mean_bleu(system) - mean_bleu(baseline), 2), "ci95": [low, high],
+            "seeds": [len(system), len(baseline)], "samples": samples,
+            "verdict": "better" if low > 0 else "worse" if high < 0 else "undecided"}
+
+
+def run_statistics(out: str, method: str, seed: int, kind: str, lowercase: bool):
+    """:func:`sentence_statistics` of a scored run on the four test sets together, cached in the run directory."""
+    import numpy as np
+
+    rdir = run_dir(out, method, seed)
+    done = _read_json(os.path.join(rdir, "done.json"))
+    path = os.path.join(rdir, f"sentence-statistics-{kind}.json")
+    cached = _read_json(path)
+    if cached and cached.get("key") == done["finished"]:
+        return np.array(cached["statistics"], dtype=np.int64)
+    scores = done["scores"][kind]
+    found = sentence_statistics(read_concatenated(scores, "hyp_detok"), read_concatenated(scores, "raw_ref"), lowercase)
+    _write_json(path, {"key": done["finished"], "statistics": found.tolist()})
+    return found
 
 
 def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
@@ -1020,10 +1188,11 @@ def test_scores(done: dict) -> dict:
                                for kind, sets in scores.items()}}
 
 
-def paired_with_baseline(out: str, method: str, seed: int, lowercase: bool) -> Optional[dict]:
-    """{kind: paired bootstrap against the Transformer of the same seed} on the concatenated test sets,
-    once both runs are evaluated (cached in the run's paired.json); None for the Transformer itself."""
-    rdir, base_dir = run_dir(out, method, seed), run_dir(out, "transformer", seed)
+def paired_with_baseline(out: str, method: str, seed: int, lowercase: bool, baseline_method: str = "transformer"
+                         ) -> Optional[dict]:
+    """{kind: paired bootstrap against the baseline (the Transformer) of the same seed} on the concatenated test
+    sets, once both runs are evaluated (cached in the run's paired.json); None for the Transformer itself."""
+    rdir, base_dir = run_dir(out, method, seed), run_dir(out, baseline_method, seed)
     system, baseline = (_read_json(os.path.join(d, "done.json")) for d in (rdir, base_dir))
     if method == "transformer" or not (system and baseline and system.get("scores") and baseline.get("scores")):
         return None
@@ -1096,7 +1265,8 @@ def add_updates_to_baseline_nll(rows: List[dict]) -> None:
         row["updates_to_baseline_nll_ratio"] = summarise(ratios)
 
 
-def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optional[int]) -> dict:
+def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optional[int],
+                baseline: str = "transformer") -> dict:
     """One run's entry of the report: its scores once done, else its progress so far; its validation
     curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
     rdir = run_dir(out, method, seed)
@@ -1107,7 +1277,7 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optio
         run.update(status="done", **{k: done[k] for k in (
             "sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
             "updates_per_second", "devices", "finished", "sacrebleu_signature")})
-        run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase),
+        run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase, baseline),
                    length_ratio={kind: concatenated_bleu(sets, lowercase)["length_ratio"]
                                  for kind, sets in (done.get("scores") or {}).items()})
     else:
@@ -1145,18 +1315,37 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
     }
 
 
-def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, settings, width: Width,
+def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: dict, settings, width: Width,
             data_bin: str) -> dict:
+    """The report's data; ``seeds``: the seeds of each method."""
     lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
     budget = settings.max_update if isinstance(settings.max_update, int) else None  # else "auto (calibrating)"
-    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase, budget) for seed in seeds],
-                       plan.get(method.name, {})) for method in methods]
+    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase,
+                                            settings.finetune_update if method.init else budget, method.baseline)
+                                for seed in seeds[method.name]], plan.get(method.name, {})) for method in methods]
     add_updates_to_baseline_nll(rows)
+    extra = {}
+    if settings.deep:
+        for method, row in zip(methods, rows):
+            base = next((r for r in rows if r["method"] == method.baseline), None)
+            row["baseline"] = method.baseline
+            if base is not row and base and all(run["status"] == "done" for run in row["runs"] + base["runs"]):
+                row["verdict"] = seed_sentence_bootstrap(
+                    *[[run_statistics(out, r["method"], run["seed"], "average", lowercase) for run in r["runs"]]
+                      for r in (row, base)])
+        extra["third_seed"] = _read_json(os.path.join(out, "third_seed.json"))
+        extra["budget_check"] = budget_check(next((r for r in rows if r["method"] == "transformer"), None), budget)
+    runs = [run for row in rows for run in row["runs"]]
+    extra["cpu_hours"] = {"planned": settings.planned_cpu_hours, "actual": round(
+        sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
+        * (settings.threads or 1) / 3600, 1)}
     return {
         "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")",
         "data_bin": data_bin,
         "settings": {
-            "methods": [m.name for m in methods], "seeds": seeds, "width": str(width), "width_text": width.describe(),
+            "methods": [m.name for m in methods], "seeds": sorted({s for found in seeds.values() for s in found}),
+            "deep": settings.deep, "lr_schedule": settings.lr_schedule, "finetune_update": settings.finetune_update,
+            "width": str(width), "width_text": width.describe(),
             "max_update": settings.max_update, "max_tokens": settings.max_tokens, "lr": settings.lr,
             "warmup": settings.warmup, "dropout": settings.dropout, "eval_every": settings.eval_every,
             "beam": settings.beam, "device": settings.device, "jobs": settings.jobs, "threads": settings.threads,
@@ -1165,7 +1354,7 @@ def collect(out: str, methods: List[Method], seeds: List[int], plan: dict, setti
         },
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": load_average()},
-        "methods": rows,
+        "methods": rows, **extra,
     }
 
 
@@ -1188,10 +1377,61 @@ def _fmt_duration(seconds: Optional[float]) -> str:
 def markdown(results: dict) -> str:
     rows, seeds = results["methods"], results["settings"]["seeds"]
     max_update = results["settings"]["max_update"]
-    return "\n".join([*markdown_header(results), *summary_table(rows), *per_seed_table(rows, seeds, max_update),
-                      *runs_table(rows), *test_set_tables(rows, seeds), *verdict_table(rows),
+    deep = results["settings"].get("deep")
+    return "\n".join([*markdown_header(results), *summary_table(rows), *(deep_tables(results) if deep else []),
+                      *per_seed_table(rows, seeds, max_update),
+                      *runs_table(rows), *test_set_tables(rows, seeds), *([] if deep else verdict_table(rows)),
                       *learning_speed_table(rows, seeds, max_update), *methods_table(rows),
                       "", "![validation NLL against updates](learning_curves.png)", ""])
+
+
+LENGTH_TOLERANCE = 0.05  # an output length ratio further from 1 is flagged
+
+
+def deep_tables(results: dict) -> List[str]:
+    """Markdown (--deep): the verdict per method with every seed's score and length, sacreBLEU's paired
+    bootstrap per seed beside it, the third seed, the budget check and the CPU-hours."""
+    rows, seeds = results["methods"], results["settings"]["seeds"]
+    lines = ["", "## Verdict", "", f"{VERDICT_RULE}; fixed in the code before any test score existed. Per seed: "
+             "sacreBLEU of the averaged checkpoint on the four test sets together and, in parentheses, the output's "
+             f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Paired: sacreBLEU's paired "
+             "bootstrap against the baseline of the same seed (test-set resampling only; a side column).", "",
+             "| method | baseline | " + " | ".join(f"seed {seed}" for seed in seeds) + " | Δ [95% interval] | verdict | "
+             + " | ".join(f"paired seed {seed}" for seed in seeds) + " |",
+             "|---|---|" + "---:|" * len(seeds) + "---:|---|" + "---:|" * len(seeds)]
+    for r in rows:
+        by_seed = {run["seed"]: run for run in r["runs"]}
+        scores, paired = [], []
+        for run in (by_seed.get(seed) for seed in seeds):
+            if run is None or run["status"] != "done":
+                scores.append(run["status"] if run else "–")
+                paired.append("–")
+                continue
+            ratio = run["length_ratio"]["average"]
+            flag = " ⚠" if abs(ratio - 1) > LENGTH_TOLERANCE else ""
+            scores.append(f"{run['test']['average']['all']:.2f} ({ratio:.2f}{flag})")
+            found = (run.get("paired") or {}).get("average")
+            paired.append(f"{found['difference']:+.2f} [{found['ci95'][0]:+.2f}, {found['ci95'][1]:+.2f}]"
+                          if found else "–")
+        found = r.get("verdict")
+        verdict_cells = ([f"{found['difference']:+.2f} [{found['ci95'][0]:+.2f}, {found['ci95'][1]:+.2f}]",
+                          found["verdict"]] if found else ["–", "–" if r["method"] == "transformer" else "pending"])
+        lines.append(f"| {r['title']} | {r['baseline'] if r['method'] != 'transformer' else '–'} | "
+                     + " | ".join(scores + verdict_cells + paired) + " |")
+    third = results.get("third_seed")
+    lines += ["", f"Third seed ({THIRD_SEED_RULE}): " + (
+        f"seed {third['seed']} for {', '.join(third['methods'])}." if third else "not decided yet.")]
+    check = results.get("budget_check")
+    lines += ["", "## Budget check", "", f"Rule ({CHECK_RULE}): " + (
+        "not checked yet (no Transformer run has reached the budget)." if not check else
+        ("**held**" if check["passed"] else "**did not hold**") + f" (validation NLL at updates "
+        f"{', '.join(map(str, check['updates']))}: " + "; ".join(
+            f"seed {seed}: " + (found.get("error") or " → ".join(f"{v:.3f}" for v in found["nll"]))
+            for seed, found in check["seeds"].items()) + ").")]
+    hours = results["cpu_hours"]
+    lines += ["", "## CPU-hours", "", f"Planned: {hours['planned'] if hours['planned'] is not None else '–'}; actual so "
+              f"far: {hours['actual']} (training and test decoding summed over the runs, times the threads per run)."]
+    return lines
 
 
 def markdown_header(results: dict) -> List[str]:
@@ -1214,10 +1454,14 @@ def markdown_header(results: dict) -> List[str]:
         f"* Width: {s['width_text']} (`--width {s['width']}`); `--share-all-embeddings` for every encoder-decoder "
         "model (layer-wise coordination has one embedding for both sides and the softmax by construction).",
         f"* Budget: {s['max_update']} updates of ≤{s['max_tokens']} tokens, Adam (0.9, 0.98), lr {s['lr']}, "
-        f"inverse-sqrt schedule with {s['warmup']} warm-up updates, dropout {s['dropout']}, label smoothing 0.1, "
-        f"weight decay 1e-4; validation + checkpoint every {s['eval_every']} updates; the checkpoint with the best "
-        f"validation NLL and the average of the last {AVERAGED} checkpoints are translated (beam {s['beam']}). "
-        f"Seeds: {', '.join(map(str, s['seeds']))}.",
+        + (f"linear decay to 0 at the budget after {s['warmup']} warm-up updates" if s.get("lr_schedule") == "polynomial"
+           else f"inverse-sqrt schedule with {s['warmup']} warm-up updates")
+        + f", dropout {s['dropout']}, label smoothing 0.1, weight decay 1e-4; validation + checkpoint every "
+        f"{s['eval_every']} updates; " + (
+            f"the average of the last {AVERAGED} checkpoints is translated (beam {s['beam']}); the runs that start from "
+            f"the Transformer's final model train {s.get('finetune_update')} more updates with the same schedule"
+            if s.get("deep") else f"the checkpoint with the best validation NLL and the average of the last {AVERAGED} "
+            f"checkpoints are translated (beam {s['beam']})") + f". Seeds: {', '.join(map(str, s['seeds']))}.",
         f"* Device(s) used so far: {'; '.join(devices) if devices else '–'}. Requested: "
         f"`--device {s['device']}`, {s['jobs']} parallel job(s). Time so far, summed over runs: training "
         f"{_fmt_duration(train_total)}, test decoding {_fmt_duration(decode_total)}.",
@@ -1235,17 +1479,22 @@ def summary_table(rows: List[dict]) -> List[str]:
     if baseline is None or not any(run.get("test") for r in rows for run in r["runs"]):
         return []
     short = [name.replace("test_", "") for name in TEST_SETS]
+    deep = any("baseline" in r for r in rows)
     lines = ["", "## Summary", "",
-             "Each cell: the checkpoint of the best validation NLL / the average of the last "
-             f"{AVERAGED} checkpoints; sacreBLEU, mean over the finished seeds (their spread and the per-seed "
-             "confidence intervals: the tables below). Δ and verdict: as in [Against the Transformer]"
-             "(#against-the-transformer).", "",
+             "Each cell: " + " / ".join(CHECKPOINT_KINDS[kind] for kind in scored_kinds(rows)) + "; sacreBLEU, mean "
+             "over the finished seeds (their spread and the per-seed confidence intervals: the tables below). "
+             + ("Δ [95% interval] and verdict: as in [Verdict](#verdict)." if deep else
+                "Δ and verdict: as in [Against the Transformer](#against-the-transformer)."), "",
              "| method | params vs Transformer | seeds | " + " | ".join(short) + " | all four | Δ all four | verdict |",
              "|---|---:|---:|" + "---:|" * (len(TEST_SETS) + 2) + "---|"]
     for r in rows:
         scores = [" / ".join(f"{r['test'][kind][name]['mean']:.2f}" if r["test"][kind][name] else "–"
-                             for kind in CHECKPOINT_KINDS) for name in (*TEST_SETS, "all")]
-        if r is baseline:
+                             for kind in scored_kinds(rows)) for name in (*TEST_SETS, "all")]
+        if "baseline" in r:  # --deep: against its baseline, the verdict of the seeds-and-sentences bootstrap
+            found = r.get("verdict")
+            against = ([f"{found['difference']:+.2f} [{found['ci95'][0]:+.2f}, {found['ci95'][1]:+.2f}]",
+                        found["verdict"]] if found else ["–", "–" if r["method"] == "transformer" else "pending"])
+        elif r is baseline:
             against = ["–", "–"]
         else:
             pairs = [difference_and_verdict(r, baseline, kind) for kind in CHECKPOINT_KINDS]
@@ -1259,14 +1508,17 @@ def summary_table(rows: List[dict]) -> List[str]:
 
 
 def per_seed_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
-    lines = ["", "## test_2016_flickr per seed: the best checkpoint", "",
+    kinds = scored_kinds(rows)
+    lines = ["", "## test_2016_flickr per seed: " + ("the best checkpoint" if kinds[:1] == ["best"] else
+                                                     CHECKPOINT_KINDS[kinds[0]] if kinds else "–"), "",
              "sacreBLEU and, in parentheses, tokenised BLEU; then their mean ± std [min, max] over the finished "
              "seeds.", "",
              f"| method | params | {' | '.join(f'seed {seed}' for seed in seeds)} | sacreBLEU | "
              "tokenised BLEU | done |", "|---|---:|" + "---:|" * len(seeds) + "---|---|---|"]
     for r in rows:
         cells = []
-        for run in r["runs"]:
+        by_seed = {run["seed"]: run for run in r["runs"]}
+        for run in (by_seed.get(seed, {"status": "–"}) for seed in seeds):
             if run["status"] == "done":
                 cells.append(f"{run['sacrebleu']:.2f} ({run['tokenized_bleu']:.2f})")
             elif run["status"] in ("running", "partial"):
@@ -1320,7 +1572,8 @@ def test_set_tables(rows: List[dict], seeds: List[int]) -> List[str]:
         return []
     short = {name: name.replace("test_", "") for name in TEST_SETS}
     lines = []
-    for kind, title in CHECKPOINT_KINDS.items():
+    for kind in scored_kinds(rows):
+        title = CHECKPOINT_KINDS[kind]
         lines += ["", f"## Test sacreBLEU: {title}", "",
                   f"Mean ± sample std over the finished seeds; Δ: the method minus the Transformer of the same seed "
                   "on the four test sets together, with the 95% confidence interval of sacreBLEU's paired bootstrap "
@@ -1333,12 +1586,18 @@ def test_set_tables(rows: List[dict], seeds: List[int]) -> List[str]:
             cells = [_fmt_mean_std(r["test"][kind][name]) for name in (*TEST_SETS, "all")]
             ratio = r["length_ratio"][kind]
             cells.append(f"{ratio['mean']:.2f}" if ratio else "–")
-            for run in r["runs"]:
+            by_seed = {run["seed"]: run for run in r["runs"]}
+            for run in (by_seed.get(seed, {}) for seed in seeds):
                 paired = (run.get("paired") or {}).get(kind)
                 cells.append(f"{paired['difference']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}]"
                              if paired else "–")
             lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
     return lines
+
+
+def scored_kinds(rows: List[dict]) -> List[str]:
+    """The kinds of checkpoint (:data:`CHECKPOINT_KINDS`) that some run was scored with."""
+    return [kind for kind in CHECKPOINT_KINDS if any(kind in run.get("test", {}) for r in rows for run in r["runs"])]
 
 
 def verdict(paired: List[Optional[dict]], baseline_scores: List[float]) -> str:
@@ -1481,19 +1740,24 @@ def build_parser() -> argparse.ArgumentParser:
         "Resumable: run the same command again to continue.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--methods", nargs="+", default=[",".join(METHODS)],
+    p.add_argument("--methods", nargs="+",
                    help="methods (space- or comma-separated) from: " + ", ".join(METHODS) + f"; and '{COMPOSITION}': "
-                   f"{COMPOSITION_RULE}")
+                   f"{COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: {', '.join(DEEP_METHODS)})")
+    p.add_argument("--deep", action="store_true",
+                   help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width is given), --lr-schedule polynomial, "
+                   "the methods above, only the average of the last checkpoints scored, the verdict of a bootstrap over "
+                   "seeds and sentences, and a third seed where two seeds do not decide")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
-    g.add_argument("--raw", help="Multi30k raw files (train/val/test_2016_flickr .de/.en); default: the shared copy")
+    g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en), needed to prepare the data and the "
+                   "test sets")
     g.add_argument("--data-bin", help="already binarised data made by scripts/prepare-multi30k.sh (joined dictionary)")
     g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
     g = p.add_argument_group("models")
     w = g.add_mutually_exclusive_group()
-    w.add_argument("--width", type=parse_width, default=parse_width(DEFAULT_WIDTH),
-                   help="common size ENC+DEC:DIM:FFN:HEADS")
+    w.add_argument("--width", type=parse_width,
+                   help=f"common size ENC+DEC:DIM:FFN:HEADS (default {DEFAULT_WIDTH}; with --deep {DEEP_WIDTH})")
     w.add_argument("--small", dest="width", action="store_const", const=parse_width(SMALL_WIDTH),
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
@@ -1505,7 +1769,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --max-update auto: how far the other runs train while the budget is calibrated")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--warmup", type=positive_int, default=250, help="inverse-sqrt warm-up updates")
+    g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
+    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"),
+                   help="inverse_sqrt (the default; never anneals) or polynomial: linear from the warm-up to 0 at the "
+                   "run's budget (the default with --deep; needs a fixed --max-update)")
+    g.add_argument("--finetune-update", type=positive_int, default=2000,
+                   help="updates of the runs that start from the Transformer's final averaged checkpoint "
+                   "(transformer_continued, deeprep_finetuned)")
+    g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, which the report puts beside the actual")
     g.add_argument("--eval-every", type=positive_int, default=100,
                    help="updates between validations (learning curve) and checkpoints (resume points)")
     g.add_argument("--beam", type=positive_int, default=5)
@@ -1558,8 +1829,19 @@ class Experiment:
 
     # ---- what the runs are
     def runs(self) -> List[Tuple[str, int]]:
-        """(method, seed) in training order: seed-major, so the first pieces are a full one-seed table."""
-        return [(method.name, seed) for seed in self.settings.seeds for method in self.methods]
+        """(method, seed) in training order: seed-major, so the first pieces are a full one-seed table; the
+        third seed of :data:`THIRD_SEED_RULE` last."""
+        third = _read_json(os.path.join(self.out, "third_seed.json")) or {"seed": None, "methods": []}
+        return ([(method.name, seed) for seed in self.settings.seeds for method in self.methods] +
+                [(method.name, third["seed"]) for method in self.methods if method.name in third["methods"]])
+
+    def seeds_of(self, name: str) -> List[int]:
+        return [seed for method, seed in self.runs() if method == name]
+
+    def run_budget(self, name: str) -> Optional[int]:
+        """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
+        method = self.method(name)
+        return self.settings.finetune_update if method and method.init else self.budget()
 
     def method(self, name: str) -> Optional[Method]:
         """The method of that name; the composition only once it is chosen."""
@@ -1649,9 +1931,30 @@ class Experiment:
         self.plan = make_plan(self.concrete_methods(), self.settings.width, self.settings, self.data_bin, self.recipe,
                               self.out)
 
+    def choose_third_seed(self) -> None:
+        """With --deep, write third_seed.json once every run of the first seeds is scored (:data:`THIRD_SEED_RULE`)."""
+        path = os.path.join(self.out, "third_seed.json")
+        if not self.settings.deep or os.path.isfile(path):
+            return
+        if not all(os.path.isfile(os.path.join(self.rdir(*run), "done.json")) for run in self.runs()):
+            return
+        lowercase = self.recipe.get("LOWERCASE", "0") == "1"
+        intervals = {}
+        for method in self.concrete_methods():
+            if method.name != "transformer":
+                runs = [run_statistics(self.out, name, seed, "average", lowercase)
+                        for name in (method.name, method.baseline) for seed in self.settings.seeds]
+                half = len(self.settings.seeds)
+                intervals[method.name] = seed_sentence_bootstrap(runs[:half], runs[half:])
+        chosen = [name for name, found in intervals.items() if found["verdict"] == "undecided"]
+        methods = {"transformer", *chosen, *(self.method(name).baseline for name in chosen)}
+        _write_json(path, {"seed": max(self.settings.seeds) + 1, "rule": THIRD_SEED_RULE, "intervals": intervals,
+                           "methods": [m.name for m in self.methods if m.name in methods]})
+        log(f"third seed for: {', '.join(m.name for m in self.methods if m.name in methods)}")
+
     # ---- the next step of a run
     def target(self, name: str, seed: int, saved: int) -> int:
-        budget = self.budget()
+        budget = self.run_budget(name)
         if budget is not None:
             return budget
         if (name, seed) == ("transformer", self.settings.seeds[0]):
@@ -1664,7 +1967,10 @@ class Experiment:
         rdir = self.rdir(name, seed)
         if os.path.isfile(os.path.join(rdir, "done.json")) or self.method(name) is None or run_is_locked(rdir):
             return None
-        saved, budget = saved_updates(self.save_dir(name, seed)), self.budget()
+        init = self.method(name).init
+        if init and (self.budget() is None or not self.trained_to(init, seed, self.budget())):
+            return None  # it starts from that run's final model
+        saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
         if budget is not None and saved >= budget:
             return None if self.settings.stage == "train" else ("evaluate", budget)
         if self.settings.stage == "evaluate":
@@ -1675,12 +1981,17 @@ class Experiment:
     def start(self, name: str, seed: int, step: str, updates: int) -> str:
         method, rdir = self.method(name), self.rdir(name, seed)
         if step == "train":
-            config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed, rdir)
+            init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
+                    if method.init else None)
+            config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed, rdir,
+                                self.run_budget(name), init)
             check_config(rdir, config)
             os.makedirs(rdir, exist_ok=True)
             _write_json(os.path.join(rdir, "config.json"), config)
         else:
-            _write_json(os.path.join(rdir, "evaluation.json"), {"budget": updates, "test_sets": self.test_sets()})
+            _write_json(os.path.join(rdir, "evaluation.json"), {"budget": updates, "test_sets": self.test_sets(),
+                                                                "kinds": ["average"] if self.settings.deep
+                                                                else list(CHECKPOINT_KINDS)})
         status = run_step(f"{name} seed {seed}", rdir, step, updates, self.env)
         if step == "train" and status == "done" and saved_updates(self.save_dir(name, seed)) < updates:
             log(f"{name} seed {seed}: fairseq-train stopped before update {updates}; see {rdir}/run.log")
@@ -1696,6 +2007,7 @@ class Experiment:
             while True:
                 self.calibrate()
                 self.choose_composition()
+                self.choose_third_seed()
                 for name, seed in self.runs():
                     if len(running) >= self.settings.jobs:
                         break
@@ -1717,7 +2029,8 @@ class Experiment:
         settings = argparse.Namespace(**{**vars(self.settings), "max_update": budget or (
             asked if asked != "auto" else "auto (calibrating)")})
         try:
-            return write_report(self.out, self.concrete_methods(keep_unchosen=True), self.settings.seeds, self.plan,
+            methods = self.concrete_methods(keep_unchosen=True)
+            return write_report(self.out, methods, {m.name: self.seeds_of(m.name) for m in methods}, self.plan,
                                 settings, self.settings.width, self.data_bin)
         except Exception as error:  # noqa: BLE001 - a report must not stop the training of the other runs
             if not quiet:
@@ -1726,8 +2039,17 @@ class Experiment:
             return {}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line, with the defaults that depend on --deep filled in."""
     settings = build_parser().parse_args(argv)
+    settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep else DEFAULT_WIDTH)
+    settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep else "inverse_sqrt")
+    settings.methods = settings.methods or [",".join(DEEP_METHODS if settings.deep else SHALLOW_METHODS)]
+    return settings
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    settings = parse_settings(argv)
     methods = resolve_methods(settings.methods)
     import logging
 
@@ -1797,6 +2119,9 @@ def check_checkpoint_alignment(settings) -> None:
     (the resume points, the best and the averaged candidates) only there."""
     every = settings.eval_every
     why = f"not a multiple of --eval-every {every}, the only updates with a checkpoint"
+    if settings.max_update == "auto" and settings.lr_schedule == "polynomial":
+        raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
+                              "training; give --max-update N")
     if settings.max_update == "auto":
         if BUDGET_STEP % every:
             raise ComparisonError(f"--max-update auto: its budgets are multiples of {BUDGET_STEP}, {why}")
@@ -1804,6 +2129,8 @@ def check_checkpoint_alignment(settings) -> None:
             raise ComparisonError(f"--provisional-update {settings.provisional_update}: {why}")
     elif settings.max_update % every:
         raise ComparisonError(f"--max-update {settings.max_update}: {why}")
+    if settings.finetune_update % every and any(method.init for method in resolve_methods(settings.methods)):
+        raise ComparisonError(f"--finetune-update {settings.finetune_update}: {why}")
 
 
 def _cuda_available() -> bool:
