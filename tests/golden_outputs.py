@@ -3,10 +3,10 @@ computing the same function for, on one fixed batch, stored as numbers in ``gold
 
 Two sets of configurations:
 
-* every configuration of the converged comparison (``fusion_fairseq/tools/comparison.py``) at its
-  ``--small`` width with the matched sizes it trains, and every composition of its
-  ``fusion_transformer`` components that builds, so that the code on main provably computes what the
-  pinned checkout of the running comparison computes;
+* every configuration of the comparisons (``fusion_fairseq/tools/comparison.py``): the shallow one
+  (``comparison/``, 3+3) and the deep one (``deep/``, 6+6), each at its width with the matched
+  sizes it trains, and every composition of its ``fusion_transformer`` components that builds, so
+  that the code on main provably computes what the pinned checkout of a comparison computes;
 * every registered architecture and preset at the conformance suite's tiny width.
 
 ``python tests/golden_outputs.py --write`` stores the numbers of the code as it is;
@@ -32,23 +32,37 @@ from conftest import preprocess, write_reversal_corpus  # noqa: E402
 from fusion_fairseq.tools import comparison  # noqa: E402
 
 GOLDEN_PATH = os.path.join(HERE, "golden_outputs.json")
-#: the sizes the comparison matched on Multi30k (plan.json of its --small run; 7,872 joined types)
-COMPARISON_MATCHED = {"layerwise_coordination": 7, "dense_transformer": 104}
+#: the sizes the comparisons matched on Multi30k (7,872 joined types): the shallow one's plan.json
+#: (--small), and the deep one's (--deep: 14 shared layers, as He et al.'s Table 3, growth 96)
+SHALLOW_MATCHED = {"layerwise_coordination": 7, "dense_transformer": 104}
+DEEP_MATCHED = {"layerwise_coordination": 14, "dense_transformer": 96}
+#: the shallow comparison's composition components (its pinned code's; SurfaceFusion was one then)
+SHALLOW_COMPONENTS = ("mlrf", "deeprep", "surface_fusion", "fgla")
 BATCH_SENTENCES = 8
 SEED = 7
 
 
-def comparison_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
-    """{id: (arch, model flags, criterion flags)} of the comparison's rows and compositions."""
-    width = comparison.parse_width(comparison.SMALL_WIDTH)
-    methods = dict(comparison.METHODS)
-    for size in range(2, len(comparison.COMPONENTS) + 1):
-        for names in itertools.combinations(comparison.COMPONENTS, size):
-            methods["composition:" + "+".join(names)] = comparison.composed_method(names)
+def compared_configurations(prefix: str, names, components, width: str, matched: Dict[str, int]):
+    """{id: (arch, model flags, criterion flags)} of one comparison's rows and the compositions of its components."""
+    width = comparison.parse_width(width)
+    methods = {name: comparison.METHODS[name] for name in names if name != comparison.COMPOSITION}
+    for size in range(2, len(components) + 1):
+        for parts in itertools.combinations(components, size):
+            methods["composition:" + "+".join(parts)] = comparison.composed_method(parts)
     return {
-        f"comparison/{name}": (method.arch, comparison.model_flags(method, width, COMPARISON_MATCHED.get(name))[2:],
-                               list(method.criterion or comparison.DEFAULT_CRITERION))
+        f"{prefix}/{name}": (method.arch, comparison.model_flags(method, width, matched.get(name))[2:],
+                             list(method.criterion or comparison.DEFAULT_CRITERION))
         for name, method in methods.items()
+    }
+
+
+def comparison_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
+    """The shallow comparison's (``comparison/``, 3+3) and the deep one's (``deep/``, 6+6)."""
+    return {
+        **compared_configurations("comparison", comparison.SHALLOW_METHODS, SHALLOW_COMPONENTS,
+                                  comparison.SMALL_WIDTH, SHALLOW_MATCHED),
+        **compared_configurations("deep", comparison.DEEP_METHODS, comparison.COMPONENTS, comparison.DEEP_WIDTH,
+                                  DEEP_MATCHED),
     }
 
 
@@ -94,7 +108,7 @@ def golden_or_refusal(data_bin: str, key: str, arch: str, flags: Sequence[str], 
     try:
         return golden_output(data_bin, arch, flags, criterion)
     except (ValueError, SystemExit):
-        if not key.startswith("comparison/composition:"):
+        if "/composition:" not in key:
             raise
         return {"refused": 1.0}
 

@@ -35,8 +35,8 @@ def one_thread():
 
 def test_every_configuration_has_a_stored_golden_output():
     assert sorted(CONFIGURATIONS) == sorted(STORED)
-    compared = {key.split("/", 1)[1] for key in CONFIGURATIONS if key.startswith("comparison/")}
-    assert set(comparison.METHODS) <= compared
+    deep = {key.split("/", 1)[1] for key in CONFIGURATIONS if key.startswith("deep/")}
+    assert set(comparison.METHODS) - {comparison.COMPOSITION} <= deep
 
 
 @pytest.mark.parametrize("key", sorted(CONFIGURATIONS))
@@ -87,3 +87,20 @@ def test_the_pinned_comparison_computes_what_main_computes():
     now = {key: value for key, value in STORED.items() if key in pinned}
     changed = {key for key in pinned if pinned[key] != now.get(key)}
     assert changed == set(CHANGED_SINCE_THE_SHALLOW_COMPARISON)
+
+
+def test_the_pinned_deep_comparison_computes_what_main_computes():
+    """The deep comparison trains from the commit pinned in examples/comparison/deep.sh: its stored
+    golden outputs of every compared configuration are the ones main stores (and computes, above).
+    A change that moves a compared method must restart its runs with a new pin."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "examples", "comparison", "deep.sh"), encoding="utf-8") as f:
+        pinned_line = re.search(r"^PIN=([0-9a-f]{40})\b", f.read(), re.M)
+    if pinned_line is None:
+        pytest.skip("examples/comparison/deep.sh pins no commit yet")
+    pin = pinned_line.group(1)
+    shown = subprocess.run(["git", "-C", repo, "show", f"{pin}:tests/golden_outputs.json"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"the pinned commit {pin[:10]} is not in this checkout's history ({shown.stderr.strip()[:100]})")
+    pinned = {key: value for key, value in json.loads(shown.stdout).items() if key.startswith("deep/")}
+    assert pinned and pinned == {key: value for key, value in STORED.items() if key.startswith("deep/")}
