@@ -738,9 +738,9 @@ def test_the_deep_launcher_refuses_what_it_did_not_create(tmp_path):
     not make is refused (one-line errors) and left as it was."""
     with open(os.path.join(REPO_ROOT, "examples", "comparison", "deep.sh"), encoding="utf-8") as f:
         script = f.read()
-    assert re.search(r"^PIN=  #", script, flags=re.MULTILINE)
+    assert re.search(r"^PIN=\S*  #", script, flags=re.MULTILINE)
     unpinned = tmp_path / "unpinned.sh"
-    unpinned.write_text(script)
+    unpinned.write_text(re.sub(r"^PIN=\S*", "PIN=", script, count=1, flags=re.MULTILINE))
     result = subprocess.run(["bash", str(unpinned), "train", str(tmp_path / "exp"), str(tmp_path)],
                             capture_output=True, text=True)
     assert result.returncode == 1 and "PIN is empty" in result.stderr and not (tmp_path / "exp").exists()
@@ -748,7 +748,7 @@ def test_the_deep_launcher_refuses_what_it_did_not_create(tmp_path):
     pinned = os.path.join(REPO_ROOT, "examples", "comparison", ".deep-under-test.sh")
     try:
         with open(pinned, "w", encoding="utf-8") as f:
-            f.write(script.replace("PIN=  #", f"PIN={head}  #", 1))
+            f.write(re.sub(r"^PIN=\S*", f"PIN={head}", script, count=1, flags=re.MULTILINE))
         stranger = tmp_path / "stranger"
         stranger.mkdir()
         result = subprocess.run(["bash", pinned, "status", str(stranger)], capture_output=True, text=True)

@@ -20,7 +20,7 @@
 # 1 and 2 reached its budget, evaluate, train again (the third seed is decided from the scores), evaluate.
 # Any step can be killed at any time and is resumed by running it again.
 set -euo pipefail
-PIN=  # the commit every step runs; set when the code is pinned
+PIN=f61be16209ceee0ef9a65eedffd266e8959fb39e  # the commit every step runs
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 STEP=${1:-}
 die() { echo "deep.sh: error: $*" >&2; exit 1; }
