@@ -19,6 +19,7 @@ a pre-norm stack, fairseq's final LayerNorm follows Y_L as it follows X_L.
 The stack records [Y_0, ..., Y_L] (Y_i = X_i after a block without DWA) as its states: the
 representation each layer hands on, which MLRF fusion, layer attention and the layer-diversity
 criterion read. Every weight mixes one position's states, so incremental decoding stays exact.
+No package implements it (the authors' code is a research repository, not a library).
 """
 
 from typing import List, Tuple

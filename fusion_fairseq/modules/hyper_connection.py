@@ -45,6 +45,12 @@ Readings:
   LN(h + T(h)), fairseq's post-norm layer. Pre-norm: the LayerNorm is part of T^k, as in the paper.
 
 Every weight mixes the streams of one position, so incremental decoding stays exact.
+
+Why written here: the maintained ``hyper-connections`` package (PyPI, 0.4.x) wraps a branch
+function and reduces the streams by a sum; it has no post-norm reading (fairseq's default), and
+as a 0.x package its parameter names and defaults may change between releases, which would stop
+trained checkpoints from loading. The few lines above keep the paper's parameters under names
+this project controls.
 """
 
 import math
