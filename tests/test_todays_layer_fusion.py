@@ -175,8 +175,8 @@ def test_manifold_mixing_stays_doubly_stochastic_for_any_input():
     n = 4
     flat = streams.flatten(-2)
     flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
-    scale = connection.scales.repeat_interleave(torch.tensor([n, n, n * n]))
-    res = sinkhorn((scale * (flat @ connection.phi) + connection.bias)[..., 2 * n:].unflatten(-1, (n, n)))
+    logits = connection.scales[2] * (flat @ connection.phi)[..., 2 * n:] + connection.bias[2 * n:]
+    res = sinkhorn(logits.unflatten(-1, (n, n)))
     torch.testing.assert_close(res.sum(-2), torch.ones(3, n), atol=1e-5, rtol=0)
     assert (res @ constant - constant).abs().max() < 0.05  # rows: as far as 20 iterations reach
     torch.testing.assert_close(kept, res @ streams)

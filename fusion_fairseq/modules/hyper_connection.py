@@ -122,27 +122,28 @@ class ManifoldHyperConnection(nn.Module):
 
     def __init__(self, rate: int, embed_dim: int):
         super().__init__()
+        if rate < 2:
+            raise ValueError(f"manifold-constrained hyper-connections need at least 2 streams, got {rate}")
         self.rate = rate
         self.phi = nn.Parameter(torch.zeros(rate * embed_dim, rate * (rate + 2)))  # [phi_pre | phi_post | phi_res]
         self.scales = nn.Parameter(torch.full((3,), DYNAMIC_SCALE_INIT))  # a_pre, a_post, a_res
-        if rate < 2:
-            raise ValueError(f"manifold-constrained hyper-connections need at least 2 streams, got {rate}")
         res_bias = torch.full((rate, rate), MANIFOLD_OFF_DIAGONAL_LOGIT).fill_diagonal_(0.0)
         pre_bias = torch.full((rate,), -math.log(rate - 1))  # sigmoid(b_pre) = 1/n
-        self.bias = nn.Parameter(torch.cat([pre_bias, torch.zeros(rate), res_bias.flatten()]))
+        self.bias = nn.Parameter(torch.cat([pre_bias, torch.zeros(rate), res_bias.flatten()]))  # [b_pre | b_post | b_res]
 
     def width(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """(H_pre x ``(..., d)``, H_res x ``(..., n, d)``, H_post ``(..., n)``)."""
         n = self.rate
         flat = streams.flatten(-2)
-        flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
-        dynamic = flat @ self.phi.to(flat)
-        scale = self.scales.to(flat).repeat_interleave(torch.tensor([n, n, n * n], device=flat.device))
-        logits = scale * dynamic + self.bias.to(flat)
-        pre, post, res = logits.split([n, n, n * n], dim=-1)
-        pre, post = torch.sigmoid(pre), 2 * torch.sigmoid(post)
-        res = sinkhorn(res.unflatten(-1, (n, n)))
-        layer_input = (pre.unsqueeze(-2) @ streams).squeeze(-2)
-        return layer_input, res @ streams, post
+        flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-6)  # RMSNorm without weight
+        sizes = [n, n, n * n]
+        dynamic_pre, dynamic_post, dynamic_res = (flat @ self.phi.to(flat)).split(sizes, dim=-1)
+        bias_pre, bias_post, bias_res = self.bias.to(flat).split(sizes)
+        a_pre, a_post, a_res = self.scales.to(flat)
+        pre = torch.sigmoid(a_pre * dynamic_pre + bias_pre)
+        post = 2 * torch.sigmoid(a_post * dynamic_post + bias_post)
+        res = sinkhorn((a_res * dynamic_res + bias_res).unflatten(-1, (n, n)))
+        return (pre.unsqueeze(-2) @ streams).squeeze(-2), res @ streams, post
 
     depth = staticmethod(HyperConnection.depth)
 
