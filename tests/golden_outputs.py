@@ -1,13 +1,15 @@
 """Golden outputs: the fixed-seed loss and gradient norm of every configuration the project must keep
 computing the same function for, on one fixed batch, stored as numbers in ``golden_outputs.json``.
 
-Two sets of configurations:
+Three sets of configurations:
 
 * every configuration of the comparisons (``fusion_fairseq/tools/comparison.py``): the shallow one
   (``comparison/``, 3+3) and the deep one (``deep/``, 6+6), each at its width with the matched
   sizes it trains, and every composition of its ``fusion_transformer`` components that builds, so
   that the code on main provably computes what the pinned checkout of a comparison computes;
-* every registered architecture and preset at the conformance suite's tiny width.
+* every registered architecture and preset, and the options no comparison or preset trains
+  (DenseFormer's k x p, static and manifold-constrained hyper-connections), at the conformance
+  suite's tiny width.
 
 ``python tests/golden_outputs.py --write`` stores the numbers of the code as it is;
 ``python tests/golden_outputs.py --compare`` prints every difference, bit for bit.
@@ -71,8 +73,25 @@ def architecture_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]
             for arch in ARCHITECTURES}
 
 
+#: options of ``fusion_transformer`` that no comparison row or preset trains, at the conformance suite's tiny width
+OPTIONS = {
+    "denseformer-2x2+pre-norm": ("--denseformer-encoder", "--denseformer-decoder", "--denseformer-dilation", "2",
+                                 "--denseformer-period", "2", "--encoder-layers", "4", "--decoder-layers", "4",
+                                 "--encoder-normalize-before", "--decoder-normalize-before"),
+    "hyper-connections=static": ("--hyper-connections-encoder", "static", "--hyper-connections-decoder", "static"),
+    "hyper-connections=manifold+pre-norm": ("--hyper-connections-encoder", "manifold", "--hyper-connections-decoder",
+                                            "manifold", "--encoder-normalize-before", "--decoder-normalize-before"),
+}
+
+
+def option_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
+    arch = "fusion_transformer"
+    return {f"option/{name}": (arch, [*flags_of(Variant(arch, arch)), *flags], list(comparison.DEFAULT_CRITERION))
+            for name, flags in OPTIONS.items()}
+
+
 def configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
-    return {**comparison_configurations(), **architecture_configurations()}
+    return {**comparison_configurations(), **architecture_configurations(), **option_configurations()}
 
 
 def make_data_bin(directory: str) -> str:
