@@ -7,17 +7,18 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pytest
-from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+from fairseq.dataclass import FairseqDataclass
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
 
 import fusion_fairseq  # noqa: F401  (registers the models)
 from fusion_fairseq.checkpoint_safety import structural_flags
 from fusion_fairseq.errors import ConfigurationError
-from fusion_fairseq.models.config import (
+from fusion_fairseq.config_fields import (
     POSITIVE_INT,
     PROBABILITY,
     SWITCH,
     Feature,
-    add_arguments,
+    add_flags,
     argparse_type,
     check_values,
     choice,
@@ -34,8 +35,8 @@ WIDE = Feature(lambda args: args.kind == "wide", lambda args: f"--kind is {args.
 
 
 @dataclass
-class ToyConfig:
-    dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+class ToyConfig(FairseqDataclass):
+    dropout: float = option(0.1, "dropout", PROBABILITY, declared_by_fairseq=True)
     kind: str = option("narrow", "the kind", choice(("narrow", "wide")), structural=True)
     width: int = option(None, "the width", POSITIVE_INT, metavar="N", derive=lambda args: 2 * args.size,
                         read_by=WIDE, idle_reason="only wide models have a width")
@@ -45,7 +46,8 @@ class ToyConfig:
 
 def toy_parser():
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    add_arguments(parser, ToyConfig)
+    parser.add_argument("--dropout", type=float)  # fairseq's own flag, declared by fairseq
+    add_flags(parser, ToyConfig)
     return parser
 
 
@@ -106,12 +108,12 @@ def test_structural_fields_are_marked_in_the_config():
 
 @pytest.mark.parametrize("model", PLUGIN_MODELS)
 def test_every_own_field_of_a_model_is_a_flag_with_help(model):
-    config = MODEL_REGISTRY[model].config_class
+    config = MODEL_DATACLASS_REGISTRY[model]
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
     ARCH_MODEL_REGISTRY[model].add_args(parser)
     options = {action.dest: action for action in parser._actions}
     for field in dataclasses.fields(config):
-        if not field.metadata["declared_by_fairseq"]:
+        if not field.metadata.get("declared_by_fairseq", True):
             assert options[field.name].help, field.name
             assert options[field.name].option_strings == ["--" + field.name.replace("_", "-")]
 
@@ -119,6 +121,6 @@ def test_every_own_field_of_a_model_is_a_flag_with_help(model):
 @pytest.mark.parametrize("model", PLUGIN_MODELS)
 def test_checkpoint_safety_reads_the_structural_fields_of_the_config(model):
     args = parse_model_args(model)
-    assert structural_flags(vars(args)) == structural_fields(MODEL_REGISTRY[model].config_class)
+    assert structural_flags(vars(args)) == structural_fields(MODEL_DATACLASS_REGISTRY[model])
     assert "fuse_encoder" in structural_flags({"arch": "mlrf_iwslt_de_en"})
     assert structural_flags({"arch": "transformer"}) == ()  # fairseq's own model
