@@ -14,13 +14,15 @@ come
 * the warnings for flags that do nothing in the chosen configuration (:func:`warn_idle_flags`);
 * the flags that may not change at load (:func:`structural_fields`, read by ``checkpoint_safety``
   from fairseq's ``MODEL_DATACLASS_REGISTRY``, without importing the models);
-* the refusal of a field no model declares (:func:`unknown_field_error`).
+* the refusal of a hydra model config with a field its model lacks (:func:`model_config_error`).
 
 Adding a flag is adding a field; checks that relate several flags stay in the model's module.
 """
 
 import argparse
 import dataclasses
+import difflib
+import functools
 import inspect
 import logging
 import re
@@ -175,8 +177,8 @@ def flat_fields(config) -> list:
             flat += [(f"{field.name}_{name}", kind, value) for name, kind, value in flat_fields(field.type)]
             continue
         default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
-        if isinstance(default, str):  # an interpolation of a nested field: ${model.decoder.embed_dim}
-            default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${model.\1_\2}", default)
+        if isinstance(default, str):  # ${model.decoder.embed_dim}: the sibling field decoder_embed_dim
+            default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${.\1_\2}", default)
         flat.append((field.name, field.type, dataclasses.field(default=default, metadata=field.metadata)))
     return flat
 
@@ -189,6 +191,61 @@ def as_namespace(cfg) -> argparse.Namespace:
     if OmegaConf.is_config(cfg):
         return argparse.Namespace(**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     return argparse.Namespace(**vars(cfg))
+
+
+def model_config_error(config, cfg) -> Optional[ConfigurationError]:
+    """Why fairseq may not merge the plugin model dataclass ``config`` with ``cfg`` (a hydra config's
+    ``model``), or None: a field ``config`` lacks (a misspelt ``fuse_decodr``), or a preset's name
+    with fields left out, which fairseq's merge would fill with the model's defaults before the
+    preset could fill them with its own."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    config = config if isinstance(config, type) else type(config)
+    if not _options(config):
+        return None  # not the plugin's
+    name, known = cfg.get("_name"), [field.name for field in dataclasses.fields(config)]
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            return ConfigurationError(f"model.{key} is no field of {name}: {hint}(the fields are the flags of "
+                                      f"fairseq-train --arch {name}, with _ for -)")
+    model = ARCH_MODEL_NAME_REGISTRY.get(name, name)
+    left_out = [key for key in known if key not in cfg]
+    if name != model and left_out:
+        return ConfigurationError(
+            f"model._name {name} is a preset of {model}, which fills only what the command line leaves unset; a hydra "
+            f"config gets {model}'s defaults for the fields it leaves out ({', '.join(left_out[:3])}, ...): name "
+            f"_name: {model} and set the preset's fields (examples/hydra/mlrf.yaml)")
+    return None
+
+
+def checking_model_configs(merge_with_parent):
+    """fairseq's ``merge_with_parent``, refusing first a plugin model configuration that
+    :func:`model_config_error` finds wrong, in one line (fairseq's own refusal of an unknown field
+    spans three; a preset it would apply by halves). A checkpoint's configuration
+    (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
+
+    @functools.wraps(merge_with_parent)
+    def wrapper(dc, cfg, remove_missing=False):
+        error = None if remove_missing else model_config_error(dc, cfg)
+        if error is not None:
+            raise error
+        return merge_with_parent(dc, cfg, remove_missing)
+
+    wrapper.checks_model_configs = True
+    return wrapper
+
+
+def check_model_configs() -> None:
+    """Install :func:`checking_model_configs` where fairseq merges a model's configuration with its
+    dataclass: ``add_defaults`` (imports it from ``dataclass.utils`` when it runs) and ``models.build_model``."""
+    from fairseq import models
+    from fairseq.dataclass import utils
+
+    for module in (utils, models):
+        if not getattr(module.merge_with_parent, "checks_model_configs", False):
+            module.merge_with_parent = checking_model_configs(module.merge_with_parent)
 
 
 def fill_defaults(args, config) -> None:

@@ -86,7 +86,8 @@ def touch_payload(marker, result):
 
 def crafted(checkpoint, tmp_path, **config):
     state = torch.load(checkpoint)
-    vars(state["cfg"]["model"]).update(config)
+    model = state["cfg"]["model"]  # a dict; a Namespace in checkpoints saved before the registered dataclasses
+    (model if isinstance(model, dict) else vars(model)).update(config)
     path = tmp_path / "crafted.pt"
     torch.save(state, path)
     return str(path)
@@ -298,7 +299,7 @@ def test_a_legacy_args_checkpoint_is_checked_too(no_fusion_checkpoint, tiny_data
     """Checkpoints saved before fairseq's omegaconf configuration keep one flat ``args``."""
     marker = tmp_path / "created_by_checkpoint"
     state = torch.load(no_fusion_checkpoint)
-    state["args"] = Namespace(**{**vars(state["cfg"]["model"]), **vars(multilingual_task(marker, tiny_data_bin))})
+    state["args"] = Namespace(**{**state["cfg"]["model"], **vars(multilingual_task(marker, tiny_data_bin))})
     state["cfg"] = None
     path = tmp_path / "legacy.pt"
     torch.save(state, path)
