@@ -284,16 +284,18 @@ def structural_fields(config) -> tuple:
     return tuple(field.name for field in dataclasses.fields(config) if field.metadata.get("structural"))
 
 
-def architecture_default(args, name: str):
+def architecture_default(args, name: str, config):
     """The value the architecture gives ``name`` by itself (its function of fairseq's
     ARCH_CONFIG_REGISTRY run on a copy of ``args`` without ``name``), so that a preset's own
-    value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY
+    value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's. The architecture
+    is ``_name`` (fairseq's DictConfig), else ``arch``, else (a dataclass fairseq read from a
+    Namespace keeps neither) the model that registered ``config``."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
 
-    arch = getattr(args, "_name", None) or getattr(args, "arch", None)  # fairseq's DictConfig names it _name
-    fill = ARCH_CONFIG_REGISTRY.get(arch, ARCH_CONFIG_REGISTRY["fusion_transformer"])
+    arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
+        model for model, registered in MODEL_DATACLASS_REGISTRY.items() if registered.__qualname__ == config.__qualname__)
     probe = argparse.Namespace(**{key: value for key, value in vars(args).items() if key != name})
-    fill(probe)
+    ARCH_CONFIG_REGISTRY[arch](probe)
     return getattr(probe, name)
 
 
@@ -314,7 +316,7 @@ def idle_flags(args, config) -> list:
         if feature is None or feature.present(args):
             continue
         value = getattr(args, field.name)
-        if value == architecture_default(args, field.name) and not on_command_line(flag):
+        if value == architecture_default(args, field.name, config) and not on_command_line(flag):
             continue
         given = flag if isinstance(value, bool) else f"{flag} {value}"
         idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")
