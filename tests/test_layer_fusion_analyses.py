@@ -6,7 +6,6 @@ One tiny fine-grained layer-attention checkpoint is trained with the real fairse
 coarse, no-layer-attention and shared-embedding checkpoints are rebuilt from its configuration in
 process (freshly initialised weights: enough for shapes, normalisation and the error paths)."""
 
-import argparse
 import ast
 import copy
 import json
@@ -18,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from fairseq import checkpoint_utils, tasks
 from fairseq.data import Dictionary
+from omegaconf import OmegaConf
 
 from conftest import REPO_ROOT, TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
 
@@ -92,17 +92,13 @@ def train(save_dir, tiny_data_bin):
 def derive_checkpoint(base, data_bin, path, seed=0, **changes):
     """``base``'s configuration with ``changes``, built afresh on ``data_bin`` and saved to ``path``."""
     state = checkpoint_utils.load_checkpoint_to_cpu(base)
-    args = copy.deepcopy(state["cfg"]["model"])
-    assert isinstance(args, argparse.Namespace)
-    for key, value in changes.items():
-        setattr(args, key, value)
-    args.data = data_bin
+    args = {**OmegaConf.to_container(state["cfg"]["model"]), **changes}  # the fields of the model's dataclass
     task_cfg = copy.deepcopy(state["cfg"]["task"])
     task_cfg.data = data_bin
     task_cfg.source_lang, task_cfg.target_lang = "src", "tgt"  # joined_dict_dir has no data to infer them from
     task = tasks.setup_task(task_cfg)
     torch.manual_seed(seed)
-    model = task.build_model(args)
+    model = task.build_model(OmegaConf.create(args))
     if getattr(model.decoder, "layer_attention", None) is not None:
         with torch.no_grad():
             model.decoder.layer_attention.logits.normal_()  # not the uniform initial weights
