@@ -265,7 +265,7 @@ def test_a_length_penalty_that_is_no_finite_number_is_refused(scripts, capsys, t
     assert code == 2 and f"argument --lenpen: --lenpen must be a finite number, got '{value}'" in err
 
 
-# --- measurements: decoding_cost.py, the benchmark, time_to_loss ---------------------------------
+# --- measurements: the benchmark, time_to_loss ------------------------------------------------------
 
 class Measured(Exception):
     """Raised in place of the measurement: the output checks let it start."""
@@ -287,29 +287,22 @@ def measurement_refused(main, measure, monkeypatch, capsys, argv):
     return code, capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def decoding_cost():
-    return load_script("decoding_cost")
-
-
-def measurements(decoding_cost, tmp_path):
+def measurements(tmp_path):
     """``{script: (main, (module, the function doing the work), arguments it needs)}``."""
     from fusion_fairseq.tools import benchmark, time_to_loss
 
-    return {"decoding_cost.py": (decoding_cost.main, (decoding_cost, "run"), []),
-            "fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"), []),
+    return {"fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"), []),
             "time_to_loss": (time_to_loss.main, (time_to_loss, "compare"),
                              ["--reference", tmp_path / "residual.log", tmp_path / "dense.log"])}
 
 
 @pytest.mark.parametrize("script,flag", [
-    ("decoding_cost.py", "--json"), ("decoding_cost.py", "--markdown"), ("fusion-fairseq-benchmark", "--json"),
-    ("fusion-fairseq-benchmark", "--markdown"), ("time_to_loss", "--json"),
+    ("fusion-fairseq-benchmark", "--json"), ("fusion-fairseq-benchmark", "--markdown"), ("time_to_loss", "--json"),
 ])
-def test_measurements_check_their_outputs_first(decoding_cost, monkeypatch, capsys, tmp_path, script, flag):
+def test_measurements_check_their_outputs_first(monkeypatch, capsys, tmp_path, script, flag):
     from fusion_fairseq.tools.analysis import write_json, write_markdown
 
-    main, function, needed = measurements(decoding_cost, tmp_path)[script]
+    main, function, needed = measurements(tmp_path)[script]
 
     def measure(*argv):
         return measurement_refused(main, function, monkeypatch, capsys, [*needed, *argv])
