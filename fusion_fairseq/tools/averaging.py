@@ -12,7 +12,7 @@ import re
 import sys
 from typing import List, Optional, Sequence
 
-from fusion_fairseq.tools.common import refuse_existing_output
+from fusion_fairseq.tools.common import refuse_existing_output, replace_atomically
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
@@ -34,8 +34,7 @@ def average_checkpoints(paths: Sequence[str], out: str) -> str:
     averaged = dict(states[-1], last_optimizer_state=None)
     averaged["model"] = {name: (sum(state["model"][name].double() for state in states) / len(states))
                          .to(states[-1]["model"][name].dtype) for name in names}
-    torch.save(averaged, out + ".tmp")
-    os.replace(out + ".tmp", out)
+    replace_atomically(out, lambda temporary: torch.save(averaged, temporary))
     return out
 
 
@@ -82,6 +81,10 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         fail(f"--inputs: no such file: {', '.join(missing)}")
     if os.path.exists(args.output) and any(os.path.samefile(args.output, path) for path in inputs):
         fail(f"--output {args.output} is one of the checkpoints to average; give another file")
+    if os.path.isdir(args.output):
+        fail(f"--output {args.output} is a directory; give the name of the checkpoint file to write")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        fail(f"--output {args.output}: its directory does not exist")
     try:
         refuse_existing_output("--output", args.output, args.force)
     except FileExistsError as error:

@@ -105,14 +105,25 @@ def available_languages(directory, split="train"):
 
 
 def copy_lines(source, destination, limit=0):
-    """Copy the first ``limit`` lines (all when 0) of ``source``; returns the number copied."""
+    """Copy the first ``limit`` lines (all when 0) of ``source``, UTF-8 text, into a new file
+    ``destination``; returns the number copied."""
+    if os.path.lexists(destination):
+        if os.path.exists(destination) and os.path.samefile(source, destination):
+            raise SystemExit(f"error: --data: {source} is the quickstart's own output {destination}; "
+                             "give --data and --out that do not overlap")
+        os.remove(destination)  # never write through a link into another file
     count = 0
-    with open(source, encoding="utf-8") as fin, open(destination, "w", encoding="utf-8") as fout:
+    with open(source, "rb") as fin, open(destination, "x", encoding="utf-8") as fout:
         for line in fin:
             if limit and count >= limit:
                 break
-            fout.write(line.rstrip("\n").strip() + "\n")
+            try:
+                fout.write(line.decode("utf-8").strip() + "\n")
+            except UnicodeDecodeError:
+                raise SystemExit(f"error: --data: {source} line {count + 1} is not UTF-8 text") from None
             count += 1
+    if count == 0:
+        raise SystemExit(f"error: --data: {source} is empty")
     return count
 
 
@@ -161,17 +172,35 @@ def learn_and_apply_bpe(args, raw_dir, bpe_dir):
         with open(os.path.join(raw_dir, f"train.{lang}"), encoding="utf-8") as f:
             joint.extend(f)
     with open(codes_path, "w", encoding="utf-8") as codes, contextlib.redirect_stderr(io.StringIO()):  # no tqdm bar
-        learn_bpe(joint, codes, args.bpe_merges, min_frequency=2)
-    with open(codes_path, encoding="utf-8") as codes:
-        bpe = BPE(codes)
+        if any(len(word) > 1 for line in joint for word in line.split()):
+            learn_bpe(joint, codes, args.bpe_merges, min_frequency=2)
+        else:  # nothing to merge (subword-nmt would fail on max() of no pairs): no merges
+            codes.write("#version: 0.2\n")
+    with open(codes_path, encoding="utf-8") as codes:  # subword-nmt's BPE exits on codes without merges
+        process_line = BPE(codes).process_line if len(codes.readlines()) > 1 else (lambda line: line)
     for split in ("train", "valid", "test"):
         for lang in (args.src, args.tgt):
             with open(os.path.join(raw_dir, f"{split}.{lang}"), encoding="utf-8") as fin, \
                     open(os.path.join(bpe_dir, f"{split}.{lang}"), "w", encoding="utf-8") as fout:
-                for line in fin:
-                    fout.write(bpe.process_line(line))
+                for number, line in enumerate(fin, 1):
+                    fout.write(check_line_length(process_line(line), number, split, lang))
     words, pieces = _count_tokens(os.path.join(raw_dir, f"train.{args.tgt}")), _count_tokens(os.path.join(bpe_dir, f"train.{args.tgt}"))
     log(f"  {args.bpe_merges} merges -> {codes_path}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
+
+
+# fairseq's default --max-source-positions / --max-target-positions, which the quickstart keeps;
+# a sentence takes one more position for its end-of-sentence symbol.
+MAX_POSITIONS = 1024
+
+
+def check_line_length(line, number, split, lang):
+    """``line``, refused before any training if longer than the models take: fairseq-generate would
+    stop on such a test sentence after all the training (and fairseq-train skips such pairs)."""
+    tokens = len(line.split())
+    if tokens >= MAX_POSITIONS:
+        raise SystemExit(f"error: --data: line {number} of the {split} split ({lang}) has {tokens:,} subword tokens "
+                         f"after BPE; the models take at most {MAX_POSITIONS - 1} (shorten or remove that line)")
+    return line
 
 
 def _count_tokens(path):
@@ -544,7 +573,7 @@ def make_out_dirs(args) -> OutDirs:
     """The directories under ``--out`` (``--out`` and its ``logs`` made); --data must not be among them."""
     out = os.path.abspath(args.out)
     dirs = OutDirs(out, *(os.path.join(out, name) for name in ("raw", "bpe", "data-bin", "checkpoints", "logs")))
-    if args.data and os.path.abspath(args.data) in {out, dirs.raw, dirs.bpe, dirs.bin}:
+    if args.data and os.path.realpath(args.data) in {os.path.realpath(d) for d in (out, dirs.raw, dirs.bpe, dirs.bin)}:
         raise SystemExit("error: --out must not be (the parent of) the --data directory")
     for directory in (out, dirs.logs):
         os.makedirs(directory, exist_ok=True)
