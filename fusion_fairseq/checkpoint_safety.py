@@ -4,7 +4,8 @@
 * configuration strings fairseq would ``eval()`` are parsed as literals first
   (:func:`parse_config_literal`, :func:`require_literal_transformer_config`);
 * a checkpoint's stored task and criterion configuration is checked the same way when the file is
-  read (:func:`require_literal_task_and_criterion`);
+  read (:func:`require_literal_task_and_criterion`), and the pretrained-embedding files its model
+  configuration names are forgotten (:func:`forget_embedding_files`);
 * hub models read or fetch no file that only the checkpoint names (:func:`checkpoint_file_settings`);
 * only fairseq-train's --finetune-from-model may start parameters a checkpoint file lacks
   (:func:`may_start_parameters_fresh`), and --model-overrides cannot change the structure a
@@ -473,12 +474,37 @@ def structural_resume_errors(path, stored_config, command_line_config):
     return errors
 
 
+# A model built from a checkpoint's configuration (every load but fairseq-train's, whose model is
+# built from its command line) would read the pretrained embeddings that configuration names
+# (fairseq's ``parse_embedding``, in the Transformer's and ConvS2S's build_model): any file, a FIFO
+# that blocks for ever, /dev/zero that fills memory. The checkpoint's own weights replace them, so
+# the reader forgets those paths before anything is built from the state.
+EMBEDDING_FILE_FIELDS = ("encoder_embed_path", "decoder_embed_path")
+
+
+def forget_embedding_files(state):
+    """Set the pretrained-embedding paths of ``state``'s model configuration to None: the flat
+    fields of its ``args`` and ``cfg.model``, and the ``embed_path`` of nested encoder/decoder configs."""
+    if not isinstance(state, dict):
+        return
+    for config in (state.get("args"), stored_value(state.get("cfg"), "model")):
+        places = [(config, field) for field in EMBEDDING_FILE_FIELDS]
+        places += [(stored_value(config, side), "embed_path") for side in ("encoder", "decoder")]
+        for section, field in places:
+            if stored_value(section, field) not in (_ABSENT, None):
+                if isinstance(section, argparse.Namespace):
+                    setattr(section, field, None)
+                else:
+                    section[field] = None
+
+
 def _checked_reader(read):
     """fairseq's ``load_checkpoint_to_cpu`` (``read``) checking each state it returns."""
     @functools.wraps(read)
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         state = read(path, arg_overrides, load_on_all_ranks)
         require_literal_task_and_criterion(state, path)
+        forget_embedding_files(state)
         conflicts = _structure_conflicts.get()
         if conflicts is not None and arg_overrides and isinstance(state, dict):
             if {*structure(stored_model_config(state)), *ARCHITECTURE_FIELDS} & set(arg_overrides):

@@ -520,3 +520,77 @@ def test_a_new_dense_checkpoint_keeps_its_reading(tiny_data_bin, tmp_path):
                     "--aggregate-encoder", "dense")
     _, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([trained])
     assert cfg.model.dense_connection == "layernorm"
+
+
+# --- the pretrained-embedding files a checkpoint names are never read ---------------------------
+
+def embedding_files(tmp_path):
+    """Files a model's build_model must not open: a FIFO (blocks for ever), /dev/zero (fills memory), any file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return {"fifo": str(fifo), "zero": "/dev/zero", "passwd": "/etc/passwd"}
+
+
+def load_in_child(code, timeout=120):
+    """``code`` run in a child interpreter with the plugin imported and at most 3 GiB of address space."""
+    prelude = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); import fusion_fairseq\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+@pytest.mark.parametrize("field,target", [("encoder_embed_path", "fifo"), ("decoder_embed_path", "zero"),
+                                          ("encoder_embed_path", "passwd")])
+def test_a_checkpoint_naming_embedding_files_loads_without_reading_them(tiny_mlrf_checkpoint, tiny_data_bin,
+                                                                        tmp_path, field, target):
+    path = crafted(tiny_mlrf_checkpoint, tmp_path, **{field: embedding_files(tmp_path)[target]})
+    code = ("from fairseq import checkpoint_utils\n"
+            f"models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([{path!r}])\n"
+            f"assert cfg.model.{field} is None\n"
+            "from fusion_fairseq.models import FusionTransformerModel\n"
+            f"FusionTransformerModel.from_pretrained({str(tmp_path)!r}, checkpoint_file='crafted.pt', "
+            f"data_name_or_path={tiny_data_bin!r})\n"
+            "print('loaded')")
+    result = load_in_child(code)
+    assert result.returncode == 0 and result.stdout.strip() == "loaded", result.stderr[-2000:]
+
+
+def test_generate_and_analysis_scripts_read_no_embedding_file(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path, capsys):
+    fifo = embedding_files(tmp_path)["fifo"]
+    path = crafted(tiny_mlrf_checkpoint, tmp_path, encoder_embed_path=fifo, decoder_embed_path=fifo)
+    result = subprocess.run([sys.executable, "-m", "fairseq_cli.generate", tiny_data_bin, "--user-dir", USER_DIR,
+                             "--path", path, "--beam", "2", "--max-tokens", "1000", "--gen-subset", "test"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0 and "BLEU" in result.stdout + result.stderr, result.stderr[-2000:]
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(USER_DIR) + '/scripts'!r})\n"
+            "import plot_layer_attention\n"
+            f"sys.exit(plot_layer_attention.main(['--path', {path!r}, '--data', {tiny_data_bin!r}, "
+            f"'--out', {str(tmp_path / 'heatmap.png')!r}]))")
+    result = load_in_child(code)
+    assert "embed" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("config", [
+    lambda: Namespace(arch="transformer", encoder_embed_path="/dev/zero", decoder_embed_path="/etc/passwd"),
+    lambda: {"_name": "transformer", "encoder": {"embed_path": "/dev/zero"}, "decoder": {"embed_path": "x"}},
+])
+@pytest.mark.parametrize("where", ["args", "cfg"])
+def test_the_reader_forgets_every_embedding_path(config, where):
+    from omegaconf import OmegaConf
+
+    from fusion_fairseq.checkpoint_safety import forget_embedding_files
+
+    model = config()
+    model = OmegaConf.create(model) if isinstance(model, dict) else model
+    forget_embedding_files({"args": model} if where == "args" else {"cfg": {"model": model}, "args": None})
+    if isinstance(model, Namespace):
+        assert model.encoder_embed_path is None and model.decoder_embed_path is None
+    else:
+        assert model.encoder.embed_path is None and model.decoder.embed_path is None
+
+
+@pytest.mark.slow
+def test_dense_fconv_checkpoint_naming_embedding_files_loads(dense_fconv_checkpoint, tmp_path):
+    """dense_fconv refuses --encoder-embed-path when trained; a checkpoint naming one still loads, reading nothing."""
+    path = crafted(dense_fconv_checkpoint, tmp_path, encoder_embed_path=embedding_files(tmp_path)["fifo"])
+    result = load_in_child(f"from fairseq import checkpoint_utils; checkpoint_utils.load_model_ensemble_and_task([{path!r}])")
+    assert result.returncode == 0, result.stderr[-2000:]
