@@ -425,11 +425,32 @@ def structural_flags(model_config):
     return structural_fields(config) if config is not None else ()
 
 
+# fairseq's own flags that fix the function a trained model computes, for every architecture: its
+# sizes, and heads, activation, LayerNorm placement, embedding scale and sharing, which change no
+# parameter's name or shape (fairseq's strict load passes and the scores change).
+FAIRSEQ_STRUCTURAL_FIELDS = tuple(f"{side}_{name}" for side in ("encoder", "decoder") for name in (
+    "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "learned_pos")) + (
+    "decoder_output_dim", "decoder_input_dim", "decoder_out_embed_dim", "activation_fn", "no_scale_embedding",
+    "layernorm_embedding", "no_token_positional_embeddings", "share_all_embeddings",
+    "share_decoder_input_output_embed", "cross_self_attention", "no_decoder_final_norm", "adaptive_softmax_cutoff")
+
+
 def structure(model_config):
     """The structural configuration: ``{"arch": architecture, flag: value}`` for the model's
-    :func:`structural_flags` (``_ABSENT`` where the configuration lacks the field)."""
+    :func:`structural_flags` and :data:`FAIRSEQ_STRUCTURAL_FIELDS` (``_ABSENT`` where the
+    configuration lacks the field)."""
     return {"arch": architecture(model_config),
-            **{flag: stored_value(model_config, flag) for flag in structural_flags(model_config)}}
+            **{flag: stored_value(model_config, flag)
+               for flag in (*FAIRSEQ_STRUCTURAL_FIELDS, *structural_flags(model_config))}}
+
+
+def structural_differences(config, other):
+    """``(field, value, other value)`` for the architecture and each structural field that both
+    model configurations hold, with different values."""
+    mine, theirs = structure(config), structure(other)
+    return [(field, mine[field], theirs[field]) for field in mine
+            if mine[field] is not _ABSENT and theirs.get(field, _ABSENT) is not _ABSENT
+            and not _same_value(theirs[field], mine[field])]
 
 
 def structural_override_errors(path, stored_config, overrides):
@@ -460,18 +481,11 @@ def structural_resume_errors(path, stored_config, command_line_config):
     fairseq-train's command line gives another value than the checkpoint it resumes from was
     trained with (a flag either configuration lacks is compared only through the architecture:
     same architecture, same flags, except in a checkpoint saved before a flag existed)."""
-    stored, command_line = structure(stored_config), structure(command_line_config)
-    errors = []
-    for flag in dict.fromkeys([*stored, *command_line]):
-        trained, given = stored.get(flag, _ABSENT), command_line.get(flag, _ABSENT)
-        if trained is _ABSENT or given is _ABSENT or _same_value(given, trained):
-            continue
-        errors.append(StructuralOverrideError(
-            f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
-            f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
-            "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
-        ))
-    return errors
+    return [StructuralOverrideError(
+        f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
+        f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
+        "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
+    ) for flag, trained, given in structural_differences(stored_config, command_line_config)]
 
 
 # A model built from a checkpoint's configuration (every load but fairseq-train's, whose model is

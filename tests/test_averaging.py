@@ -2,6 +2,7 @@
 checkpoints that fairseq then loads, and its refusals."""
 
 import os
+from argparse import Namespace
 
 import pytest
 import torch
@@ -127,3 +128,42 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
         main(["--inputs", *inputs, "--output", str(tmp_path / "avg.pt")])
     assert "No space left on device" in str(error.value.code)
     assert sorted(os.listdir(tmp_path)) == ["c1.pt", "c2.pt"]
+
+
+def configured_checkpoint(path, shape=(2,), **model_config):
+    config = {"arch": "transformer", "encoder_normalize_before": False, "encoder_attention_heads": 4,
+              "activation_fn": "relu", **model_config}
+    torch.save({"cfg": {"model": Namespace(**config)}, "model": {"w": torch.zeros(shape)}}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("change", [
+    {"encoder_normalize_before": True}, {"encoder_attention_heads": 8}, {"activation_fn": "gelu"},
+    {"arch": "fusion_transformer"}, {"decoder_layers": 7},
+])
+def test_checkpoints_of_another_structure_are_refused_naming_the_file_and_field(tmp_path, change):
+    """Same parameter names and shapes (a post-norm and a pre-norm model): the mean would be neither."""
+    [(field, value)] = change.items()
+    base = {"decoder_layers": 6}
+    first = configured_checkpoint(tmp_path / "post.pt", **base)
+    second = configured_checkpoint(tmp_path / "other.pt", **{**base, **change})
+    with pytest.raises(SystemExit) as error:
+        main(["--inputs", second, first, "--output", str(tmp_path / "avg.pt")])
+    assert f"{second} was trained with {field} {value!r} but {first} with" in str(error.value.code)
+    assert not (tmp_path / "avg.pt").exists()
+
+
+def test_a_plugin_structural_flag_that_differs_is_refused(tmp_path):
+    first = configured_checkpoint(tmp_path / "a.pt", arch="fusion_transformer", fuse_decoder="sa")
+    second = configured_checkpoint(tmp_path / "b.pt", arch="fusion_transformer", fuse_decoder="avg")
+    with pytest.raises(SystemExit, match=f"{first} was trained with fuse_decoder 'sa' but {second} with 'avg'"):
+        main(["--inputs", first, second, "--output", str(tmp_path / "avg.pt")])
+
+
+def test_parameters_of_another_shape_are_refused_not_broadcast(tmp_path):
+    first = configured_checkpoint(tmp_path / "a.pt", shape=(1,))
+    second = configured_checkpoint(tmp_path / "b.pt", shape=(3,))
+    with pytest.raises(SystemExit, match=f"{first}: parameter w has shape \\[1\\] but \\[3\\] in {second}"):
+        main(["--inputs", first, second, "--output", str(tmp_path / "avg.pt")])
+    third = configured_checkpoint(tmp_path / "c.pt", shape=(3,))
+    main(["--inputs", second, third, "--output", str(tmp_path / "avg.pt")])  # one model: averaged

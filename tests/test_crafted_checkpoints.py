@@ -594,3 +594,43 @@ def test_dense_fconv_checkpoint_naming_embedding_files_loads(dense_fconv_checkpo
     path = crafted(dense_fconv_checkpoint, tmp_path, encoder_embed_path=embedding_files(tmp_path)["fifo"])
     result = load_in_child(f"from fairseq import checkpoint_utils; checkpoint_utils.load_model_ensemble_and_task([{path!r}])")
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# --- fairseq's own structural flags cannot change at load or on resume ---------------------------
+
+@pytest.mark.parametrize("overrides", [
+    {"encoder_attention_heads": 4}, {"decoder_attention_heads": "1"}, {"activation_fn": "gelu"},
+    {"decoder_normalize_before": True}, {"encoder_layers": 1}, {"no_scale_embedding": True},
+    {"share_decoder_input_output_embed": True},
+])
+def test_fairseq_structural_overrides_are_refused_naming_the_field(tiny_mlrf_checkpoint, overrides):
+    """Heads, activation, LayerNorm placement, embedding scale: no parameter changes and the scores would."""
+    [(flag, value)] = overrides.items()
+    with pytest.raises(StructuralOverrideError, match=f"--model-overrides sets {flag} {value!r} but checkpoint .* "
+                                                      f"was trained with {flag} "):
+        checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint], arg_overrides=overrides)
+
+
+def test_fairseq_flags_at_their_trained_values_or_tuning_flags_load(tiny_mlrf_checkpoint):
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [tiny_mlrf_checkpoint], arg_overrides={"encoder_attention_heads": 2, "activation_fn": "relu",
+                                               "dropout": 0.3, "max_source_positions": 2048})
+    assert cfg.model.dropout == 0.3
+
+
+@pytest.mark.slow
+def test_generate_with_a_fairseq_structural_override_fails_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin):
+    result = generate(tiny_data_bin, tiny_mlrf_checkpoint, "--model-overrides", "{'encoder_attention_heads': 4}")
+    assert_one_line_error(result, "--model-overrides sets encoder_attention_heads 4", "trained with "
+                          "encoder_attention_heads 2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, field", [
+    (["--encoder-attention-heads", "4"], "encoder_attention_heads"),  # same parameters: would resume silently
+    (["--encoder-layers", "3"], "encoder_layers"),  # the strict load fails: a traceback before
+])
+def test_resuming_with_another_fairseq_structure_fails_in_one_line(no_fusion_checkpoint, tiny_data_bin, tmp_path,
+                                                                   flags, field):
+    result = resume(tiny_data_bin, no_fusion_checkpoint, tmp_path / "resume", "fusion_transformer", *flags)
+    assert_one_line_error(result, f"trained with {field} 2", f"the command line gives {field} ")

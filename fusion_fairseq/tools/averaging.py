@@ -29,13 +29,30 @@ def average_checkpoints(paths: Sequence[str], out: str) -> str:
     states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
     names = list(states[-1]["model"])
     for path, state in zip(paths, states):
-        if list(state["model"]) != names:
-            raise ValueError(f"{path}: its parameters are not those of {paths[-1]}; average checkpoints of one model")
+        require_same_model(path, state, paths[-1], states[-1])
     averaged = dict(states[-1], last_optimizer_state=None)
     averaged["model"] = {name: (sum(state["model"][name].double() for state in states) / len(states))
                          .to(states[-1]["model"][name].dtype) for name in names}
     replace_atomically(out, lambda temporary: torch.save(averaged, temporary))
     return out
+
+
+def require_same_model(path, state, reference_path, reference):
+    """A ValueError naming ``path`` and the field or parameter unless ``state`` is a checkpoint of
+    the model of ``reference``: the same structural configuration (``checkpoint_safety.structure``:
+    architecture, sizes, heads, activation, LayerNorm placement, the plugin's structural flags) and
+    parameters of the same names and shapes. A mean over two models would be a third, silently."""
+    from fusion_fairseq.checkpoint_safety import stored_model_config, structural_differences
+
+    for field, value, expected in structural_differences(stored_model_config(state), stored_model_config(reference)):
+        raise ValueError(f"{path} was trained with {field} {value!r} but {reference_path} with {expected!r}; "
+                         "average checkpoints of one model")
+    if list(state["model"]) != list(reference["model"]):
+        raise ValueError(f"{path}: its parameters are not those of {reference_path}; average checkpoints of one model")
+    for name, tensor in state["model"].items():
+        if tensor.shape != reference["model"][name].shape:
+            raise ValueError(f"{path}: parameter {name} has shape {list(tensor.shape)} but {list(reference['model'][name].shape)} "
+                             f"in {reference_path}; average checkpoints of one model")
 
 
 def last_checkpoints(directory: str, count: int, by_update: bool = False) -> List[str]:
