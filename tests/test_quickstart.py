@@ -315,3 +315,24 @@ def test_training_text_without_merges_keeps_its_words(tmp_path, texts):
             (raw / f"{split}.{lang}").write_text(text)
     quickstart.learn_and_apply_bpe(SimpleNamespace(src="de", tgt="en", bpe_merges=100), str(raw), str(bpe))
     assert (bpe / "test.en").read_text() == texts[1]
+
+
+@pytest.mark.parametrize("flag", ["--fusion-attn-dim", "--fusion-ffn-dim", "--fusion-hops"])
+def test_mlrf_flags_without_mlrf_are_warned_about_and_bad_values_refused(tmp_path, capsys, flag):
+    args = quickstart.build_parser().parse_args(["--models", "transformer,fgla", flag, "64"])
+    assert quickstart.check_args(args)[0] == ["transformer", "fgla"]
+    assert capsys.readouterr().err.strip() == f"warning: flag without effect: {flag} 64: only the mlrf model reads " \
+        "it, and --models is transformer,fgla"
+    quickstart.check_args(quickstart.build_parser().parse_args([flag, "64"]))
+    assert capsys.readouterr().err == ""
+    for value in ("0", "-3"):  # 0 was taken for the default
+        with pytest.raises(SystemExit, match=f"error: {flag} must be a positive integer, got {value}"):
+            quickstart.check_args(quickstart.build_parser().parse_args([flag, value]))
+
+
+def test_mlrf_flags_reach_fairseq_with_their_defaults():
+    args = quickstart.build_parser().parse_args(["--embed-dim", "32", "--fusion-ffn-dim", "40"])
+    quickstart.check_args(args)
+    flags = quickstart.model_flags(args, "mlrf")
+    assert flags[flags.index("--fusion-hops") + 1] == "4" and flags[flags.index("--fusion-attn-dim") + 1] == "128"
+    assert flags[flags.index("--fusion-ffn-dim") + 1] == "40"

@@ -270,9 +270,9 @@ def model_flags(args, name):
     if arch == "fusion_transformer":
         flags += ["--user-dir", user_dir(), *fusion]
     if name == "mlrf":
-        flags += ["--fusion-hops", args.fusion_hops,
-                  "--fusion-attn-dim", args.fusion_attn_dim or 4 * args.embed_dim,
-                  "--fusion-ffn-dim", args.fusion_ffn_dim or 2 * args.embed_dim]
+        defaults = {"fusion_hops": 4, "fusion_attn_dim": 4 * args.embed_dim, "fusion_ffn_dim": 2 * args.embed_dim}
+        for name, default in defaults.items():
+            flags += [f"--{name.replace('_', '-')}", default if getattr(args, name) is None else getattr(args, name)]
     return [str(f) for f in flags]
 
 
@@ -510,7 +510,7 @@ def build_parser():
     g.add_argument("--ffn-dim", type=int, default=512)
     g.add_argument("--heads", type=int, default=4)
     g.add_argument("--dropout", type=float, default=0.1)
-    g.add_argument("--fusion-hops", type=int, default=4)
+    g.add_argument("--fusion-hops", type=int, help="MLRF hops (default: 4)")
     g.add_argument("--fusion-attn-dim", type=int, help="MLRF da (default: 4 x embed-dim)")
     g.add_argument("--fusion-ffn-dim", type=int, help="MLRF df (default: 2 x embed-dim)")
     g = p.add_argument_group("budget (the same for both)")
@@ -555,7 +555,20 @@ def check_args(args):
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 0")
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
+    check_mlrf_flags(args, models)
     return models, synthetic
+
+
+def check_mlrf_flags(args, models):
+    """MLRF's flags must be positive, and are read only by the mlrf model: warned about without it."""
+    given = {f"--{name.replace('_', '-')}": getattr(args, name) for name in ("fusion_hops", "fusion_attn_dim",
+                                                                         "fusion_ffn_dim") if getattr(args, name) is not None}
+    for flag, value in given.items():
+        if value <= 0:
+            raise SystemExit(f"error: {flag} must be a positive integer, got {value}")
+    if given and "mlrf" not in models:
+        print(f"warning: flag without effect: {', '.join(f'{flag} {value}' for flag, value in given.items())}: only "
+              f"the mlrf model reads it, and --models is {','.join(models)}", file=sys.stderr)
 
 
 class OutDirs(NamedTuple):
