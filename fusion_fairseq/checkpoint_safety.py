@@ -29,6 +29,8 @@ import collections
 import contextvars
 import functools
 import os
+import pickle
+import re
 import sys
 import typing
 
@@ -72,14 +74,43 @@ class _TorchReadingWeightsOnly:
     """torch as fairseq's ``checkpoint_utils`` sees it: the same module, except that ``load``
     always unpickles with ``weights_only=True``. fairseq's main branch passes
     ``weights_only=False`` (since "Pt2.6 compatibility", #5611), which would bypass the
-    allow-list above and run a crafted pickle; ve-fairseq 0.12.3 passes nothing."""
+    allow-list above and run a crafted pickle; ve-fairseq 0.12.3 passes nothing. ``load`` also
+    reports, in one line naming the file, a refused global and a state fairseq cannot use
+    (:func:`require_model_parameters`) before fairseq reads it."""
 
     def __getattr__(self, name):
         return getattr(torch, name)
 
     @staticmethod
-    def load(*args, **kwargs):
-        return torch.load(*args, **{**kwargs, "weights_only": True})
+    def load(file, *args, **kwargs):
+        path = getattr(file, "name", file)
+        try:
+            state = torch.load(file, *args, **{**kwargs, "weights_only": True})
+        except pickle.UnpicklingError as error:
+            refused = re.search(r"Unsupported global: GLOBAL [\w.]+", str(error))
+            if refused is None:  # a damaged file
+                raise
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint safely ({refused.group(0)}): a fairseq "
+                                         "checkpoint holds tensors and configuration types only") from None
+        require_model_parameters(state, path)
+        return state
+
+
+class CheckpointContentError(ConfigurationError):
+    """A checkpoint file fairseq cannot use as it is (one line naming it)."""
+
+
+def require_model_parameters(state, path):
+    """A :class:`CheckpointContentError` unless ``state`` has a ``model`` dict of real tensors that hold data."""
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise CheckpointContentError(f"{path}: cannot read the checkpoint: it has no 'model' entry of parameters "
+                                     "(not a fairseq checkpoint of a model)")
+    for name, tensor in state["model"].items():
+        if not isinstance(tensor, torch.Tensor) or tensor.is_meta or tensor.is_complex():
+            what = (type(tensor).__name__ if not isinstance(tensor, torch.Tensor)
+                    else "a meta tensor, without data" if tensor.is_meta else f"a complex tensor ({tensor.dtype})")
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint: parameter {name} is {what}; a "
+                                         "model's parameters are real tensors with data")
 
 
 def read_weights_only():
@@ -512,11 +543,31 @@ def forget_embedding_files(state):
                     section[field] = None
 
 
+def require_known_architecture(state, path):
+    """A :class:`CheckpointContentError` unless fairseq knows the architecture of ``state``
+    (fairseq fails deep in its registries otherwise) and, for the plugin's, the configuration asks
+    for no LayerDrop pruning (``encoder_layers_to_keep``/``decoder_layers_to_keep``), which
+    fairseq applies to the parameters but the plugin's models do not build."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    config = stored_model_config(state)
+    name = architecture(config)
+    if name not in MODEL_REGISTRY and name not in ARCH_MODEL_REGISTRY:
+        raise CheckpointContentError(f"{path}: the checkpoint's architecture {name!r} is not one fairseq knows; pass "
+                                     "the --user-dir that registers it, or give a checkpoint of a registered one")
+    for field in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
+        if structural_flags(config) and stored_value(config, field) not in (_ABSENT, None, ""):
+            raise CheckpointContentError(
+                f"{path}: {field} {stored_value(config, field)!r} (fairseq's LayerDrop pruning) is not supported by "
+                f"the plugin's architecture {name}; load the checkpoint without it")
+
+
 def _checked_reader(read):
     """fairseq's ``load_checkpoint_to_cpu`` (``read``) checking each state it returns."""
     @functools.wraps(read)
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         state = read(path, arg_overrides, load_on_all_ranks)
+        require_known_architecture(state, path)
         require_literal_task_and_criterion(state, path)
         forget_embedding_files(state)
         conflicts = _structure_conflicts.get()

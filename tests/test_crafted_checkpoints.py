@@ -27,6 +27,7 @@ from fusion_fairseq.checkpoint_safety import (
     parse_config_literal,
     starts_from_pretrained_model,
 )
+from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.dense_fconv import layer_spec
 from model_building import dictionary_of_size, parse_model_args
@@ -634,3 +635,58 @@ def test_resuming_with_another_fairseq_structure_fails_in_one_line(no_fusion_che
                                                                    flags, field):
     result = resume(tiny_data_bin, no_fusion_checkpoint, tmp_path / "resume", "fusion_transformer", *flags)
     assert_one_line_error(result, f"trained with {field} 2", f"the command line gives {field} ")
+
+
+# --- checkpoints fairseq cannot use fail in one line naming the file ------------------------------
+
+def edited(checkpoint, tmp_path, edit):
+    state = torch.load(checkpoint)
+    edit(state)
+    torch.save(state, tmp_path / "edited.pt")
+    return str(tmp_path / "edited.pt")
+
+
+def first_parameter(state, change):
+    name = next(iter(state["model"]))
+    state["model"][name] = change(state["model"][name])
+
+
+UNUSABLE = {
+    "unknown architecture": (lambda s: vars(s["cfg"]["model"]).update(arch="no_such_arch", _name="no_such_arch"),
+                             "the checkpoint's architecture 'no_such_arch' is not one fairseq knows"),
+    "no model": (lambda s: s.pop("model"), "cannot read the checkpoint: it has no 'model' entry of parameters"),
+    "model not a dict": (lambda s: s.update(model=[1, 2]), "it has no 'model' entry of parameters"),
+    "meta tensor": (lambda s: first_parameter(s, lambda t: t.to("meta")), "is a meta tensor, without data"),
+    "complex tensor": (lambda s: first_parameter(s, lambda t: t.to(torch.complex64)),
+                       "is a complex tensor (torch.complex64)"),
+    "not a tensor": (lambda s: first_parameter(s, lambda t: t.tolist()), "is list; a model's parameters are real"),
+    "encoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(encoder_layers_to_keep="0"),
+                               "encoder_layers_to_keep '0' (fairseq's LayerDrop pruning) is not supported"),
+    "decoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(decoder_layers_to_keep="0,1"),
+                               "decoder_layers_to_keep '0,1'"),
+    "refused global": (lambda s: s.update(extra=__import__("pathlib").PurePosixPath("x")),
+                       "cannot read the checkpoint safely (Unsupported global: GLOBAL pathlib.PurePosixPath)"),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNUSABLE))
+def test_an_unusable_checkpoint_is_named_in_one_error(tiny_mlrf_checkpoint, tmp_path, kind):
+    edit, message = UNUSABLE[kind]
+    path = edited(tiny_mlrf_checkpoint, tmp_path, edit)
+    with pytest.raises(ConfigurationError) as error:
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_layer_pruning_given_as_an_override_is_refused(tiny_mlrf_checkpoint):
+    with pytest.raises(ConfigurationError, match="decoder_layers_to_keep '0' .* is not supported"):
+        checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint],
+                                                      arg_overrides={"decoder_layers_to_keep": "0"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["unknown architecture", "meta tensor", "refused global"])
+def test_generate_reports_an_unusable_checkpoint_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path, kind):
+    edit, message = UNUSABLE[kind]
+    result = generate(tiny_data_bin, edited(tiny_mlrf_checkpoint, tmp_path, edit))
+    assert_one_line_error(result, message)

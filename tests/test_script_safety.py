@@ -422,6 +422,20 @@ def test_evaluate_reads_recipe_env_as_data(tmp_path, key):
         f"'BEAM[$(touch {marker})]' is not allowed (allowed: 0 or 1)"
 
 
+def test_evaluate_reads_a_recipe_env_with_crlf_line_endings(tmp_path):
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    (data / "test.de-en.de.idx").write_bytes(b"")
+    (data / "recipe.env").write_bytes(b"# written on Windows\r\nSRC=de\r\nTGT=en\r\nLOWERCASE=1\r\nCOMPOUND_SPLIT=0\r\n")
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "ref.en").write_text("a reference\n")
+    result = subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), str(data), str(tmp_path / "checkpoint.pt"),
+                             "--ref", str(tmp_path / "ref.en"), "--no-user-dir", "--out", str(tmp_path / "eval")],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": "false"})
+    assert result.returncode == 1 and "fairseq-generate failed" in result.stderr, result.stderr
+    assert "(de -> en)" in result.stderr
+
+
 def test_evaluate_reruns_into_its_own_out_dir(tmp_path):
     out = tmp_path / "eval"
     for _ in range(2):
