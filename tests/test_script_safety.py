@@ -92,6 +92,52 @@ def test_a_dest_inside_from_is_refused(tmp_path, force):
     assert snapshot(raw) == before and not (raw / "out").exists()
 
 
+def test_force_never_writes_through_a_link_in_dest(tmp_path):
+    """--force replaces the recipe's outputs: a hard link to the raw input, a symbolic link to the
+    user's codes or directory, a dangling link: each is removed, its target left as it was."""
+    raw = tmp_path / "raw"
+    write_raw_multi30k(raw)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "codes").write_text("my BPE codes\n")
+    (mine / "train.de").write_text("my own train.de\n")
+    dest = tmp_path / "dest"
+    (dest / "tok").mkdir(parents=True)
+    os.link(raw / "train.de", dest / "train.de")  # BPE output, hard-linked to the input
+    os.link(raw / "val.en", dest / "tok" / "valid.en")
+    (dest / "code").symlink_to(mine / "codes")
+    (dest / "raw").symlink_to(mine)  # a linked directory: its files are the user's
+    (dest / "test.en").symlink_to(tmp_path / "nothing-here")  # dangling: would create the target
+    (dest / "data-bin").mkdir()
+    (dest / "data-bin" / "recipe.env").symlink_to(mine / "codes")
+    inputs, users = snapshot(raw), snapshot(mine)
+    result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "1",
+                    "--force")
+    assert result.returncode == 0, result.stderr
+    assert snapshot(raw) == inputs and snapshot(mine) == users and sorted(os.listdir(mine)) == ["codes", "train.de"]
+    assert not (tmp_path / "nothing-here").exists()
+    assert not any(os.path.islink(dest / name) for name in ("code", "raw", "test.en", "data-bin/recipe.env"))
+    assert (dest / "raw" / "train.de").read_text() == "train de text\n"
+
+
+def test_a_dangling_link_in_dest_is_refused_without_force(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "code").symlink_to(tmp_path / "nothing-here")
+    result = recipe("prepare-multi30k.sh", "--dest", dest)
+    assert result.returncode == 2 and f"already holds what this recipe writes: {dest}/code" in result.stderr
+
+
+def test_evaluate_never_writes_through_a_link_in_out(tmp_path):
+    out = tmp_path / "eval"
+    out.mkdir()
+    (tmp_path / "mine.log").write_text("my log\n")
+    (out / "generate-test.log").symlink_to(tmp_path / "mine.log")
+    result = evaluate(tmp_path, out, "--force")
+    assert result.returncode == 1 and "fairseq-generate failed" in result.stderr
+    assert (tmp_path / "mine.log").read_text() == "my log\n" and not os.path.islink(out / "generate-test.log")
+
+
 # --- analysis scripts: outputs, --beam, --timeout --------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -367,6 +413,20 @@ def test_evaluate_reads_recipe_env_as_data(tmp_path, key):
     assert result.returncode == 1 and not marker.exists()
     assert result.stderr.strip() == f"evaluate.sh: error: {tmp_path / 'data-bin'}/recipe.env: {key} " \
         f"'BEAM[$(touch {marker})]' is not allowed (allowed: 0 or 1)"
+
+
+def test_evaluate_reads_a_recipe_env_with_crlf_line_endings(tmp_path):
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    (data / "test.de-en.de.idx").write_bytes(b"")
+    (data / "recipe.env").write_bytes(b"# written on Windows\r\nSRC=de\r\nTGT=en\r\nLOWERCASE=1\r\nCOMPOUND_SPLIT=0\r\n")
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "ref.en").write_text("a reference\n")
+    result = subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), str(data), str(tmp_path / "checkpoint.pt"),
+                             "--ref", str(tmp_path / "ref.en"), "--no-user-dir", "--out", str(tmp_path / "eval")],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": "false"})
+    assert result.returncode == 1 and "fairseq-generate failed" in result.stderr, result.stderr
+    assert "(de -> en)" in result.stderr
 
 
 def test_evaluate_reruns_into_its_own_out_dir(tmp_path):
