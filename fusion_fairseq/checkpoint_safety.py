@@ -4,7 +4,8 @@
 * configuration strings fairseq would ``eval()`` are parsed as literals first
   (:func:`parse_config_literal`, :func:`require_literal_transformer_config`);
 * a checkpoint's stored task and criterion configuration is checked the same way when the file is
-  read (:func:`require_literal_task_and_criterion`);
+  read (:func:`require_literal_task_and_criterion`), and the pretrained-embedding files its model
+  configuration names are forgotten (:func:`forget_embedding_files`);
 * hub models read or fetch no file that only the checkpoint names (:func:`checkpoint_file_settings`);
 * only fairseq-train's --finetune-from-model may start parameters a checkpoint file lacks
   (:func:`may_start_parameters_fresh`), and --model-overrides cannot change the structure a
@@ -28,6 +29,8 @@ import collections
 import contextvars
 import functools
 import os
+import pickle
+import re
 import sys
 import typing
 
@@ -71,14 +74,43 @@ class _TorchReadingWeightsOnly:
     """torch as fairseq's ``checkpoint_utils`` sees it: the same module, except that ``load``
     always unpickles with ``weights_only=True``. fairseq's main branch passes
     ``weights_only=False`` (since "Pt2.6 compatibility", #5611), which would bypass the
-    allow-list above and run a crafted pickle; ve-fairseq 0.12.3 passes nothing."""
+    allow-list above and run a crafted pickle; ve-fairseq 0.12.3 passes nothing. ``load`` also
+    reports, in one line naming the file, a refused global and a state fairseq cannot use
+    (:func:`require_model_parameters`) before fairseq reads it."""
 
     def __getattr__(self, name):
         return getattr(torch, name)
 
     @staticmethod
-    def load(*args, **kwargs):
-        return torch.load(*args, **{**kwargs, "weights_only": True})
+    def load(file, *args, **kwargs):
+        path = getattr(file, "name", file)
+        try:
+            state = torch.load(file, *args, **{**kwargs, "weights_only": True})
+        except pickle.UnpicklingError as error:
+            refused = re.search(r"Unsupported global: GLOBAL [\w.]+", str(error))
+            if refused is None:  # a damaged file
+                raise
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint safely ({refused.group(0)}): a fairseq "
+                                         "checkpoint holds tensors and configuration types only") from None
+        require_model_parameters(state, path)
+        return state
+
+
+class CheckpointContentError(ConfigurationError):
+    """A checkpoint file fairseq cannot use as it is (one line naming it)."""
+
+
+def require_model_parameters(state, path):
+    """A :class:`CheckpointContentError` unless ``state`` has a ``model`` dict of real tensors that hold data."""
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise CheckpointContentError(f"{path}: cannot read the checkpoint: it has no 'model' entry of parameters "
+                                     "(not a fairseq checkpoint of a model)")
+    for name, tensor in state["model"].items():
+        if not isinstance(tensor, torch.Tensor) or tensor.is_meta or tensor.is_complex():
+            what = (type(tensor).__name__ if not isinstance(tensor, torch.Tensor)
+                    else "a meta tensor, without data" if tensor.is_meta else f"a complex tensor ({tensor.dtype})")
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint: parameter {name} is {what}; a "
+                                         "model's parameters are real tensors with data")
 
 
 def read_weights_only():
@@ -423,11 +455,32 @@ def structural_flags(model_config):
     return structural_fields(config) if config is not None else ()
 
 
+# fairseq's own flags that fix the function a trained model computes, for every architecture: its
+# sizes, and heads, activation, LayerNorm placement, embedding scale and sharing, which change no
+# parameter's name or shape (fairseq's strict load passes and the scores change).
+FAIRSEQ_STRUCTURAL_FIELDS = tuple(f"{side}_{name}" for side in ("encoder", "decoder") for name in (
+    "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "learned_pos")) + (
+    "decoder_output_dim", "decoder_input_dim", "decoder_out_embed_dim", "activation_fn", "no_scale_embedding",
+    "layernorm_embedding", "no_token_positional_embeddings", "share_all_embeddings",
+    "share_decoder_input_output_embed", "cross_self_attention", "no_decoder_final_norm", "adaptive_softmax_cutoff")
+
+
 def structure(model_config):
     """The structural configuration: ``{"arch": architecture, flag: value}`` for the model's
-    :func:`structural_flags` (``_ABSENT`` where the configuration lacks the field)."""
+    :func:`structural_flags` and :data:`FAIRSEQ_STRUCTURAL_FIELDS` (``_ABSENT`` where the
+    configuration lacks the field)."""
     return {"arch": architecture(model_config),
-            **{flag: stored_value(model_config, flag) for flag in structural_flags(model_config)}}
+            **{flag: stored_value(model_config, flag)
+               for flag in (*FAIRSEQ_STRUCTURAL_FIELDS, *structural_flags(model_config))}}
+
+
+def structural_differences(config, other):
+    """``(field, value, other value)`` for the architecture and each structural field that both
+    model configurations hold, with different values."""
+    mine, theirs = structure(config), structure(other)
+    return [(field, mine[field], theirs[field]) for field in mine
+            if mine[field] is not _ABSENT and theirs.get(field, _ABSENT) is not _ABSENT
+            and not _same_value(theirs[field], mine[field])]
 
 
 def structural_override_errors(path, stored_config, overrides):
@@ -458,18 +511,54 @@ def structural_resume_errors(path, stored_config, command_line_config):
     fairseq-train's command line gives another value than the checkpoint it resumes from was
     trained with (a flag either configuration lacks is compared only through the architecture:
     same architecture, same flags, except in a checkpoint saved before a flag existed)."""
-    stored, command_line = structure(stored_config), structure(command_line_config)
-    errors = []
-    for flag in dict.fromkeys([*stored, *command_line]):
-        trained, given = stored.get(flag, _ABSENT), command_line.get(flag, _ABSENT)
-        if trained is _ABSENT or given is _ABSENT or _same_value(given, trained):
-            continue
-        errors.append(StructuralOverrideError(
-            f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
-            f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
-            "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
-        ))
-    return errors
+    return [StructuralOverrideError(
+        f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
+        f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
+        "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
+    ) for flag, trained, given in structural_differences(stored_config, command_line_config)]
+
+
+# A model built from a checkpoint's configuration (every load but fairseq-train's, whose model is
+# built from its command line) would read the pretrained embeddings that configuration names
+# (fairseq's ``parse_embedding``, in the Transformer's and ConvS2S's build_model): any file, a FIFO
+# that blocks for ever, /dev/zero that fills memory. The checkpoint's own weights replace them, so
+# the reader forgets those paths before anything is built from the state.
+EMBEDDING_FILE_FIELDS = ("encoder_embed_path", "decoder_embed_path")
+
+
+def forget_embedding_files(state):
+    """Set the pretrained-embedding paths of ``state``'s model configuration to None: the flat
+    fields of its ``args`` and ``cfg.model``, and the ``embed_path`` of nested encoder/decoder configs."""
+    if not isinstance(state, dict):
+        return
+    for config in (state.get("args"), stored_value(state.get("cfg"), "model")):
+        places = [(config, field) for field in EMBEDDING_FILE_FIELDS]
+        places += [(stored_value(config, side), "embed_path") for side in ("encoder", "decoder")]
+        for section, field in places:
+            if stored_value(section, field) not in (_ABSENT, None):
+                if isinstance(section, argparse.Namespace):
+                    setattr(section, field, None)
+                else:
+                    section[field] = None
+
+
+def require_known_architecture(state, path):
+    """A :class:`CheckpointContentError` unless fairseq knows the architecture of ``state``
+    (fairseq fails deep in its registries otherwise) and, for the plugin's, the configuration asks
+    for no LayerDrop pruning (``encoder_layers_to_keep``/``decoder_layers_to_keep``), which
+    fairseq applies to the parameters but the plugin's models do not build."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    config = stored_model_config(state)
+    name = architecture(config)
+    if name not in MODEL_REGISTRY and name not in ARCH_MODEL_REGISTRY:
+        raise CheckpointContentError(f"{path}: the checkpoint's architecture {name!r} is not one fairseq knows; pass "
+                                     "the --user-dir that registers it, or give a checkpoint of a registered one")
+    for field in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
+        if structural_flags(config) and stored_value(config, field) not in (_ABSENT, None, ""):
+            raise CheckpointContentError(
+                f"{path}: {field} {stored_value(config, field)!r} (fairseq's LayerDrop pruning) is not supported by "
+                f"the plugin's architecture {name}; load the checkpoint without it")
 
 
 def _checked_reader(read):
@@ -477,7 +566,9 @@ def _checked_reader(read):
     @functools.wraps(read)
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         state = read(path, arg_overrides, load_on_all_ranks)
+        require_known_architecture(state, path)
         require_literal_task_and_criterion(state, path)
+        forget_embedding_files(state)
         conflicts = _structure_conflicts.get()
         if conflicts is not None and arg_overrides and isinstance(state, dict):
             if {*structure(stored_model_config(state)), *ARCHITECTURE_FIELDS} & set(arg_overrides):

@@ -91,6 +91,7 @@ recipe_get() {
     local value
     [[ -f "$DATA/recipe.env" ]] || return 0
     value=$(grep -E "^$1=" "$DATA/recipe.env" | head -n 1 | cut -d= -f2- || true)
+    value=${value%$'\r'}  # a recipe.env saved with CRLF line endings
     if [[ -n "$value" && -n "${2:-}" && ! "$value" =~ $2 ]]; then
         die "$DATA/recipe.env: $1 '$value' is not allowed (allowed: $3)"
     fi

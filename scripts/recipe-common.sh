@@ -226,21 +226,34 @@ count_lines() { wc -l < "$1" | tr -d ' '; }
 # NAME... into the directory DIR (its FLAG, e.g. --out; made if missing). A DIR holding any of them
 # is refused unless it carries this script's stamp (stamp_out_dir: DIR is the script's own earlier
 # output, a rerun replaces it) or FORCE is 1 (--force), naming what it would replace. Other files
-# in DIR are never touched.
+# in DIR are never touched; a NAME that is a link is removed first (see unlink_linked).
 OUT_DIR_STAMP=.written_by
 check_out_dir() {
     local force=$1 flag=$2 dir=$3 name found=()
     shift 3
     [[ ! -e "$dir" || -d "$dir" ]] || usage_error "$flag '$dir' is not a directory"
-    [[ "$(cat "$dir/$OUT_DIR_STAMP" 2>/dev/null)" == "fusion-fairseq $PROG" ]] && return 0
-    for name in "$@" "$OUT_DIR_STAMP"; do
-        [[ -e "$dir/$name" ]] && found+=("$name")
-    done
+    if [[ "$(cat "$dir/$OUT_DIR_STAMP" 2>/dev/null)" != "fusion-fairseq $PROG" ]]; then
+        for name in "$@" "$OUT_DIR_STAMP"; do
+            [[ -e "$dir/$name" || -L "$dir/$name" ]] && found+=("$name")
+        done
+    fi
     if (( ${#found[@]} > 0 && ! force )); then
         usage_error "$flag '$dir' holds files that $PROG did not write: ${found[*]}; pass --force to replace" \
             "them, or give another $flag"
     fi
-    return 0
+    for name in "$@" "$OUT_DIR_STAMP"; do unlink_linked "$dir/$name"; done
+}
+
+# unlink_linked PATH...: remove each PATH that is a symbolic link, or a file with other hard links, so
+# that writing PATH next makes a new file instead of writing through the link into a file elsewhere (a
+# user's raw input, their BPE codes); the data the link led to stays where it is.
+unlink_linked() {
+    local path
+    for path in "$@"; do
+        if [[ -L "$path" ]] || [[ -f "$path" && -n "$(find "$path" -maxdepth 0 -links +1)" ]]; then
+            rm -f "$path"
+        fi
+    done
 }
 
 stamp_out_dir() {  # stamp_out_dir DIR: make DIR and mark it as this script's output (see check_out_dir)
@@ -270,7 +283,9 @@ real_path() {
 # any of them exists already (a user's own train.de, an earlier run), it refuses unless FORCE is 1
 # (--force), naming what it would replace. --from naming DEST, DEST/raw or DEST/tok is refused even
 # with --force: the recipe would overwrite the raw text it reads; so is a DEST inside --from, where the
-# recipe's search for raw files would find the ones it writes. Other files in DEST are never touched.
+# recipe's search for raw files would find the ones it writes. Other files in DEST are never touched;
+# an output that is a link (symbolic, or a hard link) is removed first, so the recipe never writes
+# through it into the file it leads to (see unlink_linked).
 check_outputs_free() {
     local force=$1 from=$2 dest=$3 databin=$4 src=$5 tgt=$6 name written=()
     if [[ -n "$from" && -d "$from" ]]; then
@@ -288,11 +303,15 @@ check_outputs_free() {
         fi
     fi
     for name in raw tok code code.fastbpe {train,valid,test}."$src" {train,valid,test}."$tgt"; do
-        [[ -e "$dest/$name" ]] && written+=("$dest/$name")
+        [[ -e "$dest/$name" || -L "$dest/$name" ]] && written+=("$dest/$name")
     done
     if [[ -d "$databin" && -n "$(ls -A "$databin")" ]]; then written+=("$databin (not empty)"); fi
     if (( ${#written[@]} > 0 && ! force )); then
         usage_error "--dest '$dest' already holds what this recipe writes: ${written[*]}; pass --force to" \
             "replace them, or give another --dest/--databin"
     fi
+    # the directories first: a file in a linked raw/ is another directory's
+    unlink_linked "$dest/raw" "$dest/tok"
+    unlink_linked "$dest"/{code,code.fastbpe} "$dest"/{,raw/,tok/}{train,valid,test}.{"$src","$tgt"} \
+        "$databin/recipe.env"
 }

@@ -264,3 +264,27 @@ def test_process_clock_baseline_only(capsys):
     assert benchmark.main([*TINY, "--archs", "--repeats", "1", "--no-memory", "--no-flops"])["configs"]["vanilla"]["flops"] is None
     assert result["configs"]["vanilla"]["train"]["ratio"]["per_repeat"] == [1.0]
     assert "process-clock" in capsys.readouterr().out
+
+
+def test_decoding_step_cost_as_the_source_grows(capsys, tmp_path):
+    """--source-lengths: for every configuration and source length, one ms-per-step value per round
+    and the speed ratio to the baseline (the baseline's is 1), and a Markdown table with a row per
+    length (layer-wise coordination against the Transformer, as He et al. discuss the cost)."""
+    out = tmp_path / "sweep.json"
+    benchmark.main([*TINY, "--archs", "--repeats", "2", "--source-lengths", "3,9", "--no-memory", "--no-flops",
+                    "--variant", "coordination=layerwise_coordination:--layers 3", "--json", str(out)])
+    result = json.loads(out.read_text())
+    for name, row in result["configs"].items():
+        assert sorted(row["step_cost"]) == ["3", "9"]
+        for cost in row["step_cost"].values():
+            assert len(cost["ms_per_step"]) == 2  # values are timings: not asserted on
+    assert result["configs"]["vanilla"]["step_cost"]["9"]["speed_ratio"]["median"] == 1.0
+    table = capsys.readouterr().out
+    assert "| source tokens | vanilla | coordination |" in table and "\n| 9 | " in table
+
+
+def test_source_lengths_are_checked(capsys):
+    assert "--source-lengths must be integers of at least 2" in cli_error(capsys, "--source-lengths", "1,8")
+    assert "--source-lengths: must be integers separated by commas, got '8,x'" in cli_error(
+        capsys, "--source-lengths", "8,x")
+    assert "--decode-len must be at least 2" in cli_error(capsys, "--source-lengths", "8", "--decode-len", "1")

@@ -733,20 +733,23 @@ def test_resuming_is_bit_exact(tmp_path):
     assert len(expected) == 22 and found == expected
 
 
-def test_the_deep_launcher_refuses_what_it_did_not_create(tmp_path):
-    """examples/comparison/deep.sh: no step without a pinned commit; an EXP, a venv or a train.pid it did
-    not make is refused (one-line errors) and left as it was."""
-    with open(os.path.join(REPO_ROOT, "examples", "comparison", "deep.sh"), encoding="utf-8") as f:
+@pytest.mark.parametrize("launcher", ["deep", "converged"])
+def test_the_launchers_refuse_what_they_did_not_create(tmp_path, launcher):
+    """examples/comparison/deep.sh and converged.sh (both through launch.sh): no step without a
+    pinned commit; an EXP, a venv or a train.pid the launcher did not make is refused (one-line
+    errors) and left as it was."""
+    with open(os.path.join(REPO_ROOT, "examples", "comparison", f"{launcher}.sh"), encoding="utf-8") as f:
         script = f.read()
-    assert re.search(r"^PIN=\S*  #", script, flags=re.MULTILINE)
-    unpinned = tmp_path / "unpinned.sh"
-    unpinned.write_text(re.sub(r"^PIN=\S*", "PIN=", script, count=1, flags=re.MULTILINE))
-    result = subprocess.run(["bash", str(unpinned), "train", str(tmp_path / "exp"), str(tmp_path)],
-                            capture_output=True, text=True)
-    assert result.returncode == 1 and "PIN is empty" in result.stderr and not (tmp_path / "exp").exists()
+    assert re.search(r"^PIN=[0-9a-f]{40}\b", script, flags=re.MULTILINE)
     head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    pinned = os.path.join(REPO_ROOT, "examples", "comparison", ".deep-under-test.sh")
+    unpinned = os.path.join(REPO_ROOT, "examples", "comparison", f".{launcher}-unpinned-under-test.sh")
+    pinned = os.path.join(REPO_ROOT, "examples", "comparison", f".{launcher}-under-test.sh")
     try:
+        with open(unpinned, "w", encoding="utf-8") as f:
+            f.write(re.sub(r"^PIN=\S*", "PIN=", script, count=1, flags=re.MULTILINE))
+        result = subprocess.run(["bash", unpinned, "train", str(tmp_path / "exp"), str(tmp_path)],
+                                capture_output=True, text=True)
+        assert result.returncode == 1 and "PIN is empty" in result.stderr and not (tmp_path / "exp").exists()
         with open(pinned, "w", encoding="utf-8") as f:
             f.write(re.sub(r"^PIN=\S*", f"PIN={head}", script, count=1, flags=re.MULTILINE))
         stranger = tmp_path / "stranger"
@@ -756,7 +759,7 @@ def test_the_deep_launcher_refuses_what_it_did_not_create(tmp_path):
         assert os.listdir(stranger) == []  # not stamped
         exp = tmp_path / "exp"
         (exp / "venv").mkdir(parents=True)
-        (exp / ".created_by_deep_sh").write_text(f"{exp}\n")
+        (exp / f".created_by_{launcher}_sh").write_text(f"{exp}\n")
         (exp / "venv" / "theirs").write_text("kept")
         sleeper = subprocess.Popen(["sleep", "60"])
         (exp / "train.pid").write_text(f"{sleeper.pid}\n")
@@ -768,4 +771,39 @@ def test_the_deep_launcher_refuses_what_it_did_not_create(tmp_path):
         assert result.returncode == 1 and f"{exp}/venv was not created by this script" in result.stderr
         assert os.listdir(exp / "venv") == ["theirs"]
     finally:
-        os.remove(pinned)
+        for path in (unpinned, pinned):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def test_export_copies_regular_files_inside_exp_only(tmp_path):
+    """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
+    copied; regular files are. Run in a clone of the repository, whose
+    examples/comparison/deep/ receives the export; the environment EXP/venv is a stand-in that the
+    launcher's marker names as its own (creating a real one installs torch)."""
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "--quiet", REPO_ROOT, str(clone)], check=True)
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    script = clone / "examples" / "comparison" / "deep.sh"
+    script.write_text(re.sub(r"^PIN=\S*", f"PIN={head}", script.read_text(), count=1, flags=re.MULTILINE))
+    exp = tmp_path / "exp"
+    (exp / "venv" / "bin").mkdir(parents=True)
+    (exp / ".created_by_deep_sh").write_text(f"{exp}\n")
+    (exp / "venv" / ".created_by_deep_sh").write_text(f"{exp}/venv\n")
+    stand_in = exp / "venv" / "bin" / "python"  # answers the import check; the report step is a no-op
+    stand_in.write_text(f'#!/usr/bin/env bash\n[[ "$1" == -c ]] && echo "{exp}/code"\nexit 0\n')
+    stand_in.chmod(0o755)
+    run = exp / "runs" / "transformer" / "seed1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the repository")
+    (run / "run.log").symlink_to(secret)
+    (exp / "results.md").symlink_to(run / "config.json")
+    result = subprocess.run(["bash", str(script), "export", str(exp)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    dest = clone / "examples" / "comparison" / "deep"
+    assert (dest / "runs" / "transformer" / "seed1" / "config.json").read_text() == "{}"
+    assert not (dest / "runs" / "transformer" / "seed1" / "run.log").exists()
+    assert not (dest / "results.md").exists()
+    assert "not exported (not a regular file in EXP): results.md" in result.stdout  # runs/ lists regular files only

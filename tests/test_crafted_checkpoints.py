@@ -27,6 +27,7 @@ from fusion_fairseq.checkpoint_safety import (
     parse_config_literal,
     starts_from_pretrained_model,
 )
+from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.dense_fconv import layer_spec
 from model_building import dictionary_of_size, parse_model_args
@@ -521,3 +522,172 @@ def test_a_new_dense_checkpoint_keeps_its_reading(tiny_data_bin, tmp_path):
                     "--aggregate-encoder", "dense")
     _, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([trained])
     assert cfg.model.dense_connection == "layernorm"
+
+
+# --- the pretrained-embedding files a checkpoint names are never read ---------------------------
+
+def embedding_files(tmp_path):
+    """Files a model's build_model must not open: a FIFO (blocks for ever), /dev/zero (fills memory), any file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return {"fifo": str(fifo), "zero": "/dev/zero", "passwd": "/etc/passwd"}
+
+
+def load_in_child(code, timeout=120):
+    """``code`` run in a child interpreter with the plugin imported and at most 3 GiB of address space."""
+    prelude = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); import fusion_fairseq\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+@pytest.mark.parametrize("field,target", [("encoder_embed_path", "fifo"), ("decoder_embed_path", "zero"),
+                                          ("encoder_embed_path", "passwd")])
+def test_a_checkpoint_naming_embedding_files_loads_without_reading_them(tiny_mlrf_checkpoint, tiny_data_bin,
+                                                                        tmp_path, field, target):
+    path = crafted(tiny_mlrf_checkpoint, tmp_path, **{field: embedding_files(tmp_path)[target]})
+    code = ("from fairseq import checkpoint_utils\n"
+            f"models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([{path!r}])\n"
+            f"assert cfg.model.{field} is None\n"
+            "from fusion_fairseq.models import FusionTransformerModel\n"
+            f"FusionTransformerModel.from_pretrained({str(tmp_path)!r}, checkpoint_file='crafted.pt', "
+            f"data_name_or_path={tiny_data_bin!r})\n"
+            "print('loaded')")
+    result = load_in_child(code)
+    assert result.returncode == 0 and result.stdout.strip() == "loaded", result.stderr[-2000:]
+
+
+def test_generate_and_analysis_scripts_read_no_embedding_file(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path, capsys):
+    fifo = embedding_files(tmp_path)["fifo"]
+    path = crafted(tiny_mlrf_checkpoint, tmp_path, encoder_embed_path=fifo, decoder_embed_path=fifo)
+    result = subprocess.run([sys.executable, "-m", "fairseq_cli.generate", tiny_data_bin, "--user-dir", USER_DIR,
+                             "--path", path, "--beam", "2", "--max-tokens", "1000", "--gen-subset", "test"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0 and "BLEU" in result.stdout + result.stderr, result.stderr[-2000:]
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(USER_DIR) + '/scripts'!r})\n"
+            "import plot_layer_attention\n"
+            f"sys.exit(plot_layer_attention.main(['--path', {path!r}, '--data', {tiny_data_bin!r}, "
+            f"'--out', {str(tmp_path / 'heatmap.png')!r}]))")
+    result = load_in_child(code)
+    assert "embed" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("config", [
+    lambda: Namespace(arch="transformer", encoder_embed_path="/dev/zero", decoder_embed_path="/etc/passwd"),
+    lambda: {"_name": "transformer", "encoder": {"embed_path": "/dev/zero"}, "decoder": {"embed_path": "x"}},
+])
+@pytest.mark.parametrize("where", ["args", "cfg"])
+def test_the_reader_forgets_every_embedding_path(config, where):
+    from omegaconf import OmegaConf
+
+    from fusion_fairseq.checkpoint_safety import forget_embedding_files
+
+    model = config()
+    model = OmegaConf.create(model) if isinstance(model, dict) else model
+    forget_embedding_files({"args": model} if where == "args" else {"cfg": {"model": model}, "args": None})
+    if isinstance(model, Namespace):
+        assert model.encoder_embed_path is None and model.decoder_embed_path is None
+    else:
+        assert model.encoder.embed_path is None and model.decoder.embed_path is None
+
+
+@pytest.mark.slow
+def test_dense_fconv_checkpoint_naming_embedding_files_loads(dense_fconv_checkpoint, tmp_path):
+    """dense_fconv refuses --encoder-embed-path when trained; a checkpoint naming one still loads, reading nothing."""
+    path = crafted(dense_fconv_checkpoint, tmp_path, encoder_embed_path=embedding_files(tmp_path)["fifo"])
+    result = load_in_child(f"from fairseq import checkpoint_utils; checkpoint_utils.load_model_ensemble_and_task([{path!r}])")
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# --- fairseq's own structural flags cannot change at load or on resume ---------------------------
+
+@pytest.mark.parametrize("overrides", [
+    {"encoder_attention_heads": 4}, {"decoder_attention_heads": "1"}, {"activation_fn": "gelu"},
+    {"decoder_normalize_before": True}, {"encoder_layers": 1}, {"no_scale_embedding": True},
+    {"share_decoder_input_output_embed": True},
+])
+def test_fairseq_structural_overrides_are_refused_naming_the_field(tiny_mlrf_checkpoint, overrides):
+    """Heads, activation, LayerNorm placement, embedding scale: no parameter changes and the scores would."""
+    [(flag, value)] = overrides.items()
+    with pytest.raises(StructuralOverrideError, match=f"--model-overrides sets {flag} {value!r} but checkpoint .* "
+                                                      f"was trained with {flag} "):
+        checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint], arg_overrides=overrides)
+
+
+def test_fairseq_flags_at_their_trained_values_or_tuning_flags_load(tiny_mlrf_checkpoint):
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [tiny_mlrf_checkpoint], arg_overrides={"encoder_attention_heads": 2, "activation_fn": "relu",
+                                               "dropout": 0.3, "max_source_positions": 2048})
+    assert cfg.model.dropout == 0.3
+
+
+@pytest.mark.slow
+def test_generate_with_a_fairseq_structural_override_fails_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin):
+    result = generate(tiny_data_bin, tiny_mlrf_checkpoint, "--model-overrides", "{'encoder_attention_heads': 4}")
+    assert_one_line_error(result, "--model-overrides sets encoder_attention_heads 4", "trained with "
+                          "encoder_attention_heads 2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, field", [
+    (["--encoder-attention-heads", "4"], "encoder_attention_heads"),  # same parameters: would resume silently
+    (["--encoder-layers", "3"], "encoder_layers"),  # the strict load fails: a traceback before
+])
+def test_resuming_with_another_fairseq_structure_fails_in_one_line(no_fusion_checkpoint, tiny_data_bin, tmp_path,
+                                                                   flags, field):
+    result = resume(tiny_data_bin, no_fusion_checkpoint, tmp_path / "resume", "fusion_transformer", *flags)
+    assert_one_line_error(result, f"trained with {field} 2", f"the command line gives {field} ")
+
+
+# --- checkpoints fairseq cannot use fail in one line naming the file ------------------------------
+
+def edited(checkpoint, tmp_path, edit):
+    state = torch.load(checkpoint)
+    edit(state)
+    torch.save(state, tmp_path / "edited.pt")
+    return str(tmp_path / "edited.pt")
+
+
+def first_parameter(state, change):
+    name = next(iter(state["model"]))
+    state["model"][name] = change(state["model"][name])
+
+
+UNUSABLE = {
+    "unknown architecture": (lambda s: vars(s["cfg"]["model"]).update(arch="no_such_arch", _name="no_such_arch"),
+                             "the checkpoint's architecture 'no_such_arch' is not one fairseq knows"),
+    "no model": (lambda s: s.pop("model"), "cannot read the checkpoint: it has no 'model' entry of parameters"),
+    "model not a dict": (lambda s: s.update(model=[1, 2]), "it has no 'model' entry of parameters"),
+    "meta tensor": (lambda s: first_parameter(s, lambda t: t.to("meta")), "is a meta tensor, without data"),
+    "complex tensor": (lambda s: first_parameter(s, lambda t: t.to(torch.complex64)),
+                       "is a complex tensor (torch.complex64)"),
+    "not a tensor": (lambda s: first_parameter(s, lambda t: t.tolist()), "is list; a model's parameters are real"),
+    "encoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(encoder_layers_to_keep="0"),
+                               "encoder_layers_to_keep '0' (fairseq's LayerDrop pruning) is not supported"),
+    "decoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(decoder_layers_to_keep="0,1"),
+                               "decoder_layers_to_keep '0,1'"),
+    "refused global": (lambda s: s.update(extra=__import__("pathlib").PurePosixPath("x")),
+                       "cannot read the checkpoint safely (Unsupported global: GLOBAL pathlib.PurePosixPath)"),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNUSABLE))
+def test_an_unusable_checkpoint_is_named_in_one_error(tiny_mlrf_checkpoint, tmp_path, kind):
+    edit, message = UNUSABLE[kind]
+    path = edited(tiny_mlrf_checkpoint, tmp_path, edit)
+    with pytest.raises(ConfigurationError) as error:
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_layer_pruning_given_as_an_override_is_refused(tiny_mlrf_checkpoint):
+    with pytest.raises(ConfigurationError, match="decoder_layers_to_keep '0' .* is not supported"):
+        checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint],
+                                                      arg_overrides={"decoder_layers_to_keep": "0"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["unknown architecture", "meta tensor", "refused global"])
+def test_generate_reports_an_unusable_checkpoint_in_one_line(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path, kind):
+    edit, message = UNUSABLE[kind]
+    result = generate(tiny_data_bin, edited(tiny_mlrf_checkpoint, tmp_path, edit))
+    assert_one_line_error(result, message)

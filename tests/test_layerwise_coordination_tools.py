@@ -1,5 +1,5 @@
 """Layer-wise coordination analysis tools: scripts/plot_mixed_attention.py (He et al. 2018,
-Figure 4) and scripts/decoding_cost.py (per-step decoding cost vs source length)."""
+Figure 4)."""
 
 import argparse
 import json
@@ -20,11 +20,6 @@ SOURCE, TARGET = "w3 w17 w5", "W5 W17 W3"
 @pytest.fixture(scope="module")
 def plot_script():
     return load_script("plot_mixed_attention")
-
-
-@pytest.fixture(scope="module")
-def cost_script():
-    return load_script("decoding_cost")
 
 
 @pytest.fixture(scope="module")
@@ -174,59 +169,6 @@ def test_plot_refuses_a_source_longer_than_the_model_reads(plot_script, capsys, 
     assert code == 2 and f"--source has {limit + 1} tokens (end of sentence included), but the model reads at " \
         f"most {limit} positions" in err
     assert not png.exists()
-
-
-TINY_COST = ["--lengths", "3,6,9", "--steps", "4", "--repeats", "1", "--batch-size", "2", "--beam", "3",
-             "--vocab", "40", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--layers", "3",
-             "--baseline-layers", "1", "--structure-steps", "3"]
-
-
-def test_decoding_cost_rows_and_projection_counts(cost_script, capsys, tmp_path):
-    out_json, out_md = tmp_path / "cost.json", tmp_path / "cost.md"
-    code = cost_script.main(TINY_COST + ["--json", str(out_json), "--markdown", str(out_md)])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    result = json.loads(out_json.read_text())
-    assert [row["source_length"] for row in result["rows"]] == [3, 6, 9]
-    for row in result["rows"]:  # a number for every cell; timing values themselves are not checked
-        for name in ("coordination", "vanilla"):
-            assert len(row[name]["ms_per_step"]["per_round"]) == 1
-        assert "median" in row["ratio"]
-    models = result["models"]
-    assert models["coordination"]["arch"] == "layerwise_coordination" and models["vanilla"]["arch"] == "transformer"
-    assert models["coordination"]["parameters"] > 0 and models["vanilla"]["parameters"] > 0
-    assert str(models["coordination"]["parameters"]) in out.replace(",", "")
-
-    # structural check: the source is projected once per layer per decode, at the first step
-    assert result["structure_passed"] is True
-    layers, hypotheses, steps = 3, 2 * 3, 3
-    for n in ("3", "9"):
-        check = result["structure"]["coordination"][n]
-        calls = check["calls"]
-        encoder = [c for c in calls if c["phase"] == "encoder"]
-        assert len(encoder) == layers - 1 and {c["positions"] for c in encoder} == {int(n)}  # top source layer unused
-        decoder = [c for c in calls if c["phase"] == "decoder"]
-        source = [c for c in decoder if c["positions"] == int(n)]
-        assert len(source) == layers and {c["step"] for c in source} == {0}  # once per layer, first step only
-        assert {c["rows"] for c in source} == {hypotheses}
-        later = [c for c in decoder if c["step"] > 0]
-        assert len(later) == layers * steps and {c["positions"] for c in later} == {1}  # one target position
-        assert {c["rows"] for c in later} == {hypotheses}
-        vanilla = result["structure"]["vanilla"][n]
-        assert vanilla["passed"] and vanilla["first_step_source_projections"] == 1
-    assert "PASS coordination" in out and "FAIL" not in out
-    markdown = out_md.read_text()
-    assert "| n (src tokens) |" in markdown and markdown.count("\n| 9 |") == 1
-
-
-def test_decoding_cost_bad_settings(cost_script, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cost_script.main(["--lengths", "1,8"])
-    assert exit_info.value.code == 2
-    assert "--lengths" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_info:
-        cost_script.main(["--steps", "1"])
-    assert exit_info.value.code == 2 and "--steps" in capsys.readouterr().err
 
 
 TRAIN_SH = os.path.join(REPO_ROOT, "examples", "layerwise_coordination", "train.sh")

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -229,3 +230,109 @@ def test_layer_fusion_analyses_need_a_layer_attention_checkpoint(tmp_path):
     assert result.returncode == 2
     assert f"{tmp_path}/checkpoints/fgla/checkpoint_best.pt not found" in result.stderr
     assert "--models transformer,fgla,surface_fusion" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["out/raw", "out", "out/bpe"])
+def test_data_linked_to_the_outputs_is_refused_and_kept(tmp_path, where):
+    """--data a symbolic link to the quickstart's own output directory (the files it writes)."""
+    (tmp_path / where).mkdir(parents=True)
+    make_split_files(tmp_path / where, ["train", "valid", "test"])
+    before = {name: (tmp_path / where / name).read_text() for name in os.listdir(tmp_path / where)}
+    (tmp_path / "link").symlink_to(tmp_path / where)
+    with pytest.raises(SystemExit, match="must not be"):
+        quickstart.run_quickstart(["--data", str(tmp_path / "link"), "--src", "de", "--tgt", "en",
+                                   "--out", str(tmp_path / "out")])
+    assert {name: (tmp_path / where / name).read_text() for name in before} == before
+
+
+@pytest.mark.parametrize("link", [os.link, os.symlink])
+def test_data_files_linked_to_the_outputs_are_refused_and_kept(tmp_path, link):
+    """Each file of --data may itself be a link to the file the quickstart writes."""
+    (tmp_path / "out" / "raw").mkdir(parents=True)
+    make_split_files(tmp_path / "out" / "raw", ["train"])
+    data = tmp_path / "data"
+    data.mkdir()
+    make_split_files(data, ["valid", "test"])
+    for lang in ("de", "en"):
+        link(tmp_path / "out" / "raw" / f"train.{lang}", data / f"train.{lang}")
+    before = (data / "train.de").read_text()
+    with pytest.raises(SystemExit, match=r"is the quickstart's own output .*out/raw/train.de; give --data and --out"):
+        quickstart.prepare_real_data(SimpleNamespace(
+            data=str(data), src="de", tgt="en", train_split=None, valid_split=None, test_split=None, train_lines=0,
+            valid_lines=0, test_lines=0), str(tmp_path / "out" / "raw"))
+    assert (data / "train.de").read_text() == before != ""
+
+
+def test_an_output_linked_elsewhere_is_replaced_not_written_through(tmp_path):
+    data, raw = tmp_path / "data", tmp_path / "out" / "raw"
+    data.mkdir()
+    make_split_files(data, ["train", "valid", "test"])
+    raw.mkdir(parents=True)
+    (tmp_path / "mine").write_text("my file\n")
+    (raw / "train.de").symlink_to(tmp_path / "mine")
+    quickstart.copy_lines(str(data / "train.de"), str(raw / "train.de"))
+    assert (tmp_path / "mine").read_text() == "my file\n" and not os.path.islink(raw / "train.de")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "train.de is empty"),
+    (b"gut\n\xff\xfe kaputt\n", "train.de line 2 is not UTF-8 text"),
+])
+def test_bad_data_is_one_line_before_training(tmp_path, content, message):
+    data = tmp_path / "data"
+    data.mkdir()
+    make_split_files(data, ["train", "valid", "test"])
+    (data / "train.de").write_bytes(content)
+    with pytest.raises(SystemExit) as error:
+        quickstart.run_quickstart(["--data", str(data), "--src", "de", "--tgt", "en", "--out", str(tmp_path / "o")])
+    assert message in str(error.value.code) and "\n" not in str(error.value.code)
+    assert not os.path.exists(tmp_path / "o" / "data-bin")
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_a_line_longer_than_the_models_take_is_refused_before_training(tmp_path, split):
+    data = tmp_path / "data"
+    data.mkdir()
+    make_split_files(data, ["train", "valid", "test"])
+    with open(data / f"{split}.en", "a", encoding="utf-8") as f:
+        f.write(" ".join(["word"] * 100_000) + "\n")
+    with open(data / f"{split}.de", "a", encoding="utf-8") as f:
+        f.write("kurz\n")
+    with pytest.raises(SystemExit) as error:
+        quickstart.run_quickstart(["--data", str(data), "--src", "de", "--tgt", "en", "--out", str(tmp_path / "o")])
+    assert f"of the {split} split (en) has 100,000 subword tokens after BPE; the models take at most 1023" \
+        in str(error.value.code)
+    assert not os.path.exists(tmp_path / "o" / "data-bin")
+
+
+@pytest.mark.parametrize("texts", [("a\n", "b\n"), ("jedes\n", "once\n")])
+def test_training_text_without_merges_keeps_its_words(tmp_path, texts):
+    """No pair to merge, or none twice: subword-nmt failed (max() of nothing; exit 1 on codes without merges)."""
+    raw, bpe = tmp_path / "raw", tmp_path / "bpe"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        for lang, text in zip(("de", "en"), texts):
+            (raw / f"{split}.{lang}").write_text(text)
+    quickstart.learn_and_apply_bpe(SimpleNamespace(src="de", tgt="en", bpe_merges=100), str(raw), str(bpe))
+    assert (bpe / "test.en").read_text() == texts[1]
+
+
+@pytest.mark.parametrize("flag", ["--fusion-attn-dim", "--fusion-ffn-dim", "--fusion-hops"])
+def test_mlrf_flags_without_mlrf_are_warned_about_and_bad_values_refused(tmp_path, capsys, flag):
+    args = quickstart.build_parser().parse_args(["--models", "transformer,fgla", flag, "64"])
+    assert quickstart.check_args(args)[0] == ["transformer", "fgla"]
+    assert capsys.readouterr().err.strip() == f"warning: flag without effect: {flag} 64: only the mlrf model reads " \
+        "it, and --models is transformer,fgla"
+    quickstart.check_args(quickstart.build_parser().parse_args([flag, "64"]))
+    assert capsys.readouterr().err == ""
+    for value in ("0", "-3"):  # 0 was taken for the default
+        with pytest.raises(SystemExit, match=f"error: {flag} must be a positive integer, got {value}"):
+            quickstart.check_args(quickstart.build_parser().parse_args([flag, value]))
+
+
+def test_mlrf_flags_reach_fairseq_with_their_defaults():
+    args = quickstart.build_parser().parse_args(["--embed-dim", "32", "--fusion-ffn-dim", "40"])
+    quickstart.check_args(args)
+    flags = quickstart.model_flags(args, "mlrf")
+    assert flags[flags.index("--fusion-hops") + 1] == "4" and flags[flags.index("--fusion-attn-dim") + 1] == "128"
+    assert flags[flags.index("--fusion-ffn-dim") + 1] == "40"

@@ -92,6 +92,52 @@ def test_a_dest_inside_from_is_refused(tmp_path, force):
     assert snapshot(raw) == before and not (raw / "out").exists()
 
 
+def test_force_never_writes_through_a_link_in_dest(tmp_path):
+    """--force replaces the recipe's outputs: a hard link to the raw input, a symbolic link to the
+    user's codes or directory, a dangling link: each is removed, its target left as it was."""
+    raw = tmp_path / "raw"
+    write_raw_multi30k(raw)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "codes").write_text("my BPE codes\n")
+    (mine / "train.de").write_text("my own train.de\n")
+    dest = tmp_path / "dest"
+    (dest / "tok").mkdir(parents=True)
+    os.link(raw / "train.de", dest / "train.de")  # BPE output, hard-linked to the input
+    os.link(raw / "val.en", dest / "tok" / "valid.en")
+    (dest / "code").symlink_to(mine / "codes")
+    (dest / "raw").symlink_to(mine)  # a linked directory: its files are the user's
+    (dest / "test.en").symlink_to(tmp_path / "nothing-here")  # dangling: would create the target
+    (dest / "data-bin").mkdir()
+    (dest / "data-bin" / "recipe.env").symlink_to(mine / "codes")
+    inputs, users = snapshot(raw), snapshot(mine)
+    result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "1",
+                    "--force")
+    assert result.returncode == 0, result.stderr
+    assert snapshot(raw) == inputs and snapshot(mine) == users and sorted(os.listdir(mine)) == ["codes", "train.de"]
+    assert not (tmp_path / "nothing-here").exists()
+    assert not any(os.path.islink(dest / name) for name in ("code", "raw", "test.en", "data-bin/recipe.env"))
+    assert (dest / "raw" / "train.de").read_text() == "train de text\n"
+
+
+def test_a_dangling_link_in_dest_is_refused_without_force(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "code").symlink_to(tmp_path / "nothing-here")
+    result = recipe("prepare-multi30k.sh", "--dest", dest)
+    assert result.returncode == 2 and f"already holds what this recipe writes: {dest}/code" in result.stderr
+
+
+def test_evaluate_never_writes_through_a_link_in_out(tmp_path):
+    out = tmp_path / "eval"
+    out.mkdir()
+    (tmp_path / "mine.log").write_text("my log\n")
+    (out / "generate-test.log").symlink_to(tmp_path / "mine.log")
+    result = evaluate(tmp_path, out, "--force")
+    assert result.returncode == 1 and "fairseq-generate failed" in result.stderr
+    assert (tmp_path / "mine.log").read_text() == "my log\n" and not os.path.islink(out / "generate-test.log")
+
+
 # --- analysis scripts: outputs, --beam, --timeout --------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -265,7 +311,7 @@ def test_a_length_penalty_that_is_no_finite_number_is_refused(scripts, capsys, t
     assert code == 2 and f"argument --lenpen: --lenpen must be a finite number, got '{value}'" in err
 
 
-# --- measurements: decoding_cost.py, the benchmark, time_to_loss ---------------------------------
+# --- measurements: the benchmark, time_to_loss ------------------------------------------------------
 
 class Measured(Exception):
     """Raised in place of the measurement: the output checks let it start."""
@@ -287,29 +333,22 @@ def measurement_refused(main, measure, monkeypatch, capsys, argv):
     return code, capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def decoding_cost():
-    return load_script("decoding_cost")
-
-
-def measurements(decoding_cost, tmp_path):
+def measurements(tmp_path):
     """``{script: (main, (module, the function doing the work), arguments it needs)}``."""
     from fusion_fairseq.tools import benchmark, time_to_loss
 
-    return {"decoding_cost.py": (decoding_cost.main, (decoding_cost, "run"), []),
-            "fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"), []),
+    return {"fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"), []),
             "time_to_loss": (time_to_loss.main, (time_to_loss, "compare"),
                              ["--reference", tmp_path / "residual.log", tmp_path / "dense.log"])}
 
 
 @pytest.mark.parametrize("script,flag", [
-    ("decoding_cost.py", "--json"), ("decoding_cost.py", "--markdown"), ("fusion-fairseq-benchmark", "--json"),
-    ("fusion-fairseq-benchmark", "--markdown"), ("time_to_loss", "--json"),
+    ("fusion-fairseq-benchmark", "--json"), ("fusion-fairseq-benchmark", "--markdown"), ("time_to_loss", "--json"),
 ])
-def test_measurements_check_their_outputs_first(decoding_cost, monkeypatch, capsys, tmp_path, script, flag):
+def test_measurements_check_their_outputs_first(monkeypatch, capsys, tmp_path, script, flag):
     from fusion_fairseq.tools.analysis import write_json, write_markdown
 
-    main, function, needed = measurements(decoding_cost, tmp_path)[script]
+    main, function, needed = measurements(tmp_path)[script]
 
     def measure(*argv):
         return measurement_refused(main, function, monkeypatch, capsys, [*needed, *argv])
@@ -374,6 +413,20 @@ def test_evaluate_reads_recipe_env_as_data(tmp_path, key):
     assert result.returncode == 1 and not marker.exists()
     assert result.stderr.strip() == f"evaluate.sh: error: {tmp_path / 'data-bin'}/recipe.env: {key} " \
         f"'BEAM[$(touch {marker})]' is not allowed (allowed: 0 or 1)"
+
+
+def test_evaluate_reads_a_recipe_env_with_crlf_line_endings(tmp_path):
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    (data / "test.de-en.de.idx").write_bytes(b"")
+    (data / "recipe.env").write_bytes(b"# written on Windows\r\nSRC=de\r\nTGT=en\r\nLOWERCASE=1\r\nCOMPOUND_SPLIT=0\r\n")
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "ref.en").write_text("a reference\n")
+    result = subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), str(data), str(tmp_path / "checkpoint.pt"),
+                             "--ref", str(tmp_path / "ref.en"), "--no-user-dir", "--out", str(tmp_path / "eval")],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": "false"})
+    assert result.returncode == 1 and "fairseq-generate failed" in result.stderr, result.stderr
+    assert "(de -> en)" in result.stderr
 
 
 def test_evaluate_reruns_into_its_own_out_dir(tmp_path):

@@ -78,7 +78,7 @@ SURFACE_FUSION = Feature(lambda a: a.surface_fusion != "none", _surface_fusion_k
 DENSEFORMER = Feature(lambda a: a.denseformer_encoder or a.denseformer_decoder,
                       lambda a: "neither --denseformer-encoder nor --denseformer-decoder is set")
 HYPER_CONNECTIONS = Feature(
-    lambda a: "none" != a.hyper_connections_encoder or "none" != a.hyper_connections_decoder,
+    lambda a: a.hyper_connections_encoder != "none" or a.hyper_connections_decoder != "none",
     lambda a: "--hyper-connections-encoder/--hyper-connections-decoder are none/none")
 
 
@@ -342,8 +342,6 @@ def check_masked_encoder_layer(args):
         )
 
 
-
-
 def check_todays_layer_fusion_args(args):
     """DenseFormer and hyper-connections each define how a side's layers are wired: one wiring per side."""
     for side in ("encoder", "decoder"):
@@ -358,7 +356,7 @@ def check_todays_layer_fusion_args(args):
                 f"{' and '.join(wirings)} both wire the {side}'s layers (which representation enters each "
                 f"layer); choose one per side"
             )
-        if denseformer and not args.denseformer_period <= getattr(args, f"{side}_layers"):
+        if denseformer and args.denseformer_period > getattr(args, f"{side}_layers"):
             raise ConfigurationError(
                 f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
                 f"--{side}-layers is {getattr(args, f'{side}_layers')}"

@@ -46,7 +46,8 @@ class CoordinationLayer(nn.Module):
 
     def project_memory(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """Projected keys and values of the states ``x`` of the layer below."""
-        return self.attention.project_memory(self.attention_input(x))
+        memory = self.attention_input(x)
+        return self.attention.project_memory(memory, memory)
 
     def residual(self, x: Tensor, update: Tensor, layer_norm: nn.LayerNorm) -> Tensor:
         x = x + F.dropout(update, self.dropout, self.training)

@@ -228,8 +228,12 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
 
     if not os.path.isfile(path):
         raise UsageError(f"{flag} {path}: no such checkpoint file")
+    from fusion_fairseq.checkpoint_safety import CheckpointContentError
+
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
+    except CheckpointContentError as error:  # it names the file
+        raise UsageError(f"{flag} {error}") from None
     except Exception as error:  # noqa: BLE001 - any unreadable file: truncated, not a zip, refused pickle ...
         reason = " ".join(str(error).split())[:300]
         raise UsageError(f"{flag} {path}: cannot read the checkpoint, the file is damaged or not a fairseq "

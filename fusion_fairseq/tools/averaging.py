@@ -12,7 +12,7 @@ import re
 import sys
 from typing import List, Optional, Sequence
 
-from fusion_fairseq.tools.common import refuse_existing_output
+from fusion_fairseq.tools.common import refuse_existing_output, replace_atomically
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
@@ -29,14 +29,30 @@ def average_checkpoints(paths: Sequence[str], out: str) -> str:
     states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
     names = list(states[-1]["model"])
     for path, state in zip(paths, states):
-        if list(state["model"]) != names:
-            raise ValueError(f"{path}: its parameters are not those of {paths[-1]}; average checkpoints of one model")
+        require_same_model(path, state, paths[-1], states[-1])
     averaged = dict(states[-1], last_optimizer_state=None)
     averaged["model"] = {name: (sum(state["model"][name].double() for state in states) / len(states))
                          .to(states[-1]["model"][name].dtype) for name in names}
-    torch.save(averaged, out + ".tmp")
-    os.replace(out + ".tmp", out)
+    replace_atomically(out, lambda temporary: torch.save(averaged, temporary))
     return out
+
+
+def require_same_model(path, state, reference_path, reference):
+    """A ValueError naming ``path`` and the field or parameter unless ``state`` is a checkpoint of
+    the model of ``reference``: the same structural configuration (``checkpoint_safety.structure``:
+    architecture, sizes, heads, activation, LayerNorm placement, the plugin's structural flags) and
+    parameters of the same names and shapes. A mean over two models would be a third, silently."""
+    from fusion_fairseq.checkpoint_safety import stored_model_config, structural_differences
+
+    for field, value, expected in structural_differences(stored_model_config(state), stored_model_config(reference)):
+        raise ValueError(f"{path} was trained with {field} {value!r} but {reference_path} with {expected!r}; "
+                         "average checkpoints of one model")
+    if list(state["model"]) != list(reference["model"]):
+        raise ValueError(f"{path}: its parameters are not those of {reference_path}; average checkpoints of one model")
+    for name, tensor in state["model"].items():
+        if tensor.shape != reference["model"][name].shape:
+            raise ValueError(f"{path}: parameter {name} has shape {list(tensor.shape)} but {list(reference['model'][name].shape)} "
+                             f"in {reference_path}; average checkpoints of one model")
 
 
 def last_checkpoints(directory: str, count: int, by_update: bool = False) -> List[str]:
@@ -82,6 +98,10 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         fail(f"--inputs: no such file: {', '.join(missing)}")
     if os.path.exists(args.output) and any(os.path.samefile(args.output, path) for path in inputs):
         fail(f"--output {args.output} is one of the checkpoints to average; give another file")
+    if os.path.isdir(args.output):
+        fail(f"--output {args.output} is a directory; give the name of the checkpoint file to write")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        fail(f"--output {args.output}: its directory does not exist")
     try:
         refuse_existing_output("--output", args.output, args.force)
     except FileExistsError as error:

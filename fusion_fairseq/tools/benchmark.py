@@ -51,6 +51,13 @@ What is measured
   ``--tgt-len``): EOS is forbidden before step L and is the only choice at step L, so every
   hypothesis of every model is exactly L tokens plus EOS, i.e. L + 1 incremental decoder steps.
   The benchmark checks the length of every returned hypothesis and fails if one differs.
+* **Decoding cost per step as the source grows** (``--source-lengths 8,16,32``, off by default):
+  for each source length n, the milliseconds of one decoding step, (t(L) - t(L/2)) / (L - L/2),
+  the difference of two whole ``generate`` calls with L and L/2 output tokens (each after one
+  untimed call), so that what is paid once per sentence -- the encoder, the first step's
+  projection of the source, the generator's set-up -- cancels; and the speed ratio, the
+  baseline's time / the configuration's, per round. This is the measurement for methods whose
+  every decoder layer reads the source (layer-wise coordination, He et al. Sec. 3).
 * **Parameters**: ``sum(p.numel() for p in model.parameters())``.
 * **Peak memory**, measured in a separate, untimed pass after the timing (the profiler would
   perturb the timings), once per configuration:
@@ -209,6 +216,8 @@ class BenchmarkSettings:
     decode_len: Optional[int] = None  # None: --tgt-len
     decode_warmup: int = 1
     decode_batches: int = 2
+    # decoding cost per step as the source grows (empty: not measured)
+    source_lengths: List[int] = field(default_factory=list)
     # memory and floating-point operations
     memory: bool = True
     flops: bool = True
@@ -379,6 +388,12 @@ class _Runner:
             [self.model], dictionary, beam_size=settings.beam,
             max_len_a=0, max_len_b=settings.decode_length, min_len=settings.decode_length,
         )
+        self.half_generator = SequenceGenerator(
+            [self.model], dictionary, beam_size=settings.beam,
+            max_len_a=0, max_len_b=settings.decode_length // 2, min_len=settings.decode_length // 2,
+        )
+        self.sweep_samples: Dict[int, Dict] = {}
+        self.ms_per_step: Dict[int, List[float]] = {}
         self.tokens_per_s: List[float] = []
         self.sentences_per_s: List[float] = []
         self.decoded_lengths: set = set()
@@ -466,6 +481,28 @@ class _Runner:
         sentences = self.settings.decode_batches * self.decode_sample["nsentences"]
         self.sentences_per_s.append(sentences / elapsed)
         return self.sentences_per_s[-1]
+
+    def measure_step_cost(self, length: int, sync) -> float:
+        """Milliseconds of one decoding step over sources of ``length`` tokens: (t(L) - t(L/2)) /
+        (L - L/2), the difference of two whole ``generate`` calls with L and L/2 output tokens, so
+        that what is paid once per sentence (the encoder, the first step's projection of the
+        source, the generator's set-up) cancels."""
+        self.model.eval()
+        sample, full, half = self.sweep_samples[length], self.settings.decode_length, self.settings.decode_length // 2
+        times = {}
+        try:
+            with self.autocast(), torch.no_grad():
+                for steps, generator in ((full, self.generator), (half, self.half_generator)):
+                    generator.generate([self.model], sample)  # untimed: caches and allocator warm
+                    sync()
+                    start = self.clock()
+                    generator.generate([self.model], sample)
+                    sync()
+                    times[steps] = self.clock() - start
+        except Exception as exc:
+            raise BenchmarkError(f"{self.where()}: decoding a {length}-token source failed: {exc}") from exc
+        self.ms_per_step.setdefault(length, []).append(1000 * (times[full] - times[half]) / (full - half))
+        return self.ms_per_step[length][-1]
 
     # floating-point operations ------------------------------------------------------------------
     def measure_flops(self):
@@ -578,16 +615,18 @@ def synthetic_samples(settings: BenchmarkSettings, dictionary: Dictionary, devic
         },
         "target": tgt.to(device),
     }
-    dec_src = tokens(settings.decode_batch_size, settings.src_len)
-    decode = {
-        "id": torch.arange(settings.decode_batch_size).to(device),
-        "nsentences": settings.decode_batch_size,
-        "net_input": {
-            "src_tokens": dec_src.to(device),
-            "src_lengths": torch.full((settings.decode_batch_size,), settings.src_len).to(device),
-        },
-    }
-    return train, decode
+    def decode_batch(length):
+        return {
+            "id": torch.arange(settings.decode_batch_size).to(device),
+            "nsentences": settings.decode_batch_size,
+            "net_input": {
+                "src_tokens": tokens(settings.decode_batch_size, length).to(device),
+                "src_lengths": torch.full((settings.decode_batch_size,), length).to(device),
+            },
+        }
+
+    decode = decode_batch(settings.src_len)
+    return train, decode, {length: decode_batch(length) for length in settings.source_lengths}
 
 
 def check_settings(settings: BenchmarkSettings) -> None:
@@ -625,6 +664,12 @@ def check_settings(settings: BenchmarkSettings) -> None:
         raise BenchmarkError(f"--threads must be a positive integer, got {settings.threads!r}")
     if settings.decode_len is not None and settings.decode_len <= 0:
         raise BenchmarkError(f"--decode-len must be a positive integer, got {settings.decode_len!r}")
+    if settings.source_lengths and settings.decode_length < 2:
+        raise BenchmarkError(f"--source-lengths times L and L/2 output tokens: --decode-len must be at least 2, "
+                             f"got {settings.decode_length}")
+    if any(not isinstance(n, int) or n < 2 for n in settings.source_lengths):
+        raise BenchmarkError(f"--source-lengths must be integers of at least 2 (the last token is EOS), "
+                             f"got {','.join(map(str, settings.source_lengths))}")
     if settings.src_len < 2 or settings.tgt_len < 2:
         raise BenchmarkError("--src-len and --tgt-len must be at least 2 (the last token is EOS)")
     if settings.vocab <= 4 + settings.beam:
@@ -670,11 +715,12 @@ def build_runners(configs: List[BenchmarkConfig], settings: BenchmarkSettings, d
     """One :class:`_Runner` per configuration, on shared synthetic samples."""
     autocast_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[settings.dtype]
     dictionary = dictionary_of_size(settings.vocab)
-    train_sample, decode_sample = synthetic_samples(settings, dictionary, device)
+    train_sample, decode_sample, sweep_samples = synthetic_samples(settings, dictionary, device)
     runners = []
     for config in configs:
         log(f"building {config.name} ({config.arch})")
         runner = _Runner(config, settings, dictionary, train_sample, decode_sample, device, autocast_dtype)
+        runner.sweep_samples = sweep_samples
         for skipped in runner.skipped_width_flags:
             log(f"  {config.name}: width flag {skipped} not applied")
         runners.append(runner)
@@ -695,6 +741,11 @@ def measure_rounds(runners: List[_Runner], settings: BenchmarkSettings, sync: Ca
         for runner in order:
             value = runner.measure_decoding(sync)
             log(f"[round {repeat + 1}/{settings.repeats}] decode {runner.config.name}: {value:,.2f} sentences/s")
+        for length in settings.source_lengths:
+            for runner in order:
+                value = runner.measure_step_cost(length, sync)
+                log(f"[round {repeat + 1}/{settings.repeats}] step   {runner.config.name}, source {length}: "
+                    f"{value:.2f} ms")
     return time.perf_counter() - started
 
 
@@ -723,6 +774,14 @@ def config_result(runner: _Runner, base: _Runner, settings: BenchmarkSettings) -
         },
         "memory": runner.memory or None,
         "flops": flop_stats(runner, base) if settings.flops else None,
+        "step_cost": {
+            str(length): {
+                "ms_per_step": times,
+                "median_ms_per_step": statistics.median(times),
+                "speed_ratio": ratio_stats(base.ms_per_step[length], times),  # baseline time / this time
+            }
+            for length, times in runner.ms_per_step.items()
+        } or None,
     }
 
 
@@ -735,6 +794,8 @@ def settings_record(settings: BenchmarkSettings) -> Dict[str, object]:
         "decoding": f"fairseq SequenceGenerator, beam {settings.beam}, max_len_a=0, "
                     f"max_len_b=min_len={settings.decode_length} (every hypothesis {settings.decode_length} tokens + EOS)",
         "order": "round-robin; the configuration order is rotated by one every round",
+        "step_cost": "per source length: (t(L) - t(L/2)) / (L - L/2) of two generate calls after one untimed "
+                     "call each; speed ratio = baseline time / configuration time",
         "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()},
     })
     return record
@@ -820,7 +881,26 @@ def markdown_table(result: Dict) -> str:
             f"| {_mib(memory.get('train_peak_bytes'))} "
             f"| {_mib(memory.get('decode_peak_bytes'))} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + step_cost_table(result)) + "\n"
+
+
+def step_cost_table(result: Dict) -> List[str]:
+    """Per source length: each configuration's median ms per decoding step and its speed ratio."""
+    lengths = [int(n) for n in next(iter(result["configs"].values()))["step_cost"] or {}]
+    if not lengths:
+        return []
+    names = list(result["configs"])
+    lines = ["", "Decoding step cost as the source grows: median ms per step (speed ratio to "
+             f"{result['baseline']}, median over rounds).", "",
+             "| source tokens | " + " | ".join(_cell(name) for name in names) + " |",
+             "|---:|" + "---:|" * len(names)]
+    for length in lengths:
+        cells = []
+        for name in names:
+            cost = result["configs"][name]["step_cost"][str(length)]
+            cells.append(f"{cost['median_ms_per_step']:.2f} ({cost['speed_ratio']['median']:.2f})")
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -879,6 +959,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="untimed decode batches per round")
     group.add_argument("--decode-batches", type=positive_int, default=defaults.decode_batches,
                        help="timed decode batches per round")
+    group.add_argument("--source-lengths", type=length_list, default=[], metavar="N,N,...",
+                       help="also time one decoding step as the source grows, for each source length N (e.g. "
+                            "He et al.'s point that layer-wise coordination attends to the source in every layer)")
 
     group = parser.add_argument_group("device and output")
     group.add_argument("--device", default=defaults.device, help="cpu or cuda")
@@ -896,6 +979,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def length_list(text: str) -> List[int]:
+    """``8,16,32`` -> [8, 16, 32]; argparse names the flag in its error."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text!r}") from None
+
+
 def settings_from_args(args) -> BenchmarkSettings:
     return BenchmarkSettings(
         device=args.device, dtype=args.dtype, threads=args.threads, clock=args.clock, seed=args.seed,
@@ -905,7 +996,8 @@ def settings_from_args(args) -> BenchmarkSettings:
         batch_size=args.batch_size, src_len=args.src_len, tgt_len=args.tgt_len, warmup=args.warmup,
         steps=args.steps, repeats=args.repeats, criterion=args.criterion, label_smoothing=args.label_smoothing,
         lr=args.lr, beam=args.beam, decode_batch_size=args.decode_batch_size, decode_len=args.decode_len,
-        decode_warmup=args.decode_warmup, decode_batches=args.decode_batches, memory=not args.no_memory,
+        decode_warmup=args.decode_warmup, decode_batches=args.decode_batches, source_lengths=args.source_lengths,
+        memory=not args.no_memory,
         flops=not args.no_flops,
     )
 

@@ -5,6 +5,7 @@ measured on."""
 import os
 import platform
 import sys
+import tempfile
 from typing import Dict, List, Optional
 
 from fusion_fairseq.config_fields import NON_NEGATIVE_INT, POSITIVE_INT, argparse_type
@@ -18,9 +19,26 @@ non_negative_int = argparse_type(NON_NEGATIVE_INT)
 
 
 def refuse_existing_output(flag: str, path: str, force: bool, error: type = FileExistsError) -> None:
-    """An existing output file is never overwritten unless the user passes --force."""
-    if os.path.exists(path) and not force:
+    """An existing output file (a link too, even a dangling one) is never replaced unless the user passes --force."""
+    if os.path.lexists(path) and not force:
         raise error(f"{flag} {path} exists; pass --force to overwrite it, or give another name")
+
+
+def replace_atomically(path: str, write) -> None:
+    """``write(file)`` into a new binary file created exclusively in ``path``'s directory, then
+    ``os.replace`` it onto ``path``: no other file is written (not a ``PATH.tmp`` of the user's, not
+    the target of a link named ``path``, which is itself replaced), and a failed write leaves nothing."""
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's file is private: give it an ordinary file's mode
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def dictionary_of_size(size: int):

@@ -105,14 +105,25 @@ def available_languages(directory, split="train"):
 
 
 def copy_lines(source, destination, limit=0):
-    """Copy the first ``limit`` lines (all when 0) of ``source``; returns the number copied."""
+    """Copy the first ``limit`` lines (all when 0) of ``source``, UTF-8 text, into a new file
+    ``destination``; returns the number copied."""
+    if os.path.lexists(destination):
+        if os.path.exists(destination) and os.path.samefile(source, destination):
+            raise SystemExit(f"error: --data: {source} is the quickstart's own output {destination}; "
+                             "give --data and --out that do not overlap")
+        os.remove(destination)  # never write through a link into another file
     count = 0
-    with open(source, encoding="utf-8") as fin, open(destination, "w", encoding="utf-8") as fout:
+    with open(source, "rb") as fin, open(destination, "x", encoding="utf-8") as fout:
         for line in fin:
             if limit and count >= limit:
                 break
-            fout.write(line.rstrip("\n").strip() + "\n")
+            try:
+                fout.write(line.decode("utf-8").strip() + "\n")
+            except UnicodeDecodeError:
+                raise SystemExit(f"error: --data: {source} line {count + 1} is not UTF-8 text") from None
             count += 1
+    if count == 0:
+        raise SystemExit(f"error: --data: {source} is empty")
     return count
 
 
@@ -161,17 +172,35 @@ def learn_and_apply_bpe(args, raw_dir, bpe_dir):
         with open(os.path.join(raw_dir, f"train.{lang}"), encoding="utf-8") as f:
             joint.extend(f)
     with open(codes_path, "w", encoding="utf-8") as codes, contextlib.redirect_stderr(io.StringIO()):  # no tqdm bar
-        learn_bpe(joint, codes, args.bpe_merges, min_frequency=2)
-    with open(codes_path, encoding="utf-8") as codes:
-        bpe = BPE(codes)
+        if any(len(word) > 1 for line in joint for word in line.split()):
+            learn_bpe(joint, codes, args.bpe_merges, min_frequency=2)
+        else:  # nothing to merge (subword-nmt would fail on max() of no pairs): no merges
+            codes.write("#version: 0.2\n")
+    with open(codes_path, encoding="utf-8") as codes:  # subword-nmt's BPE exits on codes without merges
+        process_line = BPE(codes).process_line if len(codes.readlines()) > 1 else (lambda line: line)
     for split in ("train", "valid", "test"):
         for lang in (args.src, args.tgt):
             with open(os.path.join(raw_dir, f"{split}.{lang}"), encoding="utf-8") as fin, \
                     open(os.path.join(bpe_dir, f"{split}.{lang}"), "w", encoding="utf-8") as fout:
-                for line in fin:
-                    fout.write(bpe.process_line(line))
+                for number, line in enumerate(fin, 1):
+                    fout.write(check_line_length(process_line(line), number, split, lang))
     words, pieces = _count_tokens(os.path.join(raw_dir, f"train.{args.tgt}")), _count_tokens(os.path.join(bpe_dir, f"train.{args.tgt}"))
     log(f"  {args.bpe_merges} merges -> {codes_path}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
+
+
+# fairseq's default --max-source-positions / --max-target-positions, which the quickstart keeps;
+# a sentence takes one more position for its end-of-sentence symbol.
+MAX_POSITIONS = 1024
+
+
+def check_line_length(line, number, split, lang):
+    """``line``, refused before any training if longer than the models take: fairseq-generate would
+    stop on such a test sentence after all the training (and fairseq-train skips such pairs)."""
+    tokens = len(line.split())
+    if tokens >= MAX_POSITIONS:
+        raise SystemExit(f"error: --data: line {number} of the {split} split ({lang}) has {tokens:,} subword tokens "
+                         f"after BPE; the models take at most {MAX_POSITIONS - 1} (shorten or remove that line)")
+    return line
 
 
 def _count_tokens(path):
@@ -241,9 +270,9 @@ def model_flags(args, name):
     if arch == "fusion_transformer":
         flags += ["--user-dir", user_dir(), *fusion]
     if name == "mlrf":
-        flags += ["--fusion-hops", args.fusion_hops,
-                  "--fusion-attn-dim", args.fusion_attn_dim or 4 * args.embed_dim,
-                  "--fusion-ffn-dim", args.fusion_ffn_dim or 2 * args.embed_dim]
+        defaults = {"fusion_hops": 4, "fusion_attn_dim": 4 * args.embed_dim, "fusion_ffn_dim": 2 * args.embed_dim}
+        for name, default in defaults.items():
+            flags += [f"--{name.replace('_', '-')}", default if getattr(args, name) is None else getattr(args, name)]
     return [str(f) for f in flags]
 
 
@@ -481,7 +510,7 @@ def build_parser():
     g.add_argument("--ffn-dim", type=int, default=512)
     g.add_argument("--heads", type=int, default=4)
     g.add_argument("--dropout", type=float, default=0.1)
-    g.add_argument("--fusion-hops", type=int, default=4)
+    g.add_argument("--fusion-hops", type=int, help="MLRF hops (default: 4)")
     g.add_argument("--fusion-attn-dim", type=int, help="MLRF da (default: 4 x embed-dim)")
     g.add_argument("--fusion-ffn-dim", type=int, help="MLRF df (default: 2 x embed-dim)")
     g = p.add_argument_group("budget (the same for both)")
@@ -526,7 +555,20 @@ def check_args(args):
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 0")
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
+    check_mlrf_flags(args, models)
     return models, synthetic
+
+
+def check_mlrf_flags(args, models):
+    """MLRF's flags must be positive, and are read only by the mlrf model: warned about without it."""
+    given = {f"--{name.replace('_', '-')}": getattr(args, name) for name in ("fusion_hops", "fusion_attn_dim",
+                                                                         "fusion_ffn_dim") if getattr(args, name) is not None}
+    for flag, value in given.items():
+        if value <= 0:
+            raise SystemExit(f"error: {flag} must be a positive integer, got {value}")
+    if given and "mlrf" not in models:
+        print(f"warning: flag without effect: {', '.join(f'{flag} {value}' for flag, value in given.items())}: only "
+              f"the mlrf model reads it, and --models is {','.join(models)}", file=sys.stderr)
 
 
 class OutDirs(NamedTuple):
@@ -544,7 +586,7 @@ def make_out_dirs(args) -> OutDirs:
     """The directories under ``--out`` (``--out`` and its ``logs`` made); --data must not be among them."""
     out = os.path.abspath(args.out)
     dirs = OutDirs(out, *(os.path.join(out, name) for name in ("raw", "bpe", "data-bin", "checkpoints", "logs")))
-    if args.data and os.path.abspath(args.data) in {out, dirs.raw, dirs.bpe, dirs.bin}:
+    if args.data and os.path.realpath(args.data) in {os.path.realpath(d) for d in (out, dirs.raw, dirs.bpe, dirs.bin)}:
         raise SystemExit("error: --out must not be (the parent of) the --data directory")
     for directory in (out, dirs.logs):
         os.makedirs(directory, exist_ok=True)

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The steps of a comparison, shared by examples/comparison/deep.sh and converged.sh, which set NAME
+# (the script's name and the folder under examples/comparison/ that export fills), PIN (the commit
+# every step runs) and COMPARISON_ARGS (scripts/compare_methods.py's arguments but --out and --raw),
+# then source this file with their own command line: STEP EXP [RAW].
+#
+# Every step runs the code of PIN from a checkout of it in EXP/code, with EXP/venv, an environment
+# made here where that checkout is the installed plugin: work on main cannot change a run halfway.
+# Nothing in EXP that this script did not make is trusted: an EXP, a venv or a train.pid of someone
+# else is refused, no hook of a checkout runs, and export copies regular files inside EXP only.
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+STEP=${1:-}
+die() { echo "$NAME.sh: error: $*" >&2; exit 1; }
+[[ -n "$STEP" && -n "${2:-}" ]] || { echo "usage: $0 train|status|evaluate|export EXP [RAW]" >&2; exit 2; }
+[[ -n "$PIN" ]] || die "PIN is empty: set it to the commit the comparison runs before any step"
+OWNED=.created_by_${NAME}_sh
+if [[ ! -e "$2" ]]; then
+    [[ "$STEP" == train ]] || die "EXP $2 does not exist; 'train' creates it"
+    mkdir -p "$2"
+    EXP=$(cd "$2" && pwd)
+    printf '%s\n' "$EXP" > "$EXP/$OWNED"
+    printf 'fusion-fairseq compare_methods.py\n' > "$EXP/.written_by"  # compare_methods.py's own output folder
+fi
+EXP=$(cd "$2" && pwd)
+[[ -f "$EXP/$OWNED" && "$(cat "$EXP/$OWNED")" == "$EXP" ]] \
+    || die "EXP $EXP was not created by this script (no $OWNED naming it); give a new folder"
+RAW_ARGS=()
+if [[ "$STEP" == train || "$STEP" == evaluate ]]; then
+    [[ -n "${3:-}" && -f "$3/train.de" ]] || die "RAW '${3:-}': not a folder with the Multi30k raw files (train.de, ...)"
+    RAW_ARGS=(--raw "$(cd "$3" && pwd)")
+fi
+CODE=$EXP/code VENV=$EXP/venv PY=$EXP/venv/bin/python PIDFILE=$EXP/train.pid
+ARGS=(--out "$EXP" "${COMPARISON_ARGS[@]}" "${RAW_ARGS[@]}")
+mkdir -p "$EXP/logs"
+git_code() { git -c core.hooksPath=/dev/null -C "$CODE" "$@"; }  # no hook of a checkout ever runs
+
+# the training process, only when train.pid names a live process whose command line is this comparison's runner
+training() {
+    [[ -f "$PIDFILE" ]] || return 1
+    local pid; pid=$(cat "$PIDFILE")
+    [[ "$pid" =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
+    tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF "$CODE/scripts/compare_methods.py --out $EXP "
+}
+
+# EXP/code at PIN and EXP/venv importing it, both made by this script; anything else is refused
+prepare_code() {
+    if [[ ! -e "$CODE" ]]; then
+        git -c core.hooksPath=/dev/null clone --quiet --no-checkout "$REPO" "$CODE"
+    fi
+    git_code cat-file -e "$PIN^{commit}" 2>/dev/null || git_code fetch --quiet "$REPO"
+    git_code checkout --quiet --detach "$PIN"
+    [[ -z "$(git_code status --porcelain --untracked-files=no)" ]] || die "$CODE differs from $PIN (git status); remove EXP/code to clone it anew"
+    if [[ ! -e "$VENV" ]]; then
+        "${PYTHON:-python3}" -m venv "$VENV"
+        printf '%s\n' "$VENV" > "$VENV/$OWNED"
+        "$PY" -m pip install --quiet torch==2.13.0
+        "$PY" -m pip install --quiet -e "$CODE"
+    fi
+    [[ -f "$VENV/$OWNED" && "$(cat "$VENV/$OWNED")" == "$VENV" ]] \
+        || die "$VENV was not created by this script (no $OWNED naming it); remove it to have it made anew"
+    cd "$EXP"  # python -c and -m import from the working directory first: not from a checkout of main
+    [[ "$("$PY" -c 'import fusion_fairseq, os; print(os.path.dirname(fusion_fairseq.__path__[0]))')" == "$CODE" ]] \
+        || die "$VENV does not import the pinned checkout $CODE"
+}
+
+case "$STEP" in
+    train)
+        if training; then echo "already training (pid $(cat "$PIDFILE")); log: $EXP/logs/train.log"; exit 0; fi
+        prepare_code
+        nohup nice -n 19 "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage train \
+            >> "$EXP/logs/train.log" 2>&1 < /dev/null &
+        echo $! > "$PIDFILE"
+        echo "training in the background at nice 19 (pid $!), code at $PIN; log: $EXP/logs/train.log" ;;
+    status)
+        if training; then echo "training (pid $(cat "$PIDFILE"))"; else echo "not training"; fi
+        prepare_code
+        "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
+        echo "report: $EXP/results.md" ;;
+    evaluate)
+        prepare_code
+        nice -n 19 "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage evaluate ;;
+    export)
+        # the small results (report, scores, configuration, curves, logs; no checkpoints, no data), regular
+        # files inside EXP only (no symbolic link is followed or copied), from a report written anew
+        prepare_code
+        "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
+        DEST=$REPO/examples/comparison/$NAME
+        mkdir -p "$DEST"
+        cd "$EXP"
+        ls -d results.md results.json learning_curves.png budget.json composition.json third_seed.json plan.json \
+            2>/dev/null > "$EXP/logs/export.list" || true
+        find runs -type f \( -name config.json -o -name sessions.json -o -name done.json -o -name paired.json \
+                -o -name run.log -o \( -path '*/eval-*' -name scores.json \) \) >> "$EXP/logs/export.list" 2>/dev/null || true
+        while IFS= read -r f; do
+            real=$(realpath -e -- "$f" 2>/dev/null) || continue
+            [[ -f "$f" && ! -L "$f" && "$real" == "$EXP"/* ]] || { echo "not exported (not a regular file in EXP): $f"; continue; }
+            mkdir -p "$DEST/$(dirname "$f")"
+            cp -- "$real" "$DEST/$f"
+        done < "$EXP/logs/export.list"
+        echo "exported to $DEST" ;;
+    *)
+        echo "usage: $0 train|status|evaluate|export EXP [RAW]" >&2; exit 2 ;;
+esac
