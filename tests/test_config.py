@@ -145,7 +145,8 @@ def compose_example(*overrides):
     from hydra import compose, initialize_config_dir
 
     hydra_init("mlrf")
-    with initialize_config_dir(config_dir=os.path.abspath(EXAMPLE_DIR), version_base=None):
+    # version_base 1.1, as fairseq composes: a later one makes fairseq's hydra.experimental imports fail
+    with initialize_config_dir(config_dir=os.path.abspath(EXAMPLE_DIR), version_base="1.1"):
         cfg = compose("mlrf", overrides=["task.data=unused", "common.user_dir=unused", *overrides])
     add_defaults(cfg)
     return cfg

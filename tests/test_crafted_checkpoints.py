@@ -87,8 +87,7 @@ def touch_payload(marker, result):
 
 def crafted(checkpoint, tmp_path, **config):
     state = torch.load(checkpoint)
-    model = state["cfg"]["model"]  # a dict; a Namespace in checkpoints saved before the registered dataclasses
-    (model if isinstance(model, dict) else vars(model)).update(config)
+    state["cfg"]["model"].update(config)
     path = tmp_path / "crafted.pt"
     torch.save(state, path)
     return str(path)
@@ -300,7 +299,8 @@ def test_a_legacy_args_checkpoint_is_checked_too(no_fusion_checkpoint, tiny_data
     """Checkpoints saved before fairseq's omegaconf configuration keep one flat ``args``."""
     marker = tmp_path / "created_by_checkpoint"
     state = torch.load(no_fusion_checkpoint)
-    state["args"] = Namespace(**{**state["cfg"]["model"], **vars(multilingual_task(marker, tiny_data_bin))})
+    model = state["cfg"]["model"]
+    state["args"] = Namespace(**{**model, "arch": model["_name"], **vars(multilingual_task(marker, tiny_data_bin))})
     state["cfg"] = None
     path = tmp_path / "legacy.pt"
     torch.save(state, path)
@@ -653,7 +653,7 @@ def first_parameter(state, change):
 
 
 UNUSABLE = {
-    "unknown architecture": (lambda s: vars(s["cfg"]["model"]).update(arch="no_such_arch", _name="no_such_arch"),
+    "unknown architecture": (lambda s: s["cfg"]["model"].update(_name="no_such_arch"),
                              "the checkpoint's architecture 'no_such_arch' is not one fairseq knows"),
     "no model": (lambda s: s.pop("model"), "cannot read the checkpoint: it has no 'model' entry of parameters"),
     "model not a dict": (lambda s: s.update(model=[1, 2]), "it has no 'model' entry of parameters"),
@@ -661,9 +661,9 @@ UNUSABLE = {
     "complex tensor": (lambda s: first_parameter(s, lambda t: t.to(torch.complex64)),
                        "is a complex tensor (torch.complex64)"),
     "not a tensor": (lambda s: first_parameter(s, lambda t: t.tolist()), "is list; a model's parameters are real"),
-    "encoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(encoder_layers_to_keep="0"),
+    "encoder_layers_to_keep": (lambda s: s["cfg"]["model"].update(encoder_layers_to_keep="0"),
                                "encoder_layers_to_keep '0' (fairseq's LayerDrop pruning) is not supported"),
-    "decoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(decoder_layers_to_keep="0,1"),
+    "decoder_layers_to_keep": (lambda s: s["cfg"]["model"].update(decoder_layers_to_keep="0,1"),
                                "decoder_layers_to_keep '0,1'"),
     "refused global": (lambda s: s.update(extra=__import__("pathlib").PurePosixPath("x")),
                        "cannot read the checkpoint safely (Unsupported global: GLOBAL pathlib.PurePosixPath)"),

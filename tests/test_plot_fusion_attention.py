@@ -45,8 +45,7 @@ def encoder_sa_checkpoint(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path_factory)
     initialised weights: enough for shapes, normalisation and labels; no training needed)."""
     _, task = load(tiny_mlrf_checkpoint, tiny_data_bin)
     state = checkpoint_utils.load_checkpoint_to_cpu(tiny_mlrf_checkpoint)
-    args = copy.deepcopy(state["cfg"]["model"])
-    assert isinstance(args, argparse.Namespace)
+    args = copy.deepcopy(state["cfg"]["model"])  # the fields of the model's dataclass
     args.fuse_encoder, args.fuse_decoder, args.fusion_no_embedding_layer = "sa", "fnn", True
     torch.manual_seed(0)
     model = task.build_model(args)
