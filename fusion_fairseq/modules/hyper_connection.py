@@ -44,7 +44,7 @@ Readings:
   stream after the depth-connection, LN(B^T T(h_0) + A_r^T H); with equal streams this is
   LN(h + T(h)), fairseq's post-norm layer. Pre-norm: the LayerNorm is part of T^k, as in the paper.
   With n = 1 the static connection at its start is the residual connection itself, of the pre-norm
-  or (in this reading) the post-norm layer: the paper's Sec. 2.2, where both are non-trainable
+  or (in this reading) the post-norm layer, as the paper shows both to be non-trainable
   hyper-connections of rate 1.
 
 Every weight mixes the streams of one position, so incremental decoding stays exact.
