@@ -171,7 +171,7 @@ def shift_invariant_biases(model):
 
 def gated_by_zero_weights(model):
     """The parameters of hyper-connections that only act through weights the papers start at zero
-    (Zhu et al. Sec. 2.3: W_m, W_r, W_beta = 0; mHC: phi = 0, our reading): the dynamic scales
+    (Zhu et al.: W_m, W_r, W_beta = 0; mHC: phi = 0, our reading): the dynamic scales
     and the norm of DHC, mHC's scales. Their first gradient is zero analytically; the zero
     weights themselves get one, and after the first update so do these
     (``test_hyper_connections_dynamic_parts_learn`` in tests/test_todays_layer_fusion.py)."""

@@ -30,7 +30,7 @@ from fusion_fairseq.checkpoint_safety import (
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.dense_fconv import layer_spec
-from model_building import dictionary_of_size, parse_model_args
+from model_building import parse_model_args, task_of
 
 TINY_FCONV = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--decoder-out-embed-dim", "16",
               "--encoder-layers", "[(8, 3)] * 2", "--decoder-layers", "[(8, 3)] * 2"]
@@ -74,10 +74,6 @@ def dense_fconv_checkpoint(tiny_data_bin, tmp_path_factory):
 def no_fusion_checkpoint(tiny_data_bin, tmp_path_factory):
     """A ``fusion_transformer`` with every fusion switched off: the vanilla Transformer's parameters."""
     return train(tiny_data_bin, str(tmp_path_factory.mktemp("no_fusion")), "fusion_transformer", *TINY_TRANSFORMER)
-
-
-def tiny_task():
-    return SimpleNamespace(source_dictionary=dictionary_of_size(10), target_dictionary=dictionary_of_size(10))
 
 
 def touch_payload(marker, result):
@@ -131,7 +127,7 @@ def test_nested_xformers_config_is_not_evaluated(tmp_path):
     args = parse_model_args("fusion_transformer", *TINY_TRANSFORMER)
     args.decoder = {"xformers_att_config": touch_payload(marker, "None")}
     with pytest.raises(ConfigLiteralError, match="--decoder-xformers-att-config"):
-        FusionTransformerModel.build_model(args, tiny_task())
+        FusionTransformerModel.build_model(args, task_of(10, 10))
     assert not marker.exists()
 
 
@@ -142,7 +138,7 @@ def test_dense_transformer_cutoff_is_not_evaluated(tmp_path):
     from fusion_fairseq.models.dense_transformer import DenseTransformerModel
 
     with pytest.raises(ConfigLiteralError, match="--adaptive-softmax-cutoff"):
-        DenseTransformerModel.build_model(args, tiny_task())
+        DenseTransformerModel.build_model(args, task_of(10, 10))
     assert not marker.exists()
 
 
