@@ -40,6 +40,7 @@ the CPU with ``--cpu``): the model and criterion in bfloat16, float32 master wei
 
 import functools
 import importlib.util
+import inspect
 import os
 import socket
 
@@ -48,6 +49,8 @@ import torch
 from fairseq.data import data_utils
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import distributed_fairseq_model
+
+from .errors import ConfigurationError
 
 _MARK = "_keeps_last_partial_batch"
 
@@ -138,12 +141,21 @@ def leave_process_group():
         torch.distributed.destroy_process_group()
 
 
+def check_world_size(world_size):
+    """fairseq spawns ``min(GPUs, --distributed-world-size)`` processes: 0 or fewer train nothing
+    and exit 0, on a GPU as on the CPU."""
+    if world_size < 1:
+        raise ConfigurationError(f"--distributed-world-size {world_size}: the number of processes to train in "
+                                 "must be 1 or more")
+
+
 def with_cpu_processes(call_main):
     """``call_main`` that starts the processes of a multi-process training on the CPU."""
 
     @functools.wraps(call_main)
     def wrapper(cfg, main, **kwargs):
         distributed = cfg.distributed_training
+        check_world_size(distributed.distributed_world_size)
         if trains_on_cpu(cfg):
             if distributed.distributed_backend == "nccl":  # fairseq's default; NCCL moves CUDA tensors only
                 distributed.distributed_backend = "gloo"
@@ -159,15 +171,25 @@ def with_cpu_processes(call_main):
     return wrapper
 
 
+_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+
+
 class DistributedDataParallelOnCpu(torch.nn.parallel.DistributedDataParallel):
     """torch's ``DistributedDataParallel``, given no device ids for a module on the CPU: torch
-    refuses them there, and fairseq passes ``[--device-id]`` whatever the device."""
+    refuses them there, and fairseq passes ``[--device-id]`` whatever the device. fairseq's
+    ``--broadcast-buffers`` (whether the buffers go from rank 0 to the others before each forward)
+    reaches it as ``broadcast_buffers``, which torch >= 2.13 deprecates with a ``FutureWarning`` in
+    every run: it is passed as ``forward_sync_buffers``, its replacement. The one difference:
+    without ``--broadcast-buffers`` (fairseq's default) torch now also broadcasts the buffers once
+    when DDP is built, where every rank holds those of the same model built from the same seed."""
 
     _trains_in_cpu_processes = True
 
     def __init__(self, module, device_ids=None, output_device=None, **kwargs):
         if all(parameter.device.type == "cpu" for parameter in module.parameters()):
             device_ids = output_device = None
+        if _FORWARD_SYNC and "broadcast_buffers" in kwargs and "forward_sync_buffers" not in kwargs:
+            kwargs["forward_sync_buffers"] = kwargs.pop("broadcast_buffers")
         super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
 
 

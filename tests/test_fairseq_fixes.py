@@ -91,25 +91,54 @@ def test_torchrun_world_is_joined_on_cpu(monkeypatch):
     assert joined.distributed_no_spawn and joined.distributed_backend == "gloo"
 
 
-def test_ddp_backend_c10d_wraps_a_cpu_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("broadcast_buffers", [False, True])
+def test_ddp_backend_c10d_wraps_a_cpu_model(broadcast_buffers, tmp_path, monkeypatch):
     """fairseq's ``DistributedFairseqModel`` for --ddp-backend c10d passes ``device_ids=[0]``,
-    which torch refuses for a CPU module (``ValueError``); with the plugin the CPU model trains."""
+    which torch refuses for a CPU module (``ValueError``); with the plugin the CPU model trains.
+    fairseq's ``--broadcast-buffers`` reaches DDP as its replacement in torch >= 2.13, without
+    the ``broadcast_buffers is deprecated`` FutureWarning, and keeps its value."""
     import sys
+    import warnings
 
     import torch
     import torch.distributed as dist
     from fairseq import models
 
-    args = Namespace(tpu=False, ddp_backend="c10d", device_id=0, broadcast_buffers=False, bucket_cap_mb=25,
-                     find_unused_parameters=False, gradient_as_bucket_view=False, ddp_comm_hook="none")
+    args = Namespace(tpu=False, ddp_backend="c10d", device_id=0, broadcast_buffers=broadcast_buffers,
+                     bucket_cap_mb=25, find_unused_parameters=False, gradient_as_bucket_view=False,
+                     ddp_comm_hook="none")
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # init_process_group wraps it; restored after the test
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
-        wrapped = models.DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD, torch.device("cpu"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning, the FutureWarning included, fails the test
+            wrapped = models.DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD,
+                                                     torch.device("cpu"))
         wrapped(torch.ones(4, 3)).sum().backward()
         assert wrapped.weight.grad is not None  # the proxy reaches the wrapped module
+        assert wrapped.module.broadcast_buffers is broadcast_buffers  # torch's name of the same setting
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world_size", ["0", "-1", "-8"])
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_world_of_no_process_is_refused(world_size, device, monkeypatch):
+    """fairseq spawns ``min(GPUs, world size)`` processes: 0 or a negative size trained nothing and
+    exited 0. Refused in one line naming the flag and the value, on the CPU and a GPU alike."""
+    from fusion_fairseq import fairseq_fixes
+    from fusion_fairseq.errors import ConfigurationError
+
+    cfg = cpu_training_config("--distributed-world-size", world_size)
+    if device == "gpu":
+        cfg.common.cpu = False
+        monkeypatch.setattr(fairseq_fixes.torch.cuda, "is_available", lambda: True)
+    seen = []
+    with pytest.raises(ConfigurationError) as refused:
+        fairseq_fixes.with_cpu_processes(lambda cfg, main: seen.append(cfg))(cfg, None)
+    message = str(refused.value)
+    assert f"--distributed-world-size {world_size}:" in message and "1 or more" in message
+    assert "\n" not in message and seen == []
 
 
 def test_other_ranks_read_the_broadcast_checkpoint():
