@@ -23,8 +23,15 @@ joins torchrun's world (``env://``, its ``WORLD_SIZE`` and ``RANK``) or spawns
 ``--distributed-world-size`` processes on this machine, meeting at ``--distributed-init-method``
 or ``tcp://127.0.0.1:<--distributed-port, else a free port>``; fairseq's DDP is told no device id
 for a CPU module; a spawned or torchrun rank leaves the process group when its training ends.
-Training on a GPU takes fairseq's own path unchanged. Resuming a multi-process
-training, rank 0 reads the checkpoint and broadcasts it pickled, its tensors replaced by
+Where the ranks meet at a loopback address, the store listens there only (torch's listens on every
+interface, for anyone to join; ``fairseq-train`` serves it for the ranks it spawns, as torchrun's
+agent does), gloo's connections use Linux's ``lo``, and the ranks wait ``RENDEZVOUS_SECONDS`` (60)
+for each other, not 30 minutes, then fail in one line. A spawned rank ends with its parent (Linux's
+``PR_SET_PDEATHSIG``), so a killed ``fairseq-train`` leaves no rank training on. A port in use,
+torchrun's variables that are no numbers or name a rank outside the world, and
+``--distributed-world-size`` below 1 (also on a GPU: fairseq spawns no process and exits 0) are
+refused in one line. Training on a GPU otherwise takes fairseq's own path unchanged.
+Resuming a multi-process training, rank 0 reads the checkpoint and broadcasts it pickled, its tensors replaced by
 ``_TensorPlaceholder`` (a frozen dataclass holding an index); the other ranks unpickle it with
 ``torch.load``, whose ``weights_only`` default (torch >= 2.6) refuses that class, on GPUs too: it
 joins torch's safe globals.

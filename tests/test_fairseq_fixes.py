@@ -186,12 +186,12 @@ def spawn_recorder(monkeypatch):
     return spawned
 
 
-def listening_sockets():
-    """(address, port) of every TCP socket of this process in the LISTEN state (Linux's /proc)."""
+def listening_sockets(pid="self"):
+    """(address, port) of every TCP socket of process ``pid`` in the LISTEN state (Linux's /proc)."""
     inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if target.startswith("socket:["):
@@ -211,7 +211,8 @@ def listening_sockets():
 
 
 @pytest.mark.parametrize("flags", [[], ["--distributed-port", "PORT"], ["--distributed-init-method", "tcp://127.0.0.1:PORT"],
-                                   ["--distributed-init-method", "tcp://localhost:PORT"]])
+                                   ["--distributed-init-method", "tcp://localhost:PORT"],
+                                   ["--distributed-init-method", "tcp://[::1]:PORT"]])
 def test_spawned_ranks_meet_at_a_store_on_loopback_only(flags, monkeypatch):
     """fairseq-train --cpu --distributed-world-size 2: this process serves the ranks' store on
     127.0.0.1 only (torch's own listened on every interface, IPv4 and IPv6, for anyone to join),
@@ -226,8 +227,9 @@ def test_spawned_ranks_meet_at_a_store_on_loopback_only(flags, monkeypatch):
         cpu_training_config("--distributed-world-size", "2", *flags), None)
     (nprocs, args, init_method, listening), = spawned
     address, chosen = init_method.removeprefix("tcp://").rsplit(":", 1)
-    assert nprocs == 2 and address == "127.0.0.1" and (chosen == str(port) or not flags)
-    assert sorted(set(listening) - set(before)) == [("127.0.0.1", int(chosen))]
+    loopback = "::1" if "::1" in " ".join(flags) else "127.0.0.1"
+    assert nprocs == 2 and address.strip("[]") == loopback and (chosen == str(port) or not flags)
+    assert sorted(set(listening) - set(before)) == [(loopback, int(chosen))]
     assert args[3] == os.getpid() and args[4] is True
     assert sorted(listening_sockets()) == sorted(before)  # the store ended with the ranks
 
