@@ -382,8 +382,8 @@ def with_cpu_processes(call_main):
             return call_main(cfg, main, **kwargs)
         if distributed.distributed_backend == "nccl":  # fairseq's default; NCCL moves CUDA tensors only
             distributed.distributed_backend = "gloo"
-        world = environment_world()
-        if world is not None and world.world_size > 1 and distributed.distributed_init_method is None:
+        world = environment_world() if distributed.distributed_init_method is None else None  # fairseq's rule
+        if world is not None and world.world_size > 1:
             join_torchrun_world(distributed, world)
             agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent serves it
             meet(distributed.distributed_backend, world.host, world.port, world.rank, world.world_size,

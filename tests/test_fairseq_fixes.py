@@ -147,6 +147,17 @@ def test_a_bad_torchrun_environment_is_refused_before_anything_waits(name, value
     assert called == []
 
 
+def test_torchrun_variables_are_not_read_with_an_init_method(monkeypatch):
+    """fairseq reads torchrun's variables only without --distributed-init-method; so does the check."""
+    from fusion_fairseq import fairseq_fixes
+
+    set_environment(monkeypatch, {**TORCHRUN_ENVIRONMENT, "WORLD_SIZE": "abc"})
+    called = []
+    fairseq_fixes.with_cpu_processes(lambda cfg, main: called.append(cfg))(
+        cpu_training_config("--distributed-init-method", "tcp://192.0.2.1:29500"), None)
+    assert len(called) == 1
+
+
 @pytest.mark.parametrize("rank", ["0", "1"])
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
 def test_a_stale_torchrun_environment_fails_at_the_rendezvous_timeout(rank, host, monkeypatch):
