@@ -446,13 +446,12 @@ def architecture(model_config):
 
 def structural_flags(model_config):
     """The structural fields of the plugin model whose architecture ``model_config`` names (those
-    its typed configuration marks ``structural``, see ``fusion_fairseq.models.config``); none for
+    its registered dataclass marks ``structural``, see ``fusion_fairseq.config_fields``); none for
     fairseq's own models."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
-    from fusion_fairseq.models.config import structural_fields
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_DATACLASS_REGISTRY
+    from fusion_fairseq.config_fields import structural_fields
 
-    model = MODEL_REGISTRY.get(ARCH_MODEL_NAME_REGISTRY.get(architecture(model_config)))
-    config = getattr(model, "config_class", None)
+    config = MODEL_DATACLASS_REGISTRY.get(ARCH_MODEL_NAME_REGISTRY.get(architecture(model_config)))
     return structural_fields(config) if config is not None else ()
 
 

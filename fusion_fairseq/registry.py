@@ -65,6 +65,11 @@ def register_model_architecture(model_name, arch_name):
             and same_definition(existing, fn)
         ):
             return existing
+        if arch_name == model_name and getattr(existing, "__module__", None) == "fairseq.models":
+            # register_model(name, dataclass=...) gave the model's own name a no-op architecture; the
+            # plugin's base architecture (fairseq's defaults, then the derived ones) takes its place
+            ARCH_CONFIG_REGISTRY[arch_name] = fn
+            return fn
         return _fairseq_register_architecture(model_name, arch_name)(fn)
 
     return wrapper

@@ -3,10 +3,10 @@
 
     python scripts/plot_connection_weights.py --path CKPT [--data DATA_BIN] --out fig.png [--json w.json]
 
-DenseFormer (``--denseformer-*``, Pagliardini et al. 2024, as their Fig. 4): one row per
+DenseFormer (``--denseformer-*``, Pagliardini et al. 2024, as the paper draws them): one row per
 depth-weighted average (after layer i), one column per output X_j it may read (j = 0 is the
 embedding); cells it does not read are blank. Hyper-connections (``--hyper-connections-*``, Zhu et
-al. 2025, as their Fig. 7): for every sublayer, the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of its
+al. 2025): for every sublayer, the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of its
 input-independent part (static weights; for mHC the maps at zero dynamic input, sigmoid(b_pre),
 2 sigmoid(b_post) and SinkhornKnopp(b_res)), side by side. One panel per side that has either.
 

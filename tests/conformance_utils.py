@@ -286,17 +286,18 @@ class CheckpointWriter:
     """Writes checkpoints with the layout of ``fairseq.trainer.Trainer.state_dict``, through
     ``checkpoint_utils.torch_persistent_save`` (what fairseq-train itself calls).
 
-    The configuration is stored as plain containers; for argparse-registered models (this
-    plugin's), its ``model`` section is an ``argparse.Namespace`` of every flag plus ``_name``
-    (the arch). fairseq's flags-to-configuration conversion (a hydra compose, a second or more)
-    runs once per corpus, here; per model only the ``model`` section is replaced, as the
-    conversion would do it (checked on the template's own flags). Models configured by a
-    dataclass get the full conversion.
+    The configuration is stored as plain containers. Models configured by a registered dataclass
+    (this plugin's) get fairseq's full flags-to-configuration conversion (a hydra compose, a second
+    or more); for argparse-registered models (fairseq's ``transformer``) it runs once per corpus,
+    here, and per model only the ``model`` section, an ``argparse.Namespace`` of every flag plus
+    ``_name`` (the arch), is replaced, as the conversion would do it (checked on the template's own
+    flags when they are such a model's).
     """
 
     def __init__(self, args: Namespace):
         self.template = self.full_config(args)
-        assert vars(self.template["model"]) == vars(self.model_section(args)), "fairseq's legacy model config changed"
+        if isinstance(self.template["model"], Namespace):
+            assert vars(self.template["model"]) == vars(self.model_section(args)), "fairseq's legacy model config changed"
 
     @staticmethod
     def full_config(args: Namespace) -> dict:

@@ -25,6 +25,30 @@ def load_script(name):
     return module
 
 
+def run_script(module, capsys, *argv):
+    """``module.main(argv)`` (arguments as strings): its exit code, stdout and stderr."""
+    code = module.main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def load_checkpoint(checkpoint, data_bin, **overrides):
+    """(model in eval mode, task) of a checkpoint, through fairseq's own loader."""
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [checkpoint], arg_overrides={"data": data_bin, **overrides})
+    models[0].eval()
+    return models[0], task
+
+
+def token_ids(dictionary, text):
+    """The ids of the words of ``text`` and EOS, as a sentence of a binarised split."""
+    import torch
+
+    return torch.tensor([dictionary.index(w) for w in text.split()] + [dictionary.eos()])
+
+
 def write_reversal_corpus(directory, sizes=(("train", 300), ("valid", 30), ("test", 12)), seed=0):
     """A toy language pair: the target is the source reversed and upper-cased."""
     rng = random.Random(seed)

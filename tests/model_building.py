@@ -15,8 +15,12 @@ def parse_model_args(arch, *flags):
     return options.parse_args_and_arch(parser, ["unused-data-dir", "--arch", arch, *flags])
 
 
+def task_of(src_vocab=100, tgt_vocab=80, joined=False):
+    """What a model's ``build_model`` reads of a translation task: its two dictionaries."""
+    src_dict = dictionary_of_size(src_vocab)
+    return SimpleNamespace(source_dictionary=src_dict, target_dictionary=src_dict if joined else dictionary_of_size(tgt_vocab))
+
+
 def build_model(arch, *flags, src_vocab=100, tgt_vocab=80, joined=False):
     args = parse_model_args(arch, *flags)
-    src_dict = dictionary_of_size(src_vocab)
-    task = SimpleNamespace(source_dictionary=src_dict, target_dictionary=src_dict if joined else dictionary_of_size(tgt_vocab))
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task_of(src_vocab, tgt_vocab, joined))

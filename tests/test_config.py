@@ -3,21 +3,29 @@ warnings and the structural list all come from it."""
 
 import argparse
 import dataclasses
+import os
+import subprocess
+import sys
+from argparse import Namespace
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import pytest
-from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+import torch
+from fairseq import checkpoint_utils
+from fairseq.dataclass import FairseqDataclass
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
 
 import fusion_fairseq  # noqa: F401  (registers the models)
 from fusion_fairseq.checkpoint_safety import structural_flags
 from fusion_fairseq.errors import ConfigurationError
-from fusion_fairseq.models.config import (
+from fusion_fairseq.config_fields import (
     POSITIVE_INT,
     PROBABILITY,
     SWITCH,
     Feature,
-    add_arguments,
+    add_flags,
     argparse_type,
     check_values,
     choice,
@@ -27,15 +35,16 @@ from fusion_fairseq.models.config import (
     structural_fields,
 )
 from fusion_fairseq.tools.common import positive_int
-from model_building import parse_model_args
+from conftest import USER_DIR
+from model_building import dictionary_of_size, parse_model_args
 
 PLUGIN_MODELS = ["fusion_transformer", "dense_transformer", "dense_fconv", "layerwise_coordination"]
 WIDE = Feature(lambda args: args.kind == "wide", lambda args: f"--kind is {args.kind}")
 
 
 @dataclass
-class ToyConfig:
-    dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+class ToyConfig(FairseqDataclass):
+    dropout: float = option(0.1, "dropout", PROBABILITY, declared_by_fairseq=True)
     kind: str = option("narrow", "the kind", choice(("narrow", "wide")), structural=True)
     width: int = option(None, "the width", POSITIVE_INT, metavar="N", derive=lambda args: 2 * args.size,
                         read_by=WIDE, idle_reason="only wide models have a width")
@@ -45,7 +54,8 @@ class ToyConfig:
 
 def toy_parser():
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    add_arguments(parser, ToyConfig)
+    parser.add_argument("--dropout", type=float)  # fairseq's own flag, declared by fairseq
+    add_flags(parser, ToyConfig)
     return parser
 
 
@@ -106,12 +116,12 @@ def test_structural_fields_are_marked_in_the_config():
 
 @pytest.mark.parametrize("model", PLUGIN_MODELS)
 def test_every_own_field_of_a_model_is_a_flag_with_help(model):
-    config = MODEL_REGISTRY[model].config_class
+    config = MODEL_DATACLASS_REGISTRY[model]
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
     ARCH_MODEL_REGISTRY[model].add_args(parser)
     options = {action.dest: action for action in parser._actions}
     for field in dataclasses.fields(config):
-        if not field.metadata["declared_by_fairseq"]:
+        if not field.metadata.get("declared_by_fairseq", True):
             assert options[field.name].help, field.name
             assert options[field.name].option_strings == ["--" + field.name.replace("_", "-")]
 
@@ -119,6 +129,96 @@ def test_every_own_field_of_a_model_is_a_flag_with_help(model):
 @pytest.mark.parametrize("model", PLUGIN_MODELS)
 def test_checkpoint_safety_reads_the_structural_fields_of_the_config(model):
     args = parse_model_args(model)
-    assert structural_flags(vars(args)) == structural_fields(MODEL_REGISTRY[model].config_class)
+    assert structural_flags(vars(args)) == structural_fields(MODEL_DATACLASS_REGISTRY[model])
     assert "fuse_encoder" in structural_flags({"arch": "mlrf_iwslt_de_en"})
     assert structural_flags({"arch": "transformer"}) == ()  # fairseq's own model
+
+
+# --- the registered dataclass checks hydra configs --------------------------------------------
+
+EXAMPLE_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "hydra")
+
+
+def compose_example(*overrides):
+    """fairseq-hydra-train's composition of examples/hydra/mlrf.yaml, then its ``add_defaults``."""
+    from fairseq.dataclass.initialize import add_defaults, hydra_init
+    from hydra import compose, initialize_config_dir
+
+    hydra_init("mlrf")
+    # version_base 1.1, as fairseq composes: a later one makes fairseq's hydra.experimental imports fail
+    with initialize_config_dir(config_dir=os.path.abspath(EXAMPLE_DIR), version_base="1.1"):
+        cfg = compose("mlrf", overrides=["task.data=unused", "common.user_dir=unused", *overrides])
+    add_defaults(cfg)
+    return cfg
+
+
+def test_a_misspelt_model_field_in_a_hydra_config_is_refused_naming_it():
+    with pytest.raises(ConfigurationError) as error:
+        compose_example("+model.fuse_decodr=sa")
+    assert str(error.value) == ("model.fuse_decodr is no field of fusion_transformer: did you mean fuse_decoder? "
+                                "(the fields are the flags of fairseq-train --arch fusion_transformer, with _ for -)")
+
+
+def test_a_preset_in_a_hydra_config_is_refused_rather_than_applied_by_halves():
+    """fairseq's merge would give the preset's FFN width the model's default before the preset runs."""
+    with pytest.raises(ConfigurationError, match="^model._name mlrf_iwslt_de_en is a preset of fusion_transformer"):
+        compose_example("model._name=mlrf_iwslt_de_en")
+
+
+def test_the_hydra_example_is_the_command_lines_preset():
+    from fairseq import models
+
+    cfg = compose_example()
+    task = SimpleNamespace(source_dictionary=dictionary_of_size(30), target_dictionary=dictionary_of_size(30))
+    torch.manual_seed(0)
+    from_yaml = models.build_model(cfg.model, task)
+    torch.manual_seed(0)
+    from_flags = ARCH_MODEL_REGISTRY["mlrf_iwslt_de_en"].build_model(
+        parse_model_args("mlrf_iwslt_de_en", "--fuse-encoder", "fnn", "--fuse-decoder", "sa"), task)
+    yaml_state, flags_state = from_yaml.state_dict(), from_flags.state_dict()
+    assert yaml_state.keys() == flags_state.keys()
+    assert all(torch.equal(yaml_state[name], flags_state[name]) for name in yaml_state)
+
+
+@pytest.mark.slow
+def test_fairseq_hydra_train_refuses_a_misspelt_model_field(tiny_data_bin, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", EXAMPLE_DIR, "--config-name", "mlrf",
+         f"task.data={tiny_data_bin}", f"common.user_dir={USER_DIR}", f"checkpoint.save_dir={tmp_path}",
+         "+model.fuse_decodr=sa"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 1 and not list(tmp_path.glob("*.pt"))
+    refusal = [line for line in result.stderr.splitlines() if "model.fuse_decodr is" in line]
+    assert refusal == ["fusion_fairseq.errors.ConfigurationError: model.fuse_decodr is no field of fusion_transformer: "
+                       "did you mean fuse_decoder? (the fields are the flags of fairseq-train --arch "
+                       "fusion_transformer, with _ for -)"], result.stderr[-3000:]
+
+
+# --- checkpoints saved before the dataclasses were registered ----------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlrf_iwslt_de_en", "fusion_transformer"])
+def test_a_checkpoint_with_a_namespace_model_config_loads(tiny_mlrf_checkpoint, tmp_path, name):
+    """Before, fairseq stored ``cfg.model`` as the command line's Namespace; under the model's own
+    name fairseq reads it through the registered dataclass, under a preset's as it is."""
+    state = torch.load(tiny_mlrf_checkpoint)
+    state["cfg"]["model"] = Namespace(**{**state["cfg"]["model"], "_name": name, "arch": name})
+    legacy = tmp_path / "legacy.pt"
+    torch.save(state, legacy)
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(legacy)])
+    (reference,), _ = checkpoint_utils.load_model_ensemble([tiny_mlrf_checkpoint])
+    tokens = torch.tensor([[4, 5, 6, 2]])
+    model.eval(), reference.eval()
+    assert torch.equal(model(tokens, torch.tensor([4]), tokens)[0], reference(tokens, torch.tensor([4]), tokens)[0])
+
+
+def test_checkpoint_safety_and_the_helper_import_no_model():
+    """Layers point one way: the models import the helper and checkpoint safety, never the reverse."""
+    import ast
+
+    for module in ("checkpoint_safety", "config_fields"):
+        path = os.path.join(os.path.dirname(fusion_fairseq.__file__), f"{module}.py")
+        imported = [node.module or "" for node in ast.walk(ast.parse(open(path).read()))
+                    if isinstance(node, ast.ImportFrom)]
+        assert not [name for name in imported if "models" in name.split(".") and name.startswith(("fusion", "."))
+                    or name == "models"], module

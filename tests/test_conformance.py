@@ -171,7 +171,7 @@ def shift_invariant_biases(model):
 
 def gated_by_zero_weights(model):
     """The parameters of hyper-connections that only act through weights the papers start at zero
-    (Zhu et al. Sec. 2.3: W_m, W_r, W_beta = 0; mHC: phi = 0, our reading): the dynamic scales
+    (Zhu et al.: W_m, W_r, W_beta = 0; mHC: phi = 0, our reading): the dynamic scales
     and the norm of DHC, mHC's scales. Their first gradient is zero analytically; the zero
     weights themselves get one, and after the first update so do these
     (``test_hyper_connections_dynamic_parts_learn`` in tests/test_todays_layer_fusion.py)."""
@@ -386,7 +386,7 @@ def test_checkpoint_round_trip_is_exact(variant, subject, tmp_path):
     (reloaded,), cfg, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": corpus.data_bin})
     reloaded.eval()
     assert type(reloaded) is type(model)
-    assert cfg.model.arch == variant.arch
+    assert cfg.model._name == variant.arch
     for flag in variant.flags:
         if flag.startswith("--"):
             key = flag[2:].replace("-", "_")

@@ -30,7 +30,7 @@ from fusion_fairseq.checkpoint_safety import (
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.dense_fconv import layer_spec
-from model_building import dictionary_of_size, parse_model_args
+from model_building import parse_model_args, task_of
 
 TINY_FCONV = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--decoder-out-embed-dim", "16",
               "--encoder-layers", "[(8, 3)] * 2", "--decoder-layers", "[(8, 3)] * 2"]
@@ -76,10 +76,6 @@ def no_fusion_checkpoint(tiny_data_bin, tmp_path_factory):
     return train(tiny_data_bin, str(tmp_path_factory.mktemp("no_fusion")), "fusion_transformer", *TINY_TRANSFORMER)
 
 
-def tiny_task():
-    return SimpleNamespace(source_dictionary=dictionary_of_size(10), target_dictionary=dictionary_of_size(10))
-
-
 def touch_payload(marker, result):
     """A configuration string that creates ``marker`` when evaluated and then yields ``result``."""
     return f"__import__('pathlib').Path({str(marker)!r}).touch() or {result}"
@@ -87,7 +83,7 @@ def touch_payload(marker, result):
 
 def crafted(checkpoint, tmp_path, **config):
     state = torch.load(checkpoint)
-    vars(state["cfg"]["model"]).update(config)
+    state["cfg"]["model"].update(config)
     path = tmp_path / "crafted.pt"
     torch.save(state, path)
     return str(path)
@@ -131,7 +127,7 @@ def test_nested_xformers_config_is_not_evaluated(tmp_path):
     args = parse_model_args("fusion_transformer", *TINY_TRANSFORMER)
     args.decoder = {"xformers_att_config": touch_payload(marker, "None")}
     with pytest.raises(ConfigLiteralError, match="--decoder-xformers-att-config"):
-        FusionTransformerModel.build_model(args, tiny_task())
+        FusionTransformerModel.build_model(args, task_of(10, 10))
     assert not marker.exists()
 
 
@@ -142,7 +138,7 @@ def test_dense_transformer_cutoff_is_not_evaluated(tmp_path):
     from fusion_fairseq.models.dense_transformer import DenseTransformerModel
 
     with pytest.raises(ConfigLiteralError, match="--adaptive-softmax-cutoff"):
-        DenseTransformerModel.build_model(args, tiny_task())
+        DenseTransformerModel.build_model(args, task_of(10, 10))
     assert not marker.exists()
 
 
@@ -299,7 +295,8 @@ def test_a_legacy_args_checkpoint_is_checked_too(no_fusion_checkpoint, tiny_data
     """Checkpoints saved before fairseq's omegaconf configuration keep one flat ``args``."""
     marker = tmp_path / "created_by_checkpoint"
     state = torch.load(no_fusion_checkpoint)
-    state["args"] = Namespace(**{**vars(state["cfg"]["model"]), **vars(multilingual_task(marker, tiny_data_bin))})
+    model = state["cfg"]["model"]
+    state["args"] = Namespace(**{**model, "arch": model["_name"], **vars(multilingual_task(marker, tiny_data_bin))})
     state["cfg"] = None
     path = tmp_path / "legacy.pt"
     torch.save(state, path)
@@ -652,7 +649,7 @@ def first_parameter(state, change):
 
 
 UNUSABLE = {
-    "unknown architecture": (lambda s: vars(s["cfg"]["model"]).update(arch="no_such_arch", _name="no_such_arch"),
+    "unknown architecture": (lambda s: s["cfg"]["model"].update(_name="no_such_arch"),
                              "the checkpoint's architecture 'no_such_arch' is not one fairseq knows"),
     "no model": (lambda s: s.pop("model"), "cannot read the checkpoint: it has no 'model' entry of parameters"),
     "model not a dict": (lambda s: s.update(model=[1, 2]), "it has no 'model' entry of parameters"),
@@ -660,9 +657,9 @@ UNUSABLE = {
     "complex tensor": (lambda s: first_parameter(s, lambda t: t.to(torch.complex64)),
                        "is a complex tensor (torch.complex64)"),
     "not a tensor": (lambda s: first_parameter(s, lambda t: t.tolist()), "is list; a model's parameters are real"),
-    "encoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(encoder_layers_to_keep="0"),
+    "encoder_layers_to_keep": (lambda s: s["cfg"]["model"].update(encoder_layers_to_keep="0"),
                                "encoder_layers_to_keep '0' (fairseq's LayerDrop pruning) is not supported"),
-    "decoder_layers_to_keep": (lambda s: vars(s["cfg"]["model"]).update(decoder_layers_to_keep="0,1"),
+    "decoder_layers_to_keep": (lambda s: s["cfg"]["model"].update(decoder_layers_to_keep="0,1"),
                                "decoder_layers_to_keep '0,1'"),
     "refused global": (lambda s: s.update(extra=__import__("pathlib").PurePosixPath("x")),
                        "cannot read the checkpoint safely (Unsupported global: GLOBAL pathlib.PurePosixPath)"),

@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEn
 from fairseq.logging import metrics
 
 from conftest import TINY_MLRF_FLAGS, USER_DIR
-from model_building import build_model, dictionary_of_size
+from model_building import build_model, task_of
 
 from fusion_fairseq.criterions import label_smoothed_cross_entropy_with_layer_diversity as criterion_module
 from fusion_fairseq.criterions.label_smoothed_cross_entropy_with_layer_diversity import (
@@ -150,10 +149,6 @@ def tiny_model(arch="fusion_transformer", *flags):
     return copy.deepcopy(_built_model(arch, *flags))
 
 
-def tiny_task():
-    return SimpleNamespace(target_dictionary=dictionary_of_size(TGT_VOCAB), source_dictionary=dictionary_of_size(SRC_VOCAB))
-
-
 def tiny_sample():
     """Two sentences as fairseq's language-pair collater makes them: source left-padded, target
     right-padded, prev_output_tokens = eos + target[:-1]."""
@@ -170,7 +165,7 @@ def tiny_sample():
 
 
 def criterion(diversity_lambda=1.0, sides="both", sentence_avg=False, label_smoothing=0.1):
-    return DiversityCriterion(tiny_task(), sentence_avg, label_smoothing, diversity_lambda=diversity_lambda, diversity_sides=sides)
+    return DiversityCriterion(task_of(SRC_VOCAB, TGT_VOCAB), sentence_avg, label_smoothing, diversity_lambda=diversity_lambda, diversity_sides=sides)
 
 
 def expected_terms(model, sample):
@@ -183,7 +178,7 @@ def expected_terms(model, sample):
 @pytest.mark.parametrize("sentence_avg", [False, True])
 def test_loss_is_label_smoothed_loss_minus_lambda_term_times_sample_size(sentence_avg):
     model, sample = tiny_model(), tiny_sample()
-    plain = LabelSmoothedCrossEntropyCriterion(tiny_task(), sentence_avg, 0.1)
+    plain = LabelSmoothedCrossEntropyCriterion(task_of(SRC_VOCAB, TGT_VOCAB), sentence_avg, 0.1)
     ls_loss, ls_size, ls_log = plain(model, sample)
     loss, sample_size, log = criterion(2.5, sentence_avg=sentence_avg)(model, sample)
     encoder, decoder = expected_terms(model, sample)
@@ -205,11 +200,11 @@ def test_sides_select_the_encoder_or_decoder_term_and_both_is_their_sum():
 def test_mean_combination_averages_the_two_sides():
     model, sample = tiny_model(), tiny_sample()
     encoder, decoder = expected_terms(model, sample)
-    averaged = DiversityCriterion(tiny_task(), False, 0.1, diversity_lambda=1.0, diversity_combine="mean")
+    averaged = DiversityCriterion(task_of(SRC_VOCAB, TGT_VOCAB), False, 0.1, diversity_lambda=1.0, diversity_combine="mean")
     div = averaged.compute_diversity(model(**sample["net_input"]), sample)[0]
     assert div.item() == pytest.approx(((encoder + decoder) / 2).item(), rel=1e-6)
     with pytest.raises(ValueError, match="--diversity-combine must be one of"):
-        DiversityCriterion(tiny_task(), False, 0.1, diversity_combine="max")
+        DiversityCriterion(task_of(SRC_VOCAB, TGT_VOCAB), False, 0.1, diversity_combine="max")
 
 
 def test_the_embedding_output_is_not_a_layer_and_padding_is_excluded():
@@ -273,7 +268,7 @@ def test_each_side_sends_gradients_only_where_its_states_come_from():
 
 def test_lambda_zero_logs_the_term_without_a_graph():
     model, sample = tiny_model(), tiny_sample()
-    plain_loss, _, _ = LabelSmoothedCrossEntropyCriterion(tiny_task(), False, 0.1)(model, sample)
+    plain_loss, _, _ = LabelSmoothedCrossEntropyCriterion(task_of(SRC_VOCAB, TGT_VOCAB), False, 0.1)(model, sample)
     loss, sample_size, log = criterion(0.0)(model, sample)
     assert loss.item() == pytest.approx(plain_loss.item(), rel=1e-6)
     assert 0 < log["layer_diversity"].item() / sample_size < 2
@@ -300,7 +295,7 @@ def test_logged_diversity_equals_the_computed_term():
 
 def test_unreduced_losses_are_the_label_smoothed_ones():
     model, sample = tiny_model(), tiny_sample()
-    plain_loss, _, _ = LabelSmoothedCrossEntropyCriterion(tiny_task(), False, 0.1)(model, sample, reduce=False)
+    plain_loss, _, _ = LabelSmoothedCrossEntropyCriterion(task_of(SRC_VOCAB, TGT_VOCAB), False, 0.1)(model, sample, reduce=False)
     loss, sample_size, log = criterion(1.0)(model, sample, reduce=False)
     assert torch.allclose(loss, plain_loss)
     assert log["layer_diversity"].item() > 0
@@ -321,7 +316,7 @@ def test_vanilla_transformer_is_refused_with_a_pointer_to_the_plugin_models():
 def test_a_side_with_one_layer_is_skipped_and_no_stack_to_regularise_is_an_error():
     sample = tiny_sample()
     model = tiny_model("fusion_transformer", "--encoder-layers", "1")
-    plain_loss, _, _ = LabelSmoothedCrossEntropyCriterion(tiny_task(), False, 0.1)(model, sample)
+    plain_loss, _, _ = LabelSmoothedCrossEntropyCriterion(task_of(SRC_VOCAB, TGT_VOCAB), False, 0.1)(model, sample)
     loss, sample_size, log = criterion(1.0)(model, sample)
     _, extra = model(**sample["net_input"])
     decoder = layer_diversity(extra["inner_states"][1:], sample["target"].eq(1))

@@ -6,7 +6,6 @@ One tiny fine-grained layer-attention checkpoint is trained with the real fairse
 coarse, no-layer-attention and shared-embedding checkpoints are rebuilt from its configuration in
 process (freshly initialised weights: enough for shapes, normalisation and the error paths)."""
 
-import argparse
 import ast
 import copy
 import json
@@ -18,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from fairseq import checkpoint_utils, tasks
 from fairseq.data import Dictionary
+from omegaconf import OmegaConf
 
-from conftest import REPO_ROOT, TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
+from conftest import load_checkpoint, load_script, REPO_ROOT, run_cli, run_script, TINY_MLRF_FLAGS, USER_DIR
 
 pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
 
@@ -45,17 +45,8 @@ def embedding_script():
     return load_script("embedding_analysis")
 
 
-def run_script(module, capsys, *argv):
-    code = module.main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
-def load(checkpoint, data_bin, **overrides):
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides={"data": data_bin, **overrides})
-    models[0].eval()
-    return models[0], task
 
 
 def weights_of(model):
@@ -92,17 +83,13 @@ def train(save_dir, tiny_data_bin):
 def derive_checkpoint(base, data_bin, path, seed=0, **changes):
     """``base``'s configuration with ``changes``, built afresh on ``data_bin`` and saved to ``path``."""
     state = checkpoint_utils.load_checkpoint_to_cpu(base)
-    args = copy.deepcopy(state["cfg"]["model"])
-    assert isinstance(args, argparse.Namespace)
-    for key, value in changes.items():
-        setattr(args, key, value)
-    args.data = data_bin
+    args = {**OmegaConf.to_container(state["cfg"]["model"]), **changes}  # the fields of the model's dataclass
     task_cfg = copy.deepcopy(state["cfg"]["task"])
     task_cfg.data = data_bin
     task_cfg.source_lang, task_cfg.target_lang = "src", "tgt"  # joined_dict_dir has no data to infer them from
     task = tasks.setup_task(task_cfg)
     torch.manual_seed(seed)
-    model = task.build_model(args)
+    model = task.build_model(OmegaConf.create(args))
     if getattr(model.decoder, "layer_attention", None) is not None:
         with torch.no_grad():
             model.decoder.layer_attention.logits.normal_()  # not the uniform initial weights
@@ -172,7 +159,7 @@ def test_heatmap_fine_png_text_and_json(heatmap_script, capsys, fine_checkpoint,
     # the mean over d of per-d normalised weights still sums to 1 over encoder layers
     assert torch.allclose(matrix.sum(dim=1), torch.ones(2), atol=1e-5)
 
-    model, _ = load(fine_checkpoint, tiny_data_bin)
+    model, _ = load_checkpoint(fine_checkpoint, tiny_data_bin)
     per_dim = weights_of(model)  # (M, N+1, D)
     assert torch.allclose(torch.tensor(result["weights_per_dim"]), per_dim, atol=1e-6)
     assert torch.allclose(matrix, per_dim.mean(dim=-1), atol=1e-6)
@@ -199,7 +186,7 @@ def test_heatmap_coarse_and_paper_layout(heatmap_script, capsys, coarse_checkpoi
     assert png.read_bytes().startswith(PNG_MAGIC)
     result = json.loads(out_json.read_text())
     assert result["kind"] == "coarse" and result["dims"] == 1 and "weights_per_dim" not in result
-    model, _ = load(coarse_checkpoint, tiny_data_bin)
+    model, _ = load_checkpoint(coarse_checkpoint, tiny_data_bin)
     expected = torch.softmax(model.decoder.layer_attention.logits.float(), dim=1).squeeze(-1)
     assert torch.allclose(torch.tensor(result["weights"]), expected, atol=1e-6)
     assert torch.allclose(expected.sum(dim=1), torch.ones(2), atol=1e-6)
@@ -210,13 +197,13 @@ def test_masked_weights_are_the_renormalised_unmasked_ones(heatmap_script, capsy
                                                            tmp_path):
     """w_masked[m, n', d] = w[m, n', d] / (1 - w[m, n, d]) for n' != n and 0 for n, by hand; through the
     model-overrides mechanism of fairseq-generate and through the plotting script."""
-    model, _ = load(fine_checkpoint, tiny_data_bin)
+    model, _ = load_checkpoint(fine_checkpoint, tiny_data_bin)
     unmasked = weights_of(model).double()
     for n in range(NUM_ENCODER_LAYERS + 1):
         expected = unmasked.clone()
         expected[:, n] = 0.0
         expected = expected / (1.0 - unmasked[:, n:n + 1])
-        masked_model, _ = load(fine_checkpoint, tiny_data_bin, mask_encoder_layer=n)
+        masked_model, _ = load_checkpoint(fine_checkpoint, tiny_data_bin, mask_encoder_layer=n)
         assert masked_model.decoder.layer_attention.masked_layer == n
         assert torch.allclose(weights_of(masked_model).double(), expected, atol=1e-6)
 
@@ -290,7 +277,7 @@ def test_mask_sweep_runs_fairseq_generate(mask_script, capsys, fine_checkpoint, 
     # the same override through the Python API gives a model with that layer masked
     for row in rows:
         overrides = ast.literal_eval(row["command"][row["command"].index("--model-overrides") + 1])
-        model, _ = load(fine_checkpoint, tiny_data_bin, **overrides)
+        model, _ = load_checkpoint(fine_checkpoint, tiny_data_bin, **overrides)
         assert model.decoder.layer_attention.masked_layer == row["layer"]
 
 
@@ -302,7 +289,7 @@ def test_mask_bad_layer_index(mask_script, capsys, fine_checkpoint, vanilla_chec
     assert not (tmp_path / "fig.png").exists()
     # the same message the model gives at build time (what fairseq-generate would fail with)
     with pytest.raises(ValueError, match=MASK_ERROR.format(3).replace("(", r"\(").replace(")", r"\)")):
-        load(fine_checkpoint, tiny_data_bin, mask_encoder_layer=3)
+        load_checkpoint(fine_checkpoint, tiny_data_bin, mask_encoder_layer=3)
 
     code, _, err = run_script(mask_script, capsys, "--data", tiny_data_bin, "--path", fine_checkpoint, "--layers", "x")
     assert code == 2 and "--layers x" in err
@@ -327,8 +314,8 @@ def test_spectrum(embedding_script, capsys, fine_checkpoint, shared_checkpoint, 
     assert [(c["label"], c["matrix"]) for c in curves] == [
         ("fine", "encoder"), ("fine", "decoder"), ("fine", "output"), ("shared", "encoder=decoder=output")]
 
-    fine_model, _ = load(fine_checkpoint, tiny_data_bin)
-    shared_model, _ = load(shared_checkpoint, joined_dict_dir)
+    fine_model, _ = load_checkpoint(fine_checkpoint, tiny_data_bin)
+    shared_model, _ = load_checkpoint(shared_checkpoint, joined_dict_dir)
     matrices = [fine_model.encoder.embed_tokens.weight, fine_model.decoder.embed_tokens.weight,
                 fine_model.decoder.output_projection.weight, shared_model.encoder.embed_tokens.weight]
     for curve, matrix in zip(curves, matrices):
@@ -355,7 +342,7 @@ def test_spectrum_split_by_attention(embedding_script, capsys, fine_checkpoint, 
     assert code == 0, err
     curves = json.loads(out_json.read_text())["curves"]
     assert [c["matrix"] for c in curves] == ["more attended (w[2,Emb,d])", "less attended (w[2,Emb,d])", "random dims"]
-    model, _ = load(fine_checkpoint, tiny_data_bin)
+    model, _ = load_checkpoint(fine_checkpoint, tiny_data_bin)
     top_to_emb = weights_of(model)[-1, 0]  # w[M, 0, d]
     order = torch.argsort(top_to_emb, descending=True, stable=True)
     assert curves[0]["dims"] == order[:8].tolist() and curves[1]["dims"] == order[8:].tolist()
@@ -390,7 +377,7 @@ def test_cosine_separate_embeddings(embedding_script, capsys, fine_checkpoint, t
     used = [("w3", "W3"), ("w5", "W5"), ("w7", "W9"), ("w11", "W11")]
     assert row["pairs"] == 6 and row["used"] == 4 and row["skipped"] == 2  # the repeated pair counts once
     assert row["source_oov"] == 1 and row["target_oov"] == 1 and row["shared_embeddings"] is False
-    model, task = load(fine_checkpoint, tiny_data_bin)
+    model, task = load_checkpoint(fine_checkpoint, tiny_data_bin)
     direct = direct_cosines(model.encoder.embed_tokens.weight.detach(), model.decoder.embed_tokens.weight.detach(),
                             task.source_dictionary, task.target_dictionary, used)
     assert row["all"] == pytest.approx(sum(direct) / len(direct), abs=1e-6)
@@ -418,7 +405,7 @@ def test_cosine_shared_embeddings(embedding_script, capsys, shared_checkpoint, j
     row = json.loads(out_json.read_text())["rows"][0]
     assert row["shared_embeddings"] is True and row["joined_dictionary"] is True
     assert row["used"] == 4 and row["skipped"] == 1 and row["non_shared_used"] == 2
-    model, task = load(shared_checkpoint, joined_dict_dir)
+    model, task = load_checkpoint(shared_checkpoint, joined_dict_dir)
     matrix = model.encoder.embed_tokens.weight.detach()
     assert model.decoder.embed_tokens.weight is model.encoder.embed_tokens.weight
     used = [("w3", "W3"), ("w5", "w5"), ("w7", "W7"), ("W2", "W2")]

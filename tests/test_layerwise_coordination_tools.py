@@ -10,7 +10,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from conftest import REPO_ROOT, USER_DIR, load_script, run_cli
+from conftest import load_checkpoint, load_script, REPO_ROOT, run_cli, token_ids, USER_DIR
 from model_building import parse_model_args
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,14 +36,8 @@ def coordination_checkpoint(tiny_joined_data_bin, tmp_path_factory):
     return os.path.join(save_dir, "checkpoint_last.pt")
 
 
-def load(checkpoint, data_bin):
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_bin})
-    models[0].eval()
-    return models[0], task
 
 
-def token_ids(dictionary, text):
-    return torch.tensor([dictionary.index(w) for w in text.split()] + [dictionary.eos()])
 
 
 def run_plot(plot_script, capsys, *argv):
@@ -82,7 +76,7 @@ def test_plot_png_json_text_and_weights(plot_script, capsys, coordination_checkp
         assert result["masked"][row] == [False] * (n + row + 1) + [True] * (m - row - 1)
 
     # the same numbers as the decoder's extra["mixed_attn"] for alignment_layer = 1 (0-based)
-    model, task = load(coordination_checkpoint, tiny_joined_data_bin)
+    model, task = load_checkpoint(coordination_checkpoint, tiny_joined_data_bin)
     src = token_ids(task.source_dictionary, SOURCE).unsqueeze(0)
     tgt = token_ids(task.target_dictionary, TARGET)
     prev = torch.cat([tgt.new_tensor([task.target_dictionary.eos()]), tgt[:-1]]).unsqueeze(0)
@@ -139,7 +133,7 @@ def test_plot_unknown_word_and_non_coordination_checkpoint(plot_script, capsys, 
     assert code == 2 and "--source: word 'nosuchword' is not in the dictionary" in err
 
     # the same checkpoint file rebuilt as a vanilla transformer (fresh weights)
-    _, task = load(coordination_checkpoint, tiny_joined_data_bin)
+    _, task = load_checkpoint(coordination_checkpoint, tiny_joined_data_bin)
     state = checkpoint_utils.load_checkpoint_to_cpu(coordination_checkpoint)
     args = parse_model_args("transformer", "--encoder-layers", "1", "--decoder-layers", "1",
                             "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
@@ -160,7 +154,7 @@ def test_plot_unknown_word_and_non_coordination_checkpoint(plot_script, capsys, 
 def test_plot_refuses_a_source_longer_than_the_model_reads(plot_script, capsys, coordination_checkpoint,
                                                            tiny_joined_data_bin, tmp_path):
     """Beyond its positions the model fails, or the figure grows to gigabytes."""
-    model, _ = load(coordination_checkpoint, tiny_joined_data_bin)
+    model, _ = load_checkpoint(coordination_checkpoint, tiny_joined_data_bin)
     limit = model.encoder.max_positions()
     png = tmp_path / "fig.png"
     code, _, err = run_plot(plot_script, capsys, "--path", coordination_checkpoint, "--data", tiny_joined_data_bin,

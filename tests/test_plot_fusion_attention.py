@@ -11,7 +11,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from conftest import REPO_ROOT, load_script
+from conftest import load_checkpoint, load_script, REPO_ROOT, run_script, token_ids
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "plot_fusion_attention.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -23,30 +23,19 @@ def plot_script():
     return load_script("plot_fusion_attention")
 
 
-def load(checkpoint, data_bin):
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_bin})
-    models[0].eval()
-    return models[0], task
 
 
-def token_ids(dictionary, text):
-    return torch.tensor([dictionary.index(w) for w in text.split()] + [dictionary.eos()])
 
 
-def run_script(plot_script, capsys, *argv):
-    code = plot_script.main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
 def encoder_sa_checkpoint(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path_factory):
     """The tiny checkpoint rebuilt as Enc-SA + Dec-FNN without the embedding layer (freshly
     initialised weights: enough for shapes, normalisation and labels; no training needed)."""
-    _, task = load(tiny_mlrf_checkpoint, tiny_data_bin)
+    _, task = load_checkpoint(tiny_mlrf_checkpoint, tiny_data_bin)
     state = checkpoint_utils.load_checkpoint_to_cpu(tiny_mlrf_checkpoint)
-    args = copy.deepcopy(state["cfg"]["model"])
-    assert isinstance(args, argparse.Namespace)
+    args = copy.deepcopy(state["cfg"]["model"])  # the fields of the model's dataclass
     args.fuse_encoder, args.fuse_decoder, args.fusion_no_embedding_layer = "sa", "fnn", True
     torch.manual_seed(0)
     model = task.build_model(args)
@@ -103,7 +92,7 @@ def test_weights_equal_decoder_forward(plot_script, capsys, tiny_mlrf_checkpoint
     assert code == 0, err
     weights = torch.tensor(json.loads(out_json.read_text())["weights"])
 
-    model, task = load(tiny_mlrf_checkpoint, tiny_data_bin)
+    model, task = load_checkpoint(tiny_mlrf_checkpoint, tiny_data_bin)
     src = token_ids(task.source_dictionary, SOURCE).unsqueeze(0)
     tgt = token_ids(task.target_dictionary, TARGET)
     prev = torch.cat([tgt.new_tensor([task.target_dictionary.eos()]), tgt[:-1]]).unsqueeze(0)
@@ -139,7 +128,7 @@ def test_translates_when_target_omitted(plot_script, capsys, tiny_mlrf_checkpoin
     assert hypothesis[-1] == "</s>" and result["x_labels"] == ["</s>"] + hypothesis[:-1]
     assert result["shape"] == [4, 3, len(hypothesis)]
 
-    model, task = load(tiny_mlrf_checkpoint, tiny_data_bin)
+    model, task = load_checkpoint(tiny_mlrf_checkpoint, tiny_data_bin)
     generator = task.build_generator([model], argparse.Namespace(beam=5))
     src = token_ids(task.source_dictionary, SOURCE)
     hypos = task.inference_step(generator, [model], {"net_input": {"src_tokens": src.unsqueeze(0),
@@ -162,7 +151,7 @@ def test_encoder_side(plot_script, capsys, encoder_sa_checkpoint, tiny_data_bin,
     assert list(weights.shape) == [4, 2, len(SOURCE.split()) + 1]
     assert torch.allclose(weights.sum(dim=1), torch.ones(4, weights.size(2)), atol=1e-5)
 
-    model, task = load(encoder_sa_checkpoint, tiny_data_bin)
+    model, task = load_checkpoint(encoder_sa_checkpoint, tiny_data_bin)
     src = token_ids(task.source_dictionary, SOURCE).unsqueeze(0)
     with torch.no_grad():
         direct = model.encoder.fusion_weights(src, torch.tensor([src.size(1)]))  # (src_len, batch, nhop, layers)

@@ -492,7 +492,7 @@ def test_an_unknown_task_or_architecture_is_named(scripts, capsys, tiny_mlrf_che
     if kind == "task":
         state["cfg"]["task"]["_name"] = unknown
     else:
-        vars(state["cfg"]["model"]).update(arch=unknown, _name=unknown)
+        state["cfg"]["model"].update(_name=unknown)
     path = tmp_path / "unknown.pt"
     torch.save(state, path)
     arguments = required_arguments(name, path, tiny_data_bin)

@@ -127,7 +127,7 @@ def test_denseformer_hands_each_layer_the_weighted_average_of_earlier_outputs():
 # --- hyper-connections ----------------------------------------------------------------------------
 
 def test_hyper_connection_parameter_counts():
-    """Zhu et al. Sec. 2: SHC has n(n+2) weights per connection (B, A_m, A_r); DHC adds W_m, W_r,
+    """Zhu et al.: SHC has n(n+2) weights per connection (B, A_m, A_r); DHC adds W_m, W_r,
     W_beta (d(n+2)), two scales and its norm; mHC: phi (nd x n(n+2)), its biases and three scales."""
     d = 16
     for n in (2, 4):
@@ -140,7 +140,7 @@ def test_hyper_connection_parameter_counts():
 
 
 def test_static_initialisation_reads_stream_k_mod_n_and_keeps_every_stream():
-    """Sec. 2.3: A_m = e_{k mod n}, A_r = I, B = 1."""
+    """The paper's initialisation: A_m = e_{k mod n}, A_r = I, B = 1."""
     for k in range(6):
         connection = HyperConnection(4, 8, k, dynamic=False)
         streams = torch.randn(5, 4, 8)

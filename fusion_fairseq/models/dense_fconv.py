@@ -27,7 +27,7 @@ dimension; for a residual side, its width. ``--growth-dim`` replaces every d at 
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -44,7 +44,9 @@ from fairseq.models.fconv import (
     base_architecture as fconv_base_architecture,
     extend_conv_spec,
 )
+from fairseq.dataclass import FairseqDataclass
 from fairseq.modules import GradMultiply
+from omegaconf import II
 
 from fusion_fairseq.checkpoint_safety import parse_config_literal
 from fusion_fairseq.modules.dense_attention import DENSE_ATTENTION_KINDS, DenseConvAttention, weight_normed_linear
@@ -58,13 +60,14 @@ from fusion_fairseq.modules.densenmt_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .config import (
+from fusion_fairseq.config_fields import (
     POSITIVE_INT,
     PROBABILITY,
     SWITCH,
     Feature,
     Values,
-    add_arguments,
+    add_flags,
+    as_namespace,
     check_values,
     choice,
     fill_defaults,
@@ -97,12 +100,10 @@ SUMMARY_LAYERS = Feature(lambda a: a.summary_every > 0, lambda a: f"--summary-ev
 
 
 @dataclass
-class DenseConfig:
+class DenseConfig(FairseqDataclass):
     """DenseNMT's flags (Shen et al. 2018), common to its ConvS2S and Transformer models."""
 
-    dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
-    attention_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
-    activation_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    dropout: float = option(0.1, "dropout probability", PROBABILITY, declared_by_fairseq=True)
     growth_dim: Optional[int] = option(
         None, "hidden size of every layer: the new features each dense layer adds (Eq. 6/7), the width of a residual "
         "side unless --residual-dim is set (default: the per-layer sizes of the architecture)", POSITIVE_INT,
@@ -123,7 +124,20 @@ class DenseConfig:
 
 @dataclass
 class DenseFConvConfig(DenseConfig):
-    """``--arch dense_fconv``: DenseNMT's flags beside fairseq's ConvS2S's."""
+    """``--arch dense_fconv``: fairseq's ConvS2S flags (``FConvModel.add_args``, which has no dataclass)
+    and DenseNMT's, with the defaults of fairseq's ``fconv`` architecture."""
+
+    encoder_embed_dim: int = field(default=512, metadata={"help": "encoder embedding dimension"})
+    encoder_embed_path: Optional[str] = field(default=None, metadata={"help": "path to pre-trained encoder embedding"})
+    encoder_layers: str = field(default="[(512, 3)] * 20", metadata={"help": "encoder layers [(dim, kernel_size), ...]"})
+    decoder_embed_dim: int = field(default=512, metadata={"help": "decoder embedding dimension"})
+    decoder_embed_path: Optional[str] = field(default=None, metadata={"help": "path to pre-trained decoder embedding"})
+    decoder_layers: str = field(default="[(512, 3)] * 20", metadata={"help": "decoder layers [(dim, kernel_size), ...]"})
+    decoder_out_embed_dim: int = field(default=256, metadata={"help": "decoder output embedding dimension"})
+    share_input_output_embed: bool = field(default=False, metadata={"help": "share input and output embeddings"})
+    # the task's flags (no help: no flag of the model's)
+    max_source_positions: Optional[int] = II("task.max_source_positions")
+    max_target_positions: Optional[int] = II("task.max_target_positions")
 
     summary_layer: str = option(
         "conv", "Sec. 3.3 summary layer: conv = a convolution layer + GLU of the stack's kernel width (default; "
@@ -136,7 +150,7 @@ class DenseFConvConfig(DenseConfig):
         "sizes)", POSITIVE_INT, metavar="D", structural=True, read_by=RESIDUAL_SIDE,
         idle_reason="it is the width of a residual side")
     decoder_attention: str = option(
-        declared_by_fairseq=True, read_by=Feature(lambda a: False, lambda a: "it cannot be switched off"),
+        "True", "decoder attention [True, ...]", declared_by_fairseq=True, read_by=Feature(lambda a: False, lambda a: "it cannot be switched off"),
         idle_reason="the dense_fconv decoder attends to the source in every layer (Sec. 3.2)")
 
 
@@ -519,19 +533,18 @@ def side_layers(args, side: str) -> List[Tuple[int, int]]:
     return layers
 
 
-@register_model("dense_fconv")
+@register_model("dense_fconv", dataclass=DenseFConvConfig)
 class DenseFConvModel(FConvModel):
     """DenseNMT (Shen et al. 2018) on fairseq's ConvS2S."""
-
-    config_class = DenseFConvConfig
 
     @staticmethod
     def add_args(parser):
         FConvModel.add_args(parser)
-        add_arguments(parser, DenseFConvConfig)
+        add_flags(parser, DenseFConvConfig)
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)
         dense_fconv(args)
         embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]
         check_dense_args(args, DenseFConvConfig, embed_dims)

@@ -50,8 +50,12 @@ from fusion_fairseq.modules.densenmt_connection import (
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import LayerCheckpointing
-from .config import POSITIVE_INT, add_arguments, fill_defaults, flag_of, option, set_defaults
+from fusion_fairseq.config_fields import (
+    POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, flag_of, option, set_defaults,
+)
+
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
+from .fusion_config import TransformerFlags
 from fusion_fairseq.errors import ConfigurationError
 
 
@@ -321,30 +325,33 @@ class DenseTransformerDecoder(TransformerDecoder):
 
 
 @dataclass
-class DenseTransformerConfig(DenseConfig):
-    """``--arch dense_transformer``: DenseNMT's flags beside fairseq's Transformer's; the growth
+class DenseTransformerConfig(DenseConfig, TransformerFlags):
+    """``--arch dense_transformer``: fairseq's Transformer flags and DenseNMT's; the growth
     dimension defaults to half the embedding size."""
 
-    growth_dim: int = option(
+    attention_dropout: float = option(0.0, "dropout probability for attention weights", PROBABILITY,
+                                      declared_by_fairseq=True)
+    activation_dropout: float = option(0.0, "dropout probability after activation in FFN", PROBABILITY,
+                                       declared_by_fairseq=True)
+    growth_dim: Optional[int] = option(
         None, "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding "
         "size", POSITIVE_INT, metavar="D", derive=lambda args: args.encoder_embed_dim // 2, structural=True,
         read_by=DENSE_SIDE, idle_reason="it is the dense layers' width")
 
 
-@register_model("dense_transformer")
+@register_model("dense_transformer", dataclass=DenseTransformerConfig)
 class DenseTransformerModel(TransformerModel):
     """DenseNMT's dense encoder/decoder, dense attention, summary layers and small embeddings on
     fairseq's Transformer."""
 
-    config_class = DenseTransformerConfig
-
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_arguments(parser, DenseTransformerConfig)
+        add_flags(parser, DenseTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)
         dense_transformer(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
         embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]

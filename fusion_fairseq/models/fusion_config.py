@@ -1,8 +1,12 @@
 """The configuration of the layer-fusion Transformer: its flags as typed fields
-(:class:`FusionTransformerConfig`, see :mod:`.config`) and the checks that relate several flags."""
+(:class:`FusionTransformerConfig`, see :mod:`fusion_fairseq.config_fields`) and the checks that
+relate several flags."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from typing import Optional
+
+from fairseq.dataclass import FairseqDataclass
+from fairseq.models.transformer import TransformerConfig
 
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
@@ -11,7 +15,7 @@ from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES, DEN
 from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
-from .config import (
+from fusion_fairseq.config_fields import (
     INTEGER,
     POSITIVE_INT,
     PROBABILITY,
@@ -20,6 +24,7 @@ from .config import (
     check_values,
     choice,
     flag_of,
+    flat_fields,
     option,
     real,
     warn_idle_flags,
@@ -98,10 +103,16 @@ def _aggregate_help(side):
             "or hierarchical aggregation (Fig. 2)")
 
 
+# fairseq's Transformer flags as one flat dataclass: the legacy TransformerModel reads them flat
+# (args.encoder_embed_dim), and fairseq's flags-to-config conversion keeps only a registered
+# dataclass's fields.
+TransformerFlags = make_dataclass("TransformerFlags", flat_fields(TransformerConfig), bases=(FairseqDataclass,))
+
+
 @dataclass
-class FusionTransformerConfig:
-    """The flags of ``--arch fusion_transformer`` beside fairseq's Transformer's, with the
-    defaults of the plain architecture (no fusion). Paper defaults:
+class FusionTransformerConfig(TransformerFlags):
+    """The flags of ``--arch fusion_transformer``: fairseq's Transformer's and the fusion ones, with
+    the defaults of the plain architecture (no fusion). Paper defaults:
 
     * MLRF (Wang et al. 2018): 4 hops, da = 4d and df = 2d (the ratios of the paper's IWSLT
       setting, d=256, da=1024, df=512), fusion dropout = --dropout.
@@ -113,13 +124,15 @@ class FusionTransformerConfig:
     """
 
     # fairseq's flags, checked at build time: fairseq's parser takes any float, and values from
-    # checkpoints or --model-overrides are not parsed at all. The dropouts come first: a bad
-    # --dropout is named as itself, not as the --fusion-dropout it sets.
-    dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
-    attention_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
-    activation_dropout: float = option(values=PROBABILITY, declared_by_fairseq=True)
-    encoder_layerdrop: float = option(values=PROBABILITY, declared_by_fairseq=True)
-    decoder_layerdrop: float = option(values=PROBABILITY, declared_by_fairseq=True)
+    # checkpoints or --model-overrides are not parsed at all. They keep their place among fairseq's
+    # fields, above the fusion ones: a bad --dropout is named as itself, not as the --fusion-dropout it sets.
+    dropout: float = option(0.1, "dropout probability", PROBABILITY, declared_by_fairseq=True)
+    attention_dropout: float = option(0.0, "dropout probability for attention weights", PROBABILITY,
+                                      declared_by_fairseq=True)
+    activation_dropout: float = option(0.0, "dropout probability after activation in FFN", PROBABILITY,
+                                       declared_by_fairseq=True)
+    encoder_layerdrop: float = option(0.0, "LayerDrop probability", PROBABILITY, declared_by_fairseq=True)
+    decoder_layerdrop: float = option(0.0, "LayerDrop probability", PROBABILITY, declared_by_fairseq=True)
 
     # --- MLRF (Wang et al., COLING 2018) ---------------------------------------------------------
     fuse_encoder: str = option("none", _fuse_help("encoder"), choice(FUSION_FUNCTIONS), structural=True)
@@ -128,11 +141,11 @@ class FusionTransformerConfig:
         4, "number of attention hops nhop of self-attention fusion (MLRF Eq. 5)", POSITIVE_INT, metavar="N",
         structural=True, read_by=SELF_ATTENTION_FUSION, idle_reason="only self-attention fusion "
         "(--fuse-encoder/--fuse-decoder sa) has hops")
-    fusion_attn_dim: int = option(
+    fusion_attn_dim: Optional[int] = option(
         None, "inner size da of the attention FNN of self-attention fusion (MLRF Eq. 5; default 4d)", POSITIVE_INT,
         metavar="N", derive=lambda args: 4 * args.encoder_embed_dim, structural=True, read_by=SELF_ATTENTION_FUSION,
         idle_reason="only self-attention fusion has an attention FNN (Eq. 5)")
-    fusion_ffn_dim: int = option(
+    fusion_ffn_dim: Optional[int] = option(
         None, "hidden units df of the fusion FNN (FNN fusion and after the hops; default 2d)", POSITIVE_INT,
         metavar="N", derive=lambda args: 2 * args.encoder_embed_dim, structural=True, read_by=FUSION_FNN,
         idle_reason="only FNN and self-attention fusion have a fusion FNN")
@@ -148,7 +161,7 @@ class FusionTransformerConfig:
     fusion_no_layernorm: bool = option(
         False, "skip the layer normalisation after the fusion layer", SWITCH, structural=True, read_by=LAYER_FUSION,
         idle_reason="it acts on layer fusion")
-    fusion_dropout: float = option(
+    fusion_dropout: Optional[float] = option(
         None, "dropout on the hidden units of the fusion FNNs (default: --dropout)", PROBABILITY, metavar="P",
         derive=lambda args: args.dropout, read_by=FUSION_FNN,
         idle_reason="only FNN and self-attention fusion have a fusion FNN")
@@ -190,7 +203,7 @@ class FusionTransformerConfig:
     surface_fusion_lambda: float = option(
         0.8, "interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]", real(0.0, 1.0, high_included=True),
         metavar="L", read_by=HARD_SURFACE_FUSION, idle_reason="only hard SurfaceFusion (Eq. 6) interpolates")
-    surface_fusion_tau: float = option(
+    surface_fusion_tau: Optional[float] = option(
         None, f"softmax temperature tau of the surface distribution (Eq. 5), >= {MIN_SURFACE_FUSION_TAU}; default 1 "
         "for hard and 5 for soft fusion, as in the paper", real(0.0, float("inf"), low_included=False,
                                                                high_included=True),

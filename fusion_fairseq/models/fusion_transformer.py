@@ -28,7 +28,7 @@ from fusion_fairseq.modules.hyper_connection import HyperConnectedStack
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .config import add_arguments, fill_defaults, set_defaults
+from fusion_fairseq.config_fields import add_flags, as_namespace, fill_defaults, set_defaults
 from .fusion_config import FusionTransformerConfig, check_fusion_args
 from .fusion_decoder import FusionTransformerDecoder
 from .fusion_encoder import FusionTransformerEncoder
@@ -133,19 +133,18 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
     )
 
 
-@register_model("fusion_transformer")
+@register_model("fusion_transformer", dataclass=FusionTransformerConfig)
 class FusionTransformerModel(TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
-
-    config_class = FusionTransformerConfig
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_arguments(parser, FusionTransformerConfig)
+        add_flags(parser, FusionTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)
         fusion_transformer(args)
         check_fusion_args(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them

@@ -17,8 +17,10 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from fairseq.dataclass import FairseqDataclass
 from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder
 from fairseq.models.transformer import Embedding
+from omegaconf import II
 
 from fusion_fairseq.modules.coordination_layer import CoordinationLayer
 from fusion_fairseq.modules.resettable_positions import position_embedding, sinusoidal_positions
@@ -26,7 +28,9 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.errors import ConfigurationError
 
-from .config import POSITIVE_INT, PROBABILITY, SWITCH, add_arguments, check_values, fill_defaults, option, set_defaults
+from fusion_fairseq.config_fields import (
+    POSITIVE_INT, PROBABILITY, SWITCH, add_flags, as_namespace, check_values, fill_defaults, option, set_defaults,
+)
 
 SOURCE, TARGET = 0, 1
 
@@ -199,7 +203,7 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
 
 
 @dataclass
-class LayerwiseCoordinationConfig:
+class LayerwiseCoordinationConfig(FairseqDataclass):
     """The flags of ``--arch layerwise_coordination``; defaults: the paper's small configuration
     (d=256, d_ff=1024, 4 heads, 14 layers, Sec. 4.2)."""
 
@@ -223,20 +227,22 @@ class LayerwiseCoordinationConfig:
     no_language_embedding: bool = option(
         False, "ablation (Table 3): no learned source/target language embedding", SWITCH, structural=True)
     no_position_embedding: bool = option(False, "ablation (Table 3): no position embedding", SWITCH, structural=True)
+    # the task's flags (no help: no flag of the model's)
+    max_source_positions: Optional[int] = II("task.max_source_positions")
+    max_target_positions: Optional[int] = II("task.max_target_positions")
 
 
-@register_model("layerwise_coordination")
+@register_model("layerwise_coordination", dataclass=LayerwiseCoordinationConfig)
 class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
     """He et al. (2018): one shared stack, mixed attention, resettable positions, language embeddings."""
 
-    config_class = LayerwiseCoordinationConfig
-
     @staticmethod
     def add_args(parser):
-        add_arguments(parser, LayerwiseCoordinationConfig)
+        add_flags(parser, LayerwiseCoordinationConfig)
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)
         layerwise_coordination(args)
         check_values(args, LayerwiseCoordinationConfig)  # values read from a checkpoint or --model-overrides
         if task.source_dictionary != task.target_dictionary:

@@ -1,12 +1,12 @@
 """DenseFormer's depth-weighted average (Pagliardini et al., NeurIPS 2024), as a stack wiring.
 
-Paper: Sec. 3, Eq. 1 and Fig. 1. With X_0 the embedding and X_i = B_i(Y_{i-1}) the output of
+Paper: Sec. 3 and Fig. 1. With X_0 the embedding and X_i = B_i(Y_{i-1}) the output of
 block i, a depth-weighted average (DWA) after block i hands the next block
 
     Y_i = sum_{j <= i} alpha_{i,j} X_j,        alpha_{i,i} = 1 and alpha_{i,j<i} = 0 at the start,
 
-so the model starts as the plain Transformer. The k x p variants (Sec. 3, "Dilated DenseFormer"
-and "Periodic DenseFormer"): with dilation k, DWA i reads only the X_j with j = i (mod k); with
+so the model starts as the plain Transformer. The k x p variants (Sec. 3.2, dilation
+and periodicity): with dilation k, DWA i reads only the X_j with j = i (mod k); with
 period p, only blocks i = p, 2p, ... are followed by a DWA, the others hand on X_i unchanged.
 For k = p = 1 and d blocks this gives sum_{i=1}^{d} (i + 1) = d(d + 3)/2 scalars.
 

@@ -1,7 +1,7 @@
 """Hyper-connections (Zhu et al., ICLR 2025) and manifold-constrained hyper-connections (mHC,
 Xie et al., DeepSeek 2026): the residual stream widened to n copies.
 
-Paper (Zhu et al.): Sec. 2, Eqs. 1-6. The hidden vector h becomes the hyper hidden matrix
+Paper (Zhu et al.): Sec. 2. The hidden vector h becomes the hyper hidden matrix
 H = (h_1, ..., h_n)^T (n x d), n copies of the embedding at the start. Around every layer T^k
 (one attention or one feed-forward sublayer; fairseq's decoder layer has three, its encoder
 layer two), the hyper-connection
@@ -9,13 +9,13 @@ layer two), the hyper-connection
     HC = [[0, B], [A_m, A_r]],   B in R^{1 x n}, A_m in R^{n x 1}, A_r in R^{n x n}
 
 reads the layer input h_0 = A_m^T H (width-connection) and writes back
-H' = B^T T(h_0) + A_r^T H (depth-connection), Eq. 3. Static (SHC) weights are learned
-directly; dynamic (DHC) ones add an input-dependent term per stream, Eqs. 4-6:
+H' = B^T T(h_0) + A_r^T H (depth-connection). Static (SHC) weights are learned
+directly; dynamic (DHC) ones add an input-dependent term per stream:
 
     H_bar = norm(H);  B(H) = s_beta * tanh(H_bar W_beta)^T + B;
     A_m(H) = s_alpha * tanh(H_bar W_m) + A_m;  A_r(H) = s_alpha * tanh(H_bar W_r) + A_r,
 
-with W_* zero and s_alpha = s_beta = 0.01 at the start. Initialisation (Sec. 2.3): A_m = e_{k mod n}
+with W_* zero and s_alpha = s_beta = 0.01 at the start. Initialisation: A_m = e_{k mod n}
 for layer k, A_r = I, B = 1, which computes exactly the Pre-Norm residual: every stream stays the
 same vector h. The stack's output is read from the streams (the paper sums them before the final
 norm).
@@ -43,6 +43,9 @@ Readings:
 * Post-norm (fairseq's ``--*-normalize-before`` off): each sublayer's LayerNorm is applied to every
   stream after the depth-connection, LN(B^T T(h_0) + A_r^T H); with equal streams this is
   LN(h + T(h)), fairseq's post-norm layer. Pre-norm: the LayerNorm is part of T^k, as in the paper.
+  With n = 1 the static connection at its start is the residual connection itself, of the pre-norm
+  or (in this reading) the post-norm layer, as the paper shows both to be non-trainable
+  hyper-connections of rate 1.
 
 Every weight mixes the streams of one position, so incremental decoding stays exact.
 

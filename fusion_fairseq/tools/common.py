@@ -8,7 +8,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from fusion_fairseq.models.config import NON_NEGATIVE_INT, POSITIVE_INT, argparse_type
+from fusion_fairseq.config_fields import NON_NEGATIVE_INT, POSITIVE_INT, argparse_type
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_PACKAGE = "fusion_fairseq"

@@ -1,26 +1,38 @@
-"""Typed model configurations: each model declares its flags once, as the fields of one dataclass.
+"""What fairseq's configuration dataclasses lack, as field metadata.
 
-A field made by :func:`option` carries its default (or the rule that derives it from other
-flags), its help, the values it accepts, whether it changes the model's structure, and which
-part of the model reads it. From these fields, as fairseq builds its parser from
-``TransformerConfig``, come
+Each plugin model's configuration is a ``FairseqDataclass`` registered with
+``register_model(name, dataclass=...)``: fairseq generates its flags (``gen_parser_from_dataclass``),
+stores it in a checkpoint and checks a hydra config against it. A field made by :func:`option`
+adds to fairseq's ``help`` the values it accepts, the rule that derives its default from other
+flags, whether it changes the model's structure, and which part of the model reads it. From these
+come
 
-* the argparse flags (:func:`add_arguments`), which reject a bad value with its flag's name;
+* the parser's check of each flag's text (:func:`add_flags`), naming the flag;
 * the same checks for configurations built in code, read from a checkpoint or given by
   ``--model-overrides`` (:func:`check_values`), as one-line :class:`ConfigurationError` s;
-* the architecture's defaults (:func:`fill_defaults`) and the presets' (:func:`set_defaults`);
+* the architecture's derived defaults (:func:`fill_defaults`) and the presets' (:func:`set_defaults`);
 * the warnings for flags that do nothing in the chosen configuration (:func:`warn_idle_flags`);
-* the flags that may not change at load (:func:`structural_fields`, read by ``checkpoint_safety``).
+* the flags that may not change at load (:func:`structural_fields`, read by ``checkpoint_safety``
+  from fairseq's ``MODEL_DATACLASS_REGISTRY``, without importing the models);
+* the refusal of a hydra model config with a field its model lacks (:func:`model_config_error`).
 
-Adding a flag is adding a field; checks that relate several flags stay in the model's config module.
+Adding a flag is adding a field; checks that relate several flags stay in the model's module.
 """
 
 import argparse
 import dataclasses
+import difflib
+import functools
+import inspect
 import logging
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
+
+from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from omegaconf import OmegaConf
 
 from fusion_fairseq.errors import ConfigurationError
 
@@ -112,8 +124,13 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _options(config):
+    """The fields made by :func:`option` (fairseq's own fields carry fairseq's metadata only)."""
+    return [field for field in dataclasses.fields(config) if "values" in field.metadata]
+
+
 def _own_fields(config):
-    return [field for field in dataclasses.fields(config) if not field.metadata["declared_by_fairseq"]]
+    return [field for field in _options(config) if not field.metadata["declared_by_fairseq"]]
 
 
 def argparse_type(values: Values, flag: str = "", check: Optional[Callable[[Any], Optional[str]]] = None):
@@ -133,18 +150,102 @@ def argparse_type(values: Values, flag: str = "", check: Optional[Callable[[Any]
     return parse
 
 
-def add_arguments(parser, config) -> None:
-    """The config's own flags (fairseq's are declared by fairseq); absent flags stay unset, so that
-    the architecture fills them (fairseq's model arguments default to ``argparse.SUPPRESS``)."""
+def add_flags(parser, config) -> None:
+    """fairseq's flags for ``config`` (``gen_parser_from_dataclass`` without defaults, as fairseq's
+    models: the architecture fills what the user leaves unset; a flag already declared stays as it
+    is), each own flag's text checked against its field's values."""
+    gen_parser_from_dataclass(parser, config(), delete_default=True)
+    actions = {action.dest: action for action in parser._actions}
     for field in _own_fields(config):
-        meta, flag = field.metadata, flag_of(field.name)
-        if meta["values"] is SWITCH:
-            parser.add_argument(flag, action="store_true", help=meta["help"])
-        elif meta["values"].choices:
-            parser.add_argument(flag, choices=meta["values"].choices, help=meta["help"])
-        else:
-            parser.add_argument(flag, type=argparse_type(meta["values"], flag, meta["check"]),
-                                metavar=meta["metavar"], help=meta["help"])
+        meta, action = field.metadata, actions[field.name]
+        if meta["values"].choices:
+            action.choices = meta["values"].choices
+        elif meta["values"] is not SWITCH:
+            action.type = argparse_type(meta["values"], flag_of(field.name), meta["check"])
+            action.metavar = meta["metavar"]
+
+
+def flat_fields(config) -> list:
+    """``(name, type, field)`` of fairseq's nested ``config`` (``TransformerConfig``) under its flat
+    legacy names, ``encoder.embed_dim`` as ``encoder_embed_dim`` (the flags ``TransformerModel.add_args``
+    generates from it), for ``dataclasses.make_dataclass``."""
+    flat = []
+    for field in dataclasses.fields(config):
+        if field.name.startswith("_"):
+            continue
+        if inspect.isclass(field.type) and issubclass(field.type, FairseqDataclass):
+            flat += [(f"{field.name}_{name}", kind, value) for name, kind, value in flat_fields(field.type)]
+            continue
+        default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+        if isinstance(default, str):  # ${model.decoder.embed_dim}: the sibling field decoder_embed_dim
+            default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${.\1_\2}", default)
+        flat.append((field.name, field.type, dataclasses.field(default=default, metadata=field.metadata)))
+    return flat
+
+
+def as_namespace(cfg) -> argparse.Namespace:
+    """A model configuration as the plugin's models read it: the command line's Namespace itself, or
+    a Namespace of fairseq's DictConfig or dataclass (a hydra config, a checkpoint's ``cfg.model``)."""
+    if isinstance(cfg, argparse.Namespace):
+        return cfg
+    if OmegaConf.is_config(cfg):
+        return argparse.Namespace(**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    return argparse.Namespace(**vars(cfg))
+
+
+def model_config_error(config, cfg) -> Optional[ConfigurationError]:
+    """Why fairseq may not merge the plugin model dataclass ``config`` with ``cfg`` (a hydra config's
+    ``model``), or None: a field ``config`` lacks (a misspelt ``fuse_decodr``), or a preset's name
+    with fields left out, which fairseq's merge would fill with the model's defaults before the
+    preset could fill them with its own."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    config = config if isinstance(config, type) else type(config)
+    if not _options(config):
+        return None  # not the plugin's
+    name, known = cfg.get("_name"), [field.name for field in dataclasses.fields(config)]
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            return ConfigurationError(f"model.{key} is no field of {name}: {hint}(the fields are the flags of "
+                                      f"fairseq-train --arch {name}, with _ for -)")
+    model = ARCH_MODEL_NAME_REGISTRY.get(name, name)
+    left_out = [key for key in known if key not in cfg]
+    if name != model and left_out:
+        return ConfigurationError(
+            f"model._name {name} is a preset of {model}, which fills only what the command line leaves unset; a hydra "
+            f"config gets {model}'s defaults for the fields it leaves out ({', '.join(left_out[:3])}, ...): name "
+            f"_name: {model} and set the preset's fields (examples/hydra/mlrf.yaml)")
+    return None
+
+
+def checking_model_configs(merge_with_parent):
+    """fairseq's ``merge_with_parent``, refusing first a plugin model configuration that
+    :func:`model_config_error` finds wrong, in one line (fairseq's own refusal of an unknown field
+    spans three; a preset it would apply by halves). A checkpoint's configuration
+    (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
+
+    @functools.wraps(merge_with_parent)
+    def wrapper(dc, cfg, remove_missing=False):
+        error = None if remove_missing else model_config_error(dc, cfg)
+        if error is not None:
+            raise error
+        return merge_with_parent(dc, cfg, remove_missing)
+
+    wrapper.checks_model_configs = True
+    return wrapper
+
+
+def check_model_configs() -> None:
+    """Install :func:`checking_model_configs` where fairseq merges a model's configuration with its
+    dataclass: ``add_defaults`` (imports it from ``dataclass.utils`` when it runs) and ``models.build_model``."""
+    from fairseq import models
+    from fairseq.dataclass import utils
+
+    for module in (utils, models):
+        if not getattr(module.merge_with_parent, "checks_model_configs", False):
+            module.merge_with_parent = checking_model_configs(module.merge_with_parent)
 
 
 def fill_defaults(args, config) -> None:
@@ -166,7 +267,7 @@ def set_defaults(args, **defaults) -> None:
 def check_values(args, config) -> None:
     """Raise :class:`ConfigurationError` for the first field whose value its flag does not accept,
     in field order (values from code or ``--model-overrides`` arrive untyped)."""
-    for field in dataclasses.fields(config):
+    for field in _options(config):
         meta = field.metadata
         if meta["values"] is None or not hasattr(args, field.name):
             continue
@@ -180,18 +281,21 @@ def check_values(args, config) -> None:
 
 
 def structural_fields(config) -> tuple:
-    return tuple(field.name for field in dataclasses.fields(config) if field.metadata["structural"])
+    return tuple(field.name for field in dataclasses.fields(config) if field.metadata.get("structural"))
 
 
-def architecture_default(args, name: str):
+def architecture_default(args, name: str, config):
     """The value the architecture gives ``name`` by itself (its function of fairseq's
     ARCH_CONFIG_REGISTRY run on a copy of ``args`` without ``name``), so that a preset's own
-    value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY
+    value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's. The architecture
+    is ``_name`` (fairseq's DictConfig), else ``arch``, else (a dataclass fairseq read from a
+    Namespace keeps neither) the model that registered ``config``."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
 
-    fill = ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None), ARCH_CONFIG_REGISTRY["fusion_transformer"])
+    arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
+        model for model, registered in MODEL_DATACLASS_REGISTRY.items() if registered.__qualname__ == config.__qualname__)
     probe = argparse.Namespace(**{key: value for key, value in vars(args).items() if key != name})
-    fill(probe)
+    ARCH_CONFIG_REGISTRY[arch](probe)
     return getattr(probe, name)
 
 
@@ -207,12 +311,12 @@ def idle_flags(args, config) -> list:
     read from a checkpoint holds every flag, at the architecture's value where the user gave none:
     no warning then.)"""
     idle = []
-    for field in dataclasses.fields(config):
+    for field in _options(config):
         feature, flag = field.metadata["read_by"], flag_of(field.name)
         if feature is None or feature.present(args):
             continue
         value = getattr(args, field.name)
-        if value == architecture_default(args, field.name) and not on_command_line(flag):
+        if value == architecture_default(args, field.name, config) and not on_command_line(flag):
             continue
         given = flag if isinstance(value, bool) else f"{flag} {value}"
         idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")
