@@ -11,11 +11,15 @@ starts the processes, ``fairseq-train --cpu --distributed-world-size 2`` and ``t
 one family each.
 """
 
+import ipaddress
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import sysconfig
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,6 +29,7 @@ from conformance_utils import (FAMILIES, IN_PROCESS, CliRun, build_like_fairseq_
                                run_in_one_interpreter)
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.fairseq_fixes import free_local_port
+from test_fairseq_fixes import listening_sockets, running
 
 pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
 
@@ -166,3 +171,108 @@ def test_users_commands_train_two_processes(launcher, trained, request, tmp_path
     assert "initialized host" in log and "as rank 1" in log, log[-3000:]
     assert f"num_updates={UPDATES}," in log and "bsz=8," in log, log[-3000:]
     assert_same_parameters(parameters(str(tmp_path)), parameters(finished(trained, family.id, "reference")[0]))
+
+
+# --------------------------------------------------------------------------- what a user's machine sees
+
+
+def children(pid):
+    """The live (not zombie) processes whose parent is ``pid``: {pid: command line} (Linux's /proc)."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                state, parent = stat.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(parent) == pid and state != "Z":
+            found[int(entry)] = command
+    return found
+
+
+def is_loopback(address):
+    address = ipaddress.ip_address(address)
+    return address.is_loopback or bool(getattr(address, "ipv4_mapped", None) and address.ipv4_mapped.is_loopback)
+
+
+def wait_for(condition, seconds, step=0.2):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)
+    return True
+
+
+def test_two_ranks_listen_on_loopback_only_and_end_with_fairseq_train(request, tmp_path):
+    """``fairseq-train --cpu --distributed-world-size 2`` while it trains: every socket its process
+    and its two ranks listen on is on 127.0.0.1 (torch's store listened on every interface, IPv4 and
+    IPv6: anyone reaching the machine could join the group), and no deprecation warning of torch's
+    DDP is printed. Killed with SIGKILL, its ranks end within seconds (they trained on as orphans,
+    writing checkpoint_last.pt)."""
+    family = FAMILY[SPAWNED]
+    save_dir = tmp_path / "checkpoints"
+    log_path = tmp_path / "train.log"
+    args = train_args(family, request.getfixturevalue(data_bin_fixture(family)), str(save_dir),
+                      "--distributed-world-size", "2", "--max-update", "1000000")
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    environment.pop("PYTHONWARNINGS", None)
+    with open(log_path, "w") as log:
+        launcher = subprocess.Popen([sys.executable, fairseq_train_script(), *args], stdout=log,
+                                    stderr=subprocess.STDOUT, env=environment)
+    started = {}
+    try:
+        trained = wait_for(lambda: "num_updates=2," in log_path.read_text() or launcher.poll() is not None, 300)
+        assert trained and launcher.poll() is None, log_path.read_text()[-3000:]
+        started = children(launcher.pid)
+        ranks = [pid for pid, command in started.items() if "spawn_main" in command]
+        assert len(ranks) == 2, started
+        listening = {pid: listening_sockets(pid) for pid in [launcher.pid, *ranks]}
+        assert all(listening.values()), listening  # the store, gloo's connections
+        assert all(is_loopback(address) for sockets in listening.values() for address, _ in sockets), listening
+        log = log_path.read_text()
+        assert "`broadcast_buffers` is deprecated" not in log, log[-3000:]
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=60)
+        assert wait_for(lambda: not any(running(pid) for pid in ranks), 30), \
+            {pid: running(pid) for pid in ranks}
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=60)
+        for pid in started:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("case", ["world size 0", "port in use", "WORLD_SIZE=abc", "RANK=2 of 2"])
+def test_bad_multi_process_settings_fail_in_one_line(case, request, tmp_path):
+    """fairseq-train with a bad multi-process setting stops at once with one line naming it, and
+    writes nothing (it trained nothing and exited 0, gave a traceback after a wait, or hung)."""
+    family = FAMILY[SPAWNED]
+    save_dir = str(tmp_path / "checkpoints")
+    args = train_args(family, request.getfixturevalue(data_bin_fixture(family)), save_dir)
+    environment = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
+        environment.pop(name, None)
+    torchrun = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port())}
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        extra, named = {
+            "world size 0": (["--distributed-world-size", "0"], "--distributed-world-size 0:"),
+            "port in use": (["--distributed-world-size", "2", "--distributed-port", str(holder.getsockname()[1])],
+                            f"--distributed-port {holder.getsockname()[1]}:"),
+            "WORLD_SIZE=abc": ([], "WORLD_SIZE='abc'"),
+            "RANK=2 of 2": ([], "RANK=2"),
+        }[case]
+        if case == "WORLD_SIZE=abc":
+            environment.update(torchrun, WORLD_SIZE="abc", RANK="0")
+        elif case == "RANK=2 of 2":
+            environment.update(torchrun, WORLD_SIZE="2", RANK="2")
+        result = subprocess.run([sys.executable, fairseq_train_script(), *args, *extra], capture_output=True,
+                                text=True, timeout=300, env=environment)
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith("fairseq-train: error: ") and named in errors[0], errors
+    assert not os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
