@@ -519,7 +519,7 @@ def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(
         (rdir / "run.log").write_text("".join(f'x | valid | {{"valid_nll_loss": "{best + (4 - u) / 100}", '
                                               f'"valid_num_updates": "{u}"}}\n' for u in (1, 2, 3, 4)))
         (rdir / "checkpoints" / "checkpoint_1_3.pt").write_bytes(b"")
-        (rdir / "done.json").write_text("{}")
+        (rdir / "done.json").write_text(json.dumps({**dict.fromkeys(comparison.DONE_KEYS, 0), "scores": {}}))
     (out / "budget.json").write_text('{"max_update": "auto", "budget": 4}')
     monkeypatch.setattr(comparison, "_build_counter", lambda *args: lambda method, flags: 1)
     monkeypatch.setattr(comparison, "make_plan", lambda *args: {})
@@ -807,3 +807,17 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     assert not (dest / "runs" / "transformer" / "seed1" / "run.log").exists()
     assert not (dest / "results.md").exists()
     assert "not exported (not a regular file in EXP): results.md" in result.stdout  # runs/ lists regular files only
+
+
+@pytest.mark.parametrize("content", ['{"method": "transformer", "sc', "[1, 2, 3]", '{"method": "transformer"}', ""])
+def test_an_unusable_done_json_stops_every_reader_in_one_line(tmp_path, content):
+    """A truncated or foreign done.json is neither counted as done in one place and as not done in
+    another, nor a traceback: every reader goes through finished_run, which names the file."""
+    rdir = tmp_path / "runs" / "transformer" / "seed1"
+    rdir.mkdir(parents=True)
+    (rdir / "done.json").write_text(content)
+    with pytest.raises(comparison.ComparisonError, match=r"done.json is unreadable or not a record of this runner"):
+        comparison.finished_run(str(rdir))
+    with pytest.raises(comparison.ComparisonError, match=r"done.json is unreadable"):
+        comparison.collect_run(str(tmp_path), "transformer", 1, False, None)
+    assert comparison.finished_run(str(tmp_path / "runs" / "mlrf" / "seed1")) is None  # not evaluated yet

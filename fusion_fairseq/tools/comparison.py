@@ -464,6 +464,25 @@ def _read_json(path: str):
         return None
 
 
+#: what the report reads of a done.json (see :func:`evaluate_worker`, which writes it, and :func:`collect_run`)
+DONE_KEYS = ("sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
+             "updates_per_second", "devices", "finished", "sacrebleu_signature", "scores")
+
+
+def finished_run(rdir: str) -> Optional[dict]:
+    """The run's ``done.json`` once it is evaluated, else None. One that is unreadable or of another
+    shape (truncated, written by hand) stops the runner in one line, wherever it is read: its scores
+    cannot be trusted, and the checkpoints it scored are gone."""
+    path = os.path.join(rdir, "done.json")
+    if not os.path.lexists(path):
+        return None
+    done = _read_json(path)
+    if not isinstance(done, dict) or any(key not in done for key in DONE_KEYS):
+        raise ComparisonError(f"{path} is unreadable or not a record of this runner (truncated?): move it away "
+                              "and remove the run's checkpoints to train and evaluate the run again")
+    return done
+
+
 # ---------------------------------------------------------------------------------------------- budget
 #: ``--max-update auto``: the Transformer of the first seed trains in chunks of PLATEAU_WINDOW updates
 #: until its best validation NLL (fairseq's ``valid_nll_loss``, bits per target token) improves by less
@@ -1125,7 +1144,7 @@ def run_statistics(out: str, method: str, seed: int, kind: str, lowercase: bool)
     import numpy as np
 
     rdir = run_dir(out, method, seed)
-    done = _read_json(os.path.join(rdir, "done.json"))
+    done = finished_run(rdir)
     path = os.path.join(rdir, f"sentence-statistics-{kind}.json")
     cached = _read_json(path)
     if cached and cached.get("key") == done["finished"]:
@@ -1193,7 +1212,7 @@ def paired_with_baseline(out: str, method: str, seed: int, lowercase: bool, base
     """{kind: paired bootstrap against the baseline (the Transformer) of the same seed} on the concatenated test
     sets, once both runs are evaluated (cached in the run's paired.json); None for the Transformer itself."""
     rdir, base_dir = run_dir(out, method, seed), run_dir(out, baseline_method, seed)
-    system, baseline = (_read_json(os.path.join(d, "done.json")) for d in (rdir, base_dir))
+    system, baseline = (finished_run(d) for d in (rdir, base_dir))
     if method == "transformer" or not (system and baseline and system.get("scores") and baseline.get("scores")):
         return None
     path = os.path.join(rdir, "paired.json")
@@ -1271,12 +1290,10 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optio
     curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
     rdir = run_dir(out, method, seed)
     log_path = os.path.join(rdir, "run.log")
-    done = _read_json(os.path.join(rdir, "done.json"))
+    done = finished_run(rdir)
     run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
     if done:
-        run.update(status="done", **{k: done[k] for k in (
-            "sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
-            "updates_per_second", "devices", "finished", "sacrebleu_signature")})
+        run.update(status="done", **{k: done[k] for k in DONE_KEYS if k != "scores"})
         run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase, baseline),
                    length_ratio={kind: concatenated_bleu(sets, lowercase)["length_ratio"]
                                  for kind, sets in (done.get("scores") or {}).items()})
@@ -1877,7 +1894,7 @@ class Experiment:
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
         """Whether a run has reached ``budget``: an interval checkpoint there, or evaluated (the evaluation
         removes every checkpoint but the one it scores)."""
-        return (os.path.isfile(os.path.join(self.rdir(name, seed), "done.json"))
+        return (finished_run(self.rdir(name, seed)) is not None
                 or saved_updates(self.save_dir(name, seed)) >= budget)
 
     def budget(self) -> Optional[int]:
@@ -1936,7 +1953,7 @@ class Experiment:
         path = os.path.join(self.out, "third_seed.json")
         if not self.settings.deep or os.path.isfile(path):
             return
-        if not all(os.path.isfile(os.path.join(self.rdir(*run), "done.json")) for run in self.runs()):
+        if not all(finished_run(self.rdir(*run)) for run in self.runs()):
             return
         lowercase = self.recipe.get("LOWERCASE", "0") == "1"
         intervals = {}
@@ -1965,7 +1982,7 @@ class Experiment:
         """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
         composition or another process."""
         rdir = self.rdir(name, seed)
-        if os.path.isfile(os.path.join(rdir, "done.json")) or self.method(name) is None or run_is_locked(rdir):
+        if finished_run(rdir) or self.method(name) is None or run_is_locked(rdir):
             return None
         init = self.method(name).init
         if init and (self.budget() is None or not self.trained_to(init, seed, self.budget())):
@@ -2062,7 +2079,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     claim_out_dir(settings.out, settings.force)
     data_bin = prepare_data(settings)
     experiment = Experiment(settings, methods, data_bin, read_recipe_env(data_bin))
-    done = [run for run in experiment.runs() if os.path.isfile(os.path.join(experiment.rdir(*run), "done.json"))]
+    done = [run for run in experiment.runs() if finished_run(experiment.rdir(*run))]
     for name, seed in done:
         log(f"{name} seed {seed}: already done, not retrained")
     log(f"{len(done)} of {len(experiment.runs())} runs done; "
