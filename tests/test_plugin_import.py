@@ -102,18 +102,23 @@ def test_every_global_change_is_applied_once():
         "from fairseq import checkpoint_utils\n"
         "from fairseq.data import data_utils\n"
         "from fairseq.distributed import utils as distributed_utils\n"
+        "from fairseq import models\n"
+        "from fairseq.dataclass import utils as dataclass_utils\n"
         "from fusion_fairseq import global_changes\n"
         "def installed():\n"
         "    return (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,\n"
-        "            checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch)\n"
+        "            checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch,\n"
+        "            models.merge_with_parent, dataclass_utils.merge_with_parent)\n"
         "before = installed()\n"
         "marked = [(sys.excepthook, 'prints_configuration_errors_in_one_line'),\n"
         "          (data_utils.batch_by_size, '_keeps_last_partial_batch'),\n"
         "          (distributed_utils.call_main, '_trains_in_cpu_processes'),\n"
         "          (checkpoint_utils.load_checkpoint_to_cpu, 'checks_loaded_configurations'),\n"
-        "          (distributed_utils.call_main, '_trains_bf16_without_tpu')]\n"
+        "          (distributed_utils.call_main, '_trains_bf16_without_tpu'),\n"
+        "          (models.merge_with_parent, 'checks_model_configs'),\n"
+        "          (dataclass_utils.merge_with_parent, 'checks_model_configs')]\n"
         "print(len(global_changes.CHANGES), [bool(getattr(f, m, False)) for f, m in marked])\n"
         "global_changes.apply_all()\n"
         "print(installed() == before)\n")
     assert checked.returncode == 0, checked.stderr[-2000:]
-    assert checked.stdout.split("\n")[:2] == ["8 [True, True, True, True, True]", "True"]
+    assert checked.stdout.split("\n")[:2] == ["9 [True, True, True, True, True, True, True]", "True"]
