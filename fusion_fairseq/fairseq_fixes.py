@@ -177,7 +177,8 @@ def environment_world():
                                  f"{world_size - 1} is allowed ({_LEFT_OVER})")
     host = os.environ["MASTER_ADDR"].strip()
     if not host:
-        raise ConfigurationError(f"MASTER_ADDR='' in the environment: the address of rank 0 is needed ({_LEFT_OVER})")
+        raise ConfigurationError(f"MASTER_ADDR={os.environ['MASTER_ADDR']!r} in the environment: the address of "
+                                 f"rank 0 is needed ({_LEFT_OVER})")
     return EnvironmentWorld(host, port, world_size, rank)
 
 

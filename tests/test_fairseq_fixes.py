@@ -117,10 +117,13 @@ def test_torchrun_world_is_joined_on_cpu(rank, agent, hosts, monkeypatch):
     if agent:
         monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent)
     meetings, seen = [], []
-    monkeypatch.setattr(fairseq_fixes, "meet", lambda *args, **kwargs: meetings.append((args, kwargs)), raising=False)
-    fairseq_fixes.with_cpu_processes(lambda cfg, main: seen.append(cfg.distributed_training))(cpu_training_config(), None)
+    monkeypatch.setattr(fairseq_fixes, "meet", lambda *args, **kwargs: meetings.append((args, kwargs)),
+                        raising=False)
+    fairseq_fixes.with_cpu_processes(lambda cfg, main: seen.append(cfg.distributed_training))(cpu_training_config(),
+                                                                                               None)
     joined = seen[0]
-    assert (joined.distributed_init_method, joined.distributed_world_size, joined.distributed_rank) == ("env://", 2, int(rank))
+    assert joined.distributed_init_method == "env://"
+    assert (joined.distributed_world_size, joined.distributed_rank) == (2, int(rank))
     assert joined.distributed_no_spawn and joined.distributed_backend == "gloo"
     (args, kwargs), = meetings
     assert args == ("gloo", "127.0.0.1", 1, int(rank), 2) and kwargs["hosts_store"] is hosts
@@ -129,7 +132,8 @@ def test_torchrun_world_is_joined_on_cpu(rank, agent, hosts, monkeypatch):
 @pytest.mark.parametrize("name,value", [
     ("WORLD_SIZE", "abc"), ("WORLD_SIZE", ""), ("WORLD_SIZE", "2.0"), ("WORLD_SIZE", "0"), ("WORLD_SIZE", "-2"),
     ("WORLD_SIZE", "0x2"), ("RANK", "one"), ("RANK", "-1"), ("RANK", "2"), ("RANK", "7"), ("MASTER_PORT", "http"),
-    ("MASTER_PORT", "0"), ("MASTER_PORT", "65536"), ("MASTER_PORT", "-29500"), ("MASTER_ADDR", ""), ("MASTER_ADDR", "  "),
+    ("MASTER_PORT", "0"), ("MASTER_PORT", "65536"), ("MASTER_PORT", "-29500"), ("MASTER_ADDR", ""),
+    ("MASTER_ADDR", "  "),
 ])
 def test_a_bad_torchrun_environment_is_refused_before_anything_waits(name, value, monkeypatch):
     """torchrun's variables (as a shell keeps them after ``export``) that are no numbers, out of range,
@@ -141,9 +145,8 @@ def test_a_bad_torchrun_environment_is_refused_before_anything_waits(name, value
     monkeypatch.setattr(fairseq_fixes, "meet", lambda *args, **kwargs: pytest.fail("met"), raising=False)
     called = []
     wrapped = fairseq_fixes.with_cpu_processes(lambda cfg, main: called.append(cfg))
-    message = one_line_refusal(lambda: wrapped(cpu_training_config(), None), name, "unset")
-    assert f"{name}={value.strip() if name == 'RANK' and value.strip().isdigit() else repr(value)}" in message \
-        or f"{name}={value!r}" in message or (name == "MASTER_ADDR" and "MASTER_ADDR=''" in message)
+    message = one_line_refusal(lambda: wrapped(cpu_training_config(), None), "unset")
+    assert f"{name}={value!r}" in message or f"{name}={value} " in message, message
     assert called == []
 
 
@@ -221,7 +224,8 @@ def listening_sockets(pid="self"):
     return found
 
 
-@pytest.mark.parametrize("flags", [[], ["--distributed-port", "PORT"], ["--distributed-init-method", "tcp://127.0.0.1:PORT"],
+@pytest.mark.parametrize("flags", [[], ["--distributed-port", "PORT"],
+                                   ["--distributed-init-method", "tcp://127.0.0.1:PORT"],
                                    ["--distributed-init-method", "tcp://localhost:PORT"],
                                    ["--distributed-init-method", "tcp://[::1]:PORT"]])
 def test_spawned_ranks_meet_at_a_store_on_loopback_only(flags, monkeypatch):
@@ -362,7 +366,11 @@ def test_ddp_backend_c10d_wraps_a_cpu_model(broadcast_buffers, tmp_path, monkeyp
             warnings.simplefilter("error")  # any warning, the FutureWarning included, fails the test
             wrapped = models.DistributedFairseqModel(args, torch.nn.Linear(3, 2), dist.group.WORLD,
                                                      torch.device("cpu"))
-        wrapped(torch.ones(4, 3)).sum().backward()
+        # no_sync: a gradient all-reduce still being torn down in gloo's thread when the test
+        # ends can deadlock torch as it frees DDP (its thread waits for the GIL that the joining
+        # main thread holds)
+        with wrapped.no_sync():
+            wrapped(torch.ones(4, 3)).sum().backward()
         assert wrapped.weight.grad is not None  # the proxy reaches the wrapped module
         assert wrapped.module.broadcast_buffers is broadcast_buffers  # torch's name of the same setting
     finally:
