@@ -11,7 +11,7 @@ one list. Each is idempotent (the plugin may be imported twice, as ``fusion_fair
 | fairseq's ``merge_with_parent`` refuses a plugin model's hydra config with an unknown field or a half-applied preset, in one line | fairseq refuses a misspelt field (``fuse_decodr: sa``) in three lines, and fills a preset's fields with the model's defaults | plugin rule | ``test_config.py`` |
 | ``sys.excepthook`` prints a :class:`ConfigurationError` as one line | a refused value is a usage error, not a crash; every other exception keeps its traceback | plugin rule | ``test_plugin_import.py`` |
 | ``data_utils.batch_by_size`` keeps the last partial batch | fairseq drops up to ``--required-batch-size-multiple`` - 1 sentences from generation, validation and every epoch | fairseq #5036 | ``test_fairseq_fixes.py`` |
-| fairseq's multi-process training runs on the CPU | fairseq counts processes in GPUs: ``--cpu --distributed-world-size 2`` fails or trains nothing | plugin fix of fairseq's ``distributed/utils.py`` | ``test_distributed.py`` |
+| fairseq's multi-process training runs on the CPU, its ranks meeting on 127.0.0.1 only and ending with ``fairseq-train`` | fairseq counts processes in GPUs: ``--cpu --distributed-world-size 2`` fails or trains nothing; its store listens on every interface, orphaned ranks keep training, bad world sizes, ports and torchrun variables fail late or never | plugin fix of fairseq's ``distributed/utils.py`` | ``test_distributed.py``, ``test_fairseq_fixes.py`` |
 | ``--bf16`` trains without a TPU | fairseq sets ``--tpu`` for every ``--bf16`` run and stops where torch_xla is missing | fairseq #4696 | ``test_fairseq_fixes.py`` |
 
 The reasons in full are in the docstrings of the functions listed in :data:`CHANGES`.
