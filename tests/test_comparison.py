@@ -5,6 +5,7 @@ without retraining, and the errors."""
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -800,9 +801,10 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     secret.write_text("not for the repository")
     (run / "run.log").symlink_to(secret)
     (exp / "results.md").symlink_to(run / "config.json")
+    dest = clone / "examples" / "comparison" / "deep"
+    shutil.rmtree(dest, ignore_errors=True)  # the clone's own copy of the committed results
     result = subprocess.run(["bash", str(script), "export", str(exp)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    dest = clone / "examples" / "comparison" / "deep"
     assert (dest / "runs" / "transformer" / "seed1" / "config.json").read_text() == "{}"
     assert not (dest / "runs" / "transformer" / "seed1" / "run.log").exists()
     assert not (dest / "results.md").exists()
