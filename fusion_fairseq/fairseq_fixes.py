@@ -43,6 +43,19 @@ torch_xla for a TPU device: ``fairseq-train --bf16`` stops at ``'NoneType' objec
 wrapper of ``call_main`` clears that flag, and fairseq's own bfloat16 path trains on the GPU (or
 the CPU with ``--cpu``): the model and criterion in bfloat16, float32 master weights in
 ``FP16Optimizer``, no loss scaling. With torch_xla installed, ``--bf16`` stays fairseq's TPU path.
+
+``resume_with_the_batches_of_an_unbroken_run``: fairseq's ``FairseqTask.get_batch_iterator``
+(``fairseq/tasks/fairseq_task.py``, ve-fairseq 0.12.3) orders the examples under the numpy seed
+``--seed`` + the epoch the iterator is created at, batches them once and keeps those batches for
+every later epoch (``can_reuse_epoch_itr``; only their order changes from epoch to epoch). A run
+trained in one go creates it at epoch 1; a run resumed from a checkpoint of epoch E
+(``checkpoint_utils.load_checkpoint``) at epoch E. ``LanguagePairDataset.ordered_indices`` sorts a
+random permutation by length with a stable sort, so sentences of equal source and target length
+(most sentences of a corpus) come in another order and, where such a group spans two batches, land
+in another batch: the batches keep their sizes but not their sentences. The resumed run then trains
+other batches than the run it continues, in its first epoch some sentences twice and others not at
+all. When the iterator is kept across epochs, the wrapper builds its batches as at epoch 1 and then
+starts it at the epoch asked for; iterators built anew each epoch stay fairseq's.
 """
 
 import contextlib
@@ -102,6 +115,41 @@ def keep_last_partial_batch():
     if not getattr(data_utils.batch_by_size, _MARK, False):
         data_utils.batch_by_size = with_last_partial_batch(data_utils.batch_by_size)
 
+
+
+_FIRST_EPOCH_MARK = "_resumes_with_the_batches_of_an_unbroken_run"
+
+
+def with_batches_of_the_first_epoch(get_batch_iterator):
+    """``FairseqTask.get_batch_iterator`` whose batches kept across epochs are epoch 1's, whatever epoch it starts at."""
+    signature = inspect.signature(get_batch_iterator)
+
+    @functools.wraps(get_batch_iterator)
+    def wrapper(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        task, given = call.arguments["self"], call.arguments
+        kept = (not given["disable_iterator_cache"] and not given["update_epoch_batch_itr"]
+                and task.can_reuse_epoch_itr(given["dataset"]) and not getattr(task.cfg, "rebuild_batches", False))
+        epoch = given["epoch"]
+        if epoch <= 1 or not kept or given["dataset"] in task.dataset_to_epoch_iter:
+            return get_batch_iterator(*args, **kwargs)
+        given["epoch"] = 1
+        iterator = get_batch_iterator(*call.args, **call.kwargs)
+        iterator.epoch = epoch
+        given["dataset"].set_epoch(epoch)
+        return iterator
+
+    setattr(wrapper, _FIRST_EPOCH_MARK, True)
+    return wrapper
+
+
+def resume_with_the_batches_of_an_unbroken_run():
+    """Install :func:`with_batches_of_the_first_epoch` on ``FairseqTask`` (once)."""
+    from fairseq.tasks import FairseqTask
+
+    if not getattr(FairseqTask.get_batch_iterator, _FIRST_EPOCH_MARK, False):
+        FairseqTask.get_batch_iterator = with_batches_of_the_first_epoch(FairseqTask.get_batch_iterator)
 
 
 # --------------------------------------------------------------------------- training in CPU processes

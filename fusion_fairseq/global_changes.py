@@ -13,6 +13,7 @@ one list. Each is idempotent (the plugin may be imported twice, as ``fusion_fair
 | ``data_utils.batch_by_size`` keeps the last partial batch | fairseq drops up to ``--required-batch-size-multiple`` - 1 sentences from generation, validation and every epoch | fairseq #5036 | ``test_fairseq_fixes.py`` |
 | fairseq's multi-process training runs on the CPU, its ranks meeting on 127.0.0.1 only and ending with ``fairseq-train`` | fairseq counts processes in GPUs: ``--cpu --distributed-world-size 2`` fails or trains nothing; its store listens on every interface, orphaned ranks keep training, bad world sizes, ports and torchrun variables fail late or never | plugin fix of fairseq's ``distributed/utils.py`` | ``test_distributed.py``, ``test_fairseq_fixes.py`` |
 | ``--bf16`` trains without a TPU | fairseq sets ``--tpu`` for every ``--bf16`` run and stops where torch_xla is missing | fairseq #4696 | ``test_fairseq_fixes.py`` |
+| a resumed training gets the batches of the run it continues | fairseq orders the examples under ``--seed`` + the epoch it resumes at, so sentences of equal length fall into other batches than in the run trained in one go | plugin fix of fairseq's ``FairseqTask.get_batch_iterator`` | ``test_fairseq_fixes.py`` |
 
 The reasons in full are in the docstrings of the functions listed in :data:`CHANGES`.
 """
@@ -29,6 +30,7 @@ CHANGES = (
     fairseq_fixes.keep_last_partial_batch,
     fairseq_fixes.train_in_cpu_processes,
     fairseq_fixes.train_bf16_without_tpu,
+    fairseq_fixes.resume_with_the_batches_of_an_unbroken_run,
 )
 
 

@@ -710,7 +710,8 @@ def _train_losses(log_path):
 
 @pytest.mark.slow
 def test_resuming_is_bit_exact(tmp_path):
-    """20 updates in one go and 10 + resume + 10 log the same losses at every update and validation."""
+    """20 updates in one go and 10 + resume + 10 log the same losses at every update and validation;
+    the resume is inside epoch 2, where fairseq alone would form other batches than the run in one go."""
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
     write_multi30k_slice(raw)
     argv = _argv(raw, out, ["transformer"]) + ["--log-interval", "1", "--deep", "--width", "1+1:16:32:2"]
@@ -732,6 +733,8 @@ def test_resuming_is_bit_exact(tmp_path):
                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=resumed, check=True)
     expected, found = _train_losses(os.path.join(unbroken, "run.log")), _train_losses(os.path.join(resumed, "run.log"))
     assert len(expected) == 22 and found == expected
+    with open(os.path.join(resumed, "run.log")) as f:
+        assert "checkpoint_last.pt (epoch 2 @ 10 updates)" in f.read()
 
 
 @pytest.mark.parametrize("launcher", ["deep", "converged"])

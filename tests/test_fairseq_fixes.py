@@ -71,6 +71,33 @@ def test_translation_task_iterates_every_training_sentence(tiny_data_bin):
         assert seen == list(range(count)), split
 
 
+def test_a_resumed_training_gets_the_batches_of_the_run_it_continues(tiny_data_bin):
+    """fairseq-train's training iterator created at epoch 1 (a run trained in one go) and at epoch 3
+    (a run resumed from a checkpoint 2 batches into epoch 3, as ``checkpoint_utils.load_checkpoint``
+    does): the same batches of the same sentences from there on. Without the fix, sentences of equal
+    length fall into other batches of the same sizes."""
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [tiny_data_bin, "--arch", "transformer"])
+
+    def iterator(epoch, **kwargs):
+        task = tasks.setup_task(args)
+        task.load_dataset("train")
+        return task.get_batch_iterator(task.dataset("train"), max_tokens=200, required_batch_size_multiple=1,
+                                       seed=1, epoch=epoch, **kwargs)
+
+    unbroken, resumed = iterator(1), iterator(3)
+    for _ in range(2):
+        assert sum(1 for _ in unbroken.next_epoch_itr()) > 2
+    resumed.load_state_dict({"version": 2, "epoch": 3, "iterations_in_epoch": 2, "shuffle": True})
+    for skipped in (2, 0):  # the rest of epoch 3, then epoch 4
+        expected = [b["id"].tolist() for b in unbroken.next_epoch_itr()][skipped:]
+        assert [b["id"].tolist() for b in resumed.next_epoch_itr()] == expected
+    assert resumed.epoch == unbroken.epoch == 4
+    rebuilt = iterator(3, disable_iterator_cache=True)  # built anew each epoch: fairseq's own batches of epoch 3
+    assert [list(b) for b in rebuilt.frozen_batches] != [list(b) for b in unbroken.frozen_batches]
+
+
 # --------------------------------------------------------------------------- training in CPU processes
 
 

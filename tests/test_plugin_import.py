@@ -104,11 +104,12 @@ def test_every_global_change_is_applied_once():
         "from fairseq.distributed import utils as distributed_utils\n"
         "from fairseq import models\n"
         "from fairseq.dataclass import utils as dataclass_utils\n"
+        "from fairseq.tasks import FairseqTask\n"
         "from fusion_fairseq import global_changes\n"
         "def installed():\n"
         "    return (sys.excepthook, data_utils.batch_by_size, distributed_utils.call_main,\n"
         "            checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch,\n"
-        "            models.merge_with_parent, dataclass_utils.merge_with_parent)\n"
+        "            models.merge_with_parent, dataclass_utils.merge_with_parent, FairseqTask.get_batch_iterator)\n"
         "before = installed()\n"
         "marked = [(sys.excepthook, 'prints_configuration_errors_in_one_line'),\n"
         "          (data_utils.batch_by_size, '_keeps_last_partial_batch'),\n"
@@ -116,9 +117,10 @@ def test_every_global_change_is_applied_once():
         "          (checkpoint_utils.load_checkpoint_to_cpu, 'checks_loaded_configurations'),\n"
         "          (distributed_utils.call_main, '_trains_bf16_without_tpu'),\n"
         "          (models.merge_with_parent, 'checks_model_configs'),\n"
-        "          (dataclass_utils.merge_with_parent, 'checks_model_configs')]\n"
+        "          (dataclass_utils.merge_with_parent, 'checks_model_configs'),\n"
+        "          (FairseqTask.get_batch_iterator, '_resumes_with_the_batches_of_an_unbroken_run')]\n"
         "print(len(global_changes.CHANGES), [bool(getattr(f, m, False)) for f, m in marked])\n"
         "global_changes.apply_all()\n"
         "print(installed() == before)\n")
     assert checked.returncode == 0, checked.stderr[-2000:]
-    assert checked.stdout.split("\n")[:2] == ["9 [True, True, True, True, True, True, True]", "True"]
+    assert checked.stdout.split("\n")[:2] == ["10 [True, True, True, True, True, True, True, True]", "True"]
