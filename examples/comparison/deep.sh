@@ -21,7 +21,7 @@
 # Any step can be killed at any time and is resumed by running it again.
 set -euo pipefail
 NAME=deep
-PIN=f61be16209ceee0ef9a65eedffd266e8959fb39e  # the commit every step runs
+PIN=5a7244477998b0354e1aa66b8248b32c67e6ac30  # the commit every step runs
 COMPARISON_ARGS=(--deep --max-update 3000 --finetune-update 1000 --eval-every 250 --seeds 1 2 --jobs 2 --threads 1
                  --planned-cpu-hours 72)
 source "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
