@@ -107,7 +107,8 @@ def log(message):
 
 def usage_error(message):
     """A bad flag or value: one line, exit status 2, before any work."""
-    raise SystemExit(f"corpus: error: {message}") from None
+    print(f"corpus: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 # ---- files: never written through a link ---------------------------------------------------------
