@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from multiprocessing import Pool
 from typing import Dict, Tuple, Union
 
+from fusion_fairseq.cli import user_dir
+
 SPLITS = ("train", "valid", "test")
 
 
@@ -479,7 +481,7 @@ def detokenise(lines, lang):
 
 
 def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_split=False):
-    """sacreBLEU of detokenised hypotheses against the raw reference, and tokenised BLEU; printed and returned."""
+    """sacreBLEU of detokenised hypotheses against the raw reference, and tokenised BLEU: (report, scores)."""
     from sacrebleu.metrics import BLEU
 
     hyp, refs, hyp_t, refs_t = (read_lines(path) for path in (hyp_detok, ref, hyp_tok, tok_ref))
@@ -493,9 +495,9 @@ def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_spli
     detok, tok = BLEU(lowercase=lowercase), BLEU(tokenize="none", lowercase=lowercase, force=True)
     detok_score, tok_score = detok.corpus_score(hyp, [refs]), tok.corpus_score(hyp_t, [refs_t])
     how = "sacrebleu --tokenize none on Moses-tokenized text, as multi-bleu.perl" + (", compound-split" if compound_split else "")
-    print(f"sacreBLEU (detokenized, {case}) vs {ref}: {detok_score}\nsacreBLEU signature: {detok.get_signature()}\n"
-          f"Tokenized BLEU ({case}; {how}) vs {tok_ref}: {tok_score}")
-    return {"sacrebleu": round(detok_score.score, 2), "sacrebleu_signature": str(detok.get_signature()),
+    report = (f"sacreBLEU (detokenized, {case}) vs {ref}: {detok_score}\nsacreBLEU signature: {detok.get_signature()}\n"
+              f"Tokenized BLEU ({case}; {how}) vs {tok_ref}: {tok_score}")
+    return report, {"sacrebleu": round(detok_score.score, 2), "sacrebleu_signature": str(detok.get_signature()),
             "sacrebleu_full": str(detok_score), "tokenized_bleu": round(tok_score.score, 2),
             "tokenized_bleu_full": str(tok_score), "tokenized_bleu_signature": str(tok.get_signature()),
             "case_insensitive": lowercase, "compound_split": compound_split, "reference": os.path.abspath(ref),
@@ -504,7 +506,7 @@ def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_spli
 
 EVAL_OUTPUTS = ("generate-{subset}.txt", "generate-{subset}.log", "hyp.tok", "hyp.detok", "ref.fairseq.tok", "bleu.txt",
                 "scores.json")
-EVAL_STAMP = "fusion-fairseq corpus evaluate\n"
+EVAL_STAMP = "fusion-fairseq corpus evaluate"
 
 
 def evaluate(args):
@@ -536,7 +538,7 @@ def evaluate(args):
     out = args.out or os.path.join(os.path.dirname(args.checkpoint), f"eval-{subset}-beam{args.beam}")
     names = [name.format(subset=subset) for name in EVAL_OUTPUTS] + [".written_by"]
     check_own_outputs(out, names, EVAL_STAMP, args.force)
-    write_lines(os.path.join(out, ".written_by"), [EVAL_STAMP.strip()])
+    write_lines(os.path.join(out, ".written_by"), [EVAL_STAMP])
     generated = os.path.join(out, f"generate-{subset}.txt")
     command = [sys.executable, "-m", "fairseq_cli.generate", data, "--path", args.checkpoint, "--gen-subset", subset,
                "--source-lang", src, "--target-lang", tgt, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
@@ -545,7 +547,7 @@ def evaluate(args):
                "--required-batch-size-multiple", "1",
                *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else ["--batch-size", str(args.batch_size)]),
                # the plugin lets torch >= 2.6's safe loader read fairseq's checkpoints
-               *([] if args.no_user_dir else ["--user-dir", args.user_dir or os.path.dirname(os.path.dirname(__file__))]),
+               *([] if args.no_user_dir else ["--user-dir", args.user_dir or user_dir()]),
                *args.extra]
     log(f"fairseq-generate {subset} ({src} -> {tgt}), beam {args.beam} -> {generated}")
     with open(generated, "w", encoding="utf-8") as stdout, open(os.path.join(out, f"generate-{subset}.log"), "w") as stderr:
@@ -560,7 +562,7 @@ def check_own_outputs(out, names, stamp, force):
     if os.path.exists(out) and not os.path.isdir(out):
         usage_error(f"--out '{out}' is not a directory")
     stamp_path = os.path.join(out, ".written_by")
-    own = os.path.isfile(stamp_path) and not os.path.islink(stamp_path) and open(stamp_path).read() == stamp
+    own = os.path.isfile(stamp_path) and not os.path.islink(stamp_path) and read_lines(stamp_path) == [stamp]
     found = [name for name in names if os.path.lexists(os.path.join(out, name))]
     if found and not own and not force:
         usage_error(f"--out '{out}' holds files that corpus evaluate did not write: {' '.join(found)}; pass --force to "
@@ -578,11 +580,10 @@ def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_spli
     write_lines(paths["hyp.detok"], detokenise(hyps, tgt))
     if not tok_ref:
         log("no tokenised reference given or recorded: tokenised BLEU uses fairseq's T- lines (may contain <unk>)")
-    with contextlib.redirect_stdout(io.StringIO()) as printed:
-        scores = bleu_scores(paths["hyp.detok"], ref, paths["hyp.tok"], tok_ref or paths["ref.fairseq.tok"], lowercase,
-                             compound_split)
-    print(printed.getvalue(), end="")
-    write_lines(paths["bleu.txt"], printed.getvalue().splitlines())
+    report, scores = bleu_scores(paths["hyp.detok"], ref, paths["hyp.tok"], tok_ref or paths["ref.fairseq.tok"], lowercase,
+                                 compound_split)
+    print(report)
+    write_lines(paths["bleu.txt"], [report])
     write_lines(paths["scores.json"], [json.dumps(scores, indent=2)])
     return scores
 
@@ -700,7 +701,8 @@ def main(argv=None):
     elif args.command == "detok":
         write_lines(args.output, detokenise(read_lines(args.input), args.lang))
     else:
-        scores = bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase, args.compound_split)
+        report, scores = bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase, args.compound_split)
+        print(report)
         if args.json:
             write_lines(args.json, [json.dumps(scores, indent=2)])
 

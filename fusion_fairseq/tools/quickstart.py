@@ -6,6 +6,7 @@ Pipeline (every stage prints a header; training prints a progress line per log i
                 of raw parallel text given with ``--data DIR --src de --tgt en``
  2. BPE      -- one joint BPE learnt with subword-nmt on the training source+target
  3. binarise -- ``fairseq-preprocess --joined-dictionary``
+                (stages 2 and 3 are the steps of :mod:`fusion_fairseq.tools.corpus`)
  4. train    -- ``fairseq-train`` of ``transformer`` and of ``fusion_transformer --fuse-encoder fnn
                 --fuse-decoder sa`` (MLRF's best system), same dimensions, same updates, batch and
                 learning-rate schedule. Without a GPU the two run side by side, one process per
@@ -22,7 +23,7 @@ and never deletes a directory.
 
     python -m fusion_fairseq.tools.quickstart                                 # synthetic, 242 s on 2 CPU cores
     python -m fusion_fairseq.tools.quickstart --train-size 300 --max-update 20  # smoke run
-    python -m fusion_fairseq.tools.quickstart --data data/multi30k.de-en/tok --src de --tgt en   # scripts/prepare-multi30k.sh
+    python -m fusion_fairseq.tools.quickstart --data data/multi30k.de-en/tok --src de --tgt en   # after corpus prepare multi30k
 
 Defaults (learning rate 1e-3, 150 warm-up updates, 600 updates of 2,048 tokens): at a peak of
 2e-3 or 3e-3 the MLRF model's self-attention fusion over decoder layers puts ~99% of its weight on
@@ -36,9 +37,9 @@ import json
 import os
 import re
 import subprocess
-import threading
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from fusion_fairseq.cli import user_dir
@@ -352,30 +353,13 @@ def default_jobs(n_models):
 
 def run_jobs(jobs, names, function):
     """``{name: function(name)}``, ``jobs`` at a time (threads, each waiting on a subprocess).
-    The first failure is re-raised once every started job has finished."""
-    results, errors, lock = {}, [], threading.Lock()
-    pending = list(names)
-
-    def worker():
-        while True:
-            with lock:
-                if not pending or errors:
-                    return
-                name = pending.pop(0)
-            try:
-                results[name] = function(name)
-            except BaseException as error:  # SystemExit from a failed fairseq command included
-                with lock:
-                    errors.append(error)
-
-    threads = [threading.Thread(target=worker) for _ in range(max(1, min(jobs, len(names))))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
+    The first failure is re-raised once every started job has finished; none starts after it."""
+    with ThreadPoolExecutor(max(1, min(jobs, len(names)))) as pool:
+        futures = {name: pool.submit(function, name) for name in names}
+        try:
+            return {name: future.result() for name, future in futures.items()}
+        finally:
+            pool.shutdown(cancel_futures=True)
 
 
 # ---- table -------------------------------------------------------------------------------------
