@@ -88,7 +88,7 @@ def m30k(m30k_slice, tmp_path_factory):
     (dest / "mine.txt").write_text("keep me\n")  # a pre-existing file in the user's --dest
     before = sorted(os.listdir(m30k_slice))
     result = run_corpus("prepare", "multi30k", "--from", m30k_slice, "--dest", dest, "--workers", "1",
-                        "--bpe-merges", "1000", "--force")
+                        "--bpe-merges", "1000")
     assert sorted(os.listdir(m30k_slice)) == before, "--from directory was modified"
     return dest, result
 
@@ -207,7 +207,7 @@ def write_fake_iwslt14(directory, talks=5, lines_per_talk=40):
 def iwslt(tmp_path_factory):
     """The IWSLT14 recipe on the imitation archive."""
     archive, kept, test_numbers = write_fake_iwslt14(tmp_path_factory.mktemp("iwslt_orig"))
-    dest = tmp_path_factory.mktemp("iwslt_dest") / "out"
+    dest = tmp_path_factory.mktemp("iwslt_dest")
     result = run_corpus("prepare", "iwslt14", f"--from={archive}", "--dest", dest, "--workers", "1", "--bpe-merges", "300")
     return dest, kept, test_numbers, result
 

@@ -345,7 +345,7 @@ def prepare_data(args) -> str:
                               "task-1 raw files train/val/test_*.de/.en) or --data-bin DIR")
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     argv = ["prepare", "multi30k", "--from", os.path.abspath(args.raw), "--dest", dest, "--src", "de", "--tgt", "en",
-            "--test-set", "test_2016_flickr", "--bpe-merges", str(args.bpe_merges), "--force",
+            "--test-set", "test_2016_flickr", "--bpe-merges", str(args.bpe_merges),
             "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
     log(f"preparing the data: python -m fusion_fairseq.tools.corpus {' '.join(shlex.quote(a) for a in argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
