@@ -63,6 +63,13 @@ class Corpus:
 
 
 WMT16 = "http://data.statmt.org/wmt16/translation-task/"
+
+
+def wmt16_sgm(name):
+    """The SGML file of one side of a WMT16 dev/test set: this direction's first (enro for en->ro), either side."""
+    return "|".join(f"{name}-{pair}-{side}.{{lang}}.sgm" for pair in ("{src}{tgt}", "{tgt}{src}") for side in ("src", "ref"))
+
+
 CORPORA = {
     "multi30k": Corpus(
         langs=("de", "en", "fr", "cs"), pair=("de", "en"), dest="multi30k.tokenized.{src}-{tgt}",
@@ -95,9 +102,7 @@ CORPORA = {
               WMT16 + "dev.tgz", WMT16 + "test.tgz"),
         train=("europarl-v8.ro-en.{lang}|europarl-v8.en-ro.{lang}",
                "SETIMES.en-ro.{lang}|SETIMES2.en-ro.{lang}|SETIMES2.ro-en.{lang}"),
-        valid=("|".join(f"newsdev2016-{d}-{s}.{{lang}}.sgm" for d in ("{src}{tgt}", "{tgt}{src}") for s in ("src", "ref")),),
-        tests={"newstest2016": ("|".join(f"newstest2016-{d}-{s}.{{lang}}.sgm" for d in ("{src}{tgt}", "{tgt}{src}")
-                                         for s in ("src", "ref")),)},
+        valid=(wmt16_sgm("newsdev2016"),), tests={"newstest2016": (wmt16_sgm("newstest2016"),)},
         merges=32000, lowercase=False, steps=("normalize", "non_printing", "aggressive", "romanian"),
         clean=("bpe", 250, 1.5)),
 }
