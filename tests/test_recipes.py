@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from types import SimpleNamespace
 
 import numpy as np
@@ -250,6 +251,58 @@ def test_iwslt14_recipe_outputs(iwslt, tmp_path):
                                        input="\n".join(tok[split][lang]) + "\n", capture_output=True, text=True, check=True)
             assert reference.stdout.splitlines() == lines(dest / f"{split}.{lang}")
     assert any("@@ " in x for x in lines(dest / "train.de"))
+
+
+def write_fake_wmt16(directory):
+    """WMT16 En-Ro's four downloads in miniature: Europarl v8 (.tgz), SETIMES2 (.zip) and the SGML
+    newsdev2016 / newstest2016 sets (.tgz, both directions). Returns the Romanian training lines."""
+    ro = ["Casa este mare şi ţara {n} .", "Copacul mic lângă râu {n} ."]
+    en = ["The house is big and the country {n} .", "The small tree near the river {n} ."]
+    pairs = [(ro[n % 2].format(n=n), en[n % 2].format(n=n)) for n in range(60)]
+    pairs[7] = ("Da 7 .", "Yes , of course I will do that for you now , 7 .")  # ratio 3 : 13, cleaned after BPE
+    (directory / "training").mkdir(parents=True)
+    for lang, side in (("ro", 0), ("en", 1)):
+        write(directory / "training" / f"europarl-v8.ro-en.{lang}", [p[side] for p in pairs[:40]])
+    with tarfile.open(directory / "training-parallel-ep-v8.tgz", "w:gz") as tar:
+        tar.add(directory / "training", arcname="training")
+    with zipfile.ZipFile(directory / "en-ro.txt.zip", "w") as z:
+        for lang, side in (("ro", 0), ("en", 1)):
+            z.writestr(f"SETIMES.en-ro.{lang}", "".join(p[side] + "\n" for p in pairs[40:]))
+    for name, archive in (("newsdev2016", "dev"), ("newstest2016", "test")):
+        (directory / archive).mkdir()
+        for direction, lang, side, text in (("enro", "en", "src", 1), ("enro", "ro", "ref", 0), ("roen", "ro", "src", 0),
+                                            ("roen", "en", "ref", 1)):
+            write(directory / archive / f"{name}-{direction}-{side}.{lang}.sgm",
+                  ["<srcset>", "<doc>"] + [f'<seg id="{i + 1}">{p[text]}</seg>' for i, p in enumerate(pairs[:10])]
+                  + ["</doc>", "</srcset>"])
+        with tarfile.open(directory / f"{archive}.tgz", "w:gz") as tar:
+            tar.add(directory / archive, arcname=archive)
+    for folder in ("training", "dev", "test"):
+        shutil.rmtree(directory / folder)
+    return [p[0] for p in pairs]
+
+
+@pytest.mark.slow
+def test_wmt16_recipe_from_its_archives(tmp_path):
+    """Archives unpacked as found (.tgz, .zip), the SGML sets read, Romanian normalised (and its
+    diacritics removed on the Romanian source), training pairs cleaned after BPE, dev/test kept whole."""
+    write_fake_wmt16(tmp_path / "orig")
+    dest = tmp_path / "dest"
+    run_corpus("prepare", "wmt16-en-ro", "--from", tmp_path / "orig", "--dest", dest, "--src", "ro", "--tgt", "en",
+               "--remove-diacritics", "--workers", "1", "--bpe-merges", "50")
+    assert_binarised(dest / "data-bin", "ro", "en")
+    train = lines(dest / "tok" / "train.ro")
+    assert len(train) == 59 and not any("Da 7" in x for x in train)  # the 3 : 13 pair
+    assert train[0] == "Casa este mare si tara 0 ."
+    assert lines(dest / "raw" / "test.en")[0] == "The house is big and the country 0 ."
+    assert [len(lines(dest / f"{split}.ro")) for split in ("valid", "test")] == [10, 10]
+
+
+def test_romanian_normalisation_is_for_the_romanian_side_only():
+    steps = corpus.CORPORA["wmt16-en-ro"].steps
+    assert corpus.Tokeniser("ro", steps, False)("Ţara şi râul") == "Țara și râul"  # cedilla -> comma below
+    assert corpus.Tokeniser("ro", steps + ("no_diacritics",), False)("Ţara şi râul") == "Tara si raul"
+    assert corpus.Tokeniser("en", steps + ("no_diacritics",), True)("Ţara şi râul") == "ţara şi râul"
 
 
 # ------------------------------------------------------------------------------ failures: offline, bad flags
