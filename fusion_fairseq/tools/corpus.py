@@ -387,40 +387,50 @@ def gather(corpus, files, src, tgt, test_set):
     return text
 
 
-def prepare(corpus, args):
-    src, tgt = args.src, args.tgt
+def read_raw(corpus, args):
+    """The corpus's raw text, from --from (a folder, or an archive unpacked into a scratch folder) or
+    from its downloads (kept in DEST/orig for later runs)."""
     with tempfile.TemporaryDirectory(prefix=".work.", dir=args.dest) as work:
+        root = args.from_
         if args.from_ and os.path.isfile(args.from_):
-            extract(args.from_, os.path.join(work, "from"))
-        root = os.path.join(work, "from") if args.from_ and os.path.isfile(args.from_) else args.from_
-        if not args.from_:
+            root = os.path.join(work, "from")
+            extract(args.from_, root)
+        elif not args.from_:
             root = os.path.join(args.dest, "orig")
-            for url in corpus.urls:
-                for lang in (src, tgt) if "{lang}" in url else (None,):
-                    url_ = url.format(lang=lang, test=args.test_set)
-                    download(args.mirror.rstrip("/") + "/" + url_.rsplit("/", 1)[-1] if args.mirror else url_, root, args.timeout)
-        raw = gather(corpus, RawFiles(root, work), src, tgt, args.test_set)
+            for pattern in corpus.urls:
+                for lang in (args.src, args.tgt) if "{lang}" in pattern else (None,):
+                    url = pattern.format(lang=lang, test=args.test_set)
+                    download(f"{args.mirror.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if args.mirror else url, root, args.timeout)
+        return gather(corpus, RawFiles(root, work), args.src, args.tgt, args.test_set)
+
+
+def hold_out_valid(text, every, langs):
+    """valid = every ``every``-th training pair, train = the rest (each kind of text alike)."""
+    for kind in text.values():
+        kind["valid"] = {lang: kind["train"][lang][every - 1::every] for lang in langs}
+        kind["train"] = {lang: [x for i, x in enumerate(kind["train"][lang], 1) if i % every] for lang in langs}
+
+
+def prepare(corpus, args):
+    langs = (src, tgt) = (args.src, args.tgt)
+    raw = read_raw(corpus, args)
     steps = corpus.steps + (("no_diacritics",) if args.remove_diacritics else ())
     log(f"tokenising (sacremoses; {', '.join(steps) or 'plain'}; lowercase={int(args.lowercase)})")
     text = {"raw": raw, "tok": {split: {lang: parallel_map(Tokeniser, (lang, steps, args.lowercase), raw[split][lang],
-                                                           args.workers) for lang in (src, tgt)} for split in raw}}
+                                                           args.workers) for lang in langs} for split in raw}}
     stage, max_len, ratio = corpus.clean
     max_len = args.max_len or max_len
     if stage == "tok":
-        keep_pairs(text, ["train"], ("tok", "raw"), (src, tgt), max_len, ratio)
+        keep_pairs(text, ["train"], ("tok", "raw"), langs, max_len, ratio)
     if isinstance(corpus.valid, int):
-        every = args.valid_every or corpus.valid
-        for kind in text.values():
-            kind["valid"] = {lang: kind["train"][lang][every - 1::every] for lang in (src, tgt)}
-            kind["train"] = {lang: [x for i, x in enumerate(kind["train"][lang], 1) if i % every] for lang in (src, tgt)}
+        hold_out_valid(text, args.valid_every or corpus.valid, langs)
     log(f"learning {args.bpe_merges} joint BPE merges (subword-nmt) on train.{{{src},{tgt}}} and applying them")
     text["bpe"] = learn_and_apply_bpe(text["tok"], src, tgt, args.bpe_merges, os.path.join(args.dest, "code"), args.workers)
     held_out = ["train", "valid"] if isinstance(corpus.valid, int) else ["train"]
     for limits in ([(max_len, ratio)] if stage == "bpe" else []) + ([(args.max_subwords, math.inf)] if args.max_subwords else []):
-        keep_pairs(text, held_out, ("bpe", "tok", "raw"), (src, tgt), *limits)
-    raw, tok, bpe = text["raw"], text["tok"], text["bpe"]
-    for directory, text in ((os.path.join(args.dest, "raw"), raw), (os.path.join(args.dest, "tok"), tok), (args.dest, bpe)):
-        write_splits(text, directory, (src, tgt))
+        keep_pairs(text, held_out, ("bpe", "tok", "raw"), langs, *limits)
+    for kind, directory in (("raw", "raw"), ("tok", "tok"), ("bpe", "")):
+        write_splits(text[kind], os.path.join(args.dest, directory), langs)
     log(f"binarising with fairseq-preprocess into {args.databin}")
     binarise(args.dest, args.databin, src, tgt, args.workers, args.joined)
     refs = [f"{kind.upper()}_REF_{split}={os.path.abspath(os.path.join(args.dest, kind, f'{split}.{tgt}'))}"
@@ -430,7 +440,7 @@ def prepare(corpus, args):
         f"TGT={tgt}", f"LOWERCASE={int(args.lowercase)}", "BPE=subword_nmt", f"BPE_MERGES={args.bpe_merges}",
         f"COMPOUND_SPLIT={int(corpus.compound_split and tgt == 'de')}", f"TEST_SET={args.test_set}", *refs])
     for split in SPLITS:
-        log(f"  {split}: {len(bpe[split][src]):,} sentence pairs")
+        log(f"  {split}: {len(text['bpe'][split][src]):,} sentence pairs")
     print(f"Binarised data ({src} -> {tgt}) is in: {os.path.abspath(args.databin)}")
     print(f"BPE'd text and codes are in: {os.path.abspath(args.dest)}")
 
