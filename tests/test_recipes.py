@@ -333,7 +333,9 @@ def test_offline_download_fails_with_a_clear_message(name, tmp_path):
     (["prepare", "wmt14-en-de", "--workers", "0"], ["--workers", "'0'"]),
     (["prepare", "wmt16-en-ro", "--tgt", "de"], ["--tgt", "'de'"]),
     (["prepare", "wmt16-en-ro", "--remove-diacritics"], ["--remove-diacritics"]),
+    (["prepare", "iwslt14", "--valid-every", "1"], ["--valid-every", "'1'"]),
     (["evaluate", "--beam", "0"], ["--beam", "'0'"]),
+    (["evaluate", "/", "/", "--lenpen", "nan"], ["--lenpen", "'nan'"]),
     (["evaluate", "/nonexistent-data-bin", "/nonexistent.pt"], ["DATA_BIN", "'/nonexistent-data-bin'"]),
     (["evaluate", "data-bin", "model.pt", "--frobnicate"], ["unrecognized arguments", "--frobnicate"]),
 ])

@@ -526,6 +526,8 @@ EVAL_STAMP = "fusion-fairseq corpus evaluate"
 
 def evaluate(args):
     data, subset = args.data_bin, args.gen_subset
+    if not math.isfinite(args.lenpen):
+        usage_error(f"--lenpen: invalid value '{args.lenpen}' (expected a finite number)")
     if not os.path.isdir(data):
         usage_error(f"DATA_BIN: '{data}' is not a directory")
     if not os.path.isfile(args.checkpoint):
@@ -685,6 +687,8 @@ def prepare_args(args):
     args.test_set = args.test_set or next(iter(corpus.tests))
     if args.test_set not in corpus.tests:
         usage_error(f"--test-set: invalid value '{args.test_set}' (choose from: {', '.join(corpus.tests)})")
+    if args.valid_every == 1:
+        usage_error("--valid-every: invalid value '1' (expected an integer >= 2: every pair would be valid)")
     if args.remove_diacritics and args.src != "ro":
         usage_error("--remove-diacritics is for the Romanian source side (wmt16-en-ro --src ro --tgt en)")
     args.bpe_merges = args.bpe_merges or corpus.merges
@@ -698,15 +702,15 @@ def prepare_args(args):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = build_parser().parse_args(argv[:len(argv) - len(extra) - 1] if "--" in argv else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # evaluate: what follows goes to fairseq-generate
+    args = build_parser().parse_args(argv[:cut])
     if args.command == "prepare":
         corpus = prepare_args(args)
         check_outputs(args, (args.src, args.tgt))
         os.makedirs(args.dest, exist_ok=True)
         prepare(corpus, args)
     elif args.command == "evaluate":
-        args.extra = extra
+        args.extra = argv[cut + 1:]
         evaluate(args)
     elif args.command == "hyps":
         hyps, targets = hypotheses(args.generate_output, args.expect)
