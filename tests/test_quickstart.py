@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fusion_fairseq.tools import quickstart
+from fusion_fairseq.tools import corpus, quickstart
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(REPO_ROOT, "..", "shared", "data", "multi30k", "tok")
@@ -270,8 +270,11 @@ def test_an_output_linked_elsewhere_is_replaced_not_written_through(tmp_path):
     raw.mkdir(parents=True)
     (tmp_path / "mine").write_text("my file\n")
     (raw / "train.de").symlink_to(tmp_path / "mine")
-    quickstart.copy_lines(str(data / "train.de"), str(raw / "train.de"))
+    quickstart.prepare_real_data(SimpleNamespace(
+        data=str(data), src="de", tgt="en", train_split=None, valid_split=None, test_split=None, train_lines=0,
+        valid_lines=0, test_lines=0), str(raw))
     assert (tmp_path / "mine").read_text() == "my file\n" and not os.path.islink(raw / "train.de")
+    assert (raw / "train.de").read_text() == "a\n"
 
 
 @pytest.mark.parametrize("content, message", [
@@ -308,13 +311,9 @@ def test_a_line_longer_than_the_models_take_is_refused_before_training(tmp_path,
 @pytest.mark.parametrize("texts", [("a\n", "b\n"), ("jedes\n", "once\n")])
 def test_training_text_without_merges_keeps_its_words(tmp_path, texts):
     """No pair to merge, or none twice: subword-nmt failed (max() of nothing; exit 1 on codes without merges)."""
-    raw, bpe = tmp_path / "raw", tmp_path / "bpe"
-    raw.mkdir()
-    for split in ("train", "valid", "test"):
-        for lang, text in zip(("de", "en"), texts):
-            (raw / f"{split}.{lang}").write_text(text)
-    quickstart.learn_and_apply_bpe(SimpleNamespace(src="de", tgt="en", bpe_merges=100), str(raw), str(bpe))
-    assert (bpe / "test.en").read_text() == texts[1]
+    text = {split: {lang: [line.strip()] for lang, line in zip(("de", "en"), texts)} for split in ("train", "valid", "test")}
+    bpe = corpus.learn_and_apply_bpe(text, "de", "en", 100, str(tmp_path / "codes"))
+    assert bpe["test"]["en"] == [texts[1].strip()]
 
 
 @pytest.mark.parametrize("flag", ["--fusion-attn-dim", "--fusion-ffn-dim", "--fusion-hops"])

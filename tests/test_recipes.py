@@ -1,12 +1,15 @@
-"""Data recipes in scripts/ (prepare-*.sh, evaluate.sh, recipe_tool.py), offline.
+"""The data pipeline (``fusion_fairseq.tools.corpus``: prepare, evaluate), offline, and the paper
+training recipes (examples/*/train.sh, dry runs).
 
 Multi30k slices come from the team's shared copy (``<repo>/../shared/data/multi30k/raw``; tests that need
 it are skipped when it is absent); IWSLT14 is a small generated imitation of the real ``de-en.tgz``
 (``de-en/train.tags.de-en.{de,en}`` with the TED talk tags, ``IWSLT14.TED*.de-en.{de,en}.xml`` dev/test
-files).  fastBPE checks are skipped when the ``fastBPE`` module is not installed.
+files).
 """
 
 import ast
+import contextlib
+import io
 import json
 import os
 import re
@@ -14,33 +17,33 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from fusion_fairseq.tools import corpus
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO_ROOT, "scripts")
-TOOL = os.path.join(SCRIPTS, "recipe_tool.py")
 SHARED_RAW = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k", "raw")
 UNROUTABLE = "http://10.255.255.1"
 
-needs_multi30k = pytest.mark.skipif(not os.path.isfile(os.path.join(SHARED_RAW, "train.de")),
-                                    reason=f"shared Multi30k data not found at {SHARED_RAW}")
 
-
-def run_script(name, *args, env=None, check=True, timeout=300):
-    result = subprocess.run(
-        ["bash", os.path.join(SCRIPTS, name), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore", **(env or {})},
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"{name} {' '.join(map(str, args))} failed ({result.returncode}):\n"
-                             f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+def run_corpus(*args, check=True):
+    """``python -m fusion_fairseq.tools.corpus ARGS`` in this process: exit status, stdout, stderr."""
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            corpus.main([str(a) for a in args])
+        except SystemExit as error:
+            code = error.code if isinstance(error.code, int) else 1
+            if isinstance(error.code, str):
+                print(error.code, file=sys.stderr)
+    result = SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"corpus {' '.join(map(str, args))} failed ({code}):\n{result.stderr[-5000:]}")
     return result
-
-
-def tool(*args):
-    return subprocess.run([sys.executable, TOOL, *map(str, args)], check=True, capture_output=True, text=True)
 
 
 def lines(path):
@@ -85,7 +88,7 @@ def m30k(m30k_slice, tmp_path_factory):
     dest = tmp_path_factory.mktemp("m30k_dest")
     (dest / "mine.txt").write_text("keep me\n")  # a pre-existing file in the user's --dest
     before = sorted(os.listdir(m30k_slice))
-    result = run_script("prepare-multi30k.sh", "--from", m30k_slice, "--dest", dest, "--workers", "1",
+    result = run_corpus("prepare", "multi30k", "--from", m30k_slice, "--dest", dest, "--workers", "1",
                         "--bpe-merges", "1000")
     assert sorted(os.listdir(m30k_slice)) == before, "--from directory was modified"
     return dest, result
@@ -118,62 +121,6 @@ def test_multi30k_recipe_outputs(m30k, m30k_slice):
     env = dict(line.split("=", 1) for line in lines(databin / "recipe.env") if "=" in line)
     assert env["LOWERCASE"] == "1" and env["SRC"] == "de" and env["TGT"] == "en"
     assert lines(env["RAW_REF_test"]) == lines(m30k_slice / "test_2016_flickr.en")
-
-
-# ---------------------------------------------------------------------------------- fastBPE == subword-nmt
-
-SHARED_TOK = os.path.join(os.path.dirname(SHARED_RAW), "tok")
-
-
-def have_fastbpe():
-    try:
-        import fastBPE  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.slow
-@needs_multi30k
-def test_fastbpe_segmentation_equals_subword_nmt_on_multi30k(tmp_path):
-    """Same codes (learned by subword-nmt, converted for fastBPE) give identical segmentations, including
-    word-final units (subword-nmt's ``</w>``), on real Multi30k text: cased raw text (words end in
-    punctuation) and the official Moses-tokenised, lowercased text, German and English."""
-    fastBPE = pytest.importorskip("fastBPE")
-    texts = []
-    for directory, kind in ((SHARED_RAW, "raw"), (SHARED_TOK, "tok")):
-        for lang in ("de", "en"):
-            path = tmp_path / f"{kind}.{lang}"
-            write(path, lines(os.path.join(directory, f"train.{lang}"))[:2000])
-            texts.append(path)
-    codes = tmp_path / "codes"
-    tool("learn-bpe", "--merges", "1500", "--out", codes, *texts)
-    merges = lines(codes)[1:]
-    assert any(m.endswith("</w>") for m in merges) and any(not m.endswith("</w>") for m in merges)
-
-    tool("codes-to-fastbpe", codes, tmp_path / "codes.fast")
-    fast_codes = lines(tmp_path / "codes.fast")
-    assert len(fast_codes) == len(set(merges)) and all(len(x.split(" ")) == 3 for x in fast_codes)
-    tool("codes-from-fastbpe", tmp_path / "codes.fast", tmp_path / "codes.back")
-    assert lines(tmp_path / "codes.back") == ["#version: 0.2"] + list(dict.fromkeys(merges))
-
-    out = {impl: [tmp_path / f"{p.name}.{impl}" for p in texts] for impl in ("subword_nmt", "fastbpe")}
-    for impl, outputs in out.items():
-        tool("apply-bpe", "--impl", impl, "--codes", codes, *[x for io in zip(texts, outputs) for x in ("--io", *io)])
-    reference = subprocess.run([sys.executable, "-m", "subword_nmt.apply_bpe", "-c", str(codes)],
-                               input="".join(open(p, encoding="utf-8").read() for p in texts),
-                               capture_output=True, text=True, check=True).stdout.splitlines()
-    got_subword = [x for p in out["subword_nmt"] for x in lines(p)]
-    got_fast = [x for p in out["fastbpe"] for x in lines(p)]
-    assert got_subword == reference  # recipe_tool's subword-nmt path == subword-nmt's own apply-bpe
-    diff = [(a, b) for a, b in zip(got_subword, got_fast) if a != b]
-    assert not diff and len(got_fast) == len(got_subword) == 8000, diff[:3]
-    assert any("@@ " in x for x in got_fast) and not any("</w>" in x for x in got_fast)
-    assert [unbpe(x) for x in got_fast] == [" ".join(x.split()) for p in texts for x in lines(p)]
-    # the check is sensitive to end-of-word handling: codes converted without the "</w>" markers differ
-    write(tmp_path / "codes.naive", [" ".join(m.replace("</w>", "").split() + ["1"]) for m in dict.fromkeys(merges)])
-    naive = fastBPE.fastBPE(str(tmp_path / "codes.naive")).apply([x.strip() for p in texts for x in lines(p)])
-    assert sum(a != b for a, b in zip(naive, got_subword)) > 100
 
 
 # ----------------------------------------------------------------------------------------------- IWSLT14
@@ -259,13 +206,10 @@ def write_fake_iwslt14(directory, talks=5, lines_per_talk=40):
 
 @pytest.fixture(scope="module")
 def iwslt(tmp_path_factory):
-    """The IWSLT14 recipe on the imitation archive; with --bpe fastbpe when fastBPE is installed, so that
-    both BPE paths of the scripts run end to end (the Multi30k fixture uses the default, subword-nmt)."""
+    """The IWSLT14 recipe on the imitation archive."""
     archive, kept, test_numbers = write_fake_iwslt14(tmp_path_factory.mktemp("iwslt_orig"))
     dest = tmp_path_factory.mktemp("iwslt_dest")
-    bpe = "fastbpe" if have_fastbpe() else "subword_nmt"
-    result = run_script("prepare-iwslt14.sh", f"--from={archive}", "--dest", dest, "--workers", "1",
-                        "--bpe-merges", "300", "--bpe", bpe)
+    result = run_corpus("prepare", "iwslt14", f"--from={archive}", "--dest", dest, "--workers", "1", "--bpe-merges", "300")
     return dest, kept, test_numbers, result
 
 
@@ -299,82 +243,119 @@ def test_iwslt14_recipe_outputs(iwslt, tmp_path):
     # Moses tokenisation + lowercasing: "Das Katze Sonne Musik Kinder, 1!" -> "das katze sonne musik kinder , 1 !"
     assert all(x == x.lower() for x in everything)
     assert tok["train"]["de"][2] == "das " + " ".join(DE[(7 + i * 3) % len(DE)] for i in range(4)).lower() + " , 1 !"
-    # joint BPE on every split; whichever --bpe the recipe used, subword-nmt gives the very same text
-    io = []
+    # joint BPE on every split, the very text subword-nmt's own apply-bpe gives
     for split in ("train", "valid", "test"):
         for lang in ("de", "en"):
             assert [unbpe(x) for x in lines(dest / f"{split}.{lang}")] == tok[split][lang]
-            io += ["--io", dest / "tok" / f"{split}.{lang}", tmp_path / f"{split}.{lang}"]
-    tool("apply-bpe", "--impl", "subword_nmt", "--codes", dest / "code", *io)
-    for split in ("train", "valid", "test"):
-        for lang in ("de", "en"):
-            assert lines(tmp_path / f"{split}.{lang}") == lines(dest / f"{split}.{lang}")
+            reference = subprocess.run([sys.executable, "-m", "subword_nmt.apply_bpe", "-c", str(dest / "code")],
+                                       input="\n".join(tok[split][lang]) + "\n", capture_output=True, text=True, check=True)
+            assert reference.stdout.splitlines() == lines(dest / f"{split}.{lang}")
     assert any("@@ " in x for x in lines(dest / "train.de"))
-    assert (dest / "code.fastbpe").exists() == have_fastbpe()
+
+
+def write_fake_wmt16(directory):
+    """WMT16 En-Ro's four downloads in miniature: Europarl v8 (.tgz), SETIMES2 (.zip) and the SGML
+    newsdev2016 / newstest2016 sets (.tgz, both directions). Returns the Romanian training lines."""
+    ro = ["Casa este mare şi ţara {n} .", "Copacul mic lângă râu {n} ."]
+    en = ["The house is big and the country {n} .", "The small tree near the river {n} ."]
+    pairs = [(ro[n % 2].format(n=n), en[n % 2].format(n=n)) for n in range(60)]
+    pairs[7] = ("Da 7 .", "Yes , of course I will do that for you now , 7 .")  # ratio 3 : 13, cleaned after BPE
+    (directory / "training").mkdir(parents=True)
+    for lang, side in (("ro", 0), ("en", 1)):
+        write(directory / "training" / f"europarl-v8.ro-en.{lang}", [p[side] for p in pairs[:40]])
+    with tarfile.open(directory / "training-parallel-ep-v8.tgz", "w:gz") as tar:
+        tar.add(directory / "training", arcname="training")
+    with zipfile.ZipFile(directory / "en-ro.txt.zip", "w") as z:
+        for lang, side in (("ro", 0), ("en", 1)):
+            z.writestr(f"SETIMES.en-ro.{lang}", "".join(p[side] + "\n" for p in pairs[40:]))
+    for name, archive in (("newsdev2016", "dev"), ("newstest2016", "test")):
+        (directory / archive).mkdir()
+        for direction, lang, side, text in (("enro", "en", "src", 1), ("enro", "ro", "ref", 0), ("roen", "ro", "src", 0),
+                                            ("roen", "en", "ref", 1)):
+            write(directory / archive / f"{name}-{direction}-{side}.{lang}.sgm",
+                  ["<srcset>", "<doc>"] + [f'<seg id="{i + 1}">{p[text]}</seg>' for i, p in enumerate(pairs[:10])]
+                  + ["</doc>", "</srcset>"])
+        with tarfile.open(directory / f"{archive}.tgz", "w:gz") as tar:
+            tar.add(directory / archive, arcname=archive)
+    for folder in ("training", "dev", "test"):
+        shutil.rmtree(directory / folder)
+    return [p[0] for p in pairs]
+
+
+@pytest.mark.slow
+def test_wmt16_recipe_from_its_archives(tmp_path):
+    """Archives unpacked as found (.tgz, .zip), the SGML sets read, Romanian normalised (and its
+    diacritics removed on the Romanian source), training pairs cleaned after BPE, dev/test kept whole."""
+    write_fake_wmt16(tmp_path / "orig")
+    dest = tmp_path / "dest"
+    run_corpus("prepare", "wmt16-en-ro", "--from", tmp_path / "orig", "--dest", dest, "--src", "ro", "--tgt", "en",
+               "--remove-diacritics", "--workers", "1", "--bpe-merges", "50")
+    assert_binarised(dest / "data-bin", "ro", "en")
+    train = lines(dest / "tok" / "train.ro")
+    assert len(train) == 59 and not any("Da 7" in x for x in train)  # the 3 : 13 pair
+    assert train[0] == "Casa este mare si tara 0 ."
+    assert lines(dest / "raw" / "test.en")[0] == "The house is big and the country 0 ."
+    assert [len(lines(dest / f"{split}.ro")) for split in ("valid", "test")] == [10, 10]
+
+
+def test_romanian_normalisation_is_for_the_romanian_side_only():
+    steps = corpus.CORPORA["wmt16-en-ro"].steps
+    assert corpus.Tokeniser("ro", steps, False)("Ţara şi râul") == "Țara și râul"  # cedilla -> comma below
+    assert corpus.Tokeniser("ro", steps + ("no_diacritics",), False)("Ţara şi râul") == "Tara si raul"
+    assert corpus.Tokeniser("en", steps + ("no_diacritics",), True)("Ţara şi râul") == "ţara şi râul"
 
 
 # ------------------------------------------------------------------------------ failures: offline, bad flags
 
-@pytest.mark.parametrize("script,env", [
-    ("prepare-iwslt14.sh", {"IWSLT14_URL": f"{UNROUTABLE}/de-en.tgz"}),
-    ("prepare-multi30k.sh", {"MULTI30K_URL": f"{UNROUTABLE}/raw"}),
-    ("prepare-wmt14-en-de.sh", {"WMT14_EUROPARL_URL": f"{UNROUTABLE}/training-parallel-europarl-v7.tgz"}),
-    ("prepare-wmt16-en-ro.sh", {"WMT16_EUROPARL_URL": f"{UNROUTABLE}/training-parallel-ep-v8.tgz"}),
-])
-def test_offline_download_fails_with_a_clear_message(script, env, tmp_path):
+@pytest.mark.parametrize("name", list(corpus.CORPORA))
+def test_offline_download_fails_with_a_clear_message(name, tmp_path):
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "mine.txt").write_text("keep me\n")
-    result = run_script(script, "--dest", dest, check=False, timeout=120,
-                        env={**env, "RECIPE_CONNECT_TIMEOUT": "2", "RECIPE_STALL_TIMEOUT": "5"})
-    assert result.returncode != 0
+    result = run_corpus("prepare", name, "--dest", dest, "--mirror", UNROUTABLE, "--timeout", "2", check=False)
+    assert result.returncode == 1
     assert "download of http://10.255.255.1/" in result.stderr and "--from PATH" in result.stderr, result.stderr
     assert (dest / "mine.txt").read_text() == "keep me\n"
     assert not [p for p in os.listdir(dest) if p.startswith(".work")]
     assert not (dest / "orig").exists() or os.listdir(dest / "orig") == []  # no partial download left
 
 
-@pytest.mark.parametrize("script,args,expected", [
-    ("prepare-multi30k.sh", ["--bpe", "sentencepiece"], ["--bpe", "'sentencepiece'", "subword_nmt, fastbpe"]),
-    ("prepare-multi30k.sh", ["--bpe=foo"], ["--bpe", "'foo'"]),
-    ("prepare-multi30k.sh", ["--src", "xx"], ["--src", "'xx'"]),
-    ("prepare-multi30k.sh", ["--src", "en", "--tgt", "en"], ["--src and --tgt"]),
-    ("prepare-multi30k.sh", ["--test-set", "test_2099"], ["--test-set", "'test_2099'"]),
-    ("prepare-multi30k.sh", ["--frobnicate"], ["unknown option", "'--frobnicate'"]),
-    ("prepare-iwslt14.sh", ["--bpe-merges", "ten"], ["--bpe-merges", "'ten'"]),
-    ("prepare-iwslt14.sh", ["--dest"], ["--dest needs a value"]),
-    ("prepare-iwslt14.sh", ["--ratio", "x"], ["--ratio", "'x'"]),
-    ("prepare-iwslt14.sh", ["--from", "/nonexistent/de-en.tgz"], ["--from", "'/nonexistent/de-en.tgz'", "does not exist"]),
-    ("prepare-wmt14-en-de.sh", ["--workers", "0"], ["--workers", "'0'"]),
-    ("prepare-wmt16-en-ro.sh", ["--tgt", "de"], ["--tgt", "'de'"]),
-    ("prepare-wmt16-en-ro.sh", ["--remove-diacritics"], ["--remove-diacritics"]),
-    ("evaluate.sh", ["--beam", "0"], ["--beam", "'0'"]),
-    ("evaluate.sh", ["/nonexistent-data-bin", "/nonexistent.pt"], ["DATA_BIN", "'/nonexistent-data-bin'"]),
-    ("evaluate.sh", ["--frobnicate"], ["unknown option", "'--frobnicate'"]),
+@pytest.mark.parametrize("args,expected", [
+    (["prepare", "multi30k", "--src", "xx"], ["--src", "'xx'", "de, en, fr, cs"]),
+    (["prepare", "multi30k", "--src", "en", "--tgt", "en"], ["--src and --tgt"]),
+    (["prepare", "multi30k", "--test-set", "test_2099"], ["--test-set", "'test_2099'"]),
+    (["prepare", "multi30k", "--frobnicate"], ["unrecognized arguments", "--frobnicate"]),
+    (["prepare", "tatoeba"], ["invalid choice", "'tatoeba'"]),
+    (["prepare", "iwslt14", "--bpe-merges", "ten"], ["--bpe-merges", "'ten'"]),
+    (["prepare", "iwslt14", "--dest"], ["--dest", "expected one argument"]),
+    (["prepare", "iwslt14", "--from", "/nonexistent/de-en.tgz"], ["--from", "'/nonexistent/de-en.tgz'", "does not exist"]),
+    (["prepare", "iwslt14", "--test-set", "tst2099"], ["--test-set: invalid value 'tst2099' (choose from: fairseq, he2018)"]),
+    (["prepare", "wmt14-en-de", "--workers", "0"], ["--workers", "'0'"]),
+    (["prepare", "wmt16-en-ro", "--tgt", "de"], ["--tgt", "'de'"]),
+    (["prepare", "wmt16-en-ro", "--remove-diacritics"], ["--remove-diacritics"]),
+    (["prepare", "iwslt14", "--valid-every", "1"], ["--valid-every", "'1'"]),
+    (["evaluate", "--beam", "0"], ["--beam", "'0'"]),
+    (["evaluate", "/", "/", "--lenpen", "nan"], ["--lenpen", "'nan'"]),
+    (["evaluate", "/nonexistent-data-bin", "/nonexistent.pt"], ["DATA_BIN", "'/nonexistent-data-bin'"]),
+    (["evaluate", "data-bin", "model.pt", "--frobnicate"], ["unrecognized arguments", "--frobnicate"]),
 ])
-def test_bad_options_are_rejected_by_name(script, args, expected, tmp_path):
-    result = run_script(script, *args, check=False, timeout=60)
+def test_bad_options_are_rejected_by_name(args, expected, tmp_path):
+    result = run_corpus(*args, check=False)
     assert result.returncode == 2, (result.returncode, result.stderr)
     for fragment in expected:
         assert fragment in result.stderr, (fragment, result.stderr)
-    assert result.stderr.startswith(f"{script}: error:")
+    assert result.stderr.startswith("corpus") and len(result.stderr.splitlines()) == 1, result.stderr
 
 
-# ------------------------------------------------------------------------------------------ recipe_tool
+# ---------------------------------------------------------------------------------------- the steps
 
-def test_clean_follows_clean_corpus_n(tmp_path):
+def test_clean_follows_clean_corpus_n():
     src = ["a b c", "a", "  a   b  ", "", "x " * 176, "a|b c", "a b c d"]
     tgt = ["a b c", "a b c d", "a b", "a", "y " * 176, "a b", "a b c d e f g"]
-    write(tmp_path / "s", src)
-    write(tmp_path / "t", tgt)
-    write(tmp_path / "r", [f"raw {i}" for i in range(len(src))])
-    tool("clean", "--src-in", tmp_path / "s", "--tgt-in", tmp_path / "t", "--src-out", tmp_path / "so",
-         "--tgt-out", tmp_path / "to", "--also-in", tmp_path / "r", "--also-out", tmp_path / "ro",
-         "--ratio", "1.5", "--max", "175")
+    raw = [f"raw {i}" for i in range(len(src))]
     # kept: identical; squeezed "a b"; "ab c" (pipe removed) vs "a b"; dropped: ratio 4, empty, too long, 7/4
-    assert lines(tmp_path / "so") == ["a b c", "a b", "ab c"]
-    assert lines(tmp_path / "to") == ["a b c", "a b", "a b"]
-    assert lines(tmp_path / "ro") == ["raw 0", "raw 2", "raw 5"]
+    assert corpus.clean([src, tgt, raw], 175, 1.5) == [["a b c", "a b", "ab c"], ["a b c", "a b", "a b"],
+                                                       ["raw 0", "raw 2", "raw 5"]]
 
 
 def test_bleu_scores_and_compound_split(tmp_path):
@@ -383,8 +364,8 @@ def test_bleu_scores_and_compound_split(tmp_path):
     write(tmp_path / "ref", ref)
     write(tmp_path / "tok", tok)
     write(tmp_path / "hyp", [x.lower() for x in ref])
-    out = tool("bleu", "--hyp-detok", tmp_path / "hyp", "--ref", tmp_path / "ref", "--hyp-tok", tmp_path / "tok",
-               "--tok-ref", tmp_path / "tok", "--lowercase", "--compound-split", "--json", tmp_path / "s.json").stdout
+    out = run_corpus("bleu", "--hyp-detok", tmp_path / "hyp", "--ref", tmp_path / "ref", "--hyp-tok", tmp_path / "tok",
+                     "--tok-ref", tmp_path / "tok", "--lowercase", "--compound-split", "--json", tmp_path / "s.json").stdout
     assert re.search(r"^sacreBLEU \(detokenized, case-insensitive\) .*: BLEU = 100\.00", out, re.M), out
     assert "sacreBLEU signature: nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:" in out
     assert re.search(r"^Tokenized BLEU \(case-insensitive; .*compound-split\) .*: BLEU = 100\.00", out, re.M), out
@@ -392,7 +373,7 @@ def test_bleu_scores_and_compound_split(tmp_path):
     assert scores["sacrebleu"] == scores["tokenized_bleu"] == 100.0 and scores["compound_split"]
 
 
-# -------------------------------------------------------------------------------------------- evaluate.sh
+# ------------------------------------------------------------------------------------------- evaluate
 
 @pytest.mark.slow
 def test_evaluate_end_to_end_on_a_tiny_transformer(m30k, m30k_slice, tmp_path):
@@ -408,8 +389,8 @@ def test_evaluate_end_to_end_on_a_tiny_transformer(m30k, m30k_slice, tmp_path):
          "--no-progress-bar", "--seed", "1", "--disable-validation", "--cpu"],
         check=True, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     out_dir = tmp_path / "eval"
-    # the reference defaults to the one prepare-multi30k.sh recorded; pass it explicitly as users would
-    result = run_script("evaluate.sh", databin, save_dir / "checkpoint_last.pt", "--gen-subset", "test", "--beam", "2",
+    # the reference defaults to the one prepare recorded; pass it explicitly as users would
+    result = run_corpus("evaluate", databin, save_dir / "checkpoint_last.pt", "--gen-subset", "test", "--beam", "2",
                         "--ref", m30k_slice / "test_2016_flickr.en", "--out", out_dir, "--batch-size", "50",
                         "--", "--max-len-b", "12")
     out = result.stdout
@@ -652,12 +633,12 @@ def test_iwslt14_recipe_he2018_test_set_subword_filter_and_separate_dictionaries
     8,389 / 6,428 types)."""
     archive, _, test_numbers = write_fake_iwslt14(tmp_path / "orig")
     dest = tmp_path / "dest"
-    run_script("prepare-iwslt14.sh", f"--from={archive}", "--dest", dest, "--workers", "1", "--bpe-merges", "300",
+    run_corpus("prepare", "iwslt14", f"--from={archive}", "--dest", dest, "--workers", "1", "--bpe-merges", "300",
                "--test-set", "he2018", "--max-subwords", "11", "--no-joined-dictionary")
     dev2012 = {n for n in test_numbers if (n - 1000) // 100 == TEST_SETS.index("IWSLT14.TEDX.dev2012")}
     assert [number_of(x) for x in lines(dest / "tok" / "test.en")] == [n for n in test_numbers if n not in dev2012]
     unfiltered = tmp_path / "unfiltered"
-    run_script("prepare-iwslt14.sh", f"--from={archive}", "--dest", unfiltered, "--workers", "1", "--bpe-merges", "300")
+    run_corpus("prepare", "iwslt14", f"--from={archive}", "--dest", unfiltered, "--workers", "1", "--bpe-merges", "300")
     for split in ("train", "valid"):
         pairs = list(zip(lines(dest / f"{split}.de"), lines(dest / f"{split}.en")))
         assert pairs and all(len(de.split()) <= 11 and len(en.split()) <= 11 for de, en in pairs)
@@ -666,8 +647,6 @@ def test_iwslt14_recipe_he2018_test_set_subword_filter_and_separate_dictionaries
             assert [unbpe(x) for x in lines(dest / f"{split}.{lang}")] == lines(dest / "tok" / f"{split}.{lang}")
     assert len(lines(dest / "raw" / "valid.en")) == len(lines(dest / "valid.en"))
     assert lines(dest / "data-bin" / "dict.de.txt") != lines(dest / "data-bin" / "dict.en.txt")
-    result = run_script("prepare-iwslt14.sh", "--test-set", "tst2099", check=False)
-    assert result.returncode == 2 and "--test-set: invalid value 'tst2099' (choose from: fairseq, he2018)" in result.stderr
 
 
 def test_layerwise_coordination_recipe_pre_norm_option(tmp_path):

@@ -1,28 +1,37 @@
 """Scripts never replace a user's files, check their outputs before the work, refuse a
 non-positive --beam / --timeout, and report a damaged checkpoint file in one line naming it."""
 
+import contextlib
+import io
 import json
 import os
 import re
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import SCRIPTS, load_script
+from conftest import load_script
 
-RECIPES = {
-    "prepare-multi30k.sh": ("de", "en"),
-    "prepare-iwslt14.sh": ("de", "en"),
-    "prepare-wmt14-en-de.sh": ("en", "de"),
-    "prepare-wmt16-en-ro.sh": ("en", "ro"),
-}
+RECIPES = {"multi30k": ("de", "en"), "iwslt14": ("de", "en"), "wmt14-en-de": ("en", "de"), "wmt16-en-ro": ("en", "ro")}
 
 
 def recipe(name, *args):
-    return subprocess.run(["bash", os.path.join(SCRIPTS, name), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"})
+    """``corpus prepare NAME ARGS`` in this process: exit status and stderr."""
+    return run_corpus("prepare", name, *args)
+
+
+def run_corpus(*args):
+    from fusion_fairseq.tools import corpus
+
+    stderr, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+        try:
+            corpus.main([str(a) for a in args])
+        except SystemExit as error:
+            code = error.code if isinstance(error.code, int) else 1
+            print(error.code if isinstance(error.code, str) else "", file=sys.stderr)
+    return SimpleNamespace(returncode=code, stderr=stderr.getvalue())
 
 
 def snapshot(directory):
@@ -53,7 +62,7 @@ def test_a_non_empty_databin_is_refused(tmp_path):
     databin = tmp_path / "bin"
     databin.mkdir()
     (databin / "dict.de.txt").write_text("mine 1\n")
-    result = recipe("prepare-multi30k.sh", "--dest", tmp_path / "dest", "--databin", databin)
+    result = recipe("multi30k", "--dest", tmp_path / "dest", "--databin", databin)
     assert result.returncode == 2 and f"{databin} (not empty)" in result.stderr
     assert (databin / "dict.de.txt").read_text() == "mine 1\n"
 
@@ -72,7 +81,7 @@ def test_from_and_dest_the_same_directory_is_refused_even_with_force(tmp_path, f
     raw = tmp_path / "multi30k" / subdir
     write_raw_multi30k(raw)
     before = snapshot(raw)
-    result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", tmp_path / "multi30k", *force)
+    result = recipe("multi30k", "--from", raw, "--dest", tmp_path / "multi30k", *force)
     assert result.returncode == 2, result.stderr
     assert "would replace the raw text it reads" in result.stderr
     assert snapshot(raw) == before
@@ -84,9 +93,9 @@ def test_a_dest_inside_from_is_refused(tmp_path, force):
     raw = tmp_path / "multi30k"
     write_raw_multi30k(raw)
     before = snapshot(raw)
-    result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", raw / "out", *force)
+    result = recipe("multi30k", "--from", raw, "--dest", raw / "out", *force)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines()[0] == f"prepare-multi30k.sh: error: --dest '{raw / 'out'}' is inside --from " \
+    assert result.stderr.splitlines()[0] == f"corpus: error: --dest '{raw / 'out'}' is inside --from " \
         f"'{raw}': the recipe searches --from for its raw files and would find the ones it writes; give a --dest " \
         "outside it"
     assert snapshot(raw) == before and not (raw / "out").exists()
@@ -111,8 +120,7 @@ def test_force_never_writes_through_a_link_in_dest(tmp_path):
     (dest / "data-bin").mkdir()
     (dest / "data-bin" / "recipe.env").symlink_to(mine / "codes")
     inputs, users = snapshot(raw), snapshot(mine)
-    result = recipe("prepare-multi30k.sh", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "1",
-                    "--force")
+    result = recipe("multi30k", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "1", "--force")
     assert result.returncode == 0, result.stderr
     assert snapshot(raw) == inputs and snapshot(mine) == users and sorted(os.listdir(mine)) == ["codes", "train.de"]
     assert not (tmp_path / "nothing-here").exists()
@@ -124,7 +132,7 @@ def test_a_dangling_link_in_dest_is_refused_without_force(tmp_path):
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "code").symlink_to(tmp_path / "nothing-here")
-    result = recipe("prepare-multi30k.sh", "--dest", dest)
+    result = recipe("multi30k", "--dest", dest)
     assert result.returncode == 2 and f"already holds what this recipe writes: {dest}/code" in result.stderr
 
 
@@ -370,20 +378,18 @@ def test_measurements_check_their_outputs_first(monkeypatch, capsys, tmp_path, s
     assert measure(flag, ours, "--force") == (None, None)
 
 
-# --- evaluate.sh ------------------------------------------------------------------------------
+# --- corpus evaluate --------------------------------------------------------------------------
 
 def evaluate(tmp_path, out, *args):
-    """evaluate.sh on a stand-in data directory and checkpoint, with a Python that fails at once:
-    the run stops at fairseq-generate (exit status 1) once its checks have passed."""
+    """``corpus evaluate`` on a stand-in data directory and an empty checkpoint: the run stops at
+    fairseq-generate (exit status 1) once its checks have passed."""
     data = tmp_path / "data-bin"
     data.mkdir(exist_ok=True)
     (data / "test.de-en.de.idx").write_bytes(b"")
     (tmp_path / "checkpoint.pt").write_bytes(b"")
     (tmp_path / "ref.en").write_text("a reference\n")
-    return subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), str(data), str(tmp_path / "checkpoint.pt"),
-                           "--src", "de", "--tgt", "en", "--ref", str(tmp_path / "ref.en"), "--no-user-dir",
-                           "--out", str(out), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHON": "false"})
+    return run_corpus("evaluate", data, tmp_path / "checkpoint.pt", "--src", "de", "--tgt", "en", "--ref",
+                      tmp_path / "ref.en", "--no-user-dir", "--out", out, *args)
 
 
 def test_evaluate_refuses_an_out_dir_holding_files_it_did_not_write(tmp_path):
@@ -391,16 +397,16 @@ def test_evaluate_refuses_an_out_dir_holding_files_it_did_not_write(tmp_path):
     out.mkdir()
     (out / "hyp.tok").write_text("my hypotheses\n")
     (out / "scores.json").write_text('{"bleu": 30.1}\n')
-    (out / "notes.txt").write_text("mine, not an output of evaluate.sh\n")
+    (out / "notes.txt").write_text("mine, not an output of corpus evaluate\n")
     before = snapshot(out)
     result = evaluate(tmp_path, out)
     assert result.returncode == 2
-    assert result.stderr.splitlines()[0] == f"evaluate.sh: error: --out '{out}' holds files that evaluate.sh did not " \
+    assert result.stderr.splitlines()[0] == f"corpus: error: --out '{out}' holds files that corpus evaluate did not " \
         "write: hyp.tok scores.json; pass --force to replace them, or give another --out"
     assert snapshot(out) == before and not (out / ".written_by").exists()
     result = evaluate(tmp_path, out, "--force")
     assert result.returncode == 1 and "fairseq-generate failed" in result.stderr
-    assert (out / "notes.txt").read_text() == "mine, not an output of evaluate.sh\n"
+    assert (out / "notes.txt").read_text() == "mine, not an output of corpus evaluate\n"
 
 
 @pytest.mark.parametrize("key", ["LOWERCASE", "COMPOUND_SPLIT"])
@@ -411,7 +417,7 @@ def test_evaluate_reads_recipe_env_as_data(tmp_path, key):
     (tmp_path / "data-bin" / "recipe.env").write_text(f"{key}=BEAM[$(touch {marker})]\n")
     result = evaluate(tmp_path, tmp_path / "eval")
     assert result.returncode == 1 and not marker.exists()
-    assert result.stderr.strip() == f"evaluate.sh: error: {tmp_path / 'data-bin'}/recipe.env: {key} " \
+    assert result.stderr.strip() == f"corpus: error: {tmp_path / 'data-bin'}/recipe.env: {key} " \
         f"'BEAM[$(touch {marker})]' is not allowed (allowed: 0 or 1)"
 
 
@@ -422,9 +428,8 @@ def test_evaluate_reads_a_recipe_env_with_crlf_line_endings(tmp_path):
     (data / "recipe.env").write_bytes(b"# written on Windows\r\nSRC=de\r\nTGT=en\r\nLOWERCASE=1\r\nCOMPOUND_SPLIT=0\r\n")
     (tmp_path / "checkpoint.pt").write_bytes(b"")
     (tmp_path / "ref.en").write_text("a reference\n")
-    result = subprocess.run(["bash", os.path.join(SCRIPTS, "evaluate.sh"), str(data), str(tmp_path / "checkpoint.pt"),
-                             "--ref", str(tmp_path / "ref.en"), "--no-user-dir", "--out", str(tmp_path / "eval")],
-                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": "false"})
+    result = run_corpus("evaluate", data, tmp_path / "checkpoint.pt", "--ref", tmp_path / "ref.en", "--no-user-dir",
+                        "--out", tmp_path / "eval")
     assert result.returncode == 1 and "fairseq-generate failed" in result.stderr, result.stderr
     assert "(de -> en)" in result.stderr
 
@@ -434,7 +439,7 @@ def test_evaluate_reruns_into_its_own_out_dir(tmp_path):
     for _ in range(2):
         result = evaluate(tmp_path, out)
         assert result.returncode == 1 and "fairseq-generate failed" in result.stderr, result.stderr
-    assert (out / ".written_by").read_text() == "fusion-fairseq evaluate.sh\n"
+    assert (out / ".written_by").read_text() == "fusion-fairseq corpus evaluate\n"
     assert (out / "generate-test.log").exists()
     (tmp_path / "file").write_text("mine\n")
     result = evaluate(tmp_path, tmp_path / "file")

@@ -7,7 +7,7 @@
 #   examples/dense_nmt/time_to_loss.sh DATA_BIN [OUT_DIR]      # default OUT_DIR: dense_time_to_loss
 #
 # DATA_BIN: binarised data with a joined dictionary, e.g. Multi30k De-En from
-# scripts/prepare-multi30k.sh. Environment: MAX_UPDATE (400), VALID_EVERY (25), MAX_TOKENS (4000),
+# `corpus prepare multi30k`. Environment: MAX_UPDATE (400), VALID_EVERY (25), MAX_TOKENS (4000),
 # SEED (1), THREADS (1 per model; the two models train at the same time). Step throughput on
 # identical batches: the benchmark command in examples/dense_nmt/README.md.
 set -euo pipefail

@@ -68,13 +68,13 @@ case "$STEP" in
         if [[ -d "$KIT/wheels" ]]; then echo "run.sh prepare: keeping the wheels in $KIT/wheels"
         elif [[ "${SMOKE:-0}" != 1 ]]; then bash "$REPO/scripts/wheelhouse.sh" "$KIT/wheels" --python 3.12 --exclude "$IMAGE_HAS"
         fi
-        # the comparison's own data preparation (compare_methods.py prepare_data): joint BPE 8,000, joined
+        # the comparison's own data preparation (comparison.prepare_data): joint BPE 8,000, joined
         # dictionary; made in a scratch folder, of which the kit keeps the binarised data and the BPE codes
         if [[ ! -f "$KIT/multi30k/data-bin/recipe.env" ]]; then
             [[ ! -e "$KIT/multi30k" ]] || { echo "run.sh prepare: $KIT/multi30k exists without prepared data; move it away" >&2; exit 2; }
             WORK=$(mktemp -d)
-            PYTHON=$PY bash "$REPO/scripts/prepare-multi30k.sh" --from "$RAW" --dest "$WORK" --src de --tgt en \
-                --test-set test_2016_flickr --bpe-merges 8000
+            PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m fusion_fairseq.tools.corpus prepare multi30k \
+                --from "$RAW" --dest "$WORK" --src de --tgt en --test-set test_2016_flickr --bpe-merges 8000
             mkdir -p "$KIT/multi30k" && mv "$WORK/data-bin" "$WORK/code" "$KIT/multi30k/" && rm -rf "$WORK"
         fi
         mkdir -p "$KIT/multi30k/test-raw"

@@ -318,25 +318,21 @@ def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe
 
 # --------------------------------------------------------------------------------------------- data
 def read_recipe_env(data_bin: str) -> dict:
-    path = os.path.join(data_bin, "recipe.env")
-    values = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if line and not line.startswith("#") and "=" in line:
-                key, value = line.split("=", 1)
-                values[key] = value
-    return values
+    from fusion_fairseq.tools import corpus
+
+    return corpus.read_recipe_env(data_bin)
 
 
 def prepare_data(args) -> str:
     """The binarised data: ``--data-bin`` as given, else ``OUT/data/data-bin`` made (once) by
-    ``scripts/prepare-multi30k.sh --from RAW`` (joint BPE, joined dictionary)."""
+    ``fusion_fairseq.tools.corpus prepare multi30k --from RAW`` (joint BPE, joined dictionary)."""
+    from fusion_fairseq.tools import corpus
+
     if args.data_bin:
         data_bin = os.path.abspath(args.data_bin)
         if not os.path.isfile(os.path.join(data_bin, "recipe.env")):
             raise ComparisonError(f"--data-bin: {data_bin}/recipe.env is missing (make the data with "
-                                  "scripts/prepare-multi30k.sh, which records the references there)")
+                                  "python -m fusion_fairseq.tools.corpus prepare multi30k, which records the references there)")
         return data_bin
     dest = os.path.join(args.out, "data")
     data_bin = os.path.join(dest, "data-bin")
@@ -344,23 +340,27 @@ def prepare_data(args) -> str:
         return data_bin
     if args.report_only:
         raise ComparisonError(f"--report-only: no prepared data in {data_bin}")
-    raw = args.raw
-    if not raw:
+    if not args.raw:
         raise ComparisonError(f"--raw: not given, and {data_bin} holds no prepared data; give --raw DIR (the Multi30k "
                               "task-1 raw files train/val/test_*.de/.en) or --data-bin DIR")
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
-    command = ["bash", os.path.join(SCRIPTS_DIR, "prepare-multi30k.sh"), "--from", os.path.abspath(raw),
-               "--dest", dest, "--src", "de", "--tgt", "en", "--test-set", "test_2016_flickr",
-               "--bpe-merges", str(args.bpe_merges), "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
-    log(f"preparing the data: {' '.join(shlex.quote(c) for c in command)}")
+    argv = ["prepare", "multi30k", "--from", os.path.abspath(args.raw), "--dest", dest, "--src", "de", "--tgt", "en",
+            "--test-set", "test_2016_flickr", "--bpe-merges", str(args.bpe_merges),
+            "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
+    log(f"preparing the data: python -m fusion_fairseq.tools.corpus {' '.join(shlex.quote(a) for a in argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
-    with open(log_path, "w", encoding="utf-8") as f:
-        # the recipe's Python is this one (recipe-common.sh honours PYTHON), not the python3 first on PATH
-        rc = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHON": sys.executable})
-    if rc != 0 or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
+    with open(log_path, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        try:
+            corpus.main(argv)
+        except SystemExit as error:
+            print(error.code, file=f)
+            failed = error.code
+        else:
+            failed = None
+    if failed is not None or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
         with open(log_path, encoding="utf-8") as f:
             tail = f.read()[-3000:]
-        raise ComparisonError(f"prepare-multi30k.sh failed (exit {rc}); log {log_path}:\n{tail}")
+        raise ComparisonError(f"preparing the data failed; log {log_path}:\n{tail}")
     return data_bin
 
 
@@ -793,11 +793,10 @@ def device_description(device: str, threads: Optional[int] = None) -> str:
 
 
 def _load_recipe_tool():
-    path = os.path.join(SCRIPTS_DIR, "recipe_tool.py")
-    spec = importlib.util.spec_from_file_location("fusion_fairseq_recipe_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The data pipeline, whose ``main`` runs its hyps / detok / bleu steps."""
+    from fusion_fairseq.tools import corpus
+
+    return corpus
 
 
 def last_logged_update(log_path: str) -> int:
@@ -1007,7 +1006,7 @@ AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follo
 
 def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str) -> Dict[str, dict]:
     """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
-    dictionaries, exactly as scripts/prepare-multi30k.sh prepares its one test set, under
+    dictionaries, exactly as ``corpus prepare multi30k`` prepares its one test set, under
     ``OUT/test-sets/NAME``; made once. Returns {name: {"data", "raw_ref", "tok_ref"}}."""
     codes = os.path.join(os.path.dirname(data_bin), "code")
     src, tgt = recipe["SRC"], recipe["TGT"]
@@ -1023,29 +1022,24 @@ def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str)
         missing = [path for path in needed if not os.path.isfile(path)]
         if missing:
             raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw DIR "
-                                  "with the Multi30k test files, and data made by scripts/prepare-multi30k.sh)")
+                                  "with the Multi30k test files, and data made by corpus prepare multi30k)")
         log(f"preparing the test set {name}")
         _binarise_test_set(os.path.join(raw_dir, name), where, codes, data_bin, recipe)
     return sets
 
 
 def _binarise_test_set(raw_prefix: str, where: str, codes: str, data_bin: str, recipe: dict) -> None:
-    tool = _load_recipe_tool()
+    from fusion_fairseq.tools import corpus
+
     src, tgt = recipe["SRC"], recipe["TGT"]
-    os.makedirs(where, exist_ok=True)
     for lang in (src, tgt):
-        shutil.copyfile(f"{raw_prefix}.{lang}", os.path.join(where, f"raw.{lang}"))
-        lowercase = ["--lowercase"] if recipe.get("LOWERCASE", "0") == "1" else []
-        tool.main(["tokenize", "--lang", lang, "--workers", "1", "--normalize-punct", *lowercase,
-                   "--io", os.path.join(where, f"raw.{lang}"), os.path.join(where, f"tok.{lang}")])
-        tool.main(["apply-bpe", "--impl", recipe.get("BPE", "subword_nmt"), "--codes", codes, "--workers", "1",
-                   "--io", os.path.join(where, f"tok.{lang}"), os.path.join(where, f"bpe.{lang}")])
-    command = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
-               "--testpref", os.path.join(where, "bpe"), "--destdir", os.path.join(where, "bin"), "--workers", "1",
-               "--srcdict", os.path.join(data_bin, f"dict.{src}.txt"), "--tgtdict", os.path.join(data_bin, f"dict.{tgt}.txt")]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise ComparisonError(f"binarising {where} failed (exit {result.returncode}): {result.stderr[-2000:]}")
+        raw = corpus.read_lines(f"{raw_prefix}.{lang}")
+        tokeniser = (lang, corpus.CORPORA["multi30k"].steps, recipe.get("LOWERCASE", "0") == "1")
+        tok = corpus.parallel_map(corpus.Tokeniser, tokeniser, raw, 1)
+        for name, lines in (("raw", raw), ("tok", tok), ("test", corpus.parallel_map(corpus.Segmenter, (codes,), tok, 1))):
+            corpus.write_lines(os.path.join(where, f"{name}.{lang}"), lines)
+    corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
+        os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
     with open(os.path.join(where, "bin", "done"), "w", encoding="utf-8") as f:
         f.write("\n")
 

@@ -6,6 +6,7 @@ Pipeline (every stage prints a header; training prints a progress line per log i
                 of raw parallel text given with ``--data DIR --src de --tgt en``
  2. BPE      -- one joint BPE learnt with subword-nmt on the training source+target
  3. binarise -- ``fairseq-preprocess --joined-dictionary``
+                (stages 2 and 3 are the steps of :mod:`fusion_fairseq.tools.corpus`)
  4. train    -- ``fairseq-train`` of ``transformer`` and of ``fusion_transformer --fuse-encoder fnn
                 --fuse-decoder sa`` (MLRF's best system), same dimensions, same updates, batch and
                 learning-rate schedule. Without a GPU the two run side by side, one process per
@@ -22,7 +23,7 @@ and never deletes a directory.
 
     python -m fusion_fairseq.tools.quickstart                                 # synthetic, 242 s on 2 CPU cores
     python -m fusion_fairseq.tools.quickstart --train-size 300 --max-update 20  # smoke run
-    python -m fusion_fairseq.tools.quickstart --data data/multi30k.de-en/tok --src de --tgt en   # scripts/prepare-multi30k.sh
+    python -m fusion_fairseq.tools.quickstart --data data/multi30k.de-en/tok --src de --tgt en   # after corpus prepare multi30k
 
 Defaults (learning rate 1e-3, 150 warm-up updates, 600 updates of 2,048 tokens): at a peak of
 2e-3 or 3e-3 the MLRF model's self-attention fusion over decoder layers puts ~99% of its weight on
@@ -31,19 +32,18 @@ the two lowest layers (h0, h1) within the first ~200 updates and stays on a lang
 """
 
 import argparse
-import contextlib
 import glob
-import io
 import json
 import os
 import re
 import subprocess
-import threading
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from fusion_fairseq.cli import user_dir
+from fusion_fairseq.tools import corpus
 
 SYNTHETIC_DEFAULTS = {"bpe_merges": 1000}
 REAL_DEFAULTS = {"bpe_merges": 8000}
@@ -68,15 +68,11 @@ def stage(number, total, title):
     log(f"\n=== [{number}/{total}] {title}")
 
 
-# ---- data --------------------------------------------------------------------------------------
+# ---- data: fusion_fairseq.tools.corpus's steps ------------------------------------------------
 def _prefixes(directory, src, tgt):
     """Split prefixes P with both P.src and P.tgt in ``directory``."""
-    found = []
-    for path in glob.glob(os.path.join(glob.escape(directory), f"*.{src}")):
-        prefix = os.path.basename(path)[: -len(src) - 1]
-        if os.path.isfile(os.path.join(directory, f"{prefix}.{tgt}")):
-            found.append(prefix)
-    return sorted(found)
+    found = [os.path.basename(p)[: -len(src) - 1] for p in glob.glob(os.path.join(glob.escape(directory), f"*.{src}"))]
+    return sorted(p for p in found if os.path.isfile(os.path.join(directory, f"{p}.{tgt}")))
 
 
 def detect_split(directory, src, tgt, kind, requested=None):
@@ -89,103 +85,60 @@ def detect_split(directory, src, tgt, kind, requested=None):
                              f"(parallel splits there: {', '.join(prefixes) or 'none'})")
         return requested
     names = {"train": ("train",), "valid": VALID_NAMES, "test": TEST_NAMES}[kind]
-    for name in names:
-        if name in prefixes:
-            return name
-    for name in names:  # e.g. test_2016_flickr, newstest2014, dev2010
-        candidates = [p for p in prefixes if p.lower().startswith(name)]
-        if candidates:
-            return candidates[0]
+    exact = [name for name in names if name in prefixes]
+    starting = [p for name in names for p in prefixes if p.lower().startswith(name)]  # e.g. test_2016_flickr, newstest2014
+    if exact or starting:
+        return (exact or starting)[0]
     raise SystemExit(f"error: cannot find a {kind} split for {src}-{tgt} in {directory} (parallel splits "
                      f"there: {', '.join(prefixes) or 'none'}); name it with --{kind}-split")
 
 
-def available_languages(directory, split="train"):
-    return sorted(os.path.basename(p)[len(split) + 1:] for p in glob.glob(os.path.join(glob.escape(directory), f"{split}.*")))
-
-
-def copy_lines(source, destination, limit=0):
-    """Copy the first ``limit`` lines (all when 0) of ``source``, UTF-8 text, into a new file
-    ``destination``; returns the number copied."""
-    if os.path.lexists(destination):
-        if os.path.exists(destination) and os.path.samefile(source, destination):
-            raise SystemExit(f"error: --data: {source} is the quickstart's own output {destination}; "
-                             "give --data and --out that do not overlap")
-        os.remove(destination)  # never write through a link into another file
-    count = 0
-    with open(source, "rb") as fin, open(destination, "x", encoding="utf-8") as fout:
-        for line in fin:
-            if limit and count >= limit:
+def read_data_file(source, output, limit=0):
+    """The first ``limit`` lines (all when 0) of ``source``, stripped UTF-8 text; refused when empty,
+    not UTF-8, or the very file the quickstart writes at ``output``."""
+    if os.path.exists(output) and os.path.samefile(source, output):
+        raise SystemExit(f"error: --data: {source} is the quickstart's own output {output}; "
+                         "give --data and --out that do not overlap")
+    lines = []
+    with open(source, "rb") as f:
+        for line in f:
+            if limit and len(lines) >= limit:
                 break
             try:
-                fout.write(line.decode("utf-8").strip() + "\n")
+                lines.append(line.decode("utf-8").strip())
             except UnicodeDecodeError:
-                raise SystemExit(f"error: --data: {source} line {count + 1} is not UTF-8 text") from None
-            count += 1
-    if count == 0:
+                raise SystemExit(f"error: --data: {source} line {len(lines) + 1} is not UTF-8 text") from None
+    if not lines:
         raise SystemExit(f"error: --data: {source} is empty")
-    return count
-
-
-def check_real_data_args(args):
-    if not os.path.isdir(args.data):
-        raise SystemExit(f"error: --data {args.data}: not a directory")
-    if not args.src or not args.tgt:
-        raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
-                         f"{', '.join(available_languages(args.data)) or 'none'})")
+    return lines
 
 
 def prepare_real_data(args, raw_dir):
-    splits = {
-        "train": detect_split(args.data, args.src, args.tgt, "train", args.train_split),
-        "valid": detect_split(args.data, args.src, args.tgt, "valid", args.valid_split),
-        "test": detect_split(args.data, args.src, args.tgt, "test", args.test_split),
-    }
+    """``{split: {lang: lines}}`` of the --data splits, also written to ``raw_dir``."""
     limits = {"train": args.train_lines, "valid": args.valid_lines, "test": args.test_lines}
-    os.makedirs(raw_dir, exist_ok=True)
-    for split, prefix in splits.items():
-        counts = [copy_lines(os.path.join(args.data, f"{prefix}.{lang}"), os.path.join(raw_dir, f"{split}.{lang}"), limits[split])
-                  for lang in (args.src, args.tgt)]
+    text = {}
+    for split in ("train", "valid", "test"):
+        prefix = detect_split(args.data, args.src, args.tgt, split, getattr(args, f"{split}_split"))
+        text[split] = {lang: read_data_file(os.path.join(args.data, f"{prefix}.{lang}"),
+                                            os.path.join(raw_dir, f"{split}.{lang}"), limits[split])
+                       for lang in (args.src, args.tgt)}
+        counts = [len(text[split][lang]) for lang in (args.src, args.tgt)]
         if counts[0] != counts[1]:
             raise SystemExit(f"error: {prefix}.{args.src} has {counts[0]} lines but {prefix}.{args.tgt} has {counts[1]}")
         log(f"  {split:5s} <- {os.path.join(args.data, prefix)}.{{{args.src},{args.tgt}}}: {counts[0]:,} sentence pairs")
+    corpus.write_splits(text, raw_dir, (args.src, args.tgt))
+    return text
 
 
 def prepare_synthetic_data(args, raw_dir):
     from fusion_fairseq.tools.synthetic import write_corpus
 
     write_corpus(raw_dir, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, args.src, args.tgt)
-    for split in ("train", "valid", "test"):
-        with open(os.path.join(raw_dir, f"{split}.{args.src}"), encoding="utf-8") as f:
-            log(f"  {split:5s}: {sum(1 for _ in f):,} sentence pairs -> {raw_dir}/{split}.{{{args.src},{args.tgt}}}")
-
-
-# ---- BPE ---------------------------------------------------------------------------------------
-def learn_and_apply_bpe(args, raw_dir, bpe_dir):
-    from subword_nmt.apply_bpe import BPE
-    from subword_nmt.learn_bpe import learn_bpe
-
-    os.makedirs(bpe_dir, exist_ok=True)
-    codes_path = os.path.join(bpe_dir, "codes")
-    joint = []
-    for lang in (args.src, args.tgt):
-        with open(os.path.join(raw_dir, f"train.{lang}"), encoding="utf-8") as f:
-            joint.extend(f)
-    with open(codes_path, "w", encoding="utf-8") as codes, contextlib.redirect_stderr(io.StringIO()):  # no tqdm bar
-        if any(len(word) > 1 for line in joint for word in line.split()):
-            learn_bpe(joint, codes, args.bpe_merges, min_frequency=2)
-        else:  # nothing to merge (subword-nmt would fail on max() of no pairs): no merges
-            codes.write("#version: 0.2\n")
-    with open(codes_path, encoding="utf-8") as codes:  # subword-nmt's BPE exits on codes without merges
-        process_line = BPE(codes).process_line if len(codes.readlines()) > 1 else (lambda line: line)
-    for split in ("train", "valid", "test"):
-        for lang in (args.src, args.tgt):
-            with open(os.path.join(raw_dir, f"{split}.{lang}"), encoding="utf-8") as fin, \
-                    open(os.path.join(bpe_dir, f"{split}.{lang}"), "w", encoding="utf-8") as fout:
-                for number, line in enumerate(fin, 1):
-                    fout.write(check_line_length(process_line(line), number, split, lang))
-    words, pieces = _count_tokens(os.path.join(raw_dir, f"train.{args.tgt}")), _count_tokens(os.path.join(bpe_dir, f"train.{args.tgt}"))
-    log(f"  {args.bpe_merges} merges -> {codes_path}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
+    text = {split: {lang: corpus.read_lines(os.path.join(raw_dir, f"{split}.{lang}")) for lang in (args.src, args.tgt)}
+            for split in ("train", "valid", "test")}
+    for split in text:
+        log(f"  {split:5s}: {len(text[split][args.src]):,} sentence pairs -> {raw_dir}/{split}.{{{args.src},{args.tgt}}}")
+    return text
 
 
 # fairseq's default --max-source-positions / --max-target-positions, which the quickstart keeps;
@@ -193,19 +146,16 @@ def learn_and_apply_bpe(args, raw_dir, bpe_dir):
 MAX_POSITIONS = 1024
 
 
-def check_line_length(line, number, split, lang):
-    """``line``, refused before any training if longer than the models take: fairseq-generate would
-    stop on such a test sentence after all the training (and fairseq-train skips such pairs)."""
-    tokens = len(line.split())
-    if tokens >= MAX_POSITIONS:
-        raise SystemExit(f"error: --data: line {number} of the {split} split ({lang}) has {tokens:,} subword tokens "
-                         f"after BPE; the models take at most {MAX_POSITIONS - 1} (shorten or remove that line)")
-    return line
-
-
-def _count_tokens(path):
-    with open(path, encoding="utf-8") as f:
-        return sum(len(line.split()) for line in f)
+def check_line_lengths(bpe):
+    """Refused before any training: a line longer than the models take (fairseq-generate would stop on
+    such a test sentence after all the training, and fairseq-train skips such pairs)."""
+    for split, sides in bpe.items():
+        for lang, lines in sides.items():
+            for number, line in enumerate(lines, 1):
+                if len(line.split()) >= MAX_POSITIONS:
+                    raise SystemExit(f"error: --data: line {number} of the {split} split ({lang}) has "
+                                     f"{len(line.split()):,} subword tokens after BPE; the models take at most "
+                                     f"{MAX_POSITIONS - 1} (shorten or remove that line)")
 
 
 # ---- fairseq -----------------------------------------------------------------------------------
@@ -240,21 +190,6 @@ def run_logged(command, log_path, env, on_line=None):
             tail = f.read()[-4000:]
         raise SystemExit(f"error: {' '.join(command[:3])} ... failed (exit {returncode}); log {log_path}:\n{tail}")
     return cpu
-
-
-def preprocess(args, bpe_dir, bin_dir, logs_dir, env):
-    os.makedirs(bin_dir, exist_ok=True)
-    for lang in (args.src, args.tgt):  # fairseq-preprocess refuses to overwrite its own dictionaries
-        path = os.path.join(bin_dir, f"dict.{lang}.txt")
-        if os.path.isfile(path):
-            os.remove(path)
-    command = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", args.src, "--target-lang", args.tgt,
-               "--trainpref", os.path.join(bpe_dir, "train"), "--validpref", os.path.join(bpe_dir, "valid"),
-               "--testpref", os.path.join(bpe_dir, "test"), "--destdir", bin_dir, "--joined-dictionary",
-               "--workers", str(max(1, args.workers))]
-    run_logged(command, os.path.join(logs_dir, "preprocess.log"), env)
-    with open(os.path.join(bin_dir, f"dict.{args.src}.txt"), encoding="utf-8") as f:
-        log(f"  joined dictionary: {sum(1 for _ in f):,} types (+4 specials) -> {bin_dir}")
 
 
 def model_flags(args, name):
@@ -380,34 +315,23 @@ def generate(args, name, bin_dir, checkpoint, logs_dir, env):
         command.append("--cpu")
     started = time.time()
     run_logged(command, os.path.join(logs_dir, f"generate-{name}.log"), env)
-    hypotheses, speed = {}, None
-    with open(os.path.join(results_dir, "generate-test.txt"), encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("D-"):
-                key, _score, *text = line.rstrip("\n").split("\t")
-                hypotheses[int(key[2:])] = text[0] if text else ""
+    generated, speed = os.path.join(results_dir, "generate-test.txt"), None
     # fairseq-generate's summary line goes to its log (stderr), or into the results file
-    for path in (os.path.join(logs_dir, f"generate-{name}.log"), os.path.join(results_dir, "generate-test.txt")):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", line)
-                if match:
-                    speed = float(match.group(1))
-    log(f"  [{name}] translated {len(hypotheses):,} sentences in {time.time() - started:.0f}s -> {results_dir}/generate-test.txt")
-    return hypotheses, speed
+    for path in (os.path.join(logs_dir, f"generate-{name}.log"), generated):
+        match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", open(path, encoding="utf-8").read())
+        speed = float(match.group(1)) if match else speed
+    log(f"  [{name}] translated the test split in {time.time() - started:.0f}s -> {generated}")
+    return generated, speed
 
 
-def bleu(hypotheses, reference_path):
+def bleu(generated, reference_path):
+    """sacreBLEU of the hypotheses (BPE removed, sentence order) against the raw test references."""
     import sacrebleu
 
-    with open(reference_path, encoding="utf-8") as f:
-        references = [line.rstrip("\n") for line in f]
-    missing = [i for i in range(len(references)) if i not in hypotheses]
-    if missing:
-        raise SystemExit(f"error: fairseq-generate gave no hypothesis for {len(missing)} test sentences (e.g. {missing[:5]})")
-    system = [hypotheses[i] for i in range(len(references))]
+    references = corpus.read_lines(reference_path)
+    hypotheses, _ = corpus.hypotheses(generated, expect=len(references))
     # force: the references are tokenised text (spaces before punctuation), as the hypotheses
-    return sacrebleu.corpus_bleu(system, [references], force=True)
+    return sacrebleu.corpus_bleu(hypotheses, [references], force=True)
 
 
 # ---- running the models side by side --------------------------------------------------------
@@ -429,30 +353,13 @@ def default_jobs(n_models):
 
 def run_jobs(jobs, names, function):
     """``{name: function(name)}``, ``jobs`` at a time (threads, each waiting on a subprocess).
-    The first failure is re-raised once every started job has finished."""
-    results, errors, lock = {}, [], threading.Lock()
-    pending = list(names)
-
-    def worker():
-        while True:
-            with lock:
-                if not pending or errors:
-                    return
-                name = pending.pop(0)
-            try:
-                results[name] = function(name)
-            except BaseException as error:  # SystemExit from a failed fairseq command included
-                with lock:
-                    errors.append(error)
-
-    threads = [threading.Thread(target=worker) for _ in range(max(1, min(jobs, len(names))))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
+    The first failure is re-raised once every started job has finished; none starts after it."""
+    with ThreadPoolExecutor(max(1, min(jobs, len(names)))) as pool:
+        futures = {name: pool.submit(function, name) for name in names}
+        try:
+            return {name: future.result() for name, future in futures.items()}
+        finally:
+            pool.shutdown(cancel_futures=True)
 
 
 # ---- table -------------------------------------------------------------------------------------
@@ -533,6 +440,15 @@ def build_parser():
     return p
 
 
+def check_real_data_args(args):
+    if not os.path.isdir(args.data):
+        raise SystemExit(f"error: --data {args.data}: not a directory")
+    if not args.src or not args.tgt:
+        languages = sorted(os.path.basename(p)[6:] for p in glob.glob(os.path.join(glob.escape(args.data), "train.*")))
+        raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
+                         f"{', '.join(languages) or 'none'})")
+
+
 def check_args(args):
     """The models to train and whether the corpus is synthetic; fills in the defaults that depend
     on it and refuses values out of range (``SystemExit`` with a message naming the flag)."""
@@ -596,14 +512,19 @@ def make_out_dirs(args) -> OutDirs:
 def prepare_corpus(args, synthetic, dirs: OutDirs, env, total):
     """Stages 1 to 3: the raw corpus, the joint BPE and fairseq-preprocess."""
     stage(1, total, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
-    if synthetic:
-        prepare_synthetic_data(args, dirs.raw)
-    else:
-        prepare_real_data(args, dirs.raw)
+    text = prepare_synthetic_data(args, dirs.raw) if synthetic else prepare_real_data(args, dirs.raw)
     stage(2, total, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
-    learn_and_apply_bpe(args, dirs.raw, dirs.bpe)
+    codes = os.path.join(dirs.bpe, "codes")
+    os.makedirs(dirs.bpe, exist_ok=True)
+    bpe = corpus.learn_and_apply_bpe(text, args.src, args.tgt, args.bpe_merges, codes)
+    check_line_lengths(bpe)
+    corpus.write_splits(bpe, dirs.bpe, (args.src, args.tgt))
+    words, pieces = (sum(len(line.split()) for line in t["train"][args.tgt]) for t in (text, bpe))
+    log(f"  {args.bpe_merges} merges -> {codes}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
     stage(3, total, "fairseq-preprocess --joined-dictionary")
-    preprocess(args, dirs.bpe, dirs.bin, dirs.logs, env)
+    corpus.binarise(dirs.bpe, dirs.bin, args.src, args.tgt, max(1, args.workers), log_path=os.path.join(dirs.logs, "preprocess.log"))
+    types = len(corpus.read_lines(os.path.join(dirs.bin, f"dict.{args.src}.txt")))
+    log(f"  joined dictionary: {types:,} types (+4 specials) -> {dirs.bin}")
 
 
 def train_and_test(args, models, jobs, dirs: OutDirs, env, total):
@@ -619,8 +540,8 @@ def train_and_test(args, models, jobs, dirs: OutDirs, env, total):
                          lambda name: generate(args, name, dirs.bin, trained[name]["checkpoint"], dirs.logs, env))
     rows = []
     for name in models:
-        hypotheses, decode_sps = generated[name]
-        score = bleu(hypotheses, os.path.join(dirs.raw, f"test.{args.tgt}"))
+        results, decode_sps = generated[name]
+        score = bleu(results, os.path.join(dirs.raw, f"test.{args.tgt}"))
         log(f"  [{name}] {score}")
         rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1],
                      "bleu": score.score, "params": trained[name]["params"], "train_wps": trained[name]["train_wps"],

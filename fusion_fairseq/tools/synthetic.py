@@ -367,17 +367,14 @@ def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, te
     sizes = [("train", train_size), ("valid", valid_size), ("test", test_size)]
     lexicon = build_lexicon(lexicon_seed, **lexicon_sizes)
     corpus = generate_sentences(sizes, seed, lexicon=lexicon)
-    with open(dictionary_path(out_dir, src_lang, tgt_lang), "w", encoding="utf-8") as f:
-        f.writelines(f"{src} {tgt}\n" for src, tgt in lexicon.word_pairs())
+    from fusion_fairseq.tools.corpus import write_lines  # never writes through a link
+
+    write_lines(dictionary_path(out_dir, src_lang, tgt_lang), [f"{src} {tgt}" for src, tgt in lexicon.word_pairs()])
     paths = {}
     for split, _ in sizes:
-        src_path = os.path.join(out_dir, f"{split}.{src_lang}")
-        tgt_path = os.path.join(out_dir, f"{split}.{tgt_lang}")
-        with open(src_path, "w", encoding="utf-8") as src, open(tgt_path, "w", encoding="utf-8") as tgt:
-            for sentence in corpus[split]:
-                src.write(sentence.src() + "\n")
-                tgt.write(sentence.tgt() + "\n")
-        paths[split] = (src_path, tgt_path)
+        paths[split] = tuple(os.path.join(out_dir, f"{split}.{lang}") for lang in (src_lang, tgt_lang))
+        write_lines(paths[split][0], [sentence.src() for sentence in corpus[split]])
+        write_lines(paths[split][1], [sentence.tgt() for sentence in corpus[split]])
     return paths
 
 

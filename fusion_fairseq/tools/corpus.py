@@ -1,0 +1,730 @@
+"""One data pipeline: prepare a parallel corpus for fairseq, and evaluate a model on it.
+
+Prepare: raw text (downloaded, or found in ``--from``: a folder or an archive) -> Moses-style
+tokenisation with sacremoses -> length / ratio cleaning (Moses' clean-corpus-n.perl) -> joint BPE
+learnt and applied with subword-nmt -> ``fairseq-preprocess``. Each corpus is a :class:`Corpus`
+in :data:`CORPORA`: where its files are, how its splits are made, which steps and sizes it uses.
+Evaluate: ``fairseq-generate`` -> BPE-free hypotheses in the original order -> sacremoses
+detokenisation -> sacreBLEU against the raw reference (with its signature), and tokenised BLEU
+against the Moses-tokenised reference (``--tokenize none``, as multi-bleu.perl), case-insensitive
+when the data were lowercased, compound-split for WMT14 En-De (fairseq's get_compound_split_bleu.sh).
+
+    python -m fusion_fairseq.tools.corpus prepare multi30k --dest data/multi30k.de-en
+    python -m fusion_fairseq.tools.corpus prepare iwslt14 --from ~/Downloads/de-en.tgz --dest data/iwslt14.tokenized.de-en
+    python -m fusion_fairseq.tools.corpus evaluate data/multi30k.de-en/data-bin checkpoints/mlrf/checkpoint_best.pt
+
+A prepared ``--dest`` holds ``raw/`` and ``tok/`` (every split, untokenised and tokenised), the BPE
+codes ``code``, the BPE'd ``{train,valid,test}.{SRC,TGT}`` and ``data-bin/`` (fairseq's binarised
+data and ``recipe.env``, the references and settings that ``evaluate`` reads). Nothing is written
+through a link, and outputs that exist already are replaced only with ``--force``.
+"""
+
+import argparse
+import contextlib
+import gzip
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from multiprocessing import Pool
+from typing import Dict, Tuple, Union
+
+from fusion_fairseq.cli import user_dir
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A corpus as data. File names may hold ``{lang}``, ``{src}``, ``{tgt}``, ``{test}``; ``a|b`` are
+    alternative names of one file. ``valid``: its files, or N (every N-th cleaned training pair)."""
+
+    langs: Tuple[str, ...]
+    pair: Tuple[str, str]
+    urls: Tuple[str, ...]
+    train: Tuple[str, ...]  # concatenated
+    tests: Dict[str, Tuple[str, ...]]  # --test-set NAME -> its files, concatenated; the first is the default
+    valid: Union[int, Tuple[str, ...]]
+    merges: int
+    lowercase: bool
+    steps: Tuple[str, ...] = ()  # sacremoses steps before tokenising: normalize, non_printing; aggressive: -a
+    clean: Tuple[str, int, float] = ("none", 0, 0.0)  # when (tok / bpe), max tokens, max ratio
+    compound_split: bool = False
+    dest: str = "{name}_{src}_{tgt}"
+
+
+WMT16 = "http://data.statmt.org/wmt16/translation-task/"
+
+
+def wmt16_sgm(name):
+    """The SGML file of one side of a WMT16 dev/test set: this direction's first (enro for en->ro), either side."""
+    return "|".join(f"{name}-{pair}-{side}.{{lang}}.sgm" for pair in ("{src}{tgt}", "{tgt}{src}") for side in ("src", "ref"))
+
+
+CORPORA = {
+    "multi30k": Corpus(
+        langs=("de", "en", "fr", "cs"), pair=("de", "en"), dest="multi30k.tokenized.{src}-{tgt}",
+        urls=tuple(f"https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{s}.{{lang}}.gz"
+                   for s in ("train", "val", "{test}")),
+        train=("train.{lang}|train.{lang}.gz",), valid=("val.{lang}|val.{lang}.gz",),
+        tests={t: (f"{t}.{{lang}}|{t}.{{lang}}.gz",) for t in
+               ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")},
+        merges=10000, lowercase=True, steps=("normalize",)),
+    "iwslt14": Corpus(
+        langs=("de", "en"), pair=("de", "en"), dest="iwslt14.tokenized.{src}-{tgt}",
+        urls=("https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",),
+        train=("train.tags.de-en.{lang}",), valid=23, merges=10000, lowercase=True, clean=("tok", 175, 1.5),
+        tests={"fairseq": tuple(f"IWSLT14.{t}.de-en.{{lang}}.xml" for t in
+                                ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")),
+               "he2018": tuple(f"IWSLT14.TED.{t}.de-en.{{lang}}.xml" for t in ("dev2010", "tst2010", "tst2011", "tst2012"))}),
+    "wmt14-en-de": Corpus(
+        langs=("en", "de"), pair=("en", "de"), dest="wmt14_{src}_{tgt}",
+        urls=("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+              "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+              "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
+              "http://statmt.org/wmt14/test-full.tgz"),
+        train=("europarl-v7.de-en.{lang}", "commoncrawl.de-en.{lang}", "news-commentary-v12.de-en.{lang}"),
+        valid=100, tests={"newstest2014": ("newstest2014-deen-src.{lang}.sgm|newstest2014-deen-ref.{lang}.sgm",)},
+        merges=40000, lowercase=False, steps=("normalize", "non_printing", "aggressive"), clean=("bpe", 250, 1.5),
+        compound_split=True),
+    "wmt16-en-ro": Corpus(
+        langs=("en", "ro"), pair=("en", "ro"), dest="wmt16_{src}_{tgt}",
+        urls=(WMT16 + "training-parallel-ep-v8.tgz", "https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip",
+              WMT16 + "dev.tgz", WMT16 + "test.tgz"),
+        train=("europarl-v8.ro-en.{lang}|europarl-v8.en-ro.{lang}",
+               "SETIMES.en-ro.{lang}|SETIMES2.en-ro.{lang}|SETIMES2.ro-en.{lang}"),
+        valid=(wmt16_sgm("newsdev2016"),), tests={"newstest2016": (wmt16_sgm("newstest2016"),)},
+        merges=32000, lowercase=False, steps=("normalize", "non_printing", "aggressive", "romanian"),
+        clean=("bpe", 250, 1.5)),
+}
+
+
+def log(message):
+    print(f"[corpus] {message}", file=sys.stderr, flush=True)
+
+
+def usage_error(message):
+    """A bad flag or value: one line, exit status 2, before any work."""
+    print(f"corpus: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# ---- files: never written through a link ---------------------------------------------------------
+def unlink_if_linked(path):
+    """Remove ``path`` if it is a symbolic link or a file with other hard links, so that writing it
+    makes a new file instead of changing the one it leads to (a user's input, their codes)."""
+    if os.path.islink(path) or (os.path.isfile(path) and os.stat(path).st_nlink > 1):
+        os.remove(path)
+
+
+def write_lines(path, lines):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    unlink_if_linked(path)
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def write_splits(text, directory, langs):
+    for split in text:
+        for lang in langs:
+            write_lines(os.path.join(directory, f"{split}.{lang}"), text[split][lang])
+
+
+# ---- raw files: downloads, archives, the corpus formats ------------------------------------------
+def download(url, directory, timeout):
+    path = os.path.join(directory, url.rsplit("/", 1)[-1])
+    if os.path.isfile(path) and os.path.getsize(path):
+        return log(f"using the already downloaded {path}")
+    os.makedirs(directory, exist_ok=True)
+    log(f"downloading {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(path + ".part", "wb") as f:
+            shutil.copyfileobj(response, f)
+    except (OSError, ValueError) as error:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path + ".part")
+        raise SystemExit(f"corpus: error: download of {url} failed ({error}; offline, or the server moved?): download "
+                         "it on a machine with internet access and run again with --from PATH (a folder holding the "
+                         "files or archives, or the archive itself)") from None
+    os.replace(path + ".part", path)
+
+
+def extract(archive, destination):
+    """Unpack a .tgz/.tar/.zip (or gunzip a .gz) into ``destination``; members may not leave it."""
+    os.makedirs(destination, exist_ok=True)
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as z:
+            root = os.path.realpath(destination) + os.sep
+            if any(not os.path.realpath(os.path.join(destination, m)).startswith(root) for m in z.namelist()):
+                raise SystemExit(f"corpus: error: {archive}: a member would be written outside {destination}")
+            z.extractall(destination)
+    elif tarfile.is_tarfile(archive):
+        with tarfile.open(archive) as t:
+            t.extractall(destination, filter="data")
+    elif archive.endswith(".gz"):
+        with gzip.open(archive, "rb") as src, open(os.path.join(destination, os.path.basename(archive)[:-3]), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    else:
+        raise SystemExit(f"corpus: error: --from: cannot unpack '{archive}' (expected a .tgz/.tar.gz/.tar/.zip)")
+
+
+class RawFiles:
+    """Finds a corpus file by name under ``root``, unpacking the archives there when it is not found."""
+
+    def __init__(self, root, work):
+        self.roots, self.work, self.unpacked = [root], work, False
+
+    def find(self, names):
+        for root in self.roots:
+            for name in names.split("|"):
+                for directory, _, files in sorted(os.walk(root, followlinks=True)):
+                    if name in files:
+                        return os.path.join(directory, name)
+        if not self.unpacked:
+            self.unpacked = True
+            unpacked = os.path.join(self.work, "unpacked")
+            for entry in sorted(os.listdir(self.roots[0])):
+                if re.search(r"\.(tgz|tar|zip|gz)$", entry) and os.path.isfile(os.path.join(self.roots[0], entry)):
+                    extract(os.path.join(self.roots[0], entry), os.path.join(unpacked, entry + ".d"))
+            self.roots.append(unpacked)
+            return self.find(names)
+        raise SystemExit(f"corpus: error: cannot find {names.replace('|', ' or ')} under {self.roots[0]}")
+
+    def read(self, names):
+        """The lines of a file: plain or .gz text; the <seg> text of XML/SGML; IWSLT's train.tags
+        without <url>/<talkid>/<keywords> lines and <title>/<description> tags."""
+        path = self.find(names)
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8", errors="replace", newline="\n") as f:
+            lines = [line.rstrip("\n").replace("\r", "") for line in f]
+        if path.endswith((".xml", ".sgm")):
+            return [re.sub(r'<seg id="[0-9]*">\s*|\s*</seg>\s*', "", x).replace("\u2019", "'") for x in lines if "<seg id" in x]
+        if os.path.basename(path).startswith("train.tags"):
+            lines = [re.sub(r"</?(title|description)>", "", x) for x in lines
+                     if not any(tag in x for tag in ("<url>", "<talkid>", "<keywords>"))]
+        return lines
+
+
+# ---- the steps -------------------------------------------------------------------------------------
+RO_COMMA_BELOW = str.maketrans("\u015e\u015f\u0162\u0163", "\u0218\u0219\u021a\u021b")
+RO_STRIP = str.maketrans("\u0218\u0219\u021a\u021b\u015e\u015f\u0162\u0163\u0102\u0103\u00c2\u00e2\u00ce\u00ee",
+                         "SsTtSsTtAaAaIi")
+_worker = None
+
+
+class Tokeniser:
+    """Moses' normalize-punctuation, remove-non-printing-char and tokenizer.perl (XML-escaping), by sacremoses."""
+
+    def __init__(self, lang, steps, lowercase):
+        import regex
+        from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+        # Romanian: comma-below letters (and diacritics removed on request), on the Romanian side only
+        self.steps = steps if lang == "ro" else tuple(s for s in steps if s not in ("romanian", "no_diacritics"))
+        self.lowercase = lowercase
+        self.tokenizer = MosesTokenizer(lang=lang)
+        self.normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
+        self.non_printing = regex.compile(r"\p{C}")
+
+    def __call__(self, line):
+        if "normalize" in self.steps:
+            line = self.normalizer.normalize(line)
+        if "romanian" in self.steps:
+            line = line.translate(RO_COMMA_BELOW)
+        if "no_diacritics" in self.steps:
+            line = line.translate(RO_STRIP)
+        if "non_printing" in self.steps:
+            line = self.non_printing.sub(" ", line)
+        line = self.tokenizer.tokenize(line, aggressive_dash_splits="aggressive" in self.steps, escape=True, return_str=True)
+        return line.lower() if self.lowercase else line
+
+
+class Segmenter:
+    """subword-nmt's apply-bpe (lines stripped first); codes without merges leave the text as it is."""
+
+    def __init__(self, codes):
+        from subword_nmt.apply_bpe import BPE
+
+        with open(codes, encoding="utf-8") as f:
+            self.bpe = BPE(f) if len(f.readlines()) > 1 else None
+
+    def __call__(self, line):
+        return self.bpe.process_line(line.strip()) if self.bpe else line.strip()
+
+
+def _start(factory, args):
+    global _worker
+    _worker = factory(*args)
+
+
+def _run(lines):
+    return [_worker(line) for line in lines]
+
+
+def parallel_map(factory, args, lines, workers):
+    """``factory(*args)`` applied to every line, in chunks over ``workers`` processes."""
+    chunks = [lines[i:i + 2000] for i in range(0, len(lines), 2000)]
+    if workers <= 1 or len(chunks) <= 1:
+        _start(factory, args)
+        return [x for chunk in chunks for x in _run(chunk)]
+    with Pool(workers, initializer=_start, initargs=(factory, args)) as pool:
+        return [x for chunk in pool.imap(_run, chunks) for x in chunk]
+
+
+def clean(columns, max_len, ratio, min_len=1, max_word_length=1000):
+    """Moses' clean-corpus-n.perl on the first two columns (source, target): '|' removed, spaces
+    squeezed, pairs dropped with an empty side, a side outside min_len..max_len words, a length ratio
+    above ``ratio`` or a word longer than ``max_word_length``. Other columns follow the same choice."""
+    kept = [[] for _ in columns]
+    for row in zip(*columns):
+        src, tgt = (" ".join(side.replace("|", "").split()) for side in row[:2])
+        ns, nt = len(src.split()), len(tgt.split())
+        if not (min_len <= ns <= max_len and min_len <= nt <= max_len) or max(ns / nt, nt / ns) > ratio:
+            continue
+        if max(len(w) for w in (src + " " + tgt).split()) > max_word_length:
+            continue
+        for column, value in zip(kept, (src, tgt, *row[2:])):
+            column.append(value)
+    return kept
+
+
+def keep_pairs(text, splits, kinds, langs, max_len, ratio):
+    """:func:`clean` on ``text[kinds[0]]``'s pairs of ``splits``, the other kinds kept in step."""
+    for split in splits:
+        columns = clean([text[kind][split][lang] for kind in kinds for lang in langs], max_len, ratio)
+        for i, kind in enumerate(kinds):
+            text[kind][split] = dict(zip(langs, columns[2 * i:2 * i + 2]))
+
+
+def learn_and_apply_bpe(text, src, tgt, merges, codes, workers=1):
+    """Joint BPE codes learnt by subword-nmt on ``text['train']`` of both languages (written to
+    ``codes``), applied to every split: ``{split: {lang: lines}}``."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    joint = [line + "\n" for lang in (src, tgt) for line in text["train"][lang]]
+    unlink_if_linked(codes)
+    with open(codes, "w", encoding="utf-8") as f, contextlib.redirect_stderr(io.StringIO()):  # no progress bar
+        if any(len(word) > 1 for line in joint for word in line.split()):
+            learn_bpe(joint, f, merges, min_frequency=2)
+        else:  # nothing to merge (subword-nmt fails on max() of no pairs)
+            f.write("#version: 0.2\n")
+    return {split: {lang: parallel_map(Segmenter, (codes,), text[split][lang], workers) for lang in (src, tgt)}
+            for split in text}
+
+
+def binarise(text_dir, databin, src, tgt, workers=1, joined=True, log_path=None, dictionaries=None, splits=SPLITS):
+    """``fairseq-preprocess`` of ``text_dir/SPLIT.{src,tgt}``; its earlier outputs in ``databin`` are
+    removed first (it refuses existing dictionaries, and would write through links)."""
+    os.makedirs(databin, exist_ok=True)
+    for name in [f"dict.{src}.txt", f"dict.{tgt}.txt", "preprocess.log"] + [
+            f"{s}.{src}-{tgt}.{lang}.{ext}" for s in splits for lang in (src, tgt) for ext in ("bin", "idx")]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(databin, name))
+    command = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
+               *[x for s in splits for x in (f"--{s}pref", os.path.join(text_dir, s))], "--destdir", databin,
+               "--workers", str(workers)]
+    command += ["--srcdict", dictionaries[0], "--tgtdict", dictionaries[1]] if dictionaries else \
+        ["--joined-dictionary"] if joined else []
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if log_path:
+        write_lines(log_path, ["$ " + " ".join(command), *result.stdout.splitlines()])
+    if result.returncode:
+        raise SystemExit(f"corpus: error: fairseq-preprocess failed (exit {result.returncode}):\n{result.stdout[-3000:]}")
+
+
+# ---- prepare a corpus ---------------------------------------------------------------------------
+def check_outputs(args, langs):
+    """Before any work: --from must not be --dest (or hold it), and what the recipe writes must not
+    exist yet unless --force; outputs that are links are removed then (their targets stay)."""
+    if args.from_ and not os.path.exists(args.from_):
+        usage_error(f"--from: '{args.from_}' does not exist")
+    if args.from_ and os.path.isdir(args.from_):
+        source = os.path.realpath(args.from_)
+        for sub in ("", "raw", "tok"):
+            if os.path.realpath(os.path.join(args.dest, sub)) == source:
+                usage_error(f"--from '{args.from_}' is --dest{' ' + sub if sub else ''} ('{os.path.join(args.dest, sub)}'): "
+                            "the recipe writes its outputs there and would replace the raw text it reads; give another --dest")
+        if (os.path.realpath(args.dest) + os.sep).startswith(source + os.sep):
+            usage_error(f"--dest '{args.dest}' is inside --from '{args.from_}': the recipe searches --from for its raw "
+                        "files and would find the ones it writes; give a --dest outside it")
+    outputs = ["raw", "tok", "code"] + [f"{s}.{lang}" for lang in langs for s in SPLITS]
+    found = [os.path.join(args.dest, name) for name in sorted(outputs) if os.path.lexists(os.path.join(args.dest, name))]
+    if os.path.isdir(args.databin) and os.listdir(args.databin):
+        found.append(f"{args.databin} (not empty)")
+    if found and not args.force:
+        usage_error(f"--dest '{args.dest}' already holds what this recipe writes: {' '.join(found)}; pass --force to "
+                    "replace them, or give another --dest/--databin")
+    for name in outputs:
+        unlink_if_linked(os.path.join(args.dest, name))
+    unlink_if_linked(os.path.join(args.databin, "recipe.env"))
+
+
+def gather(corpus, files, src, tgt, test_set):
+    """{split: {lang: raw lines}} of the corpus (valid missing when it is held out from train)."""
+    names = {"src": src, "tgt": tgt, "test": test_set}
+    text = {"train": corpus.train, "test": corpus.tests[test_set]}
+    if not isinstance(corpus.valid, int):
+        text["valid"] = corpus.valid
+    for split, patterns in text.items():
+        text[split] = {lang: [x for p in patterns for x in files.read(p.format(lang=lang, **names))] for lang in (src, tgt)}
+        counts = {lang: len(lines) for lang, lines in text[split].items()}
+        if counts[src] != counts[tgt]:
+            raise SystemExit(f"corpus: error: the {split} split has {counts[src]} {src} lines but {counts[tgt]} {tgt} lines")
+    return text
+
+
+def read_raw(corpus, args):
+    """The corpus's raw text, from --from (a folder, or an archive unpacked into a scratch folder) or
+    from its downloads (kept in DEST/orig for later runs)."""
+    with tempfile.TemporaryDirectory(prefix=".work.", dir=args.dest) as work:
+        root = args.from_
+        if args.from_ and os.path.isfile(args.from_):
+            root = os.path.join(work, "from")
+            extract(args.from_, root)
+        elif not args.from_:
+            root = os.path.join(args.dest, "orig")
+            for pattern in corpus.urls:
+                for lang in (args.src, args.tgt) if "{lang}" in pattern else (None,):
+                    url = pattern.format(lang=lang, test=args.test_set)
+                    download(f"{args.mirror.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if args.mirror else url, root, args.timeout)
+        return gather(corpus, RawFiles(root, work), args.src, args.tgt, args.test_set)
+
+
+def hold_out_valid(text, every, langs):
+    """valid = every ``every``-th training pair, train = the rest (each kind of text alike)."""
+    for kind in text.values():
+        kind["valid"] = {lang: kind["train"][lang][every - 1::every] for lang in langs}
+        kind["train"] = {lang: [x for i, x in enumerate(kind["train"][lang], 1) if i % every] for lang in langs}
+
+
+def prepare(corpus, args):
+    langs = (src, tgt) = (args.src, args.tgt)
+    raw = read_raw(corpus, args)
+    steps = corpus.steps + (("no_diacritics",) if args.remove_diacritics else ())
+    log(f"tokenising (sacremoses; {', '.join(steps) or 'plain'}; lowercase={int(args.lowercase)})")
+    text = {"raw": raw, "tok": {split: {lang: parallel_map(Tokeniser, (lang, steps, args.lowercase), raw[split][lang],
+                                                           args.workers) for lang in langs} for split in raw}}
+    stage, max_len, ratio = corpus.clean
+    max_len = args.max_len or max_len
+    if stage == "tok":
+        keep_pairs(text, ["train"], ("tok", "raw"), langs, max_len, ratio)
+    if isinstance(corpus.valid, int):
+        hold_out_valid(text, args.valid_every or corpus.valid, langs)
+    log(f"learning {args.bpe_merges} joint BPE merges (subword-nmt) on train.{{{src},{tgt}}} and applying them")
+    text["bpe"] = learn_and_apply_bpe(text["tok"], src, tgt, args.bpe_merges, os.path.join(args.dest, "code"), args.workers)
+    held_out = ["train", "valid"] if isinstance(corpus.valid, int) else ["train"]
+    for limits in ([(max_len, ratio)] if stage == "bpe" else []) + ([(args.max_subwords, math.inf)] if args.max_subwords else []):
+        keep_pairs(text, held_out, ("bpe", "tok", "raw"), langs, *limits)
+    for kind, directory in (("raw", "raw"), ("tok", "tok"), ("bpe", "")):
+        write_splits(text[kind], os.path.join(args.dest, directory), langs)
+    log(f"binarising with fairseq-preprocess into {args.databin}")
+    binarise(args.dest, args.databin, src, tgt, args.workers, args.joined)
+    refs = [f"{kind.upper()}_REF_{split}={os.path.abspath(os.path.join(args.dest, kind, f'{split}.{tgt}'))}"
+            for split in ("valid", "test") for kind in ("raw", "tok")]
+    write_lines(os.path.join(args.databin, "recipe.env"), [
+        "# written by fusion_fairseq.tools.corpus prepare; read by its evaluate", f"RECIPE={args.corpus}", f"SRC={src}",
+        f"TGT={tgt}", f"LOWERCASE={int(args.lowercase)}", "BPE=subword_nmt", f"BPE_MERGES={args.bpe_merges}",
+        f"COMPOUND_SPLIT={int(corpus.compound_split and tgt == 'de')}", f"TEST_SET={args.test_set}", *refs])
+    for split in SPLITS:
+        log(f"  {split}: {len(text['bpe'][split][src]):,} sentence pairs")
+    print(f"Binarised data ({src} -> {tgt}) is in: {os.path.abspath(args.databin)}")
+    print(f"BPE'd text and codes are in: {os.path.abspath(args.dest)}")
+
+
+# ---- evaluate ------------------------------------------------------------------------------------------
+RECIPE_VALUES = {"SRC": (r"[A-Za-z][A-Za-z0-9_-]*", "a language code such as de"),
+                 "TGT": (r"[A-Za-z][A-Za-z0-9_-]*", "a language code such as en"),
+                 "LOWERCASE": ("[01]", "0 or 1"), "COMPOUND_SPLIT": ("[01]", "0 or 1")}
+
+
+def read_recipe_env(data_bin):
+    """``data_bin/recipe.env`` as data (KEY=VALUE lines; CRLF endings allowed; never executed): {} when
+    there is none; a value that does not fit its key is refused naming the file."""
+    path = os.path.join(data_bin, "recipe.env")
+    if not os.path.isfile(path):
+        return {}
+    values = {}
+    for line in read_lines(path):
+        key, _, value = line.rstrip("\r").partition("=")
+        if key and not key.startswith("#") and _ and key not in values:
+            pattern, allowed = RECIPE_VALUES.get(key, (".*", ""))
+            if not re.fullmatch(pattern, value):
+                raise SystemExit(f"corpus: error: {path}: {key} '{value}' is not allowed (allowed: {allowed})")
+            values[key] = value
+    return values
+
+
+def hypotheses(generate_output, expect=None):
+    """The BPE-free hypotheses (H-) and targets (T-) of fairseq-generate's output, in sentence order."""
+    found = {"H": {}, "T": {}}
+    for line in read_lines(generate_output):
+        match = re.match(r"([HT])-(\d+)\t", line)
+        if match:  # H-id, score, text; T-id, text (the first hypothesis when there are several)
+            fields = line.split("\t")[1:] + [""]
+            found[match.group(1)].setdefault(int(match.group(2)), fields[1] if match.group(1) == "H" else fields[0])
+    ids = sorted(found["H"])
+    if not ids:
+        raise SystemExit(f"corpus: error: {generate_output}: no hypotheses (H-* lines); did fairseq-generate fail?")
+    if expect is not None and len(ids) != expect:
+        raise SystemExit(f"corpus: error: {generate_output}: {len(ids)} hypotheses for {expect} reference lines: "
+                         "fairseq-generate skipped sentences, or the reference is not that of this subset")
+    if ids != list(range(len(ids))):
+        raise SystemExit(f"corpus: error: {generate_output}: the hypotheses' sentence ids are not 0..{len(ids) - 1}")
+    unbpe = lambda text: re.sub(r"(@@ )|(@@ ?$)", "", text)
+    return [unbpe(found["H"][i]) for i in ids], [unbpe(found["T"].get(i, "")) for i in ids]
+
+
+def detokenise(lines, lang):
+    from sacremoses import MosesDetokenizer
+
+    detokenizer = MosesDetokenizer(lang=lang)
+    return [detokenizer.detokenize(line.split(), unescape=True) for line in lines]
+
+
+def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_split=False):
+    """sacreBLEU of detokenised hypotheses against the raw reference, and tokenised BLEU: (report, scores)."""
+    from sacrebleu.metrics import BLEU
+
+    hyp, refs, hyp_t, refs_t = (read_lines(path) for path in (hyp_detok, ref, hyp_tok, tok_ref))
+    for hyps, references, path in ((hyp, refs, ref), (hyp_t, refs_t, tok_ref)):
+        if len(hyps) != len(references):
+            raise SystemExit(f"corpus: error: {len(hyps)} hypotheses but {len(references)} lines in the reference "
+                             f"{path}: is it the reference of this subset (and untouched by cleaning)?")
+    if compound_split:  # fairseq's get_compound_split_bleu.sh
+        hyp_t, refs_t = ([re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", x) for x in side] for side in (hyp_t, refs_t))
+    case = "case-insensitive" if lowercase else "case-sensitive"
+    detok, tok = BLEU(lowercase=lowercase), BLEU(tokenize="none", lowercase=lowercase, force=True)
+    detok_score, tok_score = detok.corpus_score(hyp, [refs]), tok.corpus_score(hyp_t, [refs_t])
+    how = "sacrebleu --tokenize none on Moses-tokenized text, as multi-bleu.perl" + (", compound-split" if compound_split else "")
+    report = (f"sacreBLEU (detokenized, {case}) vs {ref}: {detok_score}\nsacreBLEU signature: {detok.get_signature()}\n"
+              f"Tokenized BLEU ({case}; {how}) vs {tok_ref}: {tok_score}")
+    return report, {"sacrebleu": round(detok_score.score, 2), "sacrebleu_signature": str(detok.get_signature()),
+            "sacrebleu_full": str(detok_score), "tokenized_bleu": round(tok_score.score, 2),
+            "tokenized_bleu_full": str(tok_score), "tokenized_bleu_signature": str(tok.get_signature()),
+            "case_insensitive": lowercase, "compound_split": compound_split, "reference": os.path.abspath(ref),
+            "tokenized_reference": os.path.abspath(tok_ref), "sentences": len(hyp)}
+
+
+EVAL_OUTPUTS = ("generate-{subset}.txt", "generate-{subset}.log", "hyp.tok", "hyp.detok", "ref.fairseq.tok", "bleu.txt",
+                "scores.json")
+EVAL_STAMP = "fusion-fairseq corpus evaluate"
+
+
+def evaluate(args):
+    data, subset = args.data_bin, args.gen_subset
+    if not math.isfinite(args.lenpen):
+        usage_error(f"--lenpen: invalid value '{args.lenpen}' (expected a finite number)")
+    if not os.path.isdir(data):
+        usage_error(f"DATA_BIN: '{data}' is not a directory")
+    if not os.path.isfile(args.checkpoint):
+        usage_error(f"CHECKPOINT: '{args.checkpoint}' does not exist")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", subset):
+        usage_error(f"--gen-subset: invalid value '{subset}'")
+    recipe = read_recipe_env(data)
+    src, tgt = args.src or recipe.get("SRC"), args.tgt or recipe.get("TGT")
+    if not (src and tgt):
+        pairs = sorted({name.split(".")[1] for name in os.listdir(data) if re.fullmatch(rf"{re.escape(subset)}\.[^.]+-[^.]+\..+\.idx", name)})
+        if len(pairs) != 1:
+            usage_error(f"--gen-subset: no binarised '{subset}' data in {data}" if not pairs else
+                        f"several language pairs in {data} ({' '.join(pairs)}); pass --src and --tgt")
+        src, tgt = src or pairs[0].split("-")[0], tgt or pairs[0].split("-")[1]
+    if not os.path.isfile(os.path.join(data, f"{subset}.{src}-{tgt}.{src}.idx")):
+        usage_error(f"--gen-subset: no binarised '{subset}' data for {src}-{tgt} in {data}")
+    ref, tok_ref = args.ref or recipe.get(f"RAW_REF_{subset}"), args.tok_ref or recipe.get(f"TOK_REF_{subset}")
+    for flag, path in (("--ref", ref), ("--tok-ref", tok_ref)):
+        if path and not os.path.isfile(path):
+            usage_error(f"{flag}: '{path}' does not exist")
+    if not ref:
+        usage_error(f"--ref is required: the raw (untokenised) {tgt} reference of '{subset}'")
+    lowercase = recipe.get("LOWERCASE", "0") == "1" if args.lowercase is None else args.lowercase
+    compound = recipe.get("COMPOUND_SPLIT", "0") == "1" if args.compound_split is None else args.compound_split
+    out = args.out or os.path.join(os.path.dirname(args.checkpoint), f"eval-{subset}-beam{args.beam}")
+    names = [name.format(subset=subset) for name in EVAL_OUTPUTS] + [".written_by"]
+    check_own_outputs(out, names, EVAL_STAMP, args.force)
+    write_lines(os.path.join(out, ".written_by"), [EVAL_STAMP])
+    generated = os.path.join(out, f"generate-{subset}.txt")
+    command = [sys.executable, "-m", "fairseq_cli.generate", data, "--path", args.checkpoint, "--gen-subset", subset,
+               "--source-lang", src, "--target-lang", tgt, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
+               "--remove-bpe", "@@ ",
+               # fairseq's batch_by_size drops a last batch that is not a multiple of this (default 8)
+               "--required-batch-size-multiple", "1",
+               *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else ["--batch-size", str(args.batch_size)]),
+               # the plugin lets torch >= 2.6's safe loader read fairseq's checkpoints
+               *([] if args.no_user_dir else ["--user-dir", args.user_dir or user_dir()]),
+               *args.extra]
+    log(f"fairseq-generate {subset} ({src} -> {tgt}), beam {args.beam} -> {generated}")
+    with open(generated, "w", encoding="utf-8") as stdout, open(os.path.join(out, f"generate-{subset}.log"), "w") as stderr:
+        if subprocess.call(command, stdout=stdout, stderr=stderr):
+            raise SystemExit(f"corpus: error: fairseq-generate failed (log: {out}/generate-{subset}.log)")
+    score(generated, out, tgt, ref, tok_ref, lowercase, compound)
+
+
+def check_own_outputs(out, names, stamp, force):
+    """An --out folder holding any of ``names`` that this tool did not write (no stamp) is refused
+    unless --force; outputs that are links are removed."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        usage_error(f"--out '{out}' is not a directory")
+    stamp_path = os.path.join(out, ".written_by")
+    own = os.path.isfile(stamp_path) and not os.path.islink(stamp_path) and read_lines(stamp_path) == [stamp]
+    found = [name for name in names if os.path.lexists(os.path.join(out, name))]
+    if found and not own and not force:
+        usage_error(f"--out '{out}' holds files that corpus evaluate did not write: {' '.join(found)}; pass --force to "
+                    "replace them, or give another --out")
+    for name in names:
+        unlink_if_linked(os.path.join(out, name))
+
+
+def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_split=False):
+    """hyp.tok, ref.fairseq.tok, hyp.detok, bleu.txt and scores.json in ``out`` from fairseq-generate's output."""
+    hyps, targets = hypotheses(generated, expect=len(read_lines(ref)))
+    paths = {name: os.path.join(out, name) for name in ("hyp.tok", "ref.fairseq.tok", "hyp.detok", "bleu.txt", "scores.json")}
+    write_lines(paths["hyp.tok"], hyps)
+    write_lines(paths["ref.fairseq.tok"], targets)
+    write_lines(paths["hyp.detok"], detokenise(hyps, tgt))
+    if not tok_ref:
+        log("no tokenised reference given or recorded: tokenised BLEU uses fairseq's T- lines (may contain <unk>)")
+    report, scores = bleu_scores(paths["hyp.detok"], ref, paths["hyp.tok"], tok_ref or paths["ref.fairseq.tok"], lowercase,
+                                 compound_split)
+    print(report)
+    write_lines(paths["bleu.txt"], [report])
+    write_lines(paths["scores.json"], [json.dumps(scores, indent=2)])
+    return scores
+
+
+# ---- command line ---------------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid value '{text}' (expected an integer >= 1)")
+    return int(text)
+
+
+def build_parser():
+    p = Parser(prog="corpus", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("prepare", help="download (or read --from), tokenise, clean, BPE and binarise a corpus")
+    s.add_argument("corpus", choices=list(CORPORA))
+    s.add_argument("--from", dest="from_", help="a folder holding the corpus files or archives, or an archive: no download")
+    s.add_argument("--dest", help="output folder (default: e.g. multi30k.tokenized.de-en)")
+    s.add_argument("--databin", help="binarised output (default: DEST/data-bin)")
+    s.add_argument("--src", help="source language (default: the corpus's)")
+    s.add_argument("--tgt", help="target language")
+    s.add_argument("--test-set", help="which test set (default: the corpus's standard one)")
+    s.add_argument("--bpe-merges", type=positive_int, help="joint BPE merges (default: the corpus's)")
+    s.add_argument("--lowercase", action=argparse.BooleanOptionalAction, help="lowercase (default: the corpus's)")
+    s.add_argument("--joined-dictionary", dest="joined", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--valid-every", type=positive_int, help="valid = every N-th cleaned training pair (iwslt14, wmt14)")
+    s.add_argument("--max-len", type=positive_int, help="cleaning: most tokens a side (default: the corpus's)")
+    s.add_argument("--max-subwords", type=positive_int, help="after BPE, drop train/valid pairs with a longer side")
+    s.add_argument("--remove-diacritics", action="store_true", help="wmt16-en-ro, Romanian source: ă â î ș ț -> a a i s t")
+    s.add_argument("--workers", type=positive_int, default=min(os.cpu_count() or 1, 8))
+    s.add_argument("--mirror", help="download every file from MIRROR/FILE-NAME instead")
+    s.add_argument("--timeout", type=positive_int, default=20, help="seconds a download may wait for the server")
+    s.add_argument("--force", action="store_true", help="replace the outputs of an earlier run")
+    e = sub.add_parser("evaluate", help="fairseq-generate a binarised subset and score it (sacreBLEU, tokenised BLEU)")
+    e.add_argument("data_bin")
+    e.add_argument("checkpoint")
+    e.add_argument("--gen-subset", default="test")
+    e.add_argument("--beam", type=positive_int, default=5)
+    e.add_argument("--lenpen", type=float, default=1.0)
+    e.add_argument("--batch-size", type=positive_int, default=128)
+    e.add_argument("--max-tokens", type=positive_int)
+    e.add_argument("--src")
+    e.add_argument("--tgt")
+    e.add_argument("--ref", help="raw reference (default: recorded in DATA_BIN/recipe.env)")
+    e.add_argument("--tok-ref", help="tokenised reference (default: recorded, else fairseq's T- lines)")
+    e.add_argument("--lowercase", action=argparse.BooleanOptionalAction, help="case-insensitive (default: as recorded)")
+    e.add_argument("--compound-split", action=argparse.BooleanOptionalAction, help="default: as recorded")
+    e.add_argument("--user-dir", help="fairseq --user-dir (default: this plugin)")
+    e.add_argument("--no-user-dir", action="store_true")
+    e.add_argument("--out", help="default: CHECKPOINT_DIR/eval-SUBSET-beamN")
+    e.add_argument("--force", action="store_true", help="replace files in --out that evaluate did not write")
+    h = sub.add_parser("hyps", help="BPE-free hypotheses of a fairseq-generate output, in order")
+    h.add_argument("generate_output")
+    h.add_argument("--hyp", required=True)
+    h.add_argument("--ref", help="also write the T- lines here")
+    h.add_argument("--expect", type=int)
+    d = sub.add_parser("detok", help="sacremoses detokenisation")
+    d.add_argument("--lang", required=True)
+    d.add_argument("-i", "--input", required=True)
+    d.add_argument("-o", "--output", required=True)
+    b = sub.add_parser("bleu", help="detokenised sacreBLEU and tokenised BLEU")
+    for flag in ("--hyp-detok", "--ref", "--hyp-tok", "--tok-ref"):
+        b.add_argument(flag, required=True)
+    b.add_argument("--lowercase", action="store_true")
+    b.add_argument("--compound-split", action="store_true")
+    b.add_argument("--json")
+    return p
+
+
+def prepare_args(args):
+    """The corpus's defaults for what was not given; values checked before any work."""
+    corpus = CORPORA[args.corpus]
+    args.src, args.tgt = args.src or corpus.pair[0], args.tgt or corpus.pair[1]
+    for flag, lang in (("--src", args.src), ("--tgt", args.tgt)):
+        if lang not in corpus.langs:
+            usage_error(f"{flag}: invalid value '{lang}' (choose from: {', '.join(corpus.langs)})")
+    if args.src == args.tgt:
+        usage_error(f"--src and --tgt are both '{args.src}'")
+    args.test_set = args.test_set or next(iter(corpus.tests))
+    if args.test_set not in corpus.tests:
+        usage_error(f"--test-set: invalid value '{args.test_set}' (choose from: {', '.join(corpus.tests)})")
+    if args.valid_every == 1:
+        usage_error("--valid-every: invalid value '1' (expected an integer >= 2: every pair would be valid)")
+    if args.remove_diacritics and args.src != "ro":
+        usage_error("--remove-diacritics is for the Romanian source side (wmt16-en-ro --src ro --tgt en)")
+    args.bpe_merges = args.bpe_merges or corpus.merges
+    args.lowercase = corpus.lowercase if args.lowercase is None else args.lowercase
+    args.dest = args.dest or corpus.dest.format(name=args.corpus, src=args.src, tgt=args.tgt)
+    args.databin = args.databin or os.path.join(args.dest, "data-bin")
+    if os.path.exists(args.dest) and not os.path.isdir(args.dest):
+        usage_error(f"--dest '{args.dest}' is not a directory")
+    return corpus
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # evaluate: what follows goes to fairseq-generate
+    args = build_parser().parse_args(argv[:cut])
+    if args.command == "prepare":
+        corpus = prepare_args(args)
+        check_outputs(args, (args.src, args.tgt))
+        os.makedirs(args.dest, exist_ok=True)
+        prepare(corpus, args)
+    elif args.command == "evaluate":
+        args.extra = argv[cut + 1:]
+        evaluate(args)
+    elif args.command == "hyps":
+        hyps, targets = hypotheses(args.generate_output, args.expect)
+        write_lines(args.hyp, hyps)
+        if args.ref:
+            write_lines(args.ref, targets)
+    elif args.command == "detok":
+        write_lines(args.output, detokenise(read_lines(args.input), args.lang))
+    else:
+        report, scores = bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase, args.compound_split)
+        print(report)
+        if args.json:
+            write_lines(args.json, [json.dumps(scores, indent=2)])
+
+
+if __name__ == "__main__":
+    main()
