@@ -51,47 +51,32 @@ class UsageError(ReportedError):
 # the command line
 
 
-def positive(kind: type, flag: str):
-    """argparse type: a positive ``kind`` (int or float); the error names the flag and the value."""
+def checked(flag: str, convert: Callable, valid: Callable, allowed: str):
+    """argparse type: ``convert(text)`` where ``valid``; otherwise an error naming the flag, what is
+    allowed and the value."""
     def parse(text):
         try:
-            value = kind(text)
+            value = convert(text)
         except ValueError:
             value = None
-        if value is None or not value > 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive {'integer' if kind is int else 'number'}, "
-                                             f"got {text!r}")
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"{flag} must be {allowed}, got {text!r}")
         return value
 
     return parse
+
+
+def positive(kind: type, flag: str):
+    return checked(flag, kind, lambda value: value > 0, f"a positive {'integer' if kind is int else 'number'}")
 
 
 def integer_in(flag: str, low: int, high: int):
-    """argparse type: an integer from ``low`` to ``high``; the error names the flag, the value and the range."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{flag} must be an integer from {low} to {high}, got {text!r}")
-        return value
-
-    return parse
+    return checked(flag, int, lambda value: low <= value <= high, f"an integer from {low} to {high}")
 
 
 def finite(flag: str):
-    """argparse type: a finite number (nan would be written as invalid JSON, and inf decodes nothing)."""
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{flag} must be a finite number, got {text!r}")
-        return value
-
-    return parse
+    """A finite number: nan would be written as invalid JSON, and inf decodes nothing."""
+    return checked(flag, float, math.isfinite, "a finite number")
 
 
 def add_force_argument(parser):
