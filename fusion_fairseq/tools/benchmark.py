@@ -26,7 +26,7 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -78,49 +78,6 @@ class BenchmarkConfig:
     arch: str
     flags: List[str] = field(default_factory=list)
     baseline: bool = False
-
-
-@dataclass
-class BenchmarkSettings:
-    device: str = "cpu"
-    dtype: str = "fp32"
-    threads: Optional[int] = None
-    clock: str = "wall"
-    seed: int = 1
-    # matched width
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    embed_dim: int = 256
-    ffn_dim: int = 1024
-    heads: int = 4
-    dropout: float = 0.1
-    common_flags: List[str] = field(default_factory=list)
-    vocab: int = 8000
-    # training
-    batch_size: int = 16
-    src_len: int = 16
-    tgt_len: int = 16
-    warmup: int = 1
-    steps: int = 3
-    repeats: int = 3
-    criterion: str = "label_smoothed_cross_entropy"
-    label_smoothing: float = 0.1
-    lr: float = 5e-4
-    # decoding
-    beam: int = 5
-    decode_batch_size: int = 8
-    decode_len: Optional[int] = None  # None: --tgt-len
-    decode_warmup: int = 1
-    decode_batches: int = 2
-    # decoding cost per step as the source grows (empty: not measured)
-    source_lengths: List[int] = field(default_factory=list)
-    # memory and floating-point operations
-    memory: bool = True
-    flops: bool = True
-
-    @property
-    def decode_length(self) -> int:
-        return self.tgt_len if self.decode_len is None else self.decode_len
 
 
 # --- configurations --------------------------------------------------------------------------
@@ -198,7 +155,7 @@ def takes_number(action: argparse.Action, value) -> bool:
     return isinstance(parsed, (int, float)) and not isinstance(parsed, bool)
 
 
-def width_flags(arch: str, settings: BenchmarkSettings):
+def width_flags(arch: str, settings: argparse.Namespace):
     """(flags to pass, skipped flags with the reason) for the matched width."""
     actions = model_option_actions(arch)
     flags, skipped = [], []
@@ -275,7 +232,7 @@ class _Runner:
         # min_len = max_len: every hypothesis has exactly that many tokens + EOS, whatever the untrained model
         self.generator, self.half_generator = (
             SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0, max_len_b=length,
-                              min_len=length) for length in (settings.decode_length, settings.decode_length // 2))
+                              min_len=length) for length in (settings.decode_len, settings.decode_len // 2))
         self.ms_per_step: Dict[int, List[float]] = {}
         self.tokens_per_s: List[float] = []
         self.sentences_per_s: List[float] = []
@@ -330,11 +287,11 @@ class _Runner:
     def decode_batch(self):
         with self.autocast():
             hypos = self.generator.generate([self.model], self.decode_sample)
-        expected = self.settings.decode_length + 1
+        expected = self.settings.decode_len + 1
         lengths = {len(h["tokens"]) for sentence in hypos for h in sentence}
         if len(hypos) != self.decode_sample["nsentences"] or lengths != {expected}:
             raise BenchmarkError(
-                f"{self.where()}: decoding with min_len = max_len = {self.settings.decode_length} should give "
+                f"{self.where()}: decoding with min_len = max_len = {self.settings.decode_len} should give "
                 f"{self.decode_sample['nsentences']} sentences of exactly {expected} tokens (EOS included), "
                 f"got {len(hypos)} sentences with lengths {sorted(lengths)}"
             )
@@ -353,7 +310,7 @@ class _Runner:
         that what is paid once per sentence (the encoder, the first step's projection of the
         source, the generator's set-up) cancels."""
         self.model.eval()
-        sample, full, half = self.sweep_samples[length], self.settings.decode_length, self.settings.decode_length // 2
+        sample, full, half = self.sweep_samples[length], self.settings.decode_len, self.settings.decode_len // 2
         times = {}
         with self.autocast(), torch.no_grad():
             for steps, generator in ((full, self.generator), (half, self.half_generator)):
@@ -446,7 +403,7 @@ MEMORY_METHOD = {
 }
 
 
-def synthetic_samples(settings: BenchmarkSettings, dictionary: Dictionary, device):
+def synthetic_samples(settings: argparse.Namespace, dictionary: Dictionary, device):
     generator = torch.Generator().manual_seed(settings.seed)
     low, high, eos = dictionary.nspecial, len(dictionary), dictionary.eos()
 
@@ -470,7 +427,7 @@ def synthetic_samples(settings: BenchmarkSettings, dictionary: Dictionary, devic
     return train, decode(settings.src_len), {length: decode(length) for length in settings.source_lengths}
 
 
-def check_settings(settings: BenchmarkSettings) -> None:
+def check_settings(settings: argparse.Namespace) -> None:
     for flag, value, allowed in (("--device", settings.device, DEVICES), ("--dtype", settings.dtype, DTYPES),
                                  ("--clock", settings.clock, tuple(CLOCKS))):
         if value not in allowed:
@@ -483,9 +440,9 @@ def check_settings(settings: BenchmarkSettings) -> None:
                              f"use --clock wall with --device {settings.device}")
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise BenchmarkError("--device cuda: CUDA is not available in this torch build / on this machine")
-    if settings.source_lengths and settings.decode_length < 2:
+    if settings.source_lengths and settings.decode_len < 2:
         raise BenchmarkError(f"--source-lengths times L and L/2 output tokens: --decode-len must be at least 2, "
-                             f"got {settings.decode_length}")
+                             f"got {settings.decode_len}")
     if any(not isinstance(n, int) or n < 2 for n in settings.source_lengths):
         raise BenchmarkError(f"--source-lengths must be integers of at least 2 (the last token is EOS), "
                              f"got {','.join(map(str, settings.source_lengths))}")
@@ -502,7 +459,7 @@ def ratio_stats(values: List[float], baseline: List[float]) -> Dict[str, object]
     return {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "per_repeat": ratios}
 
 
-def environment(settings: BenchmarkSettings, device: torch.device) -> Dict[str, object]:
+def environment(settings: argparse.Namespace, device: torch.device) -> Dict[str, object]:
     return {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
             "autocast": settings.dtype != "fp32", "torch": torch.__version__,
             "fairseq": getattr(fairseq, "__version__", "unknown"),
@@ -520,7 +477,7 @@ def flop_stats(runner, base) -> Dict[str, object]:
     return stats
 
 
-def build_runners(configs: List[BenchmarkConfig], settings: BenchmarkSettings, device,
+def build_runners(configs: List[BenchmarkConfig], settings: argparse.Namespace, device,
                   log: Callable[[str], None]) -> List[_Runner]:
     """One :class:`_Runner` per configuration, on shared synthetic samples."""
     autocast_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[settings.dtype]
@@ -536,7 +493,7 @@ def build_runners(configs: List[BenchmarkConfig], settings: BenchmarkSettings, d
     return runners
 
 
-def measure_rounds(runners: List[_Runner], settings: BenchmarkSettings, sync: Callable[[], None],
+def measure_rounds(runners: List[_Runner], settings: argparse.Namespace, sync: Callable[[], None],
                    log: Callable[[str], None]) -> float:
     """Training and decoding speed of every runner, round-robin with the order rotated by one every
     round; returns the seconds it took."""
@@ -553,7 +510,7 @@ def measure_rounds(runners: List[_Runner], settings: BenchmarkSettings, sync: Ca
     return time.perf_counter() - started
 
 
-def config_result(runner: _Runner, base: _Runner, settings: BenchmarkSettings) -> Dict[str, object]:
+def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) -> Dict[str, object]:
     """The JSON record of one configuration, its ratios against the baseline ``base``."""
     def speed(values, base_values, unit):
         return {unit: values, f"median_{unit}": statistics.median(values), "ratio": ratio_stats(values, base_values)}
@@ -564,7 +521,7 @@ def config_result(runner: _Runner, base: _Runner, settings: BenchmarkSettings) -
         "parameters": runner.parameters, "trainable_parameters": runner.trainable_parameters,
         "train": speed(runner.tokens_per_s, base.tokens_per_s, "tokens_per_s"),
         "decode": {**speed(runner.sentences_per_s, base.sentences_per_s, "sentences_per_s"),
-                   "decoder_steps": settings.decode_length + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
+                   "decoder_steps": settings.decode_len + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
         "memory": runner.memory or None,
         "flops": flop_stats(runner, base) if settings.flops else None,
         "step_cost": {str(length): {"ms_per_step": times, "median_ms_per_step": statistics.median(times),
@@ -573,23 +530,21 @@ def config_result(runner: _Runner, base: _Runner, settings: BenchmarkSettings) -
     }
 
 
-def settings_record(settings: BenchmarkSettings) -> Dict[str, object]:
+def settings_record(settings: argparse.Namespace) -> Dict[str, object]:
     """The settings as the JSON records them, with how the optimiser, decoding and order were set up."""
-    record = asdict(settings)
-    record["decode_len"] = settings.decode_length
-    record.update({
+    return {
+        **vars(settings),
         "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / target tokens",
         "decoding": f"fairseq SequenceGenerator, beam {settings.beam}, max_len_a=0, "
-                    f"max_len_b=min_len={settings.decode_length} (every hypothesis {settings.decode_length} tokens + EOS)",
+                    f"max_len_b=min_len={settings.decode_len} (every hypothesis {settings.decode_len} tokens + EOS)",
         "order": "round-robin; the configuration order is rotated by one every round",
         "step_cost": "per source length: (t(L) - t(L/2)) / (L - L/2) of two generate calls after one untimed "
                      "call each; speed ratio = baseline time / configuration time",
         "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()},
-    })
-    return record
+    }
 
 
-def run_benchmark(configs: List[BenchmarkConfig], settings: BenchmarkSettings,
+def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
                   log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
     """Measure every configuration (the baseline among them) and return the JSON-ready results."""
     check_settings(settings)
@@ -756,7 +711,6 @@ def time_to_loss_table(result: Dict) -> str:
 
 # --- command line ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    defaults = BenchmarkSettings()
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Training and decoding speed, parameters and peak memory of this plugin's models "
@@ -780,46 +734,48 @@ def build_parser() -> argparse.ArgumentParser:
                             "the updates and training time each needs to reach the reference's best validation NLL")
 
     positive, count = positive_int, non_negative_int
-    groups = {
+    groups = {  # (flag, type, default, help)
         "matched width (applied where an architecture defines the flag)": [
-            ("--encoder-layers", positive, None), ("--decoder-layers", positive, None),
-            ("--embed-dim", positive, "--encoder-embed-dim and --decoder-embed-dim"),
-            ("--ffn-dim", positive, "--encoder-ffn-embed-dim and --decoder-ffn-embed-dim"),
-            ("--heads", positive, "--encoder-attention-heads and --decoder-attention-heads"),
-            ("--dropout", float, None), ("--vocab", positive, "size of the joined dictionary")],
+            ("--encoder-layers", positive, 3, None), ("--decoder-layers", positive, 3, None),
+            ("--embed-dim", positive, 256, "--encoder-embed-dim and --decoder-embed-dim"),
+            ("--ffn-dim", positive, 1024, "--encoder-ffn-embed-dim and --decoder-ffn-embed-dim"),
+            ("--heads", positive, 4, "--encoder-attention-heads and --decoder-attention-heads"),
+            ("--dropout", float, 0.1, None), ("--vocab", positive, 8000, "size of the joined dictionary")],
         "training measurement": [
-            ("--batch-size", positive, "sentences per batch"),
-            ("--src-len", positive, "source tokens per sentence (EOS included)"),
-            ("--tgt-len", positive, "target tokens per sentence (EOS included)"),
-            ("--warmup", count, "untimed training steps per round"), ("--steps", positive, "timed training steps per round"),
-            ("--repeats", positive, "rounds over all configurations"), ("--label-smoothing", float, None),
-            ("--lr", float, None)],
+            ("--batch-size", positive, 16, "sentences per batch"),
+            ("--src-len", positive, 16, "source tokens per sentence (EOS included)"),
+            ("--tgt-len", positive, 16, "target tokens per sentence (EOS included)"),
+            ("--warmup", count, 1, "untimed training steps per round"),
+            ("--steps", positive, 3, "timed training steps per round"),
+            ("--repeats", positive, 3, "rounds over all configurations"), ("--label-smoothing", float, 0.1, None),
+            ("--lr", float, 5e-4, None)],
         "decoding measurement": [
-            ("--beam", positive, None), ("--decode-batch-size", positive, None),
-            ("--decode-len", positive, "output tokens per hypothesis, forced with min_len = max_len (default: --tgt-len)"),
-            ("--decode-warmup", count, "untimed decode batches per round"),
-            ("--decode-batches", positive, "timed decode batches per round")],
+            ("--beam", positive, 5, None), ("--decode-batch-size", positive, 8, None),
+            ("--decode-len", positive, None, "output tokens per hypothesis, forced with min_len = max_len "
+                                             "(default: --tgt-len)"),
+            ("--decode-warmup", count, 1, "untimed decode batches per round"),
+            ("--decode-batches", positive, 2, "timed decode batches per round")],
     }
     for title, arguments in groups.items():
         group = parser.add_argument_group(title)
-        for flag, kind, text in arguments:
-            group.add_argument(flag, type=kind, default=getattr(defaults, flag[2:].replace("-", "_")), help=text)
+        for flag, kind, default, text in arguments:
+            group.add_argument(flag, type=kind, default=default, help=text)
         if title == "training measurement":
-            group.add_argument("--criterion", choices=CRITERIA, default=defaults.criterion)
+            group.add_argument("--criterion", choices=CRITERIA, default=CRITERIA[0])
     group.add_argument("--source-lengths", type=length_list, default=[], metavar="N,N,...",
                        help="also time one decoding step as the source grows, for each source length N (e.g. "
                             "He et al.'s point that layer-wise coordination attends to the source in every layer)")
 
     group = parser.add_argument_group("device and output")
-    group.add_argument("--device", default=defaults.device, help="cpu or cuda")
-    group.add_argument("--dtype", default=defaults.dtype, help="fp32, or fp16 / bf16 (autocast, CUDA only)")
+    group.add_argument("--device", default="cpu", help="cpu or cuda")
+    group.add_argument("--dtype", default="fp32", help="fp32, or fp16 / bf16 (autocast, CUDA only)")
     group.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
-    group.add_argument("--clock", default=defaults.clock,
+    group.add_argument("--clock", default="wall",
                        help="wall: elapsed time; process: this process's CPU time (CPU only; less sensitive to "
                             "other work sharing the cores, but with several threads it sums their CPU time)")
-    group.add_argument("--seed", type=int, default=defaults.seed)
-    group.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
-    group.add_argument("--no-flops", action="store_true", help="skip counting the floating-point operations")
+    group.add_argument("--seed", type=int, default=1)
+    group.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory pass")
+    group.add_argument("--no-flops", dest="flops", action="store_false", help="skip counting the floating-point operations")
     group.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     group.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     add_force_argument(group)
@@ -834,10 +790,15 @@ def length_list(text: str) -> List[int]:
         raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text!r}") from None
 
 
-def settings_from_args(args) -> BenchmarkSettings:
-    values = {f.name: getattr(args, f.name) for f in fields(BenchmarkSettings) if hasattr(args, f.name)}
-    return BenchmarkSettings(**{**values, "common_flags": split_flags(args.common_flags, "--common-flags"),
-                                "memory": not args.no_memory, "flops": not args.no_flops})
+def settings(argv=(), **changes) -> argparse.Namespace:
+    """The settings of a measurement: the command line ``argv`` parsed, ``changes`` applied, the
+    common flags split and the output length resolved (``decode_len``: ``--tgt-len`` by default)."""
+    args = build_parser().parse_args(list(argv))
+    vars(args).update(changes)
+    if isinstance(args.common_flags, str):
+        args.common_flags = split_flags(args.common_flags, "--common-flags")
+    args.decode_len = args.decode_len or args.tgt_len
+    return args
 
 
 def main(argv: Optional[Iterable[str]] = None) -> Dict:
@@ -858,8 +819,7 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
             result = time_to_loss(logs[0], logs[1:])
             table = time_to_loss_table(result)
         else:
-            settings = settings_from_args(args)
-            result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), settings)
+            result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), settings(argv))
             table = markdown_table(result)
     except BenchmarkError as exc:
         parser.error(str(exc))
