@@ -125,11 +125,8 @@ def run(args) -> dict:
     result = {"checkpoint": args.path, "kind": attention.kind, "dims": dims,
               "cell_value": "mean over dimensions of w[m,n,d]" if fine else "w[m,n]", "masked_layer": masked,
               "decoder_labels": dec_labels, "encoder_labels": enc_labels, "weights": matrix.tolist()}
-    if fine:
-        result["min_over_dims"] = weights.min(dim=-1).values.tolist()
-        result["max_over_dims"] = weights.max(dim=-1).values.tolist()
-        if args.per_dim:
-            result["weights_per_dim"] = weights.tolist()
+    if fine and args.per_dim:
+        result["weights_per_dim"] = weights.tolist()
     figure = plot(matrix.numpy(), dec_labels, enc_labels, args.layout,
                   "\n".join(filter(None, [what, masking, os.path.basename(args.path)])))
     return write_outputs(args, result, figure)

@@ -9,7 +9,7 @@ teacher-forced (EOS as the start symbol, then the target words) and ``extra["mix
 decoder's forward with ``alignment_layer=I-1`` is plotted: the layer's mixed-attention weights
 (Paper: Eq. 3) averaged over heads. Without ``--target`` the beam-search translation is plotted
 (``--beam 6 --lenpen 1.1``, the paper's IWSLT setting). Rows: the target positions, labelled
-``fed->predicted`` (``--row-labels``). Columns: the source words (EOS appended) | the target
+``fed->predicted``. Columns: the source words (EOS appended) | the target
 positions; each row sums to 1, and the future target positions, which Eq. 3 masks, are exactly 0:
 hatched in the figure, ``-`` in the text. ``--json``: ``weights[row][column]`` over
 ``columns = source_tokens + target_fed_tokens``.
@@ -31,8 +31,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 MASKED_TEXT = "-"
-ROW_AXIS_LABELS = {"both": "target position (token fed -> token predicted)", "fed": "target position (token fed)",
-                   "predicted": "target position (token predicted)"}
 
 
 def parse_args(argv=None):
@@ -45,8 +43,6 @@ def parse_args(argv=None):
     parser.add_argument("--layer", required=True, type=int, metavar="I",
                         help="layer to plot, 1-based: 1 = the lowest layer (the paper's Figure 4), N = the top layer")
     add_text_input_arguments(parser)
-    parser.add_argument("--row-labels", choices=tuple(ROW_AXIS_LABELS), default="both",
-                        help="label each target row 'fed->predicted' (default), or with the token fed or predicted")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=6, help="beam size when translating")
     parser.add_argument("--lenpen", type=finite("--lenpen"), default=1.1, help="length penalty when translating")
     parser.add_argument("--max-len", type=positive(int, "--max-len"), default=200,
@@ -84,7 +80,7 @@ def format_weights(weights, mask, row_labels, column_labels, source_length: int,
     return "\n".join(lines)
 
 
-def plot(weights, mask, row_labels, column_labels, source_length: int, title: str, row_axis_label: str):
+def plot(weights, mask, row_labels, column_labels, source_length: int, title: str):
     rows, columns = weights.shape
     fig, ax = plt.subplots(figsize=(max(5.0, 0.42 * columns + 2.5), max(3.0, 0.38 * rows + 2.0)), layout="constrained")
     cmap = matplotlib.colormaps["Blues"].with_extremes(bad="white")  # masked future target positions stay blank
@@ -98,7 +94,7 @@ def plot(weights, mask, row_labels, column_labels, source_length: int, title: st
     ax.axvline(source_length - 0.5, color="crimson", linewidth=2.0)  # source | target separator
     ax.set_xticks(range(columns), column_labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_yticks(range(rows), row_labels, fontsize=8)
-    ax.set_ylabel(row_axis_label, fontsize=8)
+    ax.set_ylabel("target position (token fed -> token predicted)", fontsize=8)
     ax.set_xlabel("source words (EOS appended)  |  target positions (tokens fed, </s> = start)", fontsize=8)
     top = ax.secondary_xaxis("top")
     top.set_xticks([(source_length - 1) / 2.0, source_length + (columns - source_length - 1) / 2.0],
@@ -134,8 +130,7 @@ def run(args) -> dict:
     source = token_strings(task.source_dictionary, src_tokens)
     predicted = token_strings(task.target_dictionary, tgt_tokens)
     fed = [task.target_dictionary[task.target_dictionary.eos()]] + predicted[:-1]
-    row_labels = {"both": [f"{f}->{p}" for f, p in zip(fed, predicted)], "fed": fed,
-                  "predicted": predicted}[args.row_labels]
+    row_labels = [f"{f}->{p}" for f, p in zip(fed, predicted)]
     mask = np.zeros(values.shape, dtype=bool)  # Eq. 3 masks target row i, target column j > i
     for row in range(len(fed)):
         mask[row, len(source) + row + 1:] = True
@@ -150,14 +145,13 @@ def run(args) -> dict:
     }
     title = (f"mixed attention, layer {args.layer} of {num_layers} (1-based), averaged over heads; "
              f"source: {' '.join(source[:-1])}")
-    rows_are = ROW_AXIS_LABELS[args.row_labels].replace("target position", "target positions")
     print(format_weights(values, mask, row_labels, source + fed, len(source),
-                         f"{title}\nrows = {rows_are}, columns = source words | target positions; "
+                         f"{title}\nrows = target positions (token fed -> token predicted), columns = source words | "
+                         "target positions; "
                          f"'{MASKED_TEXT}' = masked future position"))
     return write_outputs(args, result, plot(
         values, mask, row_labels, source + fed, len(source),
-        f"Mixed attention, layer {args.layer}/{num_layers}: {os.path.basename(args.path)}",
-        ROW_AXIS_LABELS[args.row_labels]))
+        f"Mixed attention, layer {args.layer}/{num_layers}: {os.path.basename(args.path)}"))
 
 
 main = script_main(parse_args, run, "plot_mixed_attention.py")
