@@ -210,9 +210,9 @@ def plot_spectrum(curves: List[Dict], x_axis: str):
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
     low = min(min(c["normalized"]) for c in curves)
-    if low > 0.02:  # a decade or so: label some minor ticks too
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-            lambda value, _: f"{value:g}" if round(value / 10 ** math.floor(math.log10(value) + 1e-9)) in (2, 5) else ""))
+    if low > 0.02:  # a decade or so: label the minor ticks 2 and 5 too
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}" if round(
+            value / 10 ** math.floor(math.log10(value) + 1e-9)) in (2, 5) else ""))
     ax.set_xlabel("Index of Singular Value" + (" / k" if x_axis == "fraction" else ""), fontsize=9)
     ax.set_ylabel("normalised singular value s_i / s_1 (log scale)", fontsize=8)
     ax.set_title("Singular values of the embeddings" + ("" if several else f": {curves[0]['label']}"), fontsize=9)

@@ -263,8 +263,8 @@ def run(args) -> Dict:
                   f"avg len {results[layer]['avg_len']:.3f}", flush=True)
     rows = [table_row(layer, results[layer], results[None], args.gen_subset) for layer in runs]
     kind_name = "fine-grained" if kind == "fine" else "coarse-grained"
-    print(format_table(rows, f"encoder-layer masking ({kind_name} layer attention, encoder layers "
-                             f"Emb..{num_encoder_layers}): {args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, "
+    print(format_table(rows, f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb.."
+                             f"{num_encoder_layers}): {args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, "
                              f"lenpen {args.lenpen}, remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 "
                              "line, sacreBLEU = sacrebleu on the H-/T- lines;\navg len = mean tokens per H- line; "
                              "d...% = relative change to the unmasked run"))

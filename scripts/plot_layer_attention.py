@@ -70,10 +70,9 @@ def short_value(value: float) -> str:
 
 
 def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
-    if layout == "paper":  # x = decoder layer, y = encoder layer with Emb at the bottom
-        data, x_labels, y_labels, x_name, y_name, origin = matrix.T, dec_labels, enc_labels, "Decoder", "Encoder", "lower"
-    else:
-        data, x_labels, y_labels, x_name, y_name, origin = matrix, enc_labels, dec_labels, "Encoder", "Decoder", "upper"
+    paper = layout == "paper"  # x = decoder layer, y = encoder layer with Emb at the bottom
+    data, x_labels, y_labels = (matrix.T, dec_labels, enc_labels) if paper else (matrix, enc_labels, dec_labels)
+    x_name, y_name, origin = ("Decoder", "Encoder", "lower") if paper else ("Encoder", "Decoder", "upper")
     rows, cols = data.shape
     width = max(4.6, 0.62 * cols + 2.4)
     title = "\n".join(textwrap.fill(line, width=int(width * 13)) for line in title.splitlines())

@@ -71,7 +71,8 @@ def format_weights(weights, mask, row_labels, column_labels, source_length: int,
     label_width = max(len(label) for label in row_labels)
 
     def line(label, cells):
-        return label.rjust(label_width) + " " + " ".join(cells[:source_length]) + " | " + " ".join(cells[source_length:])
+        source, target = " ".join(cells[:source_length]), " ".join(cells[source_length:])
+        return f"{label.rjust(label_width)} {source} | {target}"
 
     lines = [title, line("", [label.rjust(width) for label in column_labels])]
     for row, label in enumerate(row_labels):

@@ -416,8 +416,8 @@ def synthetic_samples(settings: argparse.Namespace, dictionary: Dictionary, devi
     src, tgt = tokens(batch, settings.src_len), tokens(batch, settings.tgt_len)
     prev = torch.cat([torch.full((batch, 1), eos), tgt[:, :-1]], dim=1)
     train = {"id": torch.arange(batch), "nsentences": batch, "ntokens": tgt.numel(), "target": tgt.to(device),
-             "net_input": {"src_tokens": src.to(device), "src_lengths": torch.full((batch,), settings.src_len).to(device),
-                           "prev_output_tokens": prev.to(device)}}
+             "net_input": {"src_tokens": src.to(device), "prev_output_tokens": prev.to(device),
+                           "src_lengths": torch.full((batch,), settings.src_len).to(device)}}
 
     def decode(length):
         return {"id": torch.arange(decode_batch).to(device), "nsentences": decode_batch,
@@ -506,7 +506,8 @@ def measure_rounds(runners: List[_Runner], settings: argparse.Namespace, sync: C
                      for n in settings.source_lengths]
         for what, measure, unit in measures:
             for runner in order:
-                log(f"[round {repeat + 1}/{settings.repeats}] {what} {runner.config.name}: {unit.format(measure(runner))}")
+                value = unit.format(measure(runner))
+                log(f"[round {repeat + 1}/{settings.repeats}] {what} {runner.config.name}: {value}")
     return time.perf_counter() - started
 
 
@@ -775,7 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "other work sharing the cores, but with several threads it sums their CPU time)")
     group.add_argument("--seed", type=int, default=1)
     group.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory pass")
-    group.add_argument("--no-flops", dest="flops", action="store_false", help="skip counting the floating-point operations")
+    group.add_argument("--no-flops", dest="flops", action="store_false",
+                       help="skip counting the floating-point operations")
     group.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     group.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     add_force_argument(group)
@@ -811,7 +813,8 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
         return {}
     logs = args.time_to_loss or []
     try:
-        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)], [("--time-to-loss", log) for log in logs])
+        check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)],
+                      [("--time-to-loss", log) for log in logs])
     except UsageError as exc:  # one line, before any measurement
         parser.exit(exc.exit_status, f"{PROG}: error: {exc}\n")
     try:
