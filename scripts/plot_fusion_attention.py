@@ -21,9 +21,8 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules import AverageFusion, FeedForwardFusion, MultiHopAttentionFusion  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, add_text_input_arguments, build_bpe, check_bpe_arguments, \
-    checkpoint_arguments, encode_sentence, load_model, positive, pyplot, script_main, teacher_forced_target, \
-    token_strings, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, load_model, \
+    positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -36,22 +35,16 @@ X_AXIS = {"predicted": "target word predicted at each position (fed: the previou
 
 
 def parse_args(argv=None):
-    parser = checkpoint_arguments(argparse.ArgumentParser(
+    parser = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
         description="Plot the hop-by-layer attention of self-attention layer fusion (MLRF Figure 5)."),
-        data_required=True)
-    parser.add_argument("--source", required=True, help="source sentence, tokens separated by spaces")
-    parser.add_argument("--target", help="target sentence to teacher-force (decoder side); "
-                        "default: translate --source with beam search and plot the hypothesis")
+        data_required=True))
     parser.add_argument("--side", choices=("decoder", "encoder"), default="decoder",
                         help="which fusion layer to plot (default: decoder, MLRF Dec-SA)")
-    add_text_input_arguments(parser)
     parser.add_argument("--xlabels", choices=tuple(X_AXIS), default="predicted",
                         help="decoder side: label each position with the word predicted there (default), "
                         "the word fed into the decoder, or 'fed->predicted'")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=5, help="beam size when translating")
-    args = parser.parse_args(argv)
-    check_bpe_arguments(parser, args)
-    return args
+    return parser.parse_args(argv)
 
 
 def fusion_kind(fusion) -> str:
@@ -114,9 +107,9 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
 
 
 def run(args) -> dict:
+    bpe = build_bpe(args)
     model, _, task = load_model(args.path, args.data, args.user_dir)
     fusion = side_fusion(model, args.side)
-    bpe = build_bpe(args)
     src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk)
     first = 0 if fusion.include_embedding_layer else 1
     result = {"checkpoint": args.path, "side": args.side,

@@ -21,9 +21,9 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, add_text_input_arguments, build_bpe, check_bpe_arguments, \
-    checkpoint_arguments, encode_sentence, finite, load_model, positive, pyplot, script_main, teacher_forced_target, \
-    token_strings, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, finite, \
+    load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
+    write_outputs  # noqa: E402
 
 plt = pyplot()
 import matplotlib  # noqa: E402
@@ -34,21 +34,17 @@ MASKED_TEXT = "-"
 
 
 def parse_args(argv=None):
-    parser = checkpoint_arguments(argparse.ArgumentParser(
+    parser = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
         prog="plot_mixed_attention.py", description="Plot the mixed-attention weights of one layer of a layer-wise "
         "coordination model over source and target positions (He et al. 2018, Figure 4)."),
-        data_required=True, out_required=False)
-    parser.add_argument("--source", required=True, help="source sentence, tokens separated by spaces")
-    parser.add_argument("--target", help="target sentence to teacher-force; default: translate --source")
+        data_required=True, out_required=False))
     parser.add_argument("--layer", required=True, type=int, metavar="I",
                         help="layer to plot, 1-based: 1 = the lowest layer (the paper's Figure 4), N = the top layer")
-    add_text_input_arguments(parser)
     parser.add_argument("--beam", type=positive(int, "--beam"), default=6, help="beam size when translating")
     parser.add_argument("--lenpen", type=finite("--lenpen"), default=1.1, help="length penalty when translating")
     parser.add_argument("--max-len", type=positive(int, "--max-len"), default=200,
                         help="when translating: at most this many target tokens (fairseq's max_len_b)")
     args = parser.parse_args(argv)
-    check_bpe_arguments(parser, args)
     args.out = args.out or f"mixed-attention-layer{args.layer}.png"
     return args
 
@@ -107,13 +103,13 @@ def plot(weights, mask, row_labels, column_labels, source_length: int, title: st
 
 
 def run(args) -> dict:
+    bpe = build_bpe(args)
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     num_layers = check_model(model, cfg, args.path)
     if not 1 <= args.layer <= num_layers:
         raise UsageError(f"--layer {args.layer}: out of range; the checkpoint has {num_layers} layers, allowed "
                          f"1..{num_layers} (1-based: 1 = the lowest layer)")
     layer_index = args.layer - 1
-    bpe = build_bpe(args)
     src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
                                  max_tokens=model.encoder.max_positions())
     tgt_tokens, target_from, prev_output_tokens = teacher_forced_target(

@@ -104,20 +104,17 @@ def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1
     return parser
 
 
-def add_text_input_arguments(parser):
-    """``--bpe``, ``--bpe-codes`` and ``--allow-unk`` for sentences given on the command line."""
+def sentence_arguments(parser):
+    """``--source``, ``--target`` (teacher-forced; default: the beam-search translation), ``--bpe``,
+    ``--bpe-codes`` and ``--allow-unk`` for the sentence pair of an attention plot. Returns ``parser``."""
+    parser.add_argument("--source", required=True, help="source sentence, tokens separated by spaces")
+    parser.add_argument("--target", help="target sentence to teacher-force; default: translate --source with beam "
+                        "search and plot the hypothesis")
     parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")
     parser.add_argument("--bpe-codes", help="BPE codes file for --bpe subword_nmt")
     parser.add_argument("--allow-unk", action="store_true",
                         help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
-
-
-def check_bpe_arguments(parser, args):
-    """``--bpe`` and ``--bpe-codes`` go together (a usage error of ``parser`` otherwise)."""
-    if args.bpe and not args.bpe_codes:
-        parser.error("--bpe subword_nmt needs --bpe-codes FILE")
-    if args.bpe_codes and not args.bpe:
-        parser.error("--bpe-codes needs --bpe subword_nmt")
+    return parser
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,6 +293,9 @@ def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, o
 
 def build_bpe(args):
     """fairseq's BPE encoder of ``--bpe``/``--bpe-codes`` (None without ``--bpe``)."""
+    if bool(args.bpe) != bool(args.bpe_codes):
+        raise UsageError("--bpe subword_nmt needs --bpe-codes FILE" if args.bpe else
+                         "--bpe-codes needs --bpe subword_nmt")
     if not args.bpe:
         return None
     from fairseq.data import encoders
