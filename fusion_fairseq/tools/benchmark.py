@@ -729,7 +729,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"architecture of the baseline configuration {BASELINE_NAME!r}")
     group.add_argument("--common-flags", default="", metavar="FLAGS",
                        help="model flags for every configuration, the baseline included, e.g. '--share-all-embeddings'")
-    group.add_argument("--list-archs", action="store_true", help="print this plugin's architectures and exit")
     group.add_argument("--time-to-loss", nargs="+", metavar="LOG",
                        help="instead of measuring: read fairseq-train json logs, the first the reference, and report "
                             "the updates and training time each needs to reach the reference's best validation NLL")
@@ -808,9 +807,6 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    if args.list_archs:
-        print("\n".join(plugin_architectures()))
-        return {}
     logs = args.time_to_loss or []
     try:
         check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)],
