@@ -15,26 +15,20 @@ Forward only; about half a minute on one CPU core at Transformer-Base size.
 """
 
 import argparse
+import os
 import shlex
 import sys
 from types import SimpleNamespace
 
 import torch
 from fairseq import options
-from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-import fusion_fairseq  # noqa: F401  (registers the architectures)
-from fusion_fairseq.modules.layer_aggregation import DENSE_CONNECTION_READINGS
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from fusion_fairseq.modules.layer_aggregation import DENSE_CONNECTION_READINGS  # noqa: E402 (registers the models)
+from fusion_fairseq.tools.common import dictionary_of_size  # noqa: E402
 
 ARCH = "fusion_transformer"
-
-
-def joined_dictionary(size: int) -> Dictionary:
-    dictionary = Dictionary()
-    for index in range(size - len(dictionary)):
-        dictionary.add_symbol(f"tok{index}")
-    return dictionary
 
 
 def build(flags, dictionary):
@@ -72,7 +66,7 @@ def parse(argv):
 def main(argv=None):
     settings = parse(argv)
     torch.manual_seed(settings.seed)
-    dictionary = joined_dictionary(settings.vocab)
+    dictionary = dictionary_of_size(settings.vocab)
     flags = ["--share-all-embeddings", *shlex.split(settings.model_flags)]
     vanilla = build(flags, dictionary)
     src = torch.randint(dictionary.nspecial, len(dictionary), (settings.batch, settings.length))

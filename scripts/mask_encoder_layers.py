@@ -4,41 +4,22 @@ length, as in Liu et al. (ICLR 2021) Sec. 3.3, Figure 2.
 
     python scripts/mask_encoder_layers.py --data DATA_BIN --path CKPT [--gen-subset test] [--beam 4] \\
         [--lenpen 1.0] [--remove-bpe] [--layers 0,1,...] [--jobs 1] [--out fig.png] [--json out.json] \\
-        [--keep-outputs DIR] [--force] [any other fairseq-generate flag, e.g. --max-tokens 4096]
+        [--keep-outputs DIR] [any other fairseq-generate flag, e.g. --max-tokens 4096]
 
-For each encoder layer n = 0 (the word-embedding layer, "Emb") .. N, and once unmasked, the real
-``fairseq-generate`` is run in a subprocess:
+For each encoder layer n = 0 ("Emb") .. N, and once unmasked, the real ``fairseq-generate`` runs
+with ``--model-overrides "{'mask_encoder_layer': n}"``, which zeroes layer n's layer-attention
+weight and renormalises the others (w / (1 - w_n), per dimension for ``fine``); the encoder is
+unchanged. Unknown flags go to every fairseq-generate run; ``--required-batch-size-multiple 1`` is
+added unless given (with a larger multiple this fairseq drops a last, smaller batch), and a warning
+says when fewer hypotheses come back than the subset has.
 
-    python -m fairseq_cli.generate DATA_BIN --user-dir <plugin> --path CKPT --gen-subset SUBSET \\
-        --beam B --lenpen LP [--remove-bpe] --model-overrides "{'mask_encoder_layer': n}"
-
-``mask_encoder_layer`` sets layer n's layer-attention weight to zero and renormalises the others
-(w / (1 - w_n), per dimension for ``fine``); the encoder itself is unchanged. The unmasked run
-passes ``{'mask_encoder_layer': None}``. Flags this script does not know are handed to every
-fairseq-generate run; ``--required-batch-size-multiple 1`` is added unless given, because with a
-multiple > 1 this fairseq's batching drops a last batch smaller than the multiple (sentences would
-silently go untranslated); the script warns when fewer hypotheses come back than the subset has.
-
-Scores, per run (the table, ``--json`` and the figure):
-  * ``bleu``: parsed from fairseq-generate's own final line ``Generate SUBSET with beam=B: BLEU4 = X``
-    (fairseq's corpus BLEU on the whitespace tokens of the H-/T- strings after ``--remove-bpe``, as
-    reported by fairseq-based papers; with ``--sacrebleu`` among the forwarded flags, fairseq's
-    SacreBLEU line instead). This is the score of the "performance" panel (``--metric bleu``).
-  * ``sacrebleu``: ``sacrebleu.corpus_bleu`` of the H- strings against the T- strings that
-    fairseq-generate printed (default 13a tokenisation); ``--metric sacrebleu`` plots this one.
-  * ``avg_len``: the average number of whitespace-separated tokens of the H- strings (after
-    ``--remove-bpe``, i.e. words when BPE is removed).
-  * ``avg_score``: the average hypothesis score of the H- lines (log2-probability, length-normalised
-    as fairseq's beam search scores it), which tells masked and unmasked runs apart even when the
-    strings coincide.
-Relative changes are 100 * (masked - unmasked) / unmasked, in percent (``null`` in the JSON when
-the unmasked value is 0).
-
-The figure has two panels as in Figure 2: (a) model performance and (b) length of output, one bar
-per masked encoder layer.
-
-Exit status: 0 on success, 2 with a message naming the flag on bad input (no such file, a checkpoint
-without layer attention, an encoder layer that does not exist), 1 when a fairseq-generate run fails.
+Per run: ``bleu``, fairseq-generate's own ``BLEU4 = X`` line (the performance panel of
+``--metric bleu``); ``sacrebleu``, ``sacrebleu.corpus_bleu`` of the H- against the T- strings;
+``avg_len``, whitespace tokens per H- string (after ``--remove-bpe``); ``avg_score``, the mean
+hypothesis score, which tells masked and unmasked runs apart even when the strings coincide.
+Changes are 100 * (masked - unmasked) / unmasked percent (null when the unmasked value is 0). The
+figure has Figure 2's two panels, (a) model performance and (b) length of output. Exit status 1
+when a fairseq-generate run fails.
 """
 
 import argparse
@@ -51,35 +32,15 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
-    sys.path.append(REPO_ROOT)
-
-# fusion_fairseq.tools.analysis imports the plugin (registers the models, allow-lists checkpoint types)
-from fusion_fairseq.tools.analysis import (  # noqa: E402
-    add_dpi_argument,
-    finite,
-    ReportedError,
-    UsageError as ScriptError,
-    add_force_argument,
-    check_data_dir,
-    check_outputs,
-    model_args,
-    positive,
-    read_checkpoint,
-    run_main,
-    use_agg_backend,
-    write_json,
-)
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
+from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, checkpoint_arguments, finite, \
+    model_args, positive, pyplot, read_checkpoint, script_main, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
-use_agg_backend()
-
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot()
 import matplotlib.ticker  # noqa: E402
 
-PROG = "mask_encoder_layers.py"
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
 LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")
 FORBIDDEN_FORWARDED = {
@@ -93,38 +54,26 @@ FORBIDDEN_FORWARDED = {
 class GenerateError(ReportedError):
     """A fairseq-generate run failed: exit status 1."""
 
-    exit_status = 1
-
 
 def parse_args(argv: Optional[List[str]] = None):
-    parser = argparse.ArgumentParser(
+    parser = checkpoint_arguments(argparse.ArgumentParser(
         description="Mask each encoder layer of layer attention in turn and run fairseq-generate "
-        "(Liu et al. 2021, Sec. 3.3, Figure 2). Unknown flags are passed to fairseq-generate.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("--data", required=True, help="binarised data directory (fairseq-generate's DATA)")
-    parser.add_argument("--path", required=True, help="checkpoint trained with --layer-attention coarse or fine")
+        "(Liu et al. 2021, Sec. 3.3, Figure 2). Unknown flags are passed to fairseq-generate.", allow_abbrev=False),
+        data_required=True, out_required=False, user_dir=False)
     parser.add_argument("--gen-subset", default="test", help="subset to translate (default: test)")
-    parser.add_argument("--beam", type=positive(int, "--beam"), default=4,
-                        help="beam size (default: 4, the paper's Ro-En setting)")
+    parser.add_argument("--beam", type=positive(int, "--beam"), default=4, help="beam size (default: 4, Ro-En)")
     parser.add_argument("--lenpen", type=finite("--lenpen"), default=1.0, help="length penalty (default: 1.0, Ro-En)")
     parser.add_argument("--remove-bpe", nargs="?", const="@@ ", default=None, metavar="SYMBOL",
                         help="remove BPE before scoring and counting length (as fairseq-generate; default '@@ ')")
     parser.add_argument("--layers", help="comma-separated encoder layers to mask, 0 = Emb (default: all, 0..N)")
     parser.add_argument("--metric", choices=("bleu", "sacrebleu"), default="bleu",
                         help="score of the performance panel: fairseq's BLEU4 line (default) or sacrebleu on H/T")
-    parser.add_argument("--jobs", type=int, default=1, help="fairseq-generate runs at a time (default: 1)")
-    parser.add_argument("--out", help="PNG file for the two-panel figure")
-    parser.add_argument("--json", metavar="OUT", help="write the table as JSON")
+    parser.add_argument("--jobs", type=positive(int, "--jobs"), default=1, help="fairseq-generate runs at a time")
     parser.add_argument("--keep-outputs", metavar="DIR",
                         help="save each run's fairseq-generate output as DIR/generate-{none,Emb,1,..}.txt")
     parser.add_argument("--timeout", type=positive(float, "--timeout"), default=None,
                         help="seconds per fairseq-generate run")
-    add_force_argument(parser)
-    add_dpi_argument(parser)
     args, forwarded = parser.parse_known_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     for flag in forwarded:
         name = flag.split("=", 1)[0]
         if name in FORBIDDEN_FORWARDED:
@@ -133,27 +82,16 @@ def parse_args(argv: Optional[List[str]] = None):
     return args
 
 
-# --------------------------------------------------------------------------------------------
-# the checkpoint
-
-
 def encoder_layer_range(path: str):
     """``(layer-attention kind, number of encoder layers N)`` from the checkpoint's configuration."""
     args = model_args(read_checkpoint(path))
     kind = getattr(args, "layer_attention", None)
     if kind not in ("coarse", "fine"):
-        arch = getattr(args, "arch", "?")
         having = "no layer attention" if kind is None else f"--layer-attention {kind}"
-        raise ScriptError(
-            f"--path {path}: the checkpoint (arch {arch}) has {having}, so there is no layer-attention weight to "
-            "mask; a fusion_transformer checkpoint trained with --layer-attention coarse or fine is needed"
-        )
+        raise UsageError(f"--path {path}: the checkpoint (arch {getattr(args, 'arch', '?')}) has {having}, so there "
+                         "is no layer-attention weight to mask; a fusion_transformer checkpoint trained with "
+                         "--layer-attention coarse or fine is needed")
     return kind, int(args.encoder_layers)
-
-
-def mask_error(layer: int, num_encoder_layers: int) -> str:
-    """The model's own message (``fusion_config.check_masked_encoder_layer``)."""
-    return f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) to {num_encoder_layers}"
 
 
 def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
@@ -161,16 +99,15 @@ def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
         return list(range(num_encoder_layers + 1))
     layers = []
     for item in spec.split(","):
-        item = item.strip()
-        if item.lower() == "emb":
-            item = "0"
+        item = "0" if item.strip().lower() == "emb" else item.strip()
         try:
             layer = int(item)
         except ValueError:
-            raise ScriptError(f"--layers {spec}: {item!r} is not an encoder layer index (0 = Emb .. "
-                              f"{num_encoder_layers})")
-        if not 0 <= layer <= num_encoder_layers:
-            raise ScriptError(f"--layers {spec}: " + mask_error(layer, num_encoder_layers))
+            raise UsageError(f"--layers {spec}: {item!r} is not an encoder layer index (0 = Emb .. "
+                             f"{num_encoder_layers})") from None
+        if not 0 <= layer <= num_encoder_layers:  # the model's own message (check_masked_encoder_layer)
+            raise UsageError(f"--layers {spec}: --mask-encoder-layer {layer} does not exist: the encoder has layers "
+                             f"0 (embedding) to {num_encoder_layers}")
         if layer not in layers:
             layers.append(layer)
     return layers
@@ -180,25 +117,15 @@ def layer_label(layer: Optional[int]) -> str:
     return "none" if layer is None else ("Emb" if layer == 0 else str(layer))
 
 
-# --------------------------------------------------------------------------------------------
-# fairseq-generate
-
-
-def generate_command(args, layer: Optional[int]) -> List[str]:
-    command = [
-        sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", plugin_user_dir(),
-        "--path", args.path, "--gen-subset", args.gen_subset, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
-        "--model-overrides", repr({"mask_encoder_layer": layer}),
-    ]
+def run_generate(args, layer: Optional[int]) -> Dict:
+    command = [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", plugin_user_dir(),
+               "--path", args.path, "--gen-subset", args.gen_subset, "--beam", str(args.beam),
+               "--lenpen", str(args.lenpen), "--model-overrides", repr({"mask_encoder_layer": layer})]
     if args.remove_bpe is not None:
         command += ["--remove-bpe", args.remove_bpe]
     if not any(flag.split("=", 1)[0] == "--required-batch-size-multiple" for flag in args.forwarded):
         command += ["--required-batch-size-multiple", "1"]
-    return command + list(args.forwarded)
-
-
-def run_generate(args, layer: Optional[int]) -> Dict:
-    command = generate_command(args, layer)
+    command += args.forwarded
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if args.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
@@ -210,32 +137,23 @@ def run_generate(args, layer: Optional[int]) -> Dict:
         with open(os.path.join(args.keep_outputs, f"generate-{layer_label(layer)}.txt"), "w") as handle:
             handle.write(result.stdout)
     if result.returncode != 0:
-        raise GenerateError(
-            f"fairseq-generate (mask {layer_label(layer)}) failed with exit status {result.returncode}:\n"
-            f"  {' '.join(command)}\n{result.stderr[-3000:]}"
-        )
-    parsed = parse_generate_output(result.stdout, result.stderr, args.gen_subset)
-    parsed["command"] = command
-    return parsed
+        raise GenerateError(f"fairseq-generate (mask {layer_label(layer)}) failed with exit status "
+                            f"{result.returncode}:\n  {' '.join(command)}\n{result.stderr[-3000:]}")
+    return {**parse_generate_output(result.stdout, result.stderr, args.gen_subset), "command": command}
 
 
 def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
     hypotheses, scores, targets = {}, {}, {}
     for line in stdout.splitlines():
+        fields = line.split("\t")
         if line.startswith("H-"):
-            fields = line.split("\t")
-            sample_id = int(fields[0][2:])
-            scores[sample_id] = float(fields[1])
-            hypotheses[sample_id] = fields[2] if len(fields) > 2 else ""
+            scores[int(fields[0][2:])] = float(fields[1])
+            hypotheses[int(fields[0][2:])] = fields[2] if len(fields) > 2 else ""
         elif line.startswith("T-"):
-            fields = line.split("\t")
             targets[int(fields[0][2:])] = fields[1] if len(fields) > 1 else ""
     match = BLEU_LINE.search(stdout)
-    expected = None
-    for count, path in LOADED_LINE.findall(stdout + "\n" + stderr):
-        if os.path.basename(path).startswith(subset + "."):
-            expected = int(count.replace(",", ""))
-            break
+    expected = next((int(count.replace(",", "")) for count, path in LOADED_LINE.findall(stdout + "\n" + stderr)
+                     if os.path.basename(path).startswith(subset + ".")), None)
     ids = sorted(hypotheses)
     lengths = [len(hypotheses[i].split()) for i in ids]
     sacrebleu_score = None
@@ -252,12 +170,7 @@ def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
         "sentences": len(ids),
         "subset_size": expected,
         "hypotheses": [hypotheses[i] for i in ids],
-        "ids": ids,
     }
-
-
-# --------------------------------------------------------------------------------------------
-# table and figure
 
 
 def relative_change(value: Optional[float], reference: Optional[float]) -> Optional[float]:
@@ -283,28 +196,24 @@ def format_table(rows: List[Dict], header: str) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: List[Dict], metric: str, title: str, out: str, dpi: int):
+def plot(rows: List[Dict], metric: str, title: str):
     masked = [row for row in rows if row["layer"] is not None]
-    labels = [row["masked"] for row in masked]
     colors = plt.get_cmap("viridis")([i / max(1, len(masked) - 1) for i in range(len(masked))])
     metric_name = "BLEU (fairseq BLEU4)" if metric == "bleu" else "BLEU (sacrebleu)"
-    panels = [
-        (f"{metric}_change_pct", f"(a) Model performance: {metric_name}"),
-        ("len_change_pct", "(b) Length of output"),
-    ]
+    panels = [(f"{metric}_change_pct", f"(a) Model performance: {metric_name}"),
+              ("len_change_pct", "(b) Length of output")]
     fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 1.1 * len(masked) + 4.0), 3.4), layout="constrained")
     for ax, (key, panel_title) in zip(axes, panels):
         values = [row[key] for row in masked]
         heights = [0.0 if v is None else v for v in values]
         bars = ax.bar(range(len(masked)), heights, color=colors, edgecolor="black", linewidth=0.5)
         for bar, value in zip(bars, values):
-            text = "n/a" if value is None else f"{value:+.1f}%"
             y = bar.get_height()
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, y), xytext=(0, 2 if y >= 0 else -2),
-                        textcoords="offset points", ha="center", va="bottom" if y >= 0 else "top", fontsize=7)
+            ax.annotate("n/a" if value is None else f"{value:+.1f}%", (bar.get_x() + bar.get_width() / 2, y),
+                        xytext=(0, 2 if y >= 0 else -2), textcoords="offset points", ha="center",
+                        va="bottom" if y >= 0 else "top", fontsize=7)
         ax.axhline(0.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(masked)))
-        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_xticks(range(len(masked)), [row["masked"] for row in masked], fontsize=8)
         ax.set_xlabel("masked encoder layer", fontsize=8)
         ax.set_ylabel("relative change to unmasked (%)", fontsize=8)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
@@ -316,23 +225,34 @@ def plot(rows: List[Dict], metric: str, title: str, out: str, dpi: int):
         pad = 0.15 * (high - low) or 1.0
         ax.set_ylim(low - pad, high + pad)
     fig.suptitle(title, fontsize=8)
-    fig.savefig(out, dpi=dpi)
-    plt.close(fig)
+    return fig
 
 
-def check_kept_outputs(args) -> None:
-    """--keep-outputs DIR: a directory (made if missing); its earlier generate-*.txt only with --force."""
-    directory = args.keep_outputs
-    if not directory:
-        return
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise ScriptError(f"--keep-outputs {directory} is a file; give a directory")
-    for earlier in sorted(glob.glob(os.path.join(directory, "generate-*.txt"))):
-        refuse_existing_output("--keep-outputs", earlier, args.force, ScriptError)
+def table_row(layer: Optional[int], result: Dict, base: Dict, gen_subset: str) -> Dict:
+    """The scores of a run and their change relative to the unmasked ``base``."""
+    if result["subset_size"] is not None and result["sentences"] != result["subset_size"]:
+        print(f"warning: mask {layer_label(layer)}: fairseq-generate returned {result['sentences']} hypotheses "
+              f"for {result['subset_size']} sentences of --gen-subset {gen_subset}", file=sys.stderr)
+    row = {"layer": layer, "masked": layer_label(layer)}
+    for key in ("bleu", "sacrebleu", "avg_len"):
+        change = "len_change_pct" if key == "avg_len" else f"{key}_change_pct"
+        row.update({key: result[key], change: relative_change(result[key], base[key])})
+    return {**row, "avg_score": result["avg_score"], "sentences": result["sentences"],
+            "identical_to_unmasked": layer is not None and result["hypotheses"] == base["hypotheses"],
+            "command": result["command"]}
 
 
-def generate_all(args, runs: List[Optional[int]]) -> Dict[Optional[int], Dict]:
-    """fairseq-generate once per entry of ``runs`` (None: unmasked), ``--jobs`` at a time."""
+def run(args) -> Dict:
+    if args.keep_outputs:  # a directory (made if missing); its earlier generate-*.txt only with --force
+        if os.path.exists(args.keep_outputs) and not os.path.isdir(args.keep_outputs):
+            raise UsageError(f"--keep-outputs {args.keep_outputs} is a file; give a directory")
+        for earlier in sorted(glob.glob(os.path.join(args.keep_outputs, "generate-*.txt"))):
+            refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
+    check_data_dir(args.data)
+    kind, num_encoder_layers = encoder_layer_range(args.path)
+    runs: List[Optional[int]] = [None] + layers_to_mask(args.layers, num_encoder_layers)
+    if args.keep_outputs:
+        os.makedirs(args.keep_outputs, exist_ok=True)
     results: Dict[Optional[int], Dict] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(run_generate, args, layer): layer for layer in runs}
@@ -341,77 +261,27 @@ def generate_all(args, runs: List[Optional[int]]) -> Dict[Optional[int], Dict]:
             results[layer] = future.result()
             print(f"  mask {layer_label(layer):>4}: BLEU {fmt(results[layer]['bleu'], '.2f')}, "
                   f"avg len {results[layer]['avg_len']:.3f}", flush=True)
-    return results
-
-
-def table_row(layer: Optional[int], result: Dict, base: Dict, gen_subset: str) -> Dict:
-    """One row of the table: the scores of a run and their change relative to the unmasked ``base``."""
-    if result["subset_size"] is not None and result["sentences"] != result["subset_size"]:
-        print(f"warning: mask {layer_label(layer)}: fairseq-generate returned {result['sentences']} hypotheses "
-              f"for {result['subset_size']} sentences of --gen-subset {gen_subset}", file=sys.stderr)
-    return {
-        "layer": layer,
-        "masked": layer_label(layer),
-        "bleu": result["bleu"],
-        "bleu_change_pct": relative_change(result["bleu"], base["bleu"]),
-        "sacrebleu": result["sacrebleu"],
-        "sacrebleu_change_pct": relative_change(result["sacrebleu"], base["sacrebleu"]),
-        "avg_len": result["avg_len"],
-        "len_change_pct": relative_change(result["avg_len"], base["avg_len"]),
-        "avg_score": result["avg_score"],
-        "sentences": result["sentences"],
-        "identical_to_unmasked": layer is not None and result["hypotheses"] == base["hypotheses"],
-        "command": result["command"],
-    }
-
-
-def table_header(args, kind_name: str, num_encoder_layers: int) -> str:
-    return (f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb..{num_encoder_layers}): "
-            f"{args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, lenpen {args.lenpen}, "
-            f"remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 line, sacreBLEU = sacrebleu on the "
-            "H-/T- lines;\navg len = mean tokens per H- line; d...% = relative change to the unmasked run")
-
-
-def run(args) -> Dict:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
-    check_kept_outputs(args)
-    check_data_dir(args.data)
-    kind, num_encoder_layers = encoder_layer_range(args.path)
-    layers = layers_to_mask(args.layers, num_encoder_layers)
-    if args.keep_outputs:
-        os.makedirs(args.keep_outputs, exist_ok=True)
-
-    runs: List[Optional[int]] = [None] + layers
-    results = generate_all(args, runs)
     rows = [table_row(layer, results[layer], results[None], args.gen_subset) for layer in runs]
     kind_name = "fine-grained" if kind == "fine" else "coarse-grained"
-    print(format_table(rows, table_header(args, kind_name, num_encoder_layers)))
+    print(format_table(rows, f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb.."
+                             f"{num_encoder_layers}): {args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, "
+                             f"lenpen {args.lenpen}, remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 "
+                             "line, sacreBLEU = sacrebleu on the H-/T- lines;\navg len = mean tokens per H- line; "
+                             "d...% = relative change to the unmasked run"))
     result = {
-        "checkpoint": args.path,
-        "data": args.data,
-        "gen_subset": args.gen_subset,
-        "beam": args.beam,
-        "lenpen": args.lenpen,
-        "remove_bpe": args.remove_bpe,
-        "layer_attention": kind,
-        "encoder_layers": num_encoder_layers,
-        "metric": args.metric,
+        "checkpoint": args.path, "data": args.data, "gen_subset": args.gen_subset, "beam": args.beam,
+        "lenpen": args.lenpen, "remove_bpe": args.remove_bpe, "layer_attention": kind,
+        "encoder_layers": num_encoder_layers, "metric": args.metric,
         "bleu_source": "fairseq-generate's final 'BLEU4 = ' line",
         "sacrebleu_source": "sacrebleu.corpus_bleu on the H-/T- strings (13a tokenisation)",
         "rows": rows,
     }
-    if args.out:
-        plot(rows, args.metric, f"Relative changes when masking one encoder layer: {os.path.basename(args.path)} "
-             f"({kind_name} layer attention), {args.gen_subset}, beam {args.beam}", args.out, args.dpi)
-        print(f"wrote {args.out}")
-    if args.json:
-        write_json(args.json, result)
-    return result
+    title = (f"Relative changes when masking one encoder layer: {os.path.basename(args.path)} ({kind_name} layer "
+             f"attention), {args.gen_subset}, beam {args.beam}")
+    return write_outputs(args, result, plot(rows, args.metric, title) if args.out else None)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    return run_main(run, parse_args(argv), PROG)
-
+main = script_main(parse_args, run, "mask_encoder_layers.py")
 
 if __name__ == "__main__":
     sys.exit(main())

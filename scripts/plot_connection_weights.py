@@ -9,54 +9,26 @@ embedding); cells it does not read are blank. Hyper-connections (``--hyper-conne
 al. 2025): for every sublayer, the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of its
 input-independent part (static weights; for mHC the maps at zero dynamic input, sigmoid(b_pre),
 2 sigmoid(b_post) and SinkhornKnopp(b_res)), side by side. One panel per side that has either.
-
-Exit status: 0 on success, 2 with a message naming the flag on bad input (no such file, a
-checkpoint with neither option).
 """
 
 import argparse
 import os
 import sys
-from typing import List, Optional
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # run from a checkout without installing the package
-    sys.path.append(REPO_ROOT)
-
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage  # noqa: E402
 from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection, sinkhorn  # noqa: E402
-from fusion_fairseq.tools.analysis import (  # noqa: E402
-    UsageError,
-    add_dpi_argument,
-    add_force_argument,
-    add_user_dir_argument,
-    check_outputs,
-    load_checkpoint_state,
-    model_from_state,
-    run_main,
-    use_agg_backend,
-    write_json,
-)
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, load_model, pyplot, script_main, \
+    write_outputs  # noqa: E402
 
-use_agg_backend()
-
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-PROG = "plot_connection_weights.py"
 
-
-def parse_args(argv: Optional[List[str]] = None):
-    parser = argparse.ArgumentParser(description="Plot DenseFormer's and hyper-connections' learned weights.")
-    parser.add_argument("--path", required=True, help="checkpoint file (fairseq-train output)")
-    parser.add_argument("--data", help="binarised data directory; default: the one stored in the checkpoint")
-    parser.add_argument("--out", required=True, help="PNG file to write")
-    parser.add_argument("--json", metavar="OUT", help="also write the matrices as JSON")
-    add_user_dir_argument(parser)
-    add_dpi_argument(parser)
-    add_force_argument(parser)
-    return parser.parse_args(argv)
+def parse_args(argv=None):
+    return checkpoint_arguments(argparse.ArgumentParser(
+        description="Plot DenseFormer's and hyper-connections' learned weights.")).parse_args(argv)
 
 
 def denseformer_matrix(stack: DepthWeightedAverage) -> np.ndarray:
@@ -96,11 +68,11 @@ def side_weights(model) -> dict:
     return weights
 
 
-def plot(weights: dict, out: str, dpi: int):
+def plot(weights: dict):
     fig, axes = plt.subplots(len(weights), 1, figsize=(8, 2.6 * len(weights)), layout="constrained", squeeze=False)
     for ax, (name, matrix) in zip(axes[:, 0], weights.items()):
-        image = ax.imshow(matrix, cmap="RdBu_r", vmin=-np.nanmax(np.abs(matrix)), vmax=np.nanmax(np.abs(matrix)),
-                          aspect="auto", interpolation="nearest")
+        limit = np.nanmax(np.abs(matrix))
+        image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest")
         ax.set_title(name, fontsize=9)
         if "DenseFormer" in name:
             ax.set_xlabel("output X_j (0 = embedding)", fontsize=8)
@@ -108,32 +80,22 @@ def plot(weights: dict, out: str, dpi: int):
         else:
             ax.set_xlabel("sublayers, each [[0, B], [A_m, A_r]]", fontsize=8)
         fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.savefig(out, dpi=dpi)
-    plt.close(fig)
+    return fig
 
 
-def run(args) -> int:
-    check_outputs(args, [("--out", args.out), ("--json", args.json)], inputs=[("--path", args.path)])
-    state = load_checkpoint_state(args.path, args.data, user_dir=args.user_dir)
-    model, _, _ = model_from_state(args.path, state)
-    weights = side_weights(model)
+def run(args) -> dict:
+    weights = side_weights(load_model(args.path, args.data, args.user_dir)[0])
     if not weights:
         raise UsageError(f"--path {args.path}: the checkpoint's model has neither DenseFormer averages nor "
                          "hyper-connections; one trained with --denseformer-* or --hyper-connections-* is needed")
     for name, matrix in weights.items():
         print(name)
         print(np.array2string(matrix, precision=3, max_line_width=200))
-    plot(weights, args.out, args.dpi)
-    if args.json:
-        write_json(args.json, {name: [[None if np.isnan(v) else float(v) for v in row] for row in matrix]
-                               for name, matrix in weights.items()})
-    return 0
+    return write_outputs(args, {name: [[None if np.isnan(v) else float(v) for v in row] for row in matrix]
+                                for name, matrix in weights.items()}, plot(weights))
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
-    return run_main(run, args, PROG)
-
+main = script_main(parse_args, run, "plot_connection_weights.py")
 
 if __name__ == "__main__":
     sys.exit(main())

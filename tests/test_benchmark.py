@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fusion_fairseq.tools import benchmark
-from fusion_fairseq.tools.benchmark import BenchmarkError, BenchmarkSettings, build_configs, parse_variant
+from fusion_fairseq.tools.benchmark import BenchmarkError, build_configs, parse_variant, settings
 from fusion_fairseq.tools.common import plugin_architectures
 
 from model_building import build_model, count_parameters
@@ -161,7 +161,7 @@ def test_discovery_uses_the_model_class_module():
 
 
 def test_width_flags_skip_what_an_arch_does_not_take():
-    flags, skipped = benchmark.width_flags("fconv", BenchmarkSettings())
+    flags, skipped = benchmark.width_flags("fconv", settings())
     assert flags[flags.index("--encoder-embed-dim") + 1] == "256"
     assert "--encoder-layers" not in flags  # an expression in fconv
     assert any(s.startswith("--encoder-layers") for s in skipped)
@@ -174,7 +174,7 @@ def test_width_flags_of_a_shared_stack():
     arch = "layerwise_coordination"
     if arch not in ARCH_MODEL_REGISTRY:
         pytest.skip(f"{arch} is not registered")
-    flags, skipped = benchmark.width_flags(arch, BenchmarkSettings(embed_dim=32, ffn_dim=64, heads=2))
+    flags, skipped = benchmark.width_flags(arch, settings(embed_dim=32, ffn_dim=64, heads=2))
     applied = dict(zip(flags[::2], flags[1::2]))
     assert applied == {"--embed-dim": "32", "--ffn-embed-dim": "64", "--attention-heads": "2", "--dropout": "0.1"}
     assert [s.split(" ")[0] for s in skipped] == ["--encoder-layers", "--decoder-layers"]

@@ -319,7 +319,7 @@ def test_a_length_penalty_that_is_no_finite_number_is_refused(scripts, capsys, t
     assert code == 2 and f"argument --lenpen: --lenpen must be a finite number, got '{value}'" in err
 
 
-# --- measurements: the benchmark, time_to_loss ------------------------------------------------------
+# --- measurements: the benchmark and its --time-to-loss ------------------------------------------------------
 
 class Measured(Exception):
     """Raised in place of the measurement: the output checks let it start."""
@@ -343,11 +343,11 @@ def measurement_refused(main, measure, monkeypatch, capsys, argv):
 
 def measurements(tmp_path):
     """``{script: (main, (module, the function doing the work), arguments it needs)}``."""
-    from fusion_fairseq.tools import benchmark, time_to_loss
+    from fusion_fairseq.tools import benchmark
 
     return {"fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"), []),
-            "time_to_loss": (time_to_loss.main, (time_to_loss, "compare"),
-                             ["--reference", tmp_path / "residual.log", tmp_path / "dense.log"])}
+            "time_to_loss": (benchmark.main, (benchmark, "time_to_loss"),
+                             ["--time-to-loss", tmp_path / "residual.log", tmp_path / "dense.log"])}
 
 
 @pytest.mark.parametrize("script,flag", [

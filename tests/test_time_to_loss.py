@@ -1,5 +1,5 @@
-"""Updates and time to a reference model's validation loss (fusion_fairseq.tools.time_to_loss) and the
-DenseNMT recipe that uses it (examples/dense_nmt/time_to_loss.sh)."""
+"""Updates and time to a reference model's validation loss (``fusion-fairseq-benchmark --time-to-loss``)
+and the DenseNMT recipe that uses it (examples/dense_nmt/time_to_loss.sh)."""
 
 import json
 import os
@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from fusion_fairseq.tools import time_to_loss
+from fusion_fairseq.tools import benchmark
+from fusion_fairseq.tools.benchmark import BenchmarkError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "examples", "dense_nmt", "time_to_loss.sh")
@@ -27,7 +28,7 @@ def test_updates_and_seconds_to_the_references_best_nll(tmp_path):
                           {20: 6.0, 40: 4.0})
     faster = write_log(tmp_path / "dense.log", {10: 6.0, 20: 6.0, 30: 6.0}, {10: 5.0, 20: 3.9, 30: 3.5})
     never = write_log(tmp_path / "never.log", {10: 1.0}, {10: 7.0})
-    result = time_to_loss.compare(reference, [faster, never])
+    result = benchmark.time_to_loss(reference, [faster, never])
     assert result["target_nll"] == 4.0
     ref, dense, slow = result["rows"]
     assert (ref["updates_to_target"], ref["train_seconds_to_target"], ref["updates_ratio"]) == (40, 20.0, 1.0)
@@ -35,20 +36,31 @@ def test_updates_and_seconds_to_the_references_best_nll(tmp_path):
     assert (dense["updates_to_target"], dense["train_seconds_to_target"]) == (20, 12.0)
     assert dense["updates_ratio"] == 0.5 and dense["time_ratio"] == pytest.approx(0.6)
     assert slow["updates_to_target"] is None and "updates_ratio" not in slow
-    table = time_to_loss.format_table(result)
+    table = benchmark.time_to_loss_table(result)
     assert "> 10" in table and "0.50" in table and "0.60" in table
 
 
 def test_seconds_are_interpolated_between_log_lines():
-    assert time_to_loss.seconds_at({10: 10.0, 20: 30.0}, 15) == 20.0
-    assert time_to_loss.seconds_at({10: 10.0}, 5) == 5.0
-    assert time_to_loss.seconds_at({10: 10.0}, 11) is None
+    assert benchmark.seconds_at({10: 10.0, 20: 30.0}, 15) == 20.0
+    assert benchmark.seconds_at({10: 10.0}, 5) == 5.0
+    assert benchmark.seconds_at({10: 10.0}, 11) is None
 
 
 def test_a_log_without_validation_is_refused(tmp_path):
     empty = write_log(tmp_path / "a.log", {10: 1.0}, {})
-    with pytest.raises(SystemExit, match="no validation lines"):
-        time_to_loss.compare(empty, [empty])
+    with pytest.raises(BenchmarkError, match="no validation lines"):
+        benchmark.time_to_loss(empty, [empty])
+    with pytest.raises(BenchmarkError, match="--time-to-loss .*missing.log: no such file"):
+        benchmark.time_to_loss(str(tmp_path / "missing.log"), [empty])
+
+
+def test_time_to_loss_from_the_command_line(tmp_path, capsys):
+    reference = write_log(tmp_path / "residual.log", {10: 5.0, 20: 5.0}, {10: 6.0, 20: 4.0})
+    dense = write_log(tmp_path / "dense.log", {10: 6.0, 20: 6.0}, {10: 3.9, 20: 3.5})
+    out = tmp_path / "t.json"
+    result = benchmark.main(["--time-to-loss", reference, dense, "--json", str(out)])
+    assert json.loads(out.read_text())["rows"][1]["updates_to_target"] == 10 == result["rows"][1]["updates_to_target"]
+    assert "target: the reference's best validation NLL, 4.000" in capsys.readouterr().out
 
 
 @pytest.mark.slow

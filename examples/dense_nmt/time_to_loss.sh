@@ -2,7 +2,7 @@
 # DenseNMT-4L-2 against its residual ConvS2S baseline of similar size (BASE-4L, Table 2 sizes),
 # trained side by side with identical data, optimiser (the paper's NAG recipe), batch and seed;
 # prints the updates and training time each needs to reach the residual model's best validation
-# NLL (Shen et al.: 29% less time to the same loss) via python -m fusion_fairseq.tools.time_to_loss.
+# NLL (Shen et al.: 29% less time to the same loss) via fusion-fairseq-benchmark --time-to-loss.
 #
 #   examples/dense_nmt/time_to_loss.sh DATA_BIN [OUT_DIR]      # default OUT_DIR: dense_time_to_loss
 #
@@ -47,5 +47,5 @@ dense=$!
 wait "$residual" || { echo "error: the residual model's training failed, see $OUT/residual.log" >&2; exit 1; }
 wait "$dense" || { echo "error: the dense model's training failed, see $OUT/dense.log" >&2; exit 1; }
 # --force: OUT is this recipe's own directory, whose logs every run rewrites; the JSON is read from them
-"$PYTHON" -m fusion_fairseq.tools.time_to_loss --reference "$OUT/residual.log" "$OUT/dense.log" --json "$OUT/time_to_loss.json" \
-  --force
+"$PYTHON" -m fusion_fairseq.tools.benchmark --time-to-loss "$OUT/residual.log" "$OUT/dense.log" \
+  --json "$OUT/time_to_loss.json" --force

@@ -1,28 +1,10 @@
-"""Shared pieces of the analysis scripts in ``scripts/`` (``plot_fusion_attention.py``,
-``plot_layer_attention.py``, ``plot_mixed_attention.py``, ``mask_encoder_layers.py``,
-``embedding_analysis.py``, ``aggregation_exploitation.py``).
+"""What the analysis scripts in ``scripts/`` share, so that each keeps only its analysis: the
+command line (:func:`checkpoint_arguments`), checkpoint loading whose errors name the flag and the
+file, the output checks made before any work (nothing is overwritten without ``--force``), the
+writing of the figure and JSON (:func:`write_outputs`) and ``main()`` (:func:`script_main`: an
+error is one line ``PROG: error: MESSAGE``, exit status 2 for bad input).
 
-What lives here is only what those scripts have in common; each script keeps its own analysis:
-
-* :func:`use_agg_backend`: matplotlib's non-interactive backend; call it before ``pyplot`` is imported.
-* :class:`ReportedError` / :class:`UsageError` and :func:`run_main`: a script's ``main()``, which
-  reports an error as ``PROG: error: MESSAGE`` on stderr with the error's exit status (2 for a
-  user error).
-* Checkpoint loading with fairseq's ``checkpoint_utils``: :func:`load_model` (``--data`` given),
-  :func:`load_checkpoint_state` + :func:`model_from_state` (``--data`` optional), and the checks
-  and their messages, which name the flag (:func:`check_checkpoint_file`, :func:`check_data_dir`);
-  :func:`read_checkpoint` reports a damaged or non-checkpoint file in one line naming it.
-* Output files: :func:`add_force_argument` and :func:`check_outputs`, called before any work, so
-  that no script overwrites an existing file without ``--force`` (the rule of
-  :func:`fusion_fairseq.tools.common.refuse_existing_output`), nor fails only after its work;
-  :func:`write_json` and :func:`write_markdown` write and say so.
-* Sentences to token ids: :func:`build_bpe`, :func:`encode_sentence` (unknown words are an error
-  unless ``--allow-unk``), :func:`token_strings`, :func:`beam_search`, :func:`teacher_forced_input`.
-* Small argparse helpers for the flags several scripts share (:func:`positive` for --beam,
-  --timeout ...).
-
-Importing this module imports the plugin (``fusion_fairseq``), which registers its models, so a
-script needs no ``--user-dir``.
+Importing it imports the plugin, which registers its models, so a script needs no ``--user-dir``.
 """
 
 import argparse
@@ -37,21 +19,20 @@ import torch
 
 from fusion_fairseq.tools.common import refuse_existing_output
 
-USER_DIR_HELP = "fairseq --user-dir to import (the plugin itself is always imported)"
+# Figures are a few inches wide: 1200 dots per inch is print quality, and far more exhausts memory.
+MAX_DPI = 1200
 
 
-def use_agg_backend():
-    """Select matplotlib's non-interactive Agg backend (figures are only written to files) and
-    quieten matplotlib's logger, which fairseq may leave at DEBUG through the root logger. Call it
-    before ``matplotlib.pyplot`` is imported."""
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (figures only go to files), with
+    matplotlib's logger quietened (fairseq may leave the root logger at DEBUG)."""
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-
-# --------------------------------------------------------------------------------------------
-# errors and main()
+    return plt
 
 
 class ReportedError(Exception):
@@ -61,105 +42,83 @@ class ReportedError(Exception):
 
 
 class UsageError(ReportedError):
-    """A user error (bad flag value, missing file, unsuitable checkpoint): reported as
-    ``error: MESSAGE`` with exit status 2. Messages name the flag."""
+    """A user error (bad flag value, missing file, unsuitable checkpoint); messages name the flag."""
 
     exit_status = 2
 
 
-def run_main(run: Callable, args, prog: str) -> int:
-    """A script's ``main()``: ``run(args)``; 0 on success, or a :class:`ReportedError` printed as
-    ``PROG: error: MESSAGE`` on stderr and its exit status (2 for a :class:`UsageError`)."""
-    try:
-        run(args)
-    except ReportedError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return error.exit_status
-    return 0
-
-
 # --------------------------------------------------------------------------------------------
-# argparse helpers and output
+# the command line
 
 
-def add_user_dir_argument(parser):
-    """``--user-dir``: an extra fairseq user directory (the plugin itself is always imported)."""
-    parser.add_argument("--user-dir", help=USER_DIR_HELP)
+def checked(flag: str, convert: Callable, valid: Callable, allowed: str):
+    """argparse type: ``convert(text)`` where ``valid``; otherwise an error naming the flag, what is
+    allowed and the value."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"{flag} must be {allowed}, got {text!r}")
+        return value
 
-
-def add_text_input_arguments(parser):
-    """``--bpe``, ``--bpe-codes`` and ``--allow-unk`` for the sentences given on the command line
-    (see :func:`build_bpe`, :func:`encode_sentence`); check them with :func:`check_bpe_arguments`."""
-    parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")
-    parser.add_argument("--bpe-codes", help="BPE codes file for --bpe subword_nmt")
-    parser.add_argument("--allow-unk", action="store_true",
-                        help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
-
-
-def check_bpe_arguments(parser, args):
-    """``--bpe`` and ``--bpe-codes`` go together (a usage error of ``parser`` otherwise)."""
-    if args.bpe and not args.bpe_codes:
-        parser.error("--bpe subword_nmt needs --bpe-codes FILE")
-    if args.bpe_codes and not args.bpe:
-        parser.error("--bpe-codes needs --bpe subword_nmt")
+    return parse
 
 
 def positive(kind: type, flag: str):
-    """argparse type: a positive ``kind`` (int or float); the error names the flag and the value."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not value > 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive {'integer' if kind is int else 'number'}, "
-                                             f"got {text!r}")
-        return value
-
-    return parse
+    return checked(flag, kind, lambda value: value > 0, f"a positive {'integer' if kind is int else 'number'}")
 
 
 def integer_in(flag: str, low: int, high: int):
-    """argparse type: an integer from ``low`` to ``high``; the error names the flag, the value and the range."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{flag} must be an integer from {low} to {high}, got {text!r}")
-        return value
-
-    return parse
-
-
-# Figures are a few inches wide: 1200 dots per inch is print quality, and far more exhausts memory.
-MAX_DPI = 1200
-
-
-def add_dpi_argument(parser, default: int = 150):
-    parser.add_argument("--dpi", type=integer_in("--dpi", 1, MAX_DPI), default=default,
-                        help=f"resolution of the figure in dots per inch, 1 to {MAX_DPI} (default: {default})")
+    return checked(flag, int, lambda value: low <= value <= high, f"an integer from {low} to {high}")
 
 
 def finite(flag: str):
-    """argparse type: a finite number (nan would be written as invalid JSON, and inf decodes nothing)."""
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{flag} must be a finite number, got {text!r}")
-        return value
-
-    return parse
+    """A finite number: nan would be written as invalid JSON, and inf decodes nothing."""
+    return checked(flag, float, math.isfinite, "a finite number")
 
 
 def add_force_argument(parser):
     """``--force``: the only way a script overwrites an existing output file (see :func:`check_outputs`)."""
     parser.add_argument("--force", action="store_true",
                         help="overwrite an existing output file, which is refused otherwise")
+
+
+def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1, user_dir=True):
+    """The flags every analysis script has: ``--path`` (``paths`` > 1: repeatable), ``--data``,
+    ``--out`` (a PNG; ``out_required`` None: no figure) with ``--dpi``, ``--json``, ``--user-dir``
+    and ``--force``. Returns ``parser``."""
+    parser.add_argument("--path", required=True, action="append" if paths > 1 else "store",
+                        help="checkpoint file (fairseq-train output)" + ("; repeat to compare several" * (paths > 1)))
+    parser.add_argument("--data", required=data_required, help="binarised data directory (for the dictionaries)"
+                        + ("" if data_required else "; default: the one stored in the checkpoint"))
+    parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    if user_dir:
+        parser.add_argument("--user-dir", help="fairseq --user-dir to import (the plugin itself is always imported)")
+    if out_required is not None:
+        parser.add_argument("--out", required=out_required, help="PNG file to write")
+        parser.add_argument("--dpi", type=integer_in("--dpi", 1, MAX_DPI), default=150,
+                            help=f"resolution of the figure in dots per inch, 1 to {MAX_DPI} (default: 150)")
+    add_force_argument(parser)
+    return parser
+
+
+def sentence_arguments(parser):
+    """``--source``, ``--target`` (teacher-forced; default: the beam-search translation), ``--bpe``,
+    ``--bpe-codes`` and ``--allow-unk`` for the sentence pair of an attention plot. Returns ``parser``."""
+    parser.add_argument("--source", required=True, help="source sentence, tokens separated by spaces")
+    parser.add_argument("--target", help="target sentence to teacher-force; default: translate --source with beam "
+                        "search and plot the hypothesis")
+    parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")
+    parser.add_argument("--bpe-codes", help="BPE codes file for --bpe subword_nmt")
+    parser.add_argument("--allow-unk", action="store_true",
+                        help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# outputs and main()
 
 
 def same_file(a: str, b: str) -> bool:
@@ -189,7 +148,7 @@ def check_outputs(args, outputs, inputs=()) -> None:
 
 
 def write_json(path: str, result: dict) -> None:
-    """Write ``result`` to ``path`` as indented JSON (``--json OUT``) and say so on stdout."""
+    """Write ``result`` to ``path`` as indented JSON and say so on stdout."""
     with open(path, "w") as handle:
         json.dump(result, handle, indent=1)
     print(f"wrote {path}")
@@ -200,6 +159,38 @@ def write_markdown(path: str, text: str) -> None:
     with open(path, "w") as handle:
         handle.write(text)
     print(f"wrote {path}")
+
+
+def write_outputs(args, result: dict, figure=None) -> dict:
+    """The end of every analysis: ``figure`` (a matplotlib figure, or None) to ``--out``, ``result``
+    to ``--json`` when asked for; returns ``result``."""
+    if figure is not None:
+        figure.savefig(args.out, dpi=args.dpi)
+        pyplot().close(figure)
+        print(f"wrote {args.out}")
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+def script_main(parse_args: Callable, run: Callable, prog):
+    """A script's ``main(argv)``: parse, check ``--out``/``--json`` against each other and the
+    ``--path`` (and ``--dict``) inputs before any work, then ``run(args)``; 0 on success, or a
+    :class:`ReportedError` printed as ``PROG: error: MESSAGE`` (``prog`` a name or a function of
+    the arguments) and its exit status."""
+    def main(argv: Optional[List[str]] = None) -> int:
+        args = parse_args(argv)
+        paths = args.path if isinstance(args.path, list) else [args.path]
+        inputs = [("--path", path) for path in paths] + [("--dict", getattr(args, "dict", None))]
+        try:
+            check_outputs(args, [("--out", getattr(args, "out", None)), ("--json", args.json)], inputs)
+            run(args)
+        except ReportedError as error:
+            print(f"{prog(args) if callable(prog) else prog}: error: {error}", file=sys.stderr)
+            return error.exit_status
+        return 0
+
+    return main
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,10 +205,16 @@ def import_user_dir(user_dir: Optional[str]) -> None:
         utils.import_user_module(argparse.Namespace(user_dir=user_dir))
 
 
-def check_checkpoint_file(path: str) -> None:
-    """``--path``: a :class:`UsageError` unless the checkpoint file exists."""
-    if not os.path.isfile(path):
-        raise UsageError(f"--path {path}: no such checkpoint file")
+def check_data_dir(data: str) -> None:
+    if not os.path.isdir(data):
+        raise UsageError(f"--data {data}: no such directory")
+
+
+def model_args(state):
+    """The model's argparse namespace / config of a checkpoint state (new ``cfg`` or legacy ``args``)."""
+    if state.get("cfg") is not None and state["cfg"].get("model") is not None:
+        return state["cfg"]["model"]
+    return state.get("args")
 
 
 def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--path"):
@@ -226,10 +223,10 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
     fairseq checkpoint is a one-line :class:`UsageError` naming the flag and the file."""
     from fairseq import checkpoint_utils
 
-    if not os.path.isfile(path):
-        raise UsageError(f"{flag} {path}: no such checkpoint file")
     from fusion_fairseq.checkpoint_safety import CheckpointContentError
 
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag} {path}: no such checkpoint file")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
     except CheckpointContentError as error:  # it names the file
@@ -256,67 +253,38 @@ def check_registered(state, path: str, flag: str = "--path") -> None:
     cfg = state.get("cfg")
     task = stored_value(stored_value(cfg, "task"), "_name") if cfg is not None else getattr(state["args"], "task", None)
     arch = architecture(model_args(state))
-    for kind, name, known in (("task", task, TASK_REGISTRY), ("architecture", arch, {**MODEL_REGISTRY,
-                                                                                      **ARCH_MODEL_REGISTRY})):
+    for kind, name, known in (("task", task, TASK_REGISTRY),
+                              ("architecture", arch, {**MODEL_REGISTRY, **ARCH_MODEL_REGISTRY})):
         if not isinstance(name, str) or name not in known:
             raise UsageError(f"{flag} {path}: the checkpoint's {kind} {name!r} is not one fairseq knows; pass the "
                              "--user-dir that registers it, or give a checkpoint of a registered one")
 
 
-def check_data_dir(data: str) -> None:
-    """``--data``: a :class:`UsageError` unless the data directory exists."""
-    if not os.path.isdir(data):
-        raise UsageError(f"--data {data}: no such directory")
+def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):
+    """``(model in eval mode, cfg, task)`` of checkpoint ``path`` (``--path``) with ``overrides``
+    and the task's data directory ``data`` (``--data``; None: the one stored in the checkpoint,
+    which must exist). Errors name the flag."""
+    from fairseq import checkpoint_utils
 
-
-def load_model(path: str, data: str, user_dir: Optional[str] = None):
-    """``(model, cfg, task)`` of checkpoint ``path`` with the task's data directory ``data``
-    (``--data``, required), the model in eval mode."""
     import_user_dir(user_dir)
-    check_checkpoint_file(path)
-    check_data_dir(data)
-    return model_from_state(path, read_checkpoint(path, {"data": data}))
-
-
-def model_args(state):
-    """The model's argparse namespace / config of a checkpoint state (new ``cfg`` or legacy ``args``)."""
-    if state.get("cfg") is not None and state["cfg"].get("model") is not None:
-        return state["cfg"]["model"]
-    return state.get("args")
-
-
-def load_checkpoint_state(path: str, data: Optional[str], overrides: Optional[dict] = None,
-                          user_dir: Optional[str] = None, checkpoint_name: str = "the checkpoint"):
-    """The checkpoint state of ``path`` read with ``overrides`` (and ``data``, the optional
-    ``--data``) applied. Without ``data`` the directory stored in the checkpoint must exist; the
-    error then calls the checkpoint ``checkpoint_name``. Errors name the flag."""
-    import_user_dir(user_dir)
-    check_checkpoint_file(path)
-    overrides = dict(overrides or {})
+    state = read_checkpoint(path, {**(overrides or {}), **({"data": data} if data is not None else {})})
     if data is not None:
         check_data_dir(data)
-        overrides["data"] = data
-    state = read_checkpoint(path, overrides)
-    if data is None:
+    else:
         cfg = state.get("cfg")
         stored = cfg["task"].get("data") if cfg is not None and cfg.get("task") is not None else \
             getattr(state.get("args"), "data", None)
         if not stored or not os.path.isdir(str(stored).split(os.pathsep)[0]):
-            raise UsageError(
-                f"--data: the data directory stored in {checkpoint_name} ({stored}) does not exist; "
-                "pass --data DATA_BIN (the binarised data the model was trained on, for its dictionaries)"
-            )
-    return state
-
-
-def model_from_state(path: str, state):
-    """``(model, cfg, task)`` built from a checkpoint state read from ``path``, the model in eval mode."""
-    from fairseq import checkpoint_utils
-
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], state=state)
-    model = models[0]
-    model.eval()
-    return model, cfg, task
+            raise UsageError(f"--data: the data directory stored in {path} ({stored}) does not exist; pass --data "
+                             "DATA_BIN (the binarised data the model was trained on, for its dictionaries)")
+    state["last_optimizer_state"] = None  # not needed; frees memory before the model is built
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], state=state)
+    except OSError as error:  # a data directory without the dictionaries
+        raise UsageError(f"--data {data or stored}: cannot set up the task ({type(error).__name__}: {error}); pass "
+                         "--data DATA_BIN, the binarised data the model was trained on") from None
+    models[0].eval()
+    return models[0], cfg, task
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,6 +293,9 @@ def model_from_state(path: str, state):
 
 def build_bpe(args):
     """fairseq's BPE encoder of ``--bpe``/``--bpe-codes`` (None without ``--bpe``)."""
+    if bool(args.bpe) != bool(args.bpe_codes):
+        raise UsageError("--bpe subword_nmt needs --bpe-codes FILE" if args.bpe else
+                         "--bpe-codes needs --bpe subword_nmt")
     if not args.bpe:
         return None
     from fairseq.data import encoders
@@ -336,12 +307,10 @@ def build_bpe(args):
 
 def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False,
                     max_tokens: Optional[int] = None) -> torch.Tensor:
-    """Token ids of ``text`` followed by EOS (as fairseq binarises sentences).
-
-    ``text`` (the value of ``flag``) is split on whitespace after ``bpe``. A word that is not in
-    ``dictionary`` is a :class:`UsageError` naming the flag and the word, or with ``allow_unk``
-    a warning on stderr and <unk>. So is a sentence of more than ``max_tokens`` tokens (the
-    positions the model reads), which would fail inside the model or make a huge figure."""
+    """Token ids of ``text`` (the value of ``flag``, split on whitespace after ``bpe``) followed by
+    EOS, as fairseq binarises sentences. An unknown word is a :class:`UsageError` naming the flag
+    and the word (with ``allow_unk``: a warning and <unk>); so is a sentence longer than the
+    ``max_tokens`` positions the model reads."""
     if bpe is not None:
         text = bpe.encode(text)
     words = text.split()
@@ -365,7 +334,6 @@ def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool 
 
 
 def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
-    """The dictionary's symbols of token ids."""
     return [dictionary[int(i)] for i in ids]
 
 
@@ -382,7 +350,16 @@ def beam_search(model, task, src_tokens: torch.Tensor, **generation) -> torch.Te
     return hypos[0][0]["tokens"].cpu()
 
 
-def teacher_forced_input(model, tgt_tokens: torch.Tensor) -> torch.Tensor:
-    """fairseq's ``prev_output_tokens`` (batch of 1) for a target ending with EOS: ``[EOS] + tgt_tokens[:-1]``."""
+def teacher_forced_target(model, task, src_tokens, args, bpe, **generation):
+    """``(target ids ending with EOS, where they came from, the tokens fed to the decoder
+    [EOS] + target[:-1] as a batch of 1)``: ``--target`` when given, else the beam-search translation."""
+    if args.target is not None:
+        tgt_tokens = encode_sentence(args.target, task.target_dictionary, "--target", bpe, args.allow_unk,
+                                     max_tokens=model.decoder.max_positions())
+        origin = "--target"
+    else:
+        tgt_tokens = beam_search(model, task, src_tokens, **generation)
+        origin = "beam search (" + ", ".join(f"{key} {value}" for key, value in generation.items()
+                                             if key in ("beam", "lenpen")) + ")"
     eos = model.decoder.dictionary.eos()
-    return torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
+    return tgt_tokens, origin, torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
