@@ -51,12 +51,7 @@ from omegaconf import II
 from fusion_fairseq.checkpoint_safety import parse_config_literal
 from fusion_fairseq.modules.dense_attention import DENSE_ATTENTION_KINDS, DenseConvAttention, weight_normed_linear
 from fusion_fairseq.modules.densenmt_connection import (
-    DenseFeatures,
-    SummaryLayer,
-    block_sizes,
-    dense_plan,
-    final_width,
-    summary_positions,
+    SummaryLayer, block_sizes, build_dense_stack, dense_plan, final_width, run_dense, summary_positions,
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
@@ -245,6 +240,18 @@ def build_token_embedding(dictionary, embed_dim: int, bottleneck_dim: Optional[i
     return SmallEmbedding(len(dictionary), bottleneck_dim, embed_dim, dictionary.pad())
 
 
+def residual_stack(embed_dim: int, layers: List[Tuple[int, int]], dropout: float, make_layer):
+    """ConvS2S's residual stack: fc1 from the embedding to the first width, then per layer a
+    projection of the residual where the width changes and ``make_layer(in_dim, width, kernel)``."""
+    input_projection = Linear(embed_dim, layers[0][0], dropout=dropout)  # ConvS2S's fc1
+    projections, built, previous = nn.ModuleList(), [], layers[0][0]
+    for width, kernel in layers:
+        projections.append(Linear(previous, width) if previous != width else None)
+        built.append(make_layer(previous, width, kernel))
+        previous = width
+    return input_projection, projections, built
+
+
 # --------------------------------------------------------------------------------------------
 # encoder
 # --------------------------------------------------------------------------------------------
@@ -267,35 +274,25 @@ class DenseFConvEncoder(FConvEncoder):
         self.residuals = []
         self.embed_tokens = build_token_embedding(dictionary, embed_dim, bottleneck_dim)
         self.embed_dim, self.dense, self.dense_attention = embed_dim, dense, dense_attention
-        self.kernel_sizes = [kernel for _, kernel in layers]
         self.layer_convolutions = nn.ModuleList()
         self.summaries = nn.ModuleDict()
         if dense:
-            self.plan = dense_plan([width for width, _ in layers], embed_dim, summary_every)
-            layer_index = 0
-            for step in self.plan:
-                if step.kind == "layer":
-                    self.layer_convolutions.append(self.build_conv(step.in_dim, step.out_dim, layers[layer_index][1], dropout))
-                    layer_index += 1
-                elif summary_layer == "conv":
-                    kernel = layers[layer_index - 1][1]
-                    self.summaries[str(layer_index - 1)] = self.build_conv(step.in_dim, step.out_dim, kernel, dropout)
-                else:
-                    self.summaries[str(layer_index - 1)] = SummaryLayer(step.in_dim, step.out_dim, dropout)
-            top_block = block_sizes(self.plan)
-            self.input_projection = None
-            self.residual_projections = None
+            plan = dense_plan([width for width, _ in layers], embed_dim, summary_every)
+            convolutions, summaries = build_dense_stack(
+                plan, lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout),
+                lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout)
+                if summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
+            self.layer_convolutions.extend(convolutions)
+            self.summaries.update(summaries)
+            self.input_projection = self.residual_projections = None
+            top_block = block_sizes(plan)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            widths = [width for width, _ in layers]
-            self.input_projection = Linear(embed_dim, widths[0], dropout=dropout)  # ConvS2S's fc1
-            self.residual_projections = nn.ModuleList()
-            previous = widths[0]
-            for width, kernel in layers:
-                self.residual_projections.append(Linear(previous, width) if previous != width else None)
-                self.layer_convolutions.append(self.build_conv(previous, width, kernel, dropout))
-                previous = width
-            top_block = widths
+            self.input_projection, self.residual_projections, convolutions = residual_stack(
+                embed_dim, layers, dropout, lambda previous, width, kernel: self.build_conv(previous, width, kernel, dropout))
+            self.layer_convolutions.extend(convolutions)
+            top_block = [width for width, _ in layers]
+            self.layer_input_widths = [conv.in_channels for conv in convolutions]
         # L_i of Eq. 9/10 (ConvS2S's fc2 for the top layer when dense attention is off)
         sources = top_block[-1:] if dense_attention == "none" else top_block
         self.source_projections = nn.ModuleList(Linear(width, embed_dim) for width in sources)
@@ -329,17 +326,11 @@ class DenseFConvEncoder(FConvEncoder):
         """The states the attention may read (``src_len x batch x C`` each): the top block."""
         x = embedded.transpose(0, 1)
         if self.dense:
-            features = DenseFeatures(x)
-            top_block = []
-            for index, conv in enumerate(self.layer_convolutions):
-                h = self.convolve(conv, features.concat(), padding_mask)  # Eq. 6
-                features.append(h)
-                top_block.append(h)
-                if str(index) in self.summaries:
-                    summary = self.summarise(self.summaries[str(index)], features.concat(), padding_mask)
-                    features.restart(summary)
-                    top_block = [summary]
-            return top_block
+            return run_dense(
+                x, len(self.layer_convolutions),
+                lambda index, features: [self.convolve(self.layer_convolutions[index], features, padding_mask)],  # Eq. 6
+                self.summaries, lambda summary, features: self.summarise(summary, features, padding_mask),
+            ).top_block()
         x = self.input_projection(x)
         states = []
         for projection, conv in zip(self.residual_projections, self.layer_convolutions):
@@ -380,12 +371,6 @@ class DenseFConvEncoder(FConvEncoder):
             "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order),
         }
 
-    def layer_input_widths(self) -> List[int]:
-        """Input width of every convolution layer and summary layer, bottom-up (for tests/docs)."""
-        if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [conv.in_channels for conv in self.layer_convolutions]
-
 
 # --------------------------------------------------------------------------------------------
 # decoder
@@ -414,38 +399,32 @@ class DenseFConvDecoder(FConvDecoder):
         self.convolutions = nn.ModuleList()
         self.attention = nn.ModuleList()
         self.summaries = nn.ModuleDict()
+
+        def causal_conv(in_dim, out_dim, kernel):
+            return LinearizedConv1d(in_dim, 2 * out_dim, kernel, padding=kernel - 1, dropout=dropout)
+
         if dense:
             # Eq. 7: each layer adds its hidden state z (d) and its attention value a (d)
-            self.plan = dense_plan([2 * width for width, _ in layers], embed_dim, summary_every)
-            layer_index = 0
-            for step in self.plan:
-                if step.kind == "layer":
-                    width, kernel = layers[layer_index]
-                    self.convolutions.append(
-                        LinearizedConv1d(step.in_dim, 2 * width, kernel, padding=kernel - 1, dropout=dropout))
-                    self.attention.append(DenseConvAttention(width, embed_dim, out_dim=width, residual=False))
-                    layer_index += 1
-                elif summary_layer == "conv":
-                    kernel = layers[layer_index - 1][1]
-                    self.summaries[str(layer_index - 1)] = LinearizedConv1d(
-                        step.in_dim, 2 * step.out_dim, kernel, padding=kernel - 1, dropout=dropout)
-                else:
-                    self.summaries[str(layer_index - 1)] = SummaryLayer(step.in_dim, step.out_dim, dropout)
-            self.input_projection = None
-            self.residual_projections = None
-            top_width = final_width(self.plan, embed_dim)
+            plan = dense_plan([2 * width for width, _ in layers], embed_dim, summary_every)
+            built, summaries = build_dense_stack(
+                plan, lambda index, step: (causal_conv(step.in_dim, layers[index][0], layers[index][1]),
+                                           DenseConvAttention(layers[index][0], embed_dim, out_dim=layers[index][0],
+                                                              residual=False)),
+                lambda index, step: causal_conv(step.in_dim, step.out_dim, layers[index][1])
+                if summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
+            self.summaries.update(summaries)
+            self.input_projection = self.residual_projections = None
+            top_width = final_width(plan, embed_dim)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            widths = [width for width, _ in layers]
-            self.input_projection = Linear(embed_dim, widths[0], dropout=dropout)  # ConvS2S's fc1
-            self.residual_projections = nn.ModuleList()
-            previous = widths[0]
-            for width, kernel in layers:
-                self.residual_projections.append(Linear(previous, width) if previous != width else None)
-                self.convolutions.append(LinearizedConv1d(previous, 2 * width, kernel, padding=kernel - 1, dropout=dropout))
-                self.attention.append(DenseConvAttention(width, embed_dim, residual=True))
-                previous = width
-            top_width = widths[-1]
+            self.input_projection, self.residual_projections, built = residual_stack(
+                embed_dim, layers, dropout, lambda previous, width, kernel: (
+                    causal_conv(previous, width, kernel), DenseConvAttention(width, embed_dim, residual=True)))
+            top_width = layers[-1][0]
+            self.layer_input_widths = [conv.in_channels for conv, _ in built]
+        for conv, attention in built:
+            self.convolutions.append(conv)
+            self.attention.append(attention)
         # Sec. 3.1: "the output of the decoder is a linear transformation of the concatenation of
         # all layers" (of the top block with summary layers); ConvS2S's fc2 for a residual stack.
         self.fc2 = Linear(top_width, out_embed_dim)
@@ -494,13 +473,12 @@ class DenseFConvDecoder(FConvDecoder):
             return out
 
         if self.dense:
-            features = DenseFeatures(target_embedding)
-            for index, conv in enumerate(self.convolutions):
-                z = self.convolve(conv, features.concat(), incremental_state)
-                features.append(z, attend(index, z))  # Eq. 7: [z_l, a_l] join the stack
-                if str(index) in self.summaries:
-                    features.restart(self.summarise(self.summaries[str(index)], features.concat(), incremental_state))
-            x = features.concat()
+            def apply_layer(index: int, features: Tensor):
+                z = self.convolve(self.convolutions[index], features, incremental_state)
+                return z, attend(index, z)  # Eq. 7: [z_l, a_l] join the stack
+
+            x = run_dense(target_embedding, len(self.convolutions), apply_layer, self.summaries,
+                          lambda summary, features: self.summarise(summary, features, incremental_state)).concat()
         else:
             x = self.input_projection(target_embedding)
             for index, (projection, conv) in enumerate(zip(self.residual_projections, self.convolutions)):
@@ -510,11 +488,6 @@ class DenseFConvDecoder(FConvDecoder):
         x = self.fc3(self.dropout_module(self.fc2(x)))
         # as fairseq's Transformer decoder: fairseq's --print-alignment reads extra["attn"][0]
         return x, {"attn": [attention_sum]}
-
-    def layer_input_widths(self) -> List[int]:
-        if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [conv.in_channels for conv in self.convolutions]
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,11 +41,7 @@ from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLa
 from fusion_fairseq.checkpoint_safety import require_literal_transformer_config
 from fusion_fairseq.modules.dense_attention import DenseSourceAttention
 from fusion_fairseq.modules.densenmt_connection import (
-    DenseFeatures,
-    SummaryLayer,
-    block_sizes,
-    dense_plan,
-    final_width,
+    SummaryLayer, block_sizes, build_dense_stack, dense_plan, final_width, run_dense,
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
@@ -56,6 +52,8 @@ from fusion_fairseq.config_fields import (
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
 from .fusion_config import TransformerFlags
+from .fusion_decoder import embed_target
+from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
 
 
@@ -148,21 +146,20 @@ class DenseTransformerEncoder(TransformerEncoder):
                 self.layernorm_embedding = LayerNorm(d0)
         self.summaries = nn.ModuleDict()
         if self.dense:
-            growth = args.growth_dim
-            self.plan = dense_plan([growth] * args.encoder_layers, d0, args.summary_every)
-            layer_args = with_changes(args, encoder_embed_dim=growth)
-            for step in self.plan:
-                if step.kind == "layer":
-                    self.layers.append(DenseTransformerEncoderLayer(layer_args, step.in_dim))
-                else:
-                    self.summaries[str(len(self.layers) - 1)] = SummaryLayer(step.in_dim, step.out_dim, weight_norm=False)
+            plan = dense_plan([args.growth_dim] * args.encoder_layers, d0, args.summary_every)
+            layer_args = with_changes(args, encoder_embed_dim=args.growth_dim)
+            layers, summaries = build_dense_stack(
+                plan, lambda index, step: DenseTransformerEncoderLayer(layer_args, step.in_dim),
+                lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
+            self.layers.extend(layers)
+            self.summaries.update(summaries)
             self.layer_norm = None
-            top_block = block_sizes(self.plan)
+            top_block = block_sizes(plan)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            for _ in range(args.encoder_layers):
-                self.layers.append(TransformerEncoderLayer(args))
+            self.layers.extend(TransformerEncoderLayer(args) for _ in range(args.encoder_layers))
             top_block = [d0] * args.encoder_layers
+            self.layer_input_widths = [d0] * args.encoder_layers
         self.num_layers = len(self.layers)
         sources = top_block[-1:] if self.dense_attention == "none" else top_block
         self.source_projections = None
@@ -189,16 +186,11 @@ class DenseTransformerEncoder(TransformerEncoder):
         layer_mask = padding_mask if has_pads else None
 
         if self.dense:
-            features, block = DenseFeatures(x), []
-            for index, layer in enumerate(self.layers):
-                h = self.call_layer(layer, features.concat(), encoder_padding_mask=layer_mask)  # Eq. 6
-                features.append(h)
-                block.append(h)
-                if str(index) in self.summaries:
-                    summary = self.summaries[str(index)](features.concat())
-                    features.restart(summary)
-                    block = [summary]
-            states = block
+            states = run_dense(
+                x, len(self.layers),
+                lambda index, features: [self.call_layer(self.layers[index], features, encoder_padding_mask=layer_mask)],
+                self.summaries, lambda summary, features: summary(features),
+            ).top_block()  # Eq. 6
         else:
             states = []
             for layer in self.layers:
@@ -227,11 +219,6 @@ class DenseTransformerEncoder(TransformerEncoder):
             "src_lengths": [src_lengths] if src_lengths is not None else [],
         }
 
-    def layer_input_widths(self) -> List[int]:
-        if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [self.embed_dim] * len(self.layers)
-
 
 class DenseTransformerDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, source_groups: int):
@@ -241,22 +228,22 @@ class DenseTransformerDecoder(TransformerDecoder):
         self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_decoder_layer
         self.summaries = nn.ModuleDict()
         if self.dense:
-            growth = args.growth_dim
             # Eq. 7: every layer adds z_l and a_l, d features each
-            self.plan = dense_plan([2 * growth] * args.decoder_layers, d0, args.summary_every)
-            layer_args = with_changes(args, decoder_embed_dim=growth)
-            for step in self.plan:
-                if step.kind == "layer":
-                    self.layers.append(DenseTransformerDecoderLayer(layer_args, step.in_dim, source_groups, True))
-                else:
-                    self.summaries[str(len(self.layers) - 1)] = SummaryLayer(step.in_dim, step.out_dim, weight_norm=False)
+            plan = dense_plan([2 * args.growth_dim] * args.decoder_layers, d0, args.summary_every)
+            layer_args = with_changes(args, decoder_embed_dim=args.growth_dim)
+            layers, summaries = build_dense_stack(
+                plan, lambda index, step: DenseTransformerDecoderLayer(layer_args, step.in_dim, source_groups, True),
+                lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
+            self.layers.extend(layers)
+            self.summaries.update(summaries)
             self.layer_norm = None
-            top = final_width(self.plan, d0)
+            top = final_width(plan, d0)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            for _ in range(args.decoder_layers):
-                self.layers.append(DenseTransformerDecoderLayer(args, None, source_groups, False))
+            self.layers.extend(DenseTransformerDecoderLayer(args, None, source_groups, False)
+                               for _ in range(args.decoder_layers))
             top = d0
+            self.layer_input_widths = [d0] * args.decoder_layers
         self.num_layers = len(self.layers)
         # Sec. 3.1: the output is a linear transformation of the concatenation of the top block
         self.project_out_dim = xavier_linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
@@ -269,59 +256,39 @@ class DenseTransformerDecoder(TransformerDecoder):
         memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
         memory_mask = (encoder_out["encoder_padding_mask"][0]
                        if encoder_out and encoder_out["encoder_padding_mask"] else None)
-        positions = None
-        if self.embed_positions is not None:
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-        if incremental_state is not None:
-            prev_output_tokens = prev_output_tokens[:, -1:]
-            if positions is not None:
-                positions = positions[:, -1:]
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if positions is not None:
-            x = x + positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)
-        self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        if not self_attn_padding_mask.any():
-            self_attn_padding_mask = None
-
+        x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
-        features = DenseFeatures(x)
-        for index, layer in enumerate(self.layers):
-            self_attn_mask = self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment else None
-            layer_input = features.concat() if self.dense else x
-            x, layer_attn, _ = self.call_layer(
-                layer, layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
+
+        def apply_layer(index: int, layer_input: Tensor):
+            nonlocal attn
+            self_attn_mask = None
+            if incremental_state is None and not full_context_alignment:
+                self_attn_mask = self.buffered_future_mask(layer_input)
+            output, layer_attn, _ = self.call_layer(
+                self.layers[index], layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
                 self_attn_padding_mask=self_attn_padding_mask, need_attn=index == alignment_layer,
                 need_head_weights=index == alignment_layer,
             )
-            inner_states.append(x)
+            inner_states.append(output)
             if layer_attn is not None and index == alignment_layer:
-                attn = layer_attn.float().to(x)
-            if self.dense:
-                features.append(x, layer.attention_value)  # Eq. 7: [z_l, a_l], a_l dropped out as in the residual add
-                if str(index) in self.summaries:
-                    features.restart(self.summaries[str(index)](features.concat()))
-        if attn is not None:
-            if alignment_heads is not None:
-                attn = attn[:alignment_heads]
-            attn = attn.mean(dim=0)
-        out = features.concat() if self.dense else x
-        if self.layer_norm is not None:
-            out = self.layer_norm(out)
-        out = out.transpose(0, 1)
-        if self.project_out_dim is not None:
-            out = self.project_out_dim(out)
-        return out, {"attn": [attn], "inner_states": inner_states}
+                attn = layer_attn.float().to(output)
+            # Eq. 7: [z_l, a_l], a_l dropped out as in the residual add
+            return output, self.layers[index].attention_value
 
-    def layer_input_widths(self) -> List[int]:
         if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [self.embed_dim] * len(self.layers)
+            x = run_dense(x, len(self.layers), apply_layer, self.summaries, lambda summary, features: summary(features)).concat()
+        else:
+            for index in range(len(self.layers)):
+                x, _ = apply_layer(index, x)
+        if attn is not None:
+            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
 
 
 @dataclass
@@ -370,29 +337,19 @@ class DenseTransformerModel(TransformerModel):
             args.max_source_positions = 1024
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = 1024
-        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_output_dim = args.embed_bottleneck_dim
         src_width = args.embed_bottleneck_dim or args.encoder_embed_dim
         tgt_width = args.embed_bottleneck_dim or args.decoder_embed_dim
-        if args.share_all_embeddings:
-            if src_dict != tgt_dict:
-                raise ConfigurationError("--share-all-embeddings requires a joined dictionary")
-            if args.encoder_embed_dim != args.decoder_embed_dim:
-                raise ConfigurationError("--share-all-embeddings requires --encoder-embed-dim to match --decoder-embed-dim")
-            args.share_decoder_input_output_embed = True
-            encoder_embed = decoder_embed = cls.build_embedding(args, src_dict, src_width)
-        else:
-            encoder_embed = cls.build_embedding(args, src_dict, src_width)
-            decoder_embed = cls.build_embedding(args, tgt_dict, tgt_width)
+        encoder_embed, decoder_embed = build_token_embeddings(cls, args, task, src_width, tgt_width)
         if args.share_decoder_input_output_embed and args.decoder_output_dim != tgt_width:
             raise ConfigurationError(
                 f"--share-decoder-input-output-embed needs --decoder-output-dim {args.decoder_output_dim} to equal "
                 f"the target embedding width {tgt_width}"
             )
-        encoder = DenseTransformerEncoder(args, src_dict, encoder_embed)
-        decoder = DenseTransformerDecoder(args, tgt_dict, decoder_embed, encoder.num_sources)
+        encoder = DenseTransformerEncoder(args, task.source_dictionary, encoder_embed)
+        decoder = DenseTransformerDecoder(args, task.target_dictionary, decoder_embed, encoder.num_sources)
         return cls(args, encoder, decoder)
 
 

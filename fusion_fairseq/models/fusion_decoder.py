@@ -19,6 +19,33 @@ from .layer_stack import run_layer
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
+def embed_target(decoder: TransformerDecoder, prev_output_tokens, incremental_state: Optional[IncrementalState]):
+    """Token and position embeddings of the (new) target positions, ``T x B x C``, and the
+    self-attention padding mask, as fairseq's decoder computes them."""
+    positions = None
+    if decoder.embed_positions is not None:
+        positions = decoder.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+    if incremental_state is not None:
+        prev_output_tokens = prev_output_tokens[:, -1:]
+        if positions is not None:
+            positions = positions[:, -1:]
+    prev_output_tokens = prev_output_tokens.contiguous()
+    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
+    if decoder.quant_noise is not None:
+        x = decoder.quant_noise(x)
+    if decoder.project_in_dim is not None:
+        x = decoder.project_in_dim(x)
+    if positions is not None:
+        x += positions
+    if decoder.layernorm_embedding is not None:
+        x = decoder.layernorm_embedding(x)
+    x = decoder.dropout_module(x).transpose(0, 1)
+    self_attn_padding_mask: Optional[Tensor] = None
+    if decoder.cross_self_attention or prev_output_tokens.eq(decoder.padding_idx).any():
+        self_attn_padding_mask = prev_output_tokens.eq(decoder.padding_idx)
+    return x, self_attn_padding_mask
+
+
 class FusionTransformerDecoder(TransformerDecoder):
     """fairseq's Transformer decoder, plus:
 
@@ -97,7 +124,7 @@ class FusionTransformerDecoder(TransformerDecoder):
             memory_padding_mask = encoder_out["encoder_padding_mask"][0]
         memories = self.layer_memories(encoder_out, incremental_state)
 
-        x, self_attn_padding_mask = self.embed_target(prev_output_tokens, incremental_state)
+        x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
         alignment: Dict[str, Tensor] = {}
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
@@ -129,32 +156,6 @@ class FusionTransformerDecoder(TransformerDecoder):
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         return x, {"attn": [attn], "inner_states": inner_states}
-
-    def embed_target(self, prev_output_tokens, incremental_state: Optional[IncrementalState]):
-        """Token and position embeddings of the (new) target positions, ``T x B x C``, and the
-        self-attention padding mask, as in fairseq's decoder."""
-        positions = None
-        if self.embed_positions is not None:
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-        if incremental_state is not None:
-            prev_output_tokens = prev_output_tokens[:, -1:]
-            if positions is not None:
-                positions = positions[:, -1:]
-        prev_output_tokens = prev_output_tokens.contiguous()
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
-        if self.quant_noise is not None:
-            x = self.quant_noise(x)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if positions is not None:
-            x += positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)
-        self_attn_padding_mask: Optional[Tensor] = None
-        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        return x, self_attn_padding_mask
 
     def layer_memories(self, encoder_out: Optional[Dict[str, List[Tensor]]],
                        incremental_state: Optional[IncrementalState]) -> Optional[Tensor]:

@@ -133,6 +133,24 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
     )
 
 
+def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_dim: int,
+                           encoder_path: Optional[str] = None, decoder_path: Optional[str] = None):
+    """Source and target embeddings, shared under ``--share-all-embeddings`` as in fairseq."""
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    encoder_embed = model_class.build_embedding(args, src_dict, encoder_dim, encoder_path)
+    if not args.share_all_embeddings:
+        return encoder_embed, model_class.build_embedding(args, tgt_dict, decoder_dim, decoder_path)
+    if src_dict != tgt_dict:
+        raise ConfigurationError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
+    if args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigurationError(
+            f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
+            f"== --decoder-embed-dim ({args.decoder_embed_dim})"
+        )
+    args.share_decoder_input_output_embed = True
+    return encoder_embed, encoder_embed
+
+
 @register_model("fusion_transformer", dataclass=FusionTransformerConfig)
 class FusionTransformerModel(TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
@@ -148,7 +166,9 @@ class FusionTransformerModel(TransformerModel):
         fusion_transformer(args)
         check_fusion_args(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        encoder_embed_tokens, decoder_embed_tokens = cls.build_token_embeddings(args, task)
+        encoder_embed_tokens, decoder_embed_tokens = build_token_embeddings(
+            cls, args, task, args.encoder_embed_dim, args.decoder_embed_dim, args.encoder_embed_path,
+            args.decoder_embed_path)
         layer_embedding = build_shared_layer_embedding(args)
         encoder = FusionTransformerEncoder(
             args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding),
@@ -204,23 +224,6 @@ class FusionTransformerModel(TransformerModel):
             logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
                         "their fresh initialisation", len(fresh))
             state_dict.update(fresh)
-
-    @classmethod
-    def build_token_embeddings(cls, args, task):
-        """Source and target embeddings, shared under ``--share-all-embeddings`` as in fairseq."""
-        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        encoder_embed = cls.build_embedding(args, src_dict, args.encoder_embed_dim, args.encoder_embed_path)
-        if not args.share_all_embeddings:
-            return encoder_embed, cls.build_embedding(args, tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
-        if src_dict != tgt_dict:
-            raise ConfigurationError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
-        if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise ConfigurationError(
-                f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
-                f"== --decoder-embed-dim ({args.decoder_embed_dim})"
-            )
-        args.share_decoder_input_output_embed = True
-        return encoder_embed, encoder_embed
 
 
 @register_model_architecture("fusion_transformer", "fusion_transformer")

@@ -11,7 +11,7 @@ Pure module code: the plan of widths is computed from plain integers (no argpars
 
 import math
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -92,24 +92,49 @@ def block_sizes(plan: Sequence[DenseStep]) -> List[int]:
 
 
 class DenseFeatures:
-    """The growing list ``[h_l, ..., h_0]`` of Eq. 6/7 (kept oldest first, along ``dim``)."""
+    """The growing list ``[h_l, ..., h_0]`` of Eq. 6/7, kept oldest first along the last dimension."""
 
-    def __init__(self, first: Tensor, dim: int = -1):
+    def __init__(self, first: Tensor):
         self.blocks: List[Tensor] = [first]
-        self.dim = dim
+        self.restarted = False
 
     def append(self, *blocks: Tensor) -> None:
         self.blocks.extend(blocks)
 
     def concat(self) -> Tensor:
-        return self.blocks[0] if len(self.blocks) == 1 else torch.cat(self.blocks, dim=self.dim)
+        return self.blocks[0] if len(self.blocks) == 1 else torch.cat(self.blocks, dim=-1)
 
     def restart(self, first: Tensor) -> None:
-        self.blocks = [first]
+        self.blocks, self.restarted = [first], True
 
-    @property
-    def width(self) -> int:
-        return sum(block.size(self.dim) for block in self.blocks)
+    def top_block(self) -> List[Tensor]:
+        """The blocks since the last summary layer, its output first (the embedding h0 is none of
+        them): what dense attention attends (:func:`block_sizes`)."""
+        return self.blocks if self.restarted else self.blocks[1:]
+
+
+def build_dense_stack(plan: Sequence[DenseStep], make_layer: Callable, make_summary: Callable):
+    """The modules of a dense stack in the plan's order: ``make_layer(index, step)`` for each layer
+    and ``make_summary(index, step)`` for the summary layer after layer ``index``, the summaries
+    keyed by ``str(index)``."""
+    layers, summaries = [], {}
+    for step in plan:
+        if step.kind == "layer":
+            layers.append(make_layer(len(layers), step))
+        else:
+            summaries[str(len(layers) - 1)] = make_summary(len(layers) - 1, step)
+    return layers, summaries
+
+
+def run_dense(x: Tensor, num_layers: int, apply_layer: Callable, summaries, summarise: Callable) -> DenseFeatures:
+    """Eq. 6/7: ``apply_layer(index, features)`` reads the concatenation of every block so far and
+    returns the blocks it adds; ``summarise(summary, features)`` restarts the stack (Sec. 3.3)."""
+    features = DenseFeatures(x)
+    for index in range(num_layers):
+        features.append(*apply_layer(index, features.concat()))
+        if str(index) in summaries:
+            features.restart(summarise(summaries[str(index)], features.concat()))
+    return features
 
 
 class SummaryLayer(nn.Module):
