@@ -34,15 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from fairseq.models.fconv import (
-    ConvTBC,
-    Embedding,
-    FConvDecoder,
-    FConvEncoder,
-    FConvModel,
-    Linear,
-    LinearizedConv1d,
+    ConvTBC, Embedding, FConvDecoder, FConvEncoder, FConvModel, Linear, LinearizedConv1d, extend_conv_spec,
     base_architecture as fconv_base_architecture,
-    extend_conv_spec,
 )
 from fairseq.dataclass import FairseqDataclass
 from fairseq.modules import GradMultiply
@@ -56,20 +49,8 @@ from fusion_fairseq.modules.densenmt_connection import (
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT,
-    PROBABILITY,
-    SWITCH,
-    Feature,
-    Values,
-    add_flags,
-    as_namespace,
-    check_values,
-    choice,
-    fill_defaults,
-    flag_of,
-    option,
-    set_defaults,
-    warn_idle_flags,
+    POSITIVE_INT, PROBABILITY, SWITCH, Feature, Values, add_flags, as_namespace, check_values, choice, fill_defaults,
+    flag_of, option, set_defaults, warn_idle_flags,
 )
 from fusion_fairseq.errors import ConfigurationError
 
@@ -363,13 +344,6 @@ class DenseFConvEncoder(FConvEncoder):
         values = (keys + embedded.unsqueeze(1)) * math.sqrt(0.5)
         return {"encoder_out": (keys, values), "encoder_padding_mask": padding_mask}
 
-    def reorder_encoder_out(self, encoder_out, new_order):
-        keys, values = encoder_out["encoder_out"]
-        mask = encoder_out["encoder_padding_mask"]
-        return {
-            "encoder_out": (keys.index_select(0, new_order), values.index_select(0, new_order)),
-            "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order),
-        }
 
 
 # --------------------------------------------------------------------------------------------

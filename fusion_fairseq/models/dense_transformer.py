@@ -29,12 +29,8 @@ from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
-from fairseq.models.transformer import (
-    TransformerDecoder,
-    TransformerEncoder,
-    TransformerModel,
-    base_architecture as transformer_base_architecture,
-)
+from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, TransformerModel
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
 

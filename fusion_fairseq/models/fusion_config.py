@@ -16,17 +16,7 @@ from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from fusion_fairseq.config_fields import (
-    INTEGER,
-    POSITIVE_INT,
-    PROBABILITY,
-    SWITCH,
-    Feature,
-    check_values,
-    choice,
-    flag_of,
-    flat_fields,
-    option,
-    real,
+    INTEGER, POSITIVE_INT, PROBABILITY, SWITCH, Feature, check_values, choice, flag_of, flat_fields, option, real,
     warn_idle_flags,
 )
 

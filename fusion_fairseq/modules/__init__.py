@@ -11,26 +11,3 @@ from .multihop_attention_fusion import MultiHopAttentionFusion
 from .surface_attention import SurfaceAttention
 from .surface_fusion import SURFACE_FUSION_KINDS, SurfaceFusion, hard_fusion, soft_fusion
 
-__all__ = [
-    "AGGREGATION_FUNCTIONS",
-    "AGGREGATION_RESIDUALS",
-    "AGGREGATION_STRATEGIES",
-    "AggregationNode",
-    "MultiLayerSelfAttention",
-    "build_layer_aggregation",
-    "hierarchical_tree",
-    "AverageFusion",
-    "FeedForward",
-    "FeedForwardFusion",
-    "FUSION_FUNCTIONS",
-    "LAYER_ATTENTION_KINDS",
-    "LayerAttention",
-    "LayerFusion",
-    "MultiHopAttentionFusion",
-    "SURFACE_FUSION_KINDS",
-    "SurfaceAttention",
-    "SurfaceFusion",
-    "build_layer_fusion",
-    "hard_fusion",
-    "soft_fusion",
-]
