@@ -65,50 +65,40 @@ def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
     return embedding
 
 
+def side_widths(args, side: str):
+    """``(layers, embed_dim, ffn_embed_dim, attention_heads)`` of the encoder or the decoder."""
+    return tuple(getattr(args, f"{side}_{name}") for name in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads"))
+
+
 def build_side_fusion(args, side: str, layer_embedding: Optional[nn.Embedding]):
+    layers, embed_dim, _, _ = side_widths(args, side)
     return build_layer_fusion(
-        getattr(args, f"fuse_{side}"),
-        num_layers=getattr(args, f"{side}_layers"),
-        embed_dim=getattr(args, f"{side}_embed_dim"),
-        attn_dim=args.fusion_attn_dim,
-        ffn_dim=args.fusion_ffn_dim,
-        num_hops=args.fusion_hops,
-        include_embedding_layer=not args.fusion_no_embedding_layer,
-        layer_embedding=layer_embedding,
-        independent_w1=args.fusion_independent_w1,
-        layer_norm=not args.fusion_no_layernorm,
-        dropout=args.fusion_dropout,
-    )
+        getattr(args, f"fuse_{side}"), layers, embed_dim, args.fusion_attn_dim, args.fusion_ffn_dim, args.fusion_hops,
+        not args.fusion_no_embedding_layer, layer_embedding, args.fusion_independent_w1, not args.fusion_no_layernorm,
+        args.fusion_dropout)
 
 
 def build_side_aggregation(args, side: str):
     """The wiring of one side's stack: Dou et al.'s aggregation, DenseFormer's averages or the
     streams of hyper-connections (at most one of them, see ``fusion_config``)."""
-    layers = getattr(args, f"{side}_layers")
+    layers, embed_dim, ffn_dim, heads = side_widths(args, side)
     if getattr(args, f"denseformer_{side}"):
         return DepthWeightedAverage(layers, args.denseformer_dilation, args.denseformer_period)
     if getattr(args, f"hyper_connections_{side}") != "none":
         return HyperConnectedStack(layers, args.hyper_connections_rate)
-    return build_layer_aggregation(
-        getattr(args, f"aggregate_{side}"), getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
-        getattr(args, f"{side}_ffn_embed_dim"), args.aggregation_fn, args.aggregation_residual,
-        getattr(args, f"{side}_attention_heads"), args.dense_connection, args.dropout,
-    )
+    return build_layer_aggregation(getattr(args, f"aggregate_{side}"), layers, embed_dim, ffn_dim, args.aggregation_fn,
+                                   args.aggregation_residual, heads, args.dense_connection, args.dropout)
 
 
-def install_side_multi_layer_attention(args, side: str, layers):
+def install_side_layer_changes(args, side: str, layers):
+    """Multi-layer attention (Dou et al. Eq. 8) and hyper-connections go into fairseq's own layers."""
+    _, embed_dim, ffn_dim, heads = side_widths(args, side)
     if args.multi_layer_attention > 1:
-        install_multi_layer_attention(
-            layers, args.multi_layer_attention, getattr(args, f"{side}_embed_dim"),
-            getattr(args, f"{side}_attention_heads"), args.attention_dropout, getattr(args, f"{side}_ffn_embed_dim"),
-            args.aggregation_fn, args.aggregation_residual,
-        )
-
-
-def install_side_hyper_connections(args, side: str, layers):
+        install_multi_layer_attention(layers, args.multi_layer_attention, embed_dim, heads, args.attention_dropout,
+                                      ffn_dim, args.aggregation_fn, args.aggregation_residual)
     kind = getattr(args, f"hyper_connections_{side}")
     if kind != "none":
-        install_hyper_connections(layers, kind, args.hyper_connections_rate, getattr(args, f"{side}_embed_dim"))
+        install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim)
 
 
 def build_layer_attention(args) -> Optional[LayerAttention]:
@@ -183,8 +173,7 @@ class FusionTransformerModel(TransformerModel):
             no_encoder_attn=getattr(args, "no_cross_attention", False),
         )
         for side, module in (("encoder", encoder), ("decoder", decoder)):
-            install_side_multi_layer_attention(args, side, module.layers)
-            install_side_hyper_connections(args, side, module.layers)
+            install_side_layer_changes(args, side, module.layers)
         return cls(args, encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
