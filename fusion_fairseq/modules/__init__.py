@@ -1,11 +1,10 @@
 """Pure ``nn.Module`` building blocks, one concept per file; no fairseq argument parsing here."""
 
 from .aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS, AggregationNode
-from .average_fusion import AverageFusion
 from .feedforward_fusion import FeedForward, FeedForwardFusion
 from .layer_attention import LAYER_ATTENTION_KINDS, LayerAttention
 from .layer_aggregation import AGGREGATION_STRATEGIES, build_layer_aggregation, hierarchical_tree
-from .layer_fusion import FUSION_FUNCTIONS, LayerFusion, build_layer_fusion
+from .layer_fusion import FUSION_FUNCTIONS, AverageFusion, LayerFusion, build_layer_fusion
 from .multi_layer_attention import MultiLayerSelfAttention
 from .multihop_attention_fusion import MultiHopAttentionFusion
 from .surface_attention import SurfaceAttention

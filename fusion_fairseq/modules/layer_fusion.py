@@ -5,11 +5,17 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .average_fusion import AverageFusion
 from .feedforward_fusion import FeedForwardFusion
 from .multihop_attention_fusion import MultiHopAttentionFusion
 
 FUSION_FUNCTIONS = ("none", "avg", "fnn", "sa")
+
+
+class AverageFusion(nn.Module):
+    """phi(Z_j) = 1/L * sum_l z^l_j (MLRF Sec. 3.2 "Fusion by Pooling"), no parameters: ``(..., L, d)`` to ``(..., d)``."""
+
+    def forward(self, layers: Tensor) -> Tensor:
+        return layers.mean(dim=-2)
 
 
 class LayerFusion(nn.Module):
