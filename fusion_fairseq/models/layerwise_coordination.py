@@ -71,32 +71,26 @@ class CoordinationEncoder(FairseqEncoder):
     """The source side: the states of layers 0..N-1, which the target's layers 1..N read. The
     top source layer would feed nothing, so it is not run (nor built without sharing)."""
 
-    def __init__(self, dictionary, embedding: CoordinationEmbedding, layers: nn.ModuleList):
+    def __init__(self, dictionary, embedding: CoordinationEmbedding, layers: nn.ModuleList, num_target_layers: int,
+                 max_positions: int):
         super().__init__(dictionary)
         self.embedding = embedding
         self.layers = layers
         self.padding_idx = embedding.padding_idx
+        self.num_source_layers = min(len(layers), num_target_layers - 1)
+        self._max_positions = max_positions
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False):
         padding_mask = src_tokens.eq(self.padding_idx)
         allowed = ~padding_mask[:, None, None, :]
-        x = self.embedding(src_tokens, SOURCE)
-        states = [x]
-        for layer in self.source_layers():
-            x = layer.encode(x, allowed)
-            states.append(x)
+        states = [self.embedding(src_tokens, SOURCE)]
+        for layer in self.layers[:self.num_source_layers]:
+            states.append(layer.encode(states[-1], allowed))
         return {
             "encoder_out": [states[-1].transpose(0, 1)],  # T x B x C, as fairseq encoders
             "encoder_padding_mask": [padding_mask],
             "encoder_states": states,  # B x T x C, the inputs of target layers 1..N
         }
-
-    def source_layers(self):
-        return self.layers if len(self.layers) < self.num_target_layers else self.layers[:-1]
-
-    @property
-    def num_target_layers(self) -> int:
-        return self._num_target_layers
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
         return {
@@ -263,9 +257,7 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         )
         target_layers = build_layers(args, args.layers)
         source_layers = target_layers if not args.no_layer_sharing else build_layers(args, args.layers - 1)
-        encoder = CoordinationEncoder(dictionary, embedding, source_layers)
-        encoder._num_target_layers = args.layers
-        encoder._max_positions = args.max_source_positions
+        encoder = CoordinationEncoder(dictionary, embedding, source_layers, args.layers, args.max_source_positions)
         final_layer_norm = nn.LayerNorm(args.embed_dim) if args.normalize_before else None
         decoder = CoordinationDecoder(dictionary, embedding, target_layers, final_layer_norm, args.max_target_positions)
         return cls(encoder, decoder)
