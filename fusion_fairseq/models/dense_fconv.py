@@ -288,7 +288,10 @@ class DenseFConvEncoder(FConvEncoder):
         return self.dropout_module(self.embed_tokens(src_tokens) + self.embed_positions(src_tokens))
 
     def convolve(self, conv, x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
-        """Conv + GLU (Eq. 5) over ``src_len x batch x C``, padding zeroed first as ConvS2S does."""
+        """Conv + GLU (Eq. 5) over ``src_len x batch x C``, padding zeroed first as ConvS2S does; a
+        linear summary layer (Sec. 3.3) is a projection."""
+        if isinstance(conv, SummaryLayer):
+            return conv(x)
         if padding_mask is not None:
             x = x.masked_fill(padding_mask.t().unsqueeze(-1), 0)
         x = self.dropout_module(x)
@@ -297,12 +300,6 @@ class DenseFConvEncoder(FConvEncoder):
             x = F.pad(x, (0, 0, 0, 0, (kernel - 1) // 2, kernel // 2))
         return F.glu(conv(x), dim=2)
 
-    def summarise(self, summary, features: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
-        """Sec. 3.3's summary layer over the concatenated features: conv + GLU or linear."""
-        if isinstance(summary, SummaryLayer):
-            return summary(features)
-        return self.convolve(summary, features, padding_mask)
-
     def layer_states(self, embedded: Tensor, padding_mask: Optional[Tensor]) -> List[Tensor]:
         """The states the attention may read (``src_len x batch x C`` each): the top block."""
         x = embedded.transpose(0, 1)
@@ -310,7 +307,7 @@ class DenseFConvEncoder(FConvEncoder):
             return run_dense(
                 x, len(self.layer_convolutions),
                 lambda index, features: [self.convolve(self.layer_convolutions[index], features, padding_mask)],  # Eq. 6
-                self.summaries, lambda summary, features: self.summarise(summary, features, padding_mask),
+                self.summaries, lambda summary, features: self.convolve(summary, features, padding_mask),
             ).top_block()
         x = self.input_projection(x)
         states = []
@@ -415,17 +412,14 @@ class DenseFConvDecoder(FConvDecoder):
             self.fc3 = Linear(out_embed_dim, len(dictionary), dropout=dropout)
 
     def convolve(self, conv, x: Tensor, incremental_state) -> Tensor:
-        """Causal conv + GLU over ``batch x tgt x C`` (one position per call when incremental)."""
+        """Causal conv + GLU over ``batch x tgt x C`` (one position per call when incremental); a
+        linear summary layer (Sec. 3.3) is a projection, a conv one buffers its input as a layer does."""
+        if isinstance(conv, SummaryLayer):
+            return conv(x)
         x = self.dropout_module(x)
         if incremental_state is None:
             return F.glu(conv(x.transpose(0, 1)), dim=2).transpose(0, 1)
         return F.glu(conv(x, incremental_state), dim=2)
-
-    def summarise(self, summary, features: Tensor, incremental_state) -> Tensor:
-        """Sec. 3.3's summary layer: a causal conv + GLU (its input buffered as a layer's) or linear."""
-        if isinstance(summary, SummaryLayer):
-            return summary(features)
-        return self.convolve(summary, features, incremental_state)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
         keys, values = encoder_out["encoder_out"]
@@ -452,7 +446,7 @@ class DenseFConvDecoder(FConvDecoder):
                 return z, attend(index, z)  # Eq. 7: [z_l, a_l] join the stack
 
             x = run_dense(target_embedding, len(self.convolutions), apply_layer, self.summaries,
-                          lambda summary, features: self.summarise(summary, features, incremental_state)).concat()
+                          lambda summary, features: self.convolve(summary, features, incremental_state)).concat()
         else:
             x = self.input_projection(target_embedding)
             for index, (projection, conv) in enumerate(zip(self.residual_projections, self.convolutions)):
