@@ -24,13 +24,13 @@ from fairseq.modules import MultiheadAttention
 DENSE_ATTENTION_KINDS = ("none", "1", "2")
 
 
-def weight_normed_linear(in_dim: int, out_dim: int, dropout: float = 0.0) -> nn.Module:
+def weight_normed_linear(in_dim: int, out_dim: int, dropout: float = 0.0, weight_norm: bool = True) -> nn.Module:
     """ConvS2S-style position-wise linear layer: normal init with std sqrt((1 - p) / in_dim),
-    zero bias, weight normalisation."""
+    zero bias, weight normalisation (unless ``weight_norm`` is off)."""
     linear = nn.Linear(in_dim, out_dim)
     nn.init.normal_(linear.weight, mean=0.0, std=math.sqrt((1.0 - dropout) / in_dim))
     nn.init.zeros_(linear.bias)
-    return nn.utils.weight_norm(linear)
+    return nn.utils.weight_norm(linear) if weight_norm else linear
 
 
 class DenseConvAttention(nn.Module):
@@ -99,8 +99,6 @@ class DenseSourceAttention(MultiheadAttention):
 
     def __init__(self, *args, groups: int = 1, record_output: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        if groups < 1:
-            raise ValueError(f"attention groups must be positive, got {groups}")
         self.groups = groups
         self.record_output = record_output
         self.last_output: Optional[Tensor] = None

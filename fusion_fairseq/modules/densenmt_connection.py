@@ -9,12 +9,13 @@ block, so no layer reads more than ``d0 + (sumlen - 1) * d`` features.
 Pure module code: the plan of widths is computed from plain integers (no argparse).
 """
 
-import math
 from dataclasses import dataclass
 from typing import Callable, List, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from .dense_attention import weight_normed_linear
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,6 @@ class DenseStep:
     out_dim: int
 
 
-def check_summary_interval(summary_every: int) -> None:
-    if summary_every < 0 or summary_every == 1:
-        raise ValueError(
-            f"summary interval (sumlen) must be 0 (no summary layers) or at least 2 (one summary layer "
-            f"after every sumlen-1 layers), got {summary_every}"
-        )
-
-
 def summary_positions(num_layers: int, summary_every: int) -> List[int]:
     """Indices (0-based) of the layers followed by a summary layer.
 
@@ -44,7 +37,6 @@ def summary_positions(num_layers: int, summary_every: int) -> List[int]:
     (which is itself a projection of the top block, "the output of the decoder is only a linear
     transformation of the concatenation of the upper few layers").
     """
-    check_summary_interval(summary_every)
     if summary_every == 0:
         return []
     interval = summary_every - 1
@@ -55,11 +47,6 @@ def dense_plan(new_features: Sequence[int], embed_dim: int, summary_every: int =
     """The widths of a dense stack: layer ``l`` appends ``new_features[l]`` features (the growth
     dimension d, or 2d for a decoder layer with attention, Eq. 7) to a stack that starts with the
     embedding (``embed_dim`` = d0). Paper: Sec. 3.3, the L-th layer reads ``(L - 1) d + d0``."""
-    if embed_dim <= 0:
-        raise ValueError(f"embedding size d0 must be positive, got {embed_dim}")
-    for width in new_features:
-        if width <= 0:
-            raise ValueError(f"growth dimension must be positive, got {width}")
     summaries = set(summary_positions(len(new_features), summary_every))
     plan, width = [], embed_dim
     for index, grown in enumerate(new_features):
@@ -145,13 +132,7 @@ class SummaryLayer(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0, weight_norm: bool = True):
         super().__init__()
-        if in_dim <= 0 or out_dim <= 0:
-            raise ValueError(f"summary layer widths must be positive, got {in_dim} -> {out_dim}")
-        projection = nn.Linear(in_dim, out_dim)
-        nn.init.normal_(projection.weight, mean=0.0, std=math.sqrt((1.0 - dropout) / in_dim))
-        nn.init.zeros_(projection.bias)
-        self.projection = nn.utils.weight_norm(projection) if weight_norm else projection
-        self.in_dim, self.out_dim = in_dim, out_dim
+        self.projection = weight_normed_linear(in_dim, out_dim, dropout, weight_norm)
 
     def forward(self, features: Tensor) -> Tensor:
         return self.projection(features)
