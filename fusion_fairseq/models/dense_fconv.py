@@ -139,13 +139,11 @@ def check_dense_args(args, config, embed_dims: Sequence[Tuple[str, int]]):
             if args.embed_bottleneck_dim > width:
                 raise ConfigurationError(
                     f"--embed-bottleneck-dim {args.embed_bottleneck_dim} is wider than {flag} {width}: the small "
-                    f"embeddings are projected back to the model width, so it must be at most {width}"
-                )
+                    f"embeddings are projected back to the model width, so it must be at most {width}")
     if args.summary_every and args.no_dense_encoder and args.no_dense_decoder:
         raise ConfigurationError(
             f"--summary-every {args.summary_every} needs a dense side: summary layers only exist in dense stacks, "
-            "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)"
-        )
+            "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)")
     warn_idle_flags(args, config)
     warn_idle_summary_every(args)
 
@@ -404,8 +402,7 @@ class DenseFConvDecoder(FConvDecoder):
             if token_table.size(1) != out_embed_dim:
                 raise ConfigurationError(
                     f"--share-input-output-embed needs the softmax width {out_embed_dim} to equal the token "
-                    f"embedding width {token_table.size(1)}"
-                )
+                    f"embedding width {token_table.size(1)}")
             self.fc3 = nn.Linear(out_embed_dim, len(dictionary))
             self.fc3.weight = token_table
         else:
@@ -492,8 +489,7 @@ class DenseFConvModel(FConvModel):
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ConfigurationError(
                 f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim {args.decoder_embed_dim} "
-                "must be equal: the attention adds the target embedding to the query it compares with the keys"
-            )
+                "must be equal: the attention adds the target embedding to the query it compares with the keys")
         for flag in ("encoder_embed_path", "decoder_embed_path"):
             if getattr(args, flag, None):
                 raise ConfigurationError(f"{flag_of(flag)} is not supported by dense_fconv")
@@ -504,14 +500,12 @@ class DenseFConvModel(FConvModel):
             task.source_dictionary, args.encoder_embed_dim, side_layers(args, "encoder"), args.dropout,
             getattr(args, "max_source_positions", None) or 1024, dense=not args.no_dense_encoder,
             dense_attention=args.dense_attention, summary_every=args.summary_every,
-            bottleneck_dim=args.embed_bottleneck_dim, summary_layer=args.summary_layer,
-        )
+            bottleneck_dim=args.embed_bottleneck_dim, summary_layer=args.summary_layer)
         decoder = DenseFConvDecoder(
             task.target_dictionary, args.decoder_embed_dim, side_layers(args, "decoder"), args.decoder_out_embed_dim,
             args.dropout, getattr(args, "max_target_positions", None) or 1024, dense=not args.no_dense_decoder,
             summary_every=args.summary_every, bottleneck_dim=args.embed_bottleneck_dim,
-            share_embed=args.share_input_output_embed, summary_layer=args.summary_layer,
-        )
+            share_embed=args.share_input_output_embed, summary_layer=args.summary_layer)
         return cls(encoder, decoder)
 
 
@@ -555,8 +549,7 @@ def dense_fconv_iwslt_de_en_8l(args):
     set_defaults(
         args, encoder_layers="[(96, 3)] * 8", decoder_layers="[(96, 3)] * 8",
         residual_dim=192,  # BASE-8L's width
-        summary_layer="linear", summary_every=5,
-    )
+        summary_layer="linear", summary_every=5)
     dense_fconv_iwslt_de_en(args)
 
 

@@ -104,8 +104,7 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
         return DenseSourceAttention(
             embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
             dropout=cfg.attention_dropout, encoder_decoder_attention=True,
-            groups=self._source_groups, record_output=self._record_attention,
-        )
+            groups=self._source_groups, record_output=self._record_attention)
 
     def forward(self, x, *args, **kwargs):
         if self.input_projection is not None:
@@ -264,8 +263,7 @@ class DenseTransformerDecoder(TransformerDecoder):
             output, layer_attn, _ = self.call_layer(
                 self.layers[index], layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
                 self_attn_padding_mask=self_attn_padding_mask, need_attn=index == alignment_layer,
-                need_head_weights=index == alignment_layer,
-            )
+                need_head_weights=index == alignment_layer)
             inner_states.append(output)
             if layer_attn is not None and index == alignment_layer:
                 attn = layer_attn.float().to(output)
@@ -342,8 +340,7 @@ class DenseTransformerModel(TransformerModel):
         if args.share_decoder_input_output_embed and args.decoder_output_dim != tgt_width:
             raise ConfigurationError(
                 f"--share-decoder-input-output-embed needs --decoder-output-dim {args.decoder_output_dim} to equal "
-                f"the target embedding width {tgt_width}"
-            )
+                f"the target embedding width {tgt_width}")
         encoder = DenseTransformerEncoder(args, task.source_dictionary, encoder_embed)
         decoder = DenseTransformerDecoder(args, task.target_dictionary, decoder_embed, encoder.num_sources)
         return cls(args, encoder, decoder)
@@ -365,6 +362,5 @@ def dense_transformer_iwslt_de_en(args):
     set_defaults(
         args, encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, encoder_layers=6,
         decoder_embed_dim=512, decoder_ffn_embed_dim=1024, decoder_attention_heads=4, decoder_layers=6,
-        growth_dim=384, summary_every=4,
-    )
+        growth_dim=384, summary_every=4)
     dense_transformer(args)

@@ -84,8 +84,7 @@ class FusionTransformerDecoder(TransformerDecoder):
         features, extra = self.extract_features(
             prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
             full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads,
-        )
+            alignment_heads=alignment_heads)
         if features_only:
             return features, extra
         if self.surface_fusion is None:
@@ -140,8 +139,7 @@ class FusionTransformerDecoder(TransformerDecoder):
                 self_attn_mask=self_attn_mask,
                 self_attn_padding_mask=self_attn_padding_mask,
                 need_attn=bool(index == alignment_layer),
-                need_head_weights=bool(index == alignment_layer),
-            )
+                need_head_weights=bool(index == alignment_layer))
             if layer_attn is not None and index == alignment_layer:
                 alignment["attn"] = layer_attn.float().to(output)
             return output

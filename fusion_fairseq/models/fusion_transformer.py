@@ -18,9 +18,7 @@ from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from fusion_fairseq.checkpoint_safety import (
-    may_start_parameters_fresh,
-    missing_parameters_error,
-    require_literal_transformer_config,
+    may_start_parameters_fresh, missing_parameters_error, require_literal_transformer_config,
 )
 from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage
@@ -35,7 +33,6 @@ from .fusion_encoder import FusionTransformerEncoder
 from .hyper_connected_layers import install_hyper_connections
 from .layer_stack import install_multi_layer_attention
 from fusion_fairseq.errors import ConfigurationError
-
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +101,8 @@ def install_side_layer_changes(args, side: str, layers):
 def build_layer_attention(args) -> Optional[LayerAttention]:
     if args.layer_attention == "none":
         return None
-    attention = LayerAttention(
-        args.decoder_layers, args.encoder_layers, args.encoder_embed_dim, args.layer_attention,
-        dropconnect=args.layer_attention_dropconnect, embedding_dropout=args.dropout,
-    )
+    attention = LayerAttention(args.decoder_layers, args.encoder_layers, args.encoder_embed_dim, args.layer_attention,
+                               dropconnect=args.layer_attention_dropconnect, embedding_dropout=args.dropout)
     attention.mask_layer(args.mask_encoder_layer)
     return attention
 
@@ -119,8 +114,7 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
         args.surface_fusion, args.decoder_embed_dim, args.decoder_attention_heads, args.surface_fusion_lambda,
         args.surface_fusion_tau, dropout=args.attention_dropout, variant=args.surface_fusion_variant,
         ffn_dim=args.decoder_ffn_embed_dim, embedding_dropout=args.dropout,
-        activation_dropout=args.activation_dropout or getattr(args, "relu_dropout", 0.0),
-    )
+        activation_dropout=args.activation_dropout or getattr(args, "relu_dropout", 0.0))
 
 
 def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_dim: int,
@@ -133,10 +127,8 @@ def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_di
     if src_dict != tgt_dict:
         raise ConfigurationError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
     if args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(
-            f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
-            f"== --decoder-embed-dim ({args.decoder_embed_dim})"
-        )
+        raise ConfigurationError(f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
+                                 f"== --decoder-embed-dim ({args.decoder_embed_dim})")
     args.share_decoder_input_output_embed = True
     return encoder_embed, encoder_embed
 
@@ -162,16 +154,11 @@ class FusionTransformerModel(TransformerModel):
         layer_embedding = build_shared_layer_embedding(args)
         encoder = FusionTransformerEncoder(
             args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding),
-            keep_layer_states=args.layer_attention != "none",
-            aggregation=build_side_aggregation(args, "encoder"),
-        )
+            keep_layer_states=args.layer_attention != "none", aggregation=build_side_aggregation(args, "encoder"))
         decoder = FusionTransformerDecoder(
             args, task.target_dictionary, decoder_embed_tokens, build_side_fusion(args, "decoder", layer_embedding),
-            layer_attention=build_layer_attention(args),
-            surface_fusion=build_surface_fusion(args),
-            aggregation=build_side_aggregation(args, "decoder"),
-            no_encoder_attn=getattr(args, "no_cross_attention", False),
-        )
+            layer_attention=build_layer_attention(args), surface_fusion=build_surface_fusion(args),
+            aggregation=build_side_aggregation(args, "decoder"), no_encoder_attn=getattr(args, "no_cross_attention", False))
         for side, module in (("encoder", encoder), ("decoder", decoder)):
             install_side_layer_changes(args, side, module.layers)
         return cls(args, encoder, decoder)
@@ -182,11 +169,9 @@ class FusionTransformerModel(TransformerModel):
         (``encoder_states``: h0..hL, ``src_len x batch x C``; ``encoder_padding_mask``) so that a
         criterion can regularise every layer without a second forward pass."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
-        decoder_out = self.decoder(
-            prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
-            alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
-            return_all_hiddens=return_all_hiddens,
-        )
+        decoder_out = self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+                                   alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                                   src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
         decoder_out[1]["encoder_states"] = encoder_out["encoder_states"]
         decoder_out[1]["encoder_padding_mask"] = encoder_out["encoder_padding_mask"]
         return decoder_out
@@ -230,8 +215,7 @@ def mlrf_iwslt_de_en(args):
     set_defaults(
         args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
         encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
-        dropout=0.1, fuse_encoder="fnn", fuse_decoder="sa", fusion_hops=4, fusion_attn_dim=1024, fusion_ffn_dim=512,
-    )
+        dropout=0.1, fuse_encoder="fnn", fuse_decoder="sa", fusion_hops=4, fusion_attn_dim=1024, fusion_ffn_dim=512)
     fusion_transformer(args)
 
 
@@ -251,8 +235,7 @@ def transformer_big_dimensions(args):
     """fairseq's transformer_vaswani_wmt_en_de_big: d=1024, FFN 4096, 16 heads, dropout 0.3."""
     set_defaults(
         args, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16, decoder_embed_dim=1024,
-        decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3,
-    )
+        decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3)
 
 
 @register_model_architecture("fusion_transformer", "surface_fusion_wmt_en_ro")

@@ -23,8 +23,7 @@ def install_hyper_connections(layers: nn.ModuleList, kind: str, rate: int, embed
     for layer in layers:
         count = 3 if getattr(layer, "encoder_attn", None) is not None else 2  # (self-attention, cross-attention,) FFN
         layer.hyper_connections = nn.ModuleList(
-            build_hyper_connection(kind, rate, embed_dim, index + position) for position in range(count)
-        )
+            build_hyper_connection(kind, rate, embed_dim, index + position) for position in range(count))
         index += count
 
 
@@ -62,8 +61,7 @@ def layer_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Te
         x, weights = layer.encoder_attn(
             query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
             incremental_state=incremental_state, static_kv=True,
-            need_weights=need_attn or (not layer.training and layer.need_attn), need_head_weights=need_head_weights,
-        )
+            need_weights=need_attn or (not layer.training and layer.need_attn), need_head_weights=need_head_weights)
         return layer.dropout_module(x), weights
 
     streams, _ = connect(next(connections), streams, self_attention, layer.self_attn_layer_norm, pre)

@@ -151,8 +151,7 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
             if cache is not None and f"target_keys_{index}" in cache:
                 past = (cache[f"target_keys_{index}"], cache[f"target_values_{index}"])
             x, (keys, values), weights = layer.decode(
-                x, source_memory[index], source_allowed, past, target_allowed, need_weights=index == alignment_layer
-            )
+                x, source_memory[index], source_allowed, past, target_allowed, need_weights=index == alignment_layer)
             if past is not None:
                 keys, values = torch.cat([past[0], keys], dim=2), torch.cat([past[1], values], dim=2)
             new_cache[f"target_keys_{index}"], new_cache[f"target_values_{index}"] = keys, values
@@ -242,8 +241,7 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         if task.source_dictionary != task.target_dictionary:
             raise ConfigurationError(
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
-                "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary"
-            )
+                "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary")
         if args.embed_dim % args.attention_heads:
             raise ConfigurationError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads {args.attention_heads}")
         if args.no_layer_sharing and args.layers < 2:
@@ -253,8 +251,7 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         embedding = CoordinationEmbedding(
             Embedding(len(dictionary), args.embed_dim, dictionary.pad()), args.dropout,
             use_positions=not args.no_position_embedding, use_language=not args.no_language_embedding,
-            scale=not args.no_scale_embedding,
-        )
+            scale=not args.no_scale_embedding)
         target_layers = build_layers(args, args.layers)
         source_layers = target_layers if not args.no_layer_sharing else build_layers(args, args.layers - 1)
         encoder = CoordinationEncoder(dictionary, embedding, source_layers, args.layers, args.max_source_positions)
@@ -270,10 +267,8 @@ def build_layers(args, count: int) -> nn.ModuleList:
     return nn.ModuleList(
         CoordinationLayer(
             args.embed_dim, args.ffn_embed_dim, args.attention_heads, args.dropout, args.attention_dropout,
-            args.activation_dropout, args.normalize_before, mixed=not args.no_mixed_attention,
-        )
-        for _ in range(count)
-    )
+            args.activation_dropout, args.normalize_before, mixed=not args.no_mixed_attention)
+        for _ in range(count))
 
 
 @register_model_architecture("layerwise_coordination", "layerwise_coordination")

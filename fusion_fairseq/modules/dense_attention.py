@@ -109,8 +109,7 @@ class DenseSourceAttention(MultiheadAttention):
             out, weights = super().forward(
                 query, key, value, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
                 need_weights=need_weights, static_kv=static_kv, attn_mask=attn_mask,
-                before_softmax=before_softmax, need_head_weights=need_head_weights,
-            )
+                before_softmax=before_softmax, need_head_weights=need_head_weights)
         else:
             out, weights = self.grouped_attention(query, key, key_padding_mask, need_weights or need_head_weights,
                                                   need_head_weights, incremental_state)

@@ -181,8 +181,7 @@ class HierarchicalAggregation(PlainStack):
         super().__init__(num_layers)
         self.tree = hierarchical_tree(num_layers)
         self.nodes = nn.ModuleList(
-            make_node(len(layers) + (previous is not None), len(layers) - 1) for layers, previous in self.tree
-        )
+            make_node(len(layers) + (previous is not None), len(layers) - 1) for layers, previous in self.tree)
         self.node_after_layer = {layers[-1]: position for position, (layers, _) in enumerate(self.tree)}
 
     def run(self, x0: Tensor, apply_layer: ApplyLayer) -> Tuple[Tensor, List[Tensor]]:

@@ -64,8 +64,7 @@ class LayerAttention(nn.Module):
         if layer is not None and not 0 <= layer < self.num_inputs:
             raise ValueError(
                 f"LayerAttention cannot mask input {layer}: its inputs are encoder layers 0 (embedding) "
-                f"to {self.num_inputs - 1}"
-            )
+                f"to {self.num_inputs - 1}")
         self.masked_layer = layer
 
     def weights(self) -> Tensor:

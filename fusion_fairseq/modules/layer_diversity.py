@@ -63,8 +63,7 @@ def layer_diversity(layers: Sequence[Tensor], padding_mask: Optional[Tensor] = N
     if padding_mask is not None and tuple(padding_mask.shape) != (batch, tgt_len):
         raise ValueError(
             f"padding_mask must be batch x time = {(batch, tgt_len)} for states of shape {tuple(shape)}, "
-            f"got {tuple(padding_mask.shape)}"
-        )
+            f"got {tuple(padding_mask.shape)}")
 
     with torch.autocast(device_type=layers[0].device.type, enabled=False):
         units = [_unit(layer, eps) for layer in layers]
