@@ -97,6 +97,22 @@ class Feature:
     absence: Callable[[argparse.Namespace], str]
 
 
+def _is_set(value) -> bool:
+    return value not in ("none", False)
+
+
+def flag_feature(name: str, present: Callable[[Any], bool] = _is_set) -> Feature:
+    """The feature that flag ``name`` switches on where ``present(value)``."""
+    return Feature(lambda args: present(getattr(args, name)), lambda args: f"{flag_of(name)} is {getattr(args, name)}")
+
+
+def side_feature(name: str, present: Callable[[Any], bool] = _is_set) -> Feature:
+    """The feature that ``--NAME-encoder`` or ``--NAME-decoder`` switches on where ``present(value)``."""
+    names = (f"{name}_encoder", f"{name}_decoder")
+    return Feature(lambda args: any(present(getattr(args, side)) for side in names),
+                   lambda args: f"{'/'.join(map(flag_of, names))} are {'/'.join(str(getattr(args, side)) for side in names)}")
+
+
 def option(default=None, help: str = "", values: Optional[Values] = None, *, metavar: Optional[str] = None,
            derive: Optional[Callable[[argparse.Namespace], Any]] = None,
            check: Optional[Callable[[Any], Optional[str]]] = None, structural: bool = False,

@@ -16,8 +16,8 @@ from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from fusion_fairseq.config_fields import (
-    INTEGER, POSITIVE_INT, PROBABILITY, SWITCH, Feature, check_values, choice, flag_of, flat_fields, option, real,
-    warn_idle_flags,
+    INTEGER, POSITIVE_INT, PROBABILITY, SWITCH, Feature, check_values, choice, flag_feature, flag_of, flat_fields,
+    option, real, side_feature, warn_idle_flags,
 )
 
 # Reading: the paper uses tau = 1 (hard) and 5 (soft). Below 0.01 the surface logits, and their
@@ -36,40 +36,18 @@ def tau_error(value) -> Optional[str]:
     return None
 
 
-def _fusion_sides(args):
-    return f"--fuse-encoder/--fuse-decoder are {args.fuse_encoder}/{args.fuse_decoder}"
-
-
-def _aggregation_sides(args):
-    return f"--aggregate-encoder/--aggregate-decoder are {args.aggregate_encoder}/{args.aggregate_decoder}"
-
-
-def _fuses_with(*functions):
-    return lambda args: bool(set(functions) & {args.fuse_encoder, args.fuse_decoder})
-
-
-def _has_aggregation_nodes(args):
-    return bool({"iterative", "hierarchical"} & {args.aggregate_encoder, args.aggregate_decoder}) \
-        or args.multi_layer_attention > 1
-
-
-def _surface_fusion_kind(args):
-    return f"--surface-fusion is {args.surface_fusion}"
-
-
-SELF_ATTENTION_FUSION = Feature(_fuses_with("sa"), _fusion_sides)
-FUSION_FNN = Feature(_fuses_with("fnn", "sa"), _fusion_sides)
-LAYER_FUSION = Feature(_fuses_with("avg", "fnn", "sa"), _fusion_sides)
-AGGREGATION_NODES = Feature(_has_aggregation_nodes, _aggregation_sides)
-DENSE_AGGREGATION = Feature(lambda a: "dense" in (a.aggregate_encoder, a.aggregate_decoder), _aggregation_sides)
-LAYER_ATTENTION = Feature(lambda a: a.layer_attention != "none", lambda a: f"--layer-attention is {a.layer_attention}")
-HARD_SURFACE_FUSION = Feature(lambda a: a.surface_fusion == "hard", _surface_fusion_kind)
-SURFACE_FUSION = Feature(lambda a: a.surface_fusion != "none", _surface_fusion_kind)
-DENSEFORMER = Feature(lambda a: a.denseformer_encoder or a.denseformer_decoder,
-                      lambda a: "neither --denseformer-encoder nor --denseformer-decoder is set")
-HYPER_CONNECTIONS = Feature(
-    lambda a: a.hyper_connections_encoder != "none" or a.hyper_connections_decoder != "none",
-    lambda a: "--hyper-connections-encoder/--hyper-connections-decoder are none/none")
+SELF_ATTENTION_FUSION = side_feature("fuse", lambda value: value == "sa")
+FUSION_FNN = side_feature("fuse", lambda value: value in ("fnn", "sa"))
+LAYER_FUSION = side_feature("fuse")
+AGGREGATION_NODES = Feature(
+    lambda a: side_feature("aggregate", lambda value: value in ("iterative", "hierarchical")).present(a)
+    or a.multi_layer_attention > 1, side_feature("aggregate").absence)
+DENSE_AGGREGATION = side_feature("aggregate", lambda value: value == "dense")
+LAYER_ATTENTION = flag_feature("layer_attention")
+HARD_SURFACE_FUSION = flag_feature("surface_fusion", lambda value: value == "hard")
+SURFACE_FUSION = flag_feature("surface_fusion")
+DENSEFORMER = side_feature("denseformer")
+HYPER_CONNECTIONS = side_feature("hyper_connections")
 
 
 def _fuse_help(side):
