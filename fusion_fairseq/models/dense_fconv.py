@@ -60,10 +60,6 @@ logger = logging.getLogger(__name__)
 _PLACEHOLDER_SPEC = ((1, 1),)
 
 
-# --------------------------------------------------------------------------------------------
-# configuration, shared with the dense Transformer
-# --------------------------------------------------------------------------------------------
-
 SUMMARY_INTERVAL = Values(
     "must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary layer after every sumlen-1 "
     "layers)", lambda value: type(value) is int and (value == 0 or value >= 2), int)
@@ -231,10 +227,6 @@ def residual_stack(embed_dim: int, layers: List[Tuple[int, int]], dropout: float
     return input_projection, projections, built
 
 
-# --------------------------------------------------------------------------------------------
-# encoder
-# --------------------------------------------------------------------------------------------
-
 class DenseFConvEncoder(FConvEncoder):
     """ConvS2S encoder with a dense (Eq. 6) or residual stack and the keys/values of dense attention.
 
@@ -339,11 +331,6 @@ class DenseFConvEncoder(FConvEncoder):
         values = (keys + embedded.unsqueeze(1)) * math.sqrt(0.5)
         return {"encoder_out": (keys, values), "encoder_padding_mask": padding_mask}
 
-
-
-# --------------------------------------------------------------------------------------------
-# decoder
-# --------------------------------------------------------------------------------------------
 
 class DenseFConvDecoder(FConvDecoder):
     """ConvS2S decoder with a dense (Eq. 7) or residual stack; every layer attends the encoder
@@ -454,10 +441,6 @@ class DenseFConvDecoder(FConvDecoder):
         # as fairseq's Transformer decoder: fairseq's --print-alignment reads extra["attn"][0]
         return x, {"attn": [attention_sum]}
 
-
-# --------------------------------------------------------------------------------------------
-# model and architectures
-# --------------------------------------------------------------------------------------------
 
 def side_layers(args, side: str) -> List[Tuple[int, int]]:
     """``(width, kernel)`` per layer of one side. A residual side in a dense model (the Table 2

@@ -75,7 +75,6 @@ class FusionTransformerDecoder(TransformerDecoder):
         self.surface_fusion = surface_fusion
         self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
 
-    # ----------------------------------------------------------------------------------- forward
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state: Optional[IncrementalState] = None, features_only: bool = False,
                 full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
@@ -100,14 +99,10 @@ class FusionTransformerDecoder(TransformerDecoder):
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                          incremental_state: Optional[IncrementalState] = None, full_context_alignment: bool = False,
                          alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        x, extra = self.extract_features_scriptable(
-            prev_output_tokens, encoder_out, incremental_state, full_context_alignment, alignment_layer, alignment_heads
-        )
-        if self.output_fusion is None:
-            return x, extra
-        return self.fuse_layer_stack(extra)
+        x, extra = self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                    full_context_alignment, alignment_layer, alignment_heads)
+        return (x, extra) if self.output_fusion is None else self.fuse_layer_stack(extra)
 
-    # ------------------------------------------------------------------------- the layer stack
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state: Optional[IncrementalState] = None,
                                     full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
@@ -116,11 +111,9 @@ class FusionTransformerDecoder(TransformerDecoder):
         layer (:meth:`layer_memories`)."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
-        top_memory, memory_padding_mask = None, None
-        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
-            top_memory = encoder_out["encoder_out"][0]
-        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
-            memory_padding_mask = encoder_out["encoder_padding_mask"][0]
+        top_memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
+        memory_padding_mask = (encoder_out["encoder_padding_mask"][0]
+                               if encoder_out and encoder_out["encoder_padding_mask"] else None)
         memories = self.layer_memories(encoder_out, incremental_state)
 
         x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
@@ -131,14 +124,9 @@ class FusionTransformerDecoder(TransformerDecoder):
             if incremental_state is None and not full_context_alignment:
                 self_attn_mask = self.buffered_future_mask(layer_input)
             output, layer_attn, _ = run_layer(
-                self.layers[index], states,
-                layer_input,
-                top_memory if memories is None else memories[index],
-                memory_padding_mask,
-                incremental_state,
-                self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=bool(index == alignment_layer),
+                self.layers[index], states, layer_input, top_memory if memories is None else memories[index],
+                memory_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=bool(index == alignment_layer),
                 need_head_weights=bool(index == alignment_layer))
             if layer_attn is not None and index == alignment_layer:
                 alignment["attn"] = layer_attn.float().to(output)
@@ -172,7 +160,6 @@ class FusionTransformerDecoder(TransformerDecoder):
         first_attention = self.layers[0].encoder_attn
         return first_attention is not None and "prev_key" in first_attention._get_input_buffer(incremental_state)
 
-    # -------------------------------------------------------------------------- MLRF output fusion
     def fuse_layer_stack(self, extra: Dict[str, Any]):
         states = extra["inner_states"]
         top = self.layer_norm(states[-1]) if self.layer_norm is not None else states[-1]
