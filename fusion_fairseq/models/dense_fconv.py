@@ -498,10 +498,9 @@ def dense_fconv(args):
 
     Paper: Sec. 3.3, summary layers "summarize the features for all previous layers and project back
     to the embedding size". Reading: a convolution layer of the stack (the kernel width of the layer
-    below it, GLU; causal in the decoder), not a position-wise linear projection: it is what makes
-    DenseNMT-En-De-15 have "20% fewer parameters" than ConvS2S (Sec. 5.4; 0.80 of ``fconv_wmt_en_de``
-    with 40k vocabularies, against 0.66 with linear summary layers); ``--summary-layer linear`` keeps
-    the other reading."""
+    below it, GLU; causal in the decoder), not a position-wise linear projection: it is what gives
+    DenseNMT-En-De-15 "20% fewer parameters" than ConvS2S (Sec. 5.4, see :func:`dense_fconv_wmt_en_de`);
+    ``--summary-layer linear`` keeps the other reading."""
     fconv_base_architecture(args)
     fill_defaults(args, DenseFConvConfig)
 
@@ -511,11 +510,9 @@ def dense_fconv_iwslt_de_en(args):
     """DenseNMT-4L-2 (Sec. 4.2, Table 1): 4-layer encoder and decoder, embedding size 256, hidden
     (growth) size 128 "in order to keep the model size consistent" with BASE-4L (256 everywhere),
     DenseAtt-2, no summary layers; ``--dense-attention 1`` gives DenseNMT-4L-1."""
-    set_defaults(
-        args, encoder_embed_dim=256, encoder_layers="[(128, 3)] * 4", decoder_embed_dim=256,
-        decoder_layers="[(128, 3)] * 4", decoder_out_embed_dim=256,
-        residual_dim=256,  # BASE-4L's width, for the Table 2 ablations
-    )
+    set_defaults(args, encoder_embed_dim=256, encoder_layers="[(128, 3)] * 4", decoder_embed_dim=256,
+                 decoder_layers="[(128, 3)] * 4", decoder_out_embed_dim=256,
+                 residual_dim=256)  # BASE-4L's width, for the Table 2 ablations
     dense_fconv(args)
 
 
@@ -523,16 +520,13 @@ def dense_fconv_iwslt_de_en(args):
 def dense_fconv_iwslt_de_en_8l(args):
     """DenseNMT-8L-2 (Sec. 4.2): 8 layers each side, growth 96 (BASE-8L: 192), embedding 256.
     Reading: summary layers with sumlen = 5 (one after layer 4; "in practice, we set sumlen as 5 or
-    6", Sec. 3.3), linear ones - without them the model is a third larger than BASE-8L, with linear
-    summary layers about 10%, with conv ones 30% (see examples/dense_nmt/README.md). No single
-    summary-layer reading gives both this preset's "similar number of parameters" and En-De-15's
-    "20% fewer parameters" than ConvS2S; each preset takes the one that reproduces its own."""
-    # Sec. 4.2 wants the 8-layer models about BASE-8L's size: with linear summary layers 1.10x
-    # BASE-8L (IWSLT14 vocabularies), with conv summary layers 1.30x (no summary layers: 1.33x)
-    set_defaults(
-        args, encoder_layers="[(96, 3)] * 8", decoder_layers="[(96, 3)] * 8",
-        residual_dim=192,  # BASE-8L's width
-        summary_layer="linear", summary_every=5)
+    6", Sec. 3.3), linear ones: Sec. 4.2 wants the model about BASE-8L's size, and with IWSLT14
+    vocabularies it has 1.10 times BASE-8L's parameters with linear summary layers, 1.30 with conv
+    ones, 1.33 without (see examples/dense_nmt/README.md). No single summary-layer reading gives both
+    this preset's "similar number of parameters" and En-De-15's "20% fewer parameters" than ConvS2S;
+    each preset takes the one that reproduces its own."""
+    set_defaults(args, encoder_layers="[(96, 3)] * 8", decoder_layers="[(96, 3)] * 8",
+                 residual_dim=192, summary_layer="linear", summary_every=5)  # BASE-8L's width
     dense_fconv_iwslt_de_en(args)
 
 
