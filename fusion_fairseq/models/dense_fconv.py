@@ -126,20 +126,24 @@ class DenseFConvConfig(DenseConfig):
         idle_reason="the dense_fconv decoder attends to the source in every layer (Sec. 3.2)")
 
 
-def check_dense_args(args, config, embed_dims: Sequence[Tuple[str, int]]):
+def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
     """Errors naming the flag, the value and what is allowed, for args that did not come through
-    argparse (or combinations argparse cannot see); warnings for idle flags."""
+    argparse (or combinations argparse cannot see), and for the fairseq flags ``unsupported``;
+    warnings for idle flags."""
     check_values(args, config)
-    if args.embed_bottleneck_dim is not None:
-        for flag, width in embed_dims:
-            if args.embed_bottleneck_dim > width:
-                raise ConfigurationError(
-                    f"--embed-bottleneck-dim {args.embed_bottleneck_dim} is wider than {flag} {width}: the small "
-                    f"embeddings are projected back to the model width, so it must be at most {width}")
+    for side in ("encoder", "decoder"):
+        width = getattr(args, f"{side}_embed_dim")
+        if args.embed_bottleneck_dim is not None and args.embed_bottleneck_dim > width:
+            raise ConfigurationError(
+                f"--embed-bottleneck-dim {args.embed_bottleneck_dim} is wider than --{side}-embed-dim {width}: the "
+                f"small embeddings are projected back to the model width, so it must be at most {width}")
     if args.summary_every and args.no_dense_encoder and args.no_dense_decoder:
         raise ConfigurationError(
             f"--summary-every {args.summary_every} needs a dense side: summary layers only exist in dense stacks, "
             "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)")
+    for name in unsupported:
+        if getattr(args, name, None):
+            raise ConfigurationError(f"{flag_of(name)} is not supported by {model}")
     warn_idle_flags(args, config)
     warn_idle_summary_every(args)
 
@@ -467,15 +471,11 @@ class DenseFConvModel(FConvModel):
     def build_model(cls, args, task):
         args = as_namespace(args)
         dense_fconv(args)
-        embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]
-        check_dense_args(args, DenseFConvConfig, embed_dims)
+        check_dense_args(args, DenseFConvConfig, "dense_fconv", unsupported=("encoder_embed_path", "decoder_embed_path"))
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ConfigurationError(
                 f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim {args.decoder_embed_dim} "
                 "must be equal: the attention adds the target embedding to the query it compares with the keys")
-        for flag in ("encoder_embed_path", "decoder_embed_path"):
-            if getattr(args, flag, None):
-                raise ConfigurationError(f"{flag_of(flag)} is not supported by dense_fconv")
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_out_embed_dim = args.embed_bottleneck_dim

@@ -43,7 +43,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import LayerCheckpointing
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, flag_of, option, set_defaults,
+    POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, option, set_defaults,
 )
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
@@ -315,8 +315,8 @@ class DenseTransformerModel(TransformerModel):
         args = as_namespace(args)
         dense_transformer(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]
-        check_dense_args(args, DenseTransformerConfig, embed_dims)
+        check_dense_args(args, DenseTransformerConfig, "dense_transformer",
+                         unsupported=("encoder_layers_to_keep", "decoder_layers_to_keep"))
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")
             dense = not getattr(args, f"no_dense_{side}")
@@ -324,13 +324,8 @@ class DenseTransformerModel(TransformerModel):
             if width % heads:
                 flag = "--growth-dim" if dense else f"--{side}-embed-dim"
                 raise ConfigurationError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
-        for flag in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
-            if getattr(args, flag, None):
-                raise ConfigurationError(f"{flag_of(flag)} is not supported by dense_transformer")
-        if getattr(args, "max_source_positions", None) is None:
-            args.max_source_positions = 1024
-        if getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = 1024
+        args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
+        args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_output_dim = args.embed_bottleneck_dim
