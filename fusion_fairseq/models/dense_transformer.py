@@ -7,10 +7,8 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
   dimension) applied to a linear projection of the concatenation ``[h_l, ..., h_0]`` (reading: the
   transformation H of Eq. 6 is "project, then one Transformer layer"; the layer's own residual
   connections stay inside H);
-* dense decoder (Eq. 7): likewise over ``[z_l, a_l, ..., z_1, a_1, z_0]``, where a_l is the output of
-  layer l's encoder-decoder attention as its residual add reads it (after the layer's dropout, the
-  same mask; reading: the paper states no dropout, and a_l is a layer output like z_l) and z_l the
-  layer's output;
+* dense decoder (Eq. 7): likewise over ``[z_l, a_l, ..., z_1, a_1, z_0]``, z_l the layer's output
+  and a_l its encoder-decoder attention's as its residual add reads it (:class:`DenseTransformerDecoderLayer`);
 * summary layers (Sec. 3.3) after every SUMLEN-1 layers: a linear projection back to d0;
 * dense attention (Sec. 3.2): the memory of every decoder layer's encoder-decoder attention is
   ``none``: the top encoder layer (projected to d0 when the encoder is dense); ``1`` (Eq. 9): the
@@ -29,7 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
-from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, TransformerModel
+from fairseq.models.transformer import Linear, TransformerDecoder, TransformerEncoder, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
@@ -54,17 +52,7 @@ from fusion_fairseq.errors import ConfigurationError
 
 
 def with_changes(args, **changes) -> argparse.Namespace:
-    copy = argparse.Namespace(**vars(args))
-    vars(copy).update(changes)
-    return copy
-
-
-def xavier_linear(in_dim: int, out_dim: int, bias: bool = True) -> nn.Linear:
-    linear = nn.Linear(in_dim, out_dim, bias=bias)
-    nn.init.xavier_uniform_(linear.weight)
-    if bias:
-        nn.init.zeros_(linear.bias)
-    return linear
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 class DenseTransformerEncoderLayer(TransformerEncoderLayer):
@@ -73,7 +61,7 @@ class DenseTransformerEncoderLayer(TransformerEncoderLayer):
 
     def __init__(self, args, in_dim: int):
         super().__init__(args)
-        self.input_projection = xavier_linear(in_dim, args.encoder_embed_dim)
+        self.input_projection = Linear(in_dim, args.encoder_embed_dim)
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         return super().forward(self.input_projection(x), encoder_padding_mask, attn_mask)
@@ -96,7 +84,7 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
         self._source_groups = source_groups
         self._record_attention = record_attention
         super().__init__(args)
-        self.input_projection = xavier_linear(in_dim, args.decoder_embed_dim) if in_dim is not None else None
+        self.input_projection = Linear(in_dim, args.decoder_embed_dim) if in_dim is not None else None
         self.attention_value: Optional[Tensor] = None
 
     def build_encoder_attention(self, embed_dim, args):
@@ -132,7 +120,7 @@ class DenseTransformerEncoder(TransformerEncoder):
         self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_encoder_layer
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(d0)
         token_dim = embed_tokens.embedding_dim
-        self.project_in_dim = xavier_linear(token_dim, d0, bias=False) if token_dim != d0 else None
+        self.project_in_dim = Linear(token_dim, d0, bias=False) if token_dim != d0 else None
         if token_dim != d0:
             if self.embed_positions is not None:
                 self.embed_positions = PositionalEmbedding(
@@ -159,7 +147,7 @@ class DenseTransformerEncoder(TransformerEncoder):
         sources = top_block[-1:] if self.dense_attention == "none" else top_block
         self.source_projections = None
         if self.dense or self.dense_attention != "none":
-            self.source_projections = nn.ModuleList(xavier_linear(width, d0) for width in sources)
+            self.source_projections = nn.ModuleList(Linear(width, d0) for width in sources)
         self.num_sources = len(sources) if self.dense_attention == "2" else 1
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
@@ -241,7 +229,7 @@ class DenseTransformerDecoder(TransformerDecoder):
             self.layer_input_widths = [d0] * args.decoder_layers
         self.num_layers = len(self.layers)
         # Sec. 3.1: the output is a linear transformation of the concatenation of the top block
-        self.project_out_dim = xavier_linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
+        self.project_out_dim = Linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
 
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                          incremental_state=None, full_context_alignment: bool = False,

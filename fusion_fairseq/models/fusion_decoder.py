@@ -1,9 +1,4 @@
-"""Transformer decoder with the fusion points of the plugin:
-  * the wiring of the layer stack and multi-layer self-attention (Dou et al. 2018),
-  * per-decoder-layer source memories (layer attention, Liu et al. 2021 Sec. 3.2),
-  * the decoder representation handed to the output projection (MLRF, Wang et al. 2018),
-  * the output distribution (SurfaceFusion, Liu et al. 2021 Sec. 4.1).
-"""
+"""Transformer decoder with the fusion points of the plugin (see :class:`FusionTransformerDecoder`)."""
 
 from typing import Any, Dict, List, Optional
 
