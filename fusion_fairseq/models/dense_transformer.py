@@ -46,7 +46,7 @@ from fusion_fairseq.config_fields import (
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
 from .fusion_config import TransformerFlags
-from .fusion_decoder import embed_target
+from .fusion_decoder import decoder_output, embed_target
 from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
 
@@ -263,14 +263,7 @@ class DenseTransformerDecoder(TransformerDecoder):
         else:
             for index in range(len(self.layers)):
                 x, _ = apply_layer(index, x)
-        if attn is not None:
-            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x, {"attn": [attn], "inner_states": inner_states}
+        return decoder_output(self, x, attn, alignment_heads, inner_states)
 
 
 @dataclass

@@ -41,6 +41,20 @@ def embed_target(decoder: TransformerDecoder, prev_output_tokens, incremental_st
     return x, self_attn_padding_mask
 
 
+def decoder_output(decoder: TransformerDecoder, x: Tensor, attn: Optional[Tensor], alignment_heads: Optional[int],
+                   inner_states: List[Tensor]):
+    """The end of fairseq's decoder: the alignment averaged over its heads, the final LayerNorm,
+    batch first, the output projection."""
+    if attn is not None:
+        attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
+    if decoder.layer_norm is not None:
+        x = decoder.layer_norm(x)
+    x = x.transpose(0, 1)  # T x B x C -> B x T x C
+    if decoder.project_out_dim is not None:
+        x = decoder.project_out_dim(x)
+    return x, {"attn": [attn], "inner_states": inner_states}
+
+
 class FusionTransformerDecoder(TransformerDecoder):
     """fairseq's Transformer decoder, plus:
 
@@ -128,15 +142,7 @@ class FusionTransformerDecoder(TransformerDecoder):
             return output
 
         x, inner_states = self.aggregation.run(x, apply_layer)
-        attn: Optional[Tensor] = alignment.get("attn")
-        if attn is not None:
-            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)  # T x B x C -> B x T x C
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x, {"attn": [attn], "inner_states": inner_states}
+        return decoder_output(self, x, alignment.get("attn"), alignment_heads, inner_states)
 
     def layer_memories(self, encoder_out: Optional[Dict[str, List[Tensor]]],
                        incremental_state: Optional[IncrementalState]) -> Optional[Tensor]:
