@@ -13,12 +13,8 @@ from .layer_stack import run_layer
 
 
 def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]:
-    """[h0, h1, ..., hL] where hL is the stack's final output.
-
-    fairseq records every layer's raw output; in a pre-norm stack the final LayerNorm is applied
-    after the last layer, so the top state is replaced by that normalised output (``top``). In a
-    post-norm stack the two are the same tensor.
-    """
+    """[h0, h1, ..., hL] with hL the stack's final output ``top``: in a pre-norm stack fairseq's
+    final LayerNorm follows the last layer's raw output, which fairseq records."""
     return states[:-1] + [top]
 
 

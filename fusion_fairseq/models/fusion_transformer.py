@@ -178,15 +178,13 @@ class FusionTransformerModel(TransformerModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al.
-        2018 do): when the checkpoint holds no fusion parameter at all, every shared parameter
-        is loaded (the names are the vanilla model's) and the fusion parameters keep this
-        model's fresh initialisation. Of the loads of checkpoint files, only fairseq-train's load
-        of its --finetune-from-model checkpoint may do that
-        (:func:`checkpoint_safety.may_start_parameters_fresh`; so may a ``load_state_dict`` called
-        in code); any other (fairseq-generate with fusion switched on by --model-overrides,
-        resuming from another configuration's checkpoint_last.pt) raises an error naming the
-        missing parameters. A checkpoint with some fusion parameters is left as it is, so a mismatched
-        fusion configuration still fails the strict load, naming the keys."""
+        2018 do): from a checkpoint without any fusion parameter every shared parameter is loaded
+        (the names are the vanilla model's) and the fusion parameters keep their fresh
+        initialisation. Only fairseq-train's load of its --finetune-from-model checkpoint (or a
+        ``load_state_dict`` in code) may do that (:func:`checkpoint_safety.may_start_parameters_fresh`);
+        any other load (fusion switched on by --model-overrides, another configuration's
+        checkpoint_last.pt) names the missing parameters. A checkpoint with some fusion
+        parameters is left as it is: a mismatched configuration fails the strict load."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if any(is_fusion_parameter(key) for key in state_dict):
