@@ -70,8 +70,7 @@ class FusionTransformerEncoder(TransformerEncoder):
         if self.output_fusion is None:
             return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         out = super().forward(src_tokens, src_lengths, True, token_embeddings)
-        states = stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0])
-        fused, _ = self.output_fusion(states)
+        fused, _ = self.output_fusion(stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0]))
         out["encoder_out"] = [fused]
         if not return_all_hiddens:
             out["encoder_states"] = []
@@ -82,5 +81,5 @@ class FusionTransformerEncoder(TransformerEncoder):
         if self.output_fusion is None:
             return None
         out = super().forward(src_tokens, src_lengths, True)
-        states = stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0])
-        return self.output_fusion(states, need_weights=True)[1]
+        return self.output_fusion(stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0]),
+                                  need_weights=True)[1]
