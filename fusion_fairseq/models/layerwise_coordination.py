@@ -259,9 +259,6 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         decoder = CoordinationDecoder(dictionary, embedding, target_layers, final_layer_norm, args.max_target_positions)
         return cls(encoder, decoder)
 
-    def max_positions(self):
-        return (self.encoder.max_positions(), self.decoder.max_positions())
-
 
 def build_layers(args, count: int) -> nn.ModuleList:
     return nn.ModuleList(
