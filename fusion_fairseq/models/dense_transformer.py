@@ -39,7 +39,7 @@ from fusion_fairseq.modules.densenmt_connection import (
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .activation_checkpointing import LayerCheckpointing
+from .activation_checkpointing import layer_checkpointing
 from fusion_fairseq.config_fields import (
     POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, option, set_defaults,
 )
@@ -117,7 +117,7 @@ class DenseTransformerEncoder(TransformerEncoder):
         self.embed_dim = d0
         self.dense = not args.no_dense_encoder
         self.dense_attention = args.dense_attention
-        self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_encoder_layer
+        self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_encoder_layer
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(d0)
         token_dim = embed_tokens.embedding_dim
         self.project_in_dim = Linear(token_dim, d0, bias=False) if token_dim != d0 else None
@@ -208,7 +208,7 @@ class DenseTransformerDecoder(TransformerDecoder):
         super().__init__(with_changes(args, decoder_layers=0), dictionary, embed_tokens, no_encoder_attn=False)
         d0 = args.decoder_embed_dim
         self.dense = not args.no_dense_decoder
-        self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_decoder_layer
+        self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_decoder_layer
         self.summaries = nn.ModuleDict()
         if self.dense:
             # Eq. 7: every layer adds z_l and a_l, d features each
