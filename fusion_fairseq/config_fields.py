@@ -1,21 +1,15 @@
 """What fairseq's configuration dataclasses lack, as field metadata.
 
 Each plugin model's configuration is a ``FairseqDataclass`` registered with
-``register_model(name, dataclass=...)``: fairseq generates its flags (``gen_parser_from_dataclass``),
-stores it in a checkpoint and checks a hydra config against it. A field made by :func:`option`
-adds to fairseq's ``help`` the values it accepts, the rule that derives its default from other
-flags, whether it changes the model's structure, and which part of the model reads it. From these
-come
-
-* the parser's check of each flag's text (:func:`add_flags`), naming the flag;
-* the same checks for configurations built in code, read from a checkpoint or given by
-  ``--model-overrides`` (:func:`check_values`), as one-line :class:`ConfigurationError` s;
-* the architecture's derived defaults (:func:`fill_defaults`) and the presets' (:func:`set_defaults`);
-* the warnings for flags that do nothing in the chosen configuration (:func:`warn_idle_flags`);
-* the flags that may not change at load (:func:`structural_fields`, read by ``checkpoint_safety``
-  from fairseq's ``MODEL_DATACLASS_REGISTRY``, without importing the models);
-* the refusal of a hydra model config with a field its model lacks (:func:`model_config_error`).
-
+``register_model(name, dataclass=...)``: fairseq generates its flags, stores it in a checkpoint and
+checks a hydra config against it. A field made by :func:`option` adds to fairseq's ``help`` the
+values it accepts, the rule that derives its default from other flags, whether it changes the
+model's structure, and which part of the model reads it. From these come the parser's checks
+(:func:`add_flags`), the same checks for configurations built in code, read from a checkpoint or
+given by ``--model-overrides`` (:func:`check_values`), the derived defaults (:func:`fill_defaults`),
+the warnings for idle flags (:func:`warn_idle_flags`), the flags a checkpoint fixes
+(:func:`structural_fields`, read by ``checkpoint_safety`` without importing the models) and the
+refusal of a hydra model config with a field its model lacks (:func:`model_config_error`).
 Adding a flag is adding a field; checks that relate several flags stay in the model's module.
 """
 
@@ -101,6 +95,22 @@ class Feature:
 
     present: Callable[[argparse.Namespace], bool]
     absence: Callable[[argparse.Namespace], str]
+
+
+def _is_set(value) -> bool:
+    return value not in ("none", False)
+
+
+def flag_feature(name: str, present: Callable[[Any], bool] = _is_set) -> Feature:
+    """The feature that flag ``name`` switches on where ``present(value)``."""
+    return Feature(lambda args: present(getattr(args, name)), lambda args: f"{flag_of(name)} is {getattr(args, name)}")
+
+
+def side_feature(name: str, present: Callable[[Any], bool] = _is_set) -> Feature:
+    """The feature that ``--NAME-encoder`` or ``--NAME-decoder`` switches on where ``present(value)``."""
+    names = (f"{name}_encoder", f"{name}_decoder")
+    return Feature(lambda args: any(present(getattr(args, side)) for side in names),
+                   lambda args: f"{'/'.join(map(flag_of, names))} are {'/'.join(str(getattr(args, side)) for side in names)}")
 
 
 def option(default=None, help: str = "", values: Optional[Values] = None, *, metavar: Optional[str] = None,
@@ -220,32 +230,29 @@ def model_config_error(config, cfg) -> Optional[ConfigurationError]:
     return None
 
 
-def checking_model_configs(merge_with_parent):
-    """fairseq's ``merge_with_parent``, refusing first a plugin model configuration that
-    :func:`model_config_error` finds wrong, in one line (fairseq's own refusal of an unknown field
-    spans three; a preset it would apply by halves). A checkpoint's configuration
-    (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
-
-    @functools.wraps(merge_with_parent)
-    def wrapper(dc, cfg, remove_missing=False):
-        error = None if remove_missing else model_config_error(dc, cfg)
-        if error is not None:
-            raise error
-        return merge_with_parent(dc, cfg, remove_missing)
-
-    wrapper.checks_model_configs = True
-    return wrapper
-
-
 def check_model_configs() -> None:
-    """Install :func:`checking_model_configs` where fairseq merges a model's configuration with its
-    dataclass: ``add_defaults`` (imports it from ``dataclass.utils`` when it runs) and ``models.build_model``."""
+    """Make fairseq's ``merge_with_parent`` (in ``dataclass.utils``, where ``add_defaults`` imports it
+    when it runs, and in ``models``, for ``build_model``) refuse first a plugin model configuration
+    that :func:`model_config_error` finds wrong, in one line (fairseq's own refusal of an unknown
+    field spans three; a preset it would apply by halves). A checkpoint's configuration
+    (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
     from fairseq import models
     from fairseq.dataclass import utils
 
+    def checking(merge_with_parent):
+        @functools.wraps(merge_with_parent)
+        def wrapper(dc, cfg, remove_missing=False):
+            error = None if remove_missing else model_config_error(dc, cfg)
+            if error is not None:
+                raise error
+            return merge_with_parent(dc, cfg, remove_missing)
+
+        wrapper.checks_model_configs = True
+        return wrapper
+
     for module in (utils, models):
         if not getattr(module.merge_with_parent, "checks_model_configs", False):
-            module.merge_with_parent = checking_model_configs(module.merge_with_parent)
+            module.merge_with_parent = checking(module.merge_with_parent)
 
 
 def fill_defaults(args, config) -> None:

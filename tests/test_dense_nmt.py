@@ -301,15 +301,15 @@ def test_model_layer_input_widths():
              "--summary-every", "3"]
     model = tiny_model("dense_fconv_iwslt_de_en", *flags)
     # encoder: d0 = 16, growth 4 per layer; decoder: 2 x 4 per layer (z and a, Eq. 7)
-    assert model.encoder.layer_input_widths() == [16, 20, 24, 16, 20, 24, 16]
-    assert model.decoder.layer_input_widths() == [16, 24, 32, 16, 24, 32, 16]
+    assert model.encoder.layer_input_widths == [16, 20, 24, 16, 20, 24, 16]
+    assert model.decoder.layer_input_widths == [16, 24, 32, 16, 24, 32, 16]
     assert [conv.in_channels for conv in model.encoder.layer_convolutions] == [16, 20, 16, 20, 16]
     assert [conv.out_channels for conv in model.decoder.convolutions] == [8] * 5  # GLU halves to 4
     assert model.decoder.fc2.in_features == 16 + 2 * 4 * 1
     transformer = tiny_model("dense_transformer_iwslt_de_en", "--summary-every", "3", "--encoder-layers", "5",
                              "--decoder-layers", "5")
-    assert transformer.encoder.layer_input_widths() == [16, 24, 32, 16, 24, 32, 16]
-    assert transformer.decoder.layer_input_widths() == [16, 32, 48, 16, 32, 48, 16]
+    assert transformer.encoder.layer_input_widths == [16, 24, 32, 16, 24, 32, 16]
+    assert transformer.decoder.layer_input_widths == [16, 32, 48, 16, 32, 48, 16]
 
 
 def cli_error(capsys, arch, *flags):

@@ -11,6 +11,7 @@ for backward inside the region, so such tensors keep their gradients.
 """
 
 import contextlib
+import functools
 from typing import Callable
 
 import torch
@@ -37,15 +38,11 @@ def fairseq_checkpointing(layer: torch.nn.Module):
     return original, bool(layer.forward.args[1])  # functools.partial(_checkpointed_forward, forward, offload)
 
 
-class LayerCheckpointing:
+def layer_checkpointing(args) -> Callable:
     """``--checkpoint-activations`` / ``--offload-activations`` of a stack whose layers are not
     built through fairseq's ``build_encoder_layer`` / ``build_decoder_layer`` (where fairseq
-    wraps them): call each layer as ``self(layer, *inputs)``. fairseq's flags: offloading implies
+    wraps them): call each layer as ``call(layer, *inputs)``. fairseq's flags: offloading implies
     checkpointing."""
-
-    def __init__(self, args):
-        self.offload = bool(getattr(args, "offload_activations", False))
-        self.enabled = self.offload or bool(getattr(args, "checkpoint_activations", False))
-
-    def __call__(self, layer: torch.nn.Module, *args, **kwargs):
-        return call_checkpointed(layer, *args, enabled=self.enabled, offload=self.offload, **kwargs)
+    offload = bool(getattr(args, "offload_activations", False))
+    enabled = offload or bool(getattr(args, "checkpoint_activations", False))
+    return functools.partial(call_checkpointed, enabled=enabled, offload=offload)

@@ -34,15 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from fairseq.models.fconv import (
-    ConvTBC,
-    Embedding,
-    FConvDecoder,
-    FConvEncoder,
-    FConvModel,
-    Linear,
-    LinearizedConv1d,
+    ConvTBC, Embedding, FConvDecoder, FConvEncoder, FConvModel, Linear, LinearizedConv1d, extend_conv_spec,
     base_architecture as fconv_base_architecture,
-    extend_conv_spec,
 )
 from fairseq.dataclass import FairseqDataclass
 from fairseq.modules import GradMultiply
@@ -51,30 +44,13 @@ from omegaconf import II
 from fusion_fairseq.checkpoint_safety import parse_config_literal
 from fusion_fairseq.modules.dense_attention import DENSE_ATTENTION_KINDS, DenseConvAttention, weight_normed_linear
 from fusion_fairseq.modules.densenmt_connection import (
-    DenseFeatures,
-    SummaryLayer,
-    block_sizes,
-    dense_plan,
-    final_width,
-    summary_positions,
+    SummaryLayer, block_sizes, build_dense_stack, dense_plan, final_width, run_dense, summary_positions,
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT,
-    PROBABILITY,
-    SWITCH,
-    Feature,
-    Values,
-    add_flags,
-    as_namespace,
-    check_values,
-    choice,
-    fill_defaults,
-    flag_of,
-    option,
-    set_defaults,
-    warn_idle_flags,
+    POSITIVE_INT, PROBABILITY, SWITCH, Feature, Values, add_flags, as_namespace, check_values, choice, fill_defaults,
+    flag_of, option, set_defaults, warn_idle_flags,
 )
 from fusion_fairseq.errors import ConfigurationError
 
@@ -83,10 +59,6 @@ logger = logging.getLogger(__name__)
 # A placeholder stack for fairseq's constructors, whose own layers are replaced right away.
 _PLACEHOLDER_SPEC = ((1, 1),)
 
-
-# --------------------------------------------------------------------------------------------
-# configuration, shared with the dense Transformer
-# --------------------------------------------------------------------------------------------
 
 SUMMARY_INTERVAL = Values(
     "must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary layer after every sumlen-1 "
@@ -154,22 +126,24 @@ class DenseFConvConfig(DenseConfig):
         idle_reason="the dense_fconv decoder attends to the source in every layer (Sec. 3.2)")
 
 
-def check_dense_args(args, config, embed_dims: Sequence[Tuple[str, int]]):
+def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
     """Errors naming the flag, the value and what is allowed, for args that did not come through
-    argparse (or combinations argparse cannot see); warnings for idle flags."""
+    argparse (or combinations argparse cannot see), and for the fairseq flags ``unsupported``;
+    warnings for idle flags."""
     check_values(args, config)
-    if args.embed_bottleneck_dim is not None:
-        for flag, width in embed_dims:
-            if args.embed_bottleneck_dim > width:
-                raise ConfigurationError(
-                    f"--embed-bottleneck-dim {args.embed_bottleneck_dim} is wider than {flag} {width}: the small "
-                    f"embeddings are projected back to the model width, so it must be at most {width}"
-                )
+    for side in ("encoder", "decoder"):
+        width = getattr(args, f"{side}_embed_dim")
+        if args.embed_bottleneck_dim is not None and args.embed_bottleneck_dim > width:
+            raise ConfigurationError(
+                f"--embed-bottleneck-dim {args.embed_bottleneck_dim} is wider than --{side}-embed-dim {width}: the "
+                f"small embeddings are projected back to the model width, so it must be at most {width}")
     if args.summary_every and args.no_dense_encoder and args.no_dense_decoder:
         raise ConfigurationError(
             f"--summary-every {args.summary_every} needs a dense side: summary layers only exist in dense stacks, "
-            "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)"
-        )
+            "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)")
+    for name in unsupported:
+        if getattr(args, name, None):
+            raise ConfigurationError(f"{flag_of(name)} is not supported by {model}")
     warn_idle_flags(args, config)
     warn_idle_summary_every(args)
 
@@ -245,9 +219,17 @@ def build_token_embedding(dictionary, embed_dim: int, bottleneck_dim: Optional[i
     return SmallEmbedding(len(dictionary), bottleneck_dim, embed_dim, dictionary.pad())
 
 
-# --------------------------------------------------------------------------------------------
-# encoder
-# --------------------------------------------------------------------------------------------
+def residual_stack(embed_dim: int, layers: List[Tuple[int, int]], dropout: float, make_layer):
+    """ConvS2S's residual stack: fc1 from the embedding to the first width, then per layer a
+    projection of the residual where the width changes and ``make_layer(in_dim, width, kernel)``."""
+    input_projection = Linear(embed_dim, layers[0][0], dropout=dropout)  # ConvS2S's fc1
+    projections, built, previous = nn.ModuleList(), [], layers[0][0]
+    for width, kernel in layers:
+        projections.append(Linear(previous, width) if previous != width else None)
+        built.append(make_layer(previous, width, kernel))
+        previous = width
+    return input_projection, projections, built
+
 
 class DenseFConvEncoder(FConvEncoder):
     """ConvS2S encoder with a dense (Eq. 6) or residual stack and the keys/values of dense attention.
@@ -267,35 +249,25 @@ class DenseFConvEncoder(FConvEncoder):
         self.residuals = []
         self.embed_tokens = build_token_embedding(dictionary, embed_dim, bottleneck_dim)
         self.embed_dim, self.dense, self.dense_attention = embed_dim, dense, dense_attention
-        self.kernel_sizes = [kernel for _, kernel in layers]
         self.layer_convolutions = nn.ModuleList()
         self.summaries = nn.ModuleDict()
         if dense:
-            self.plan = dense_plan([width for width, _ in layers], embed_dim, summary_every)
-            layer_index = 0
-            for step in self.plan:
-                if step.kind == "layer":
-                    self.layer_convolutions.append(self.build_conv(step.in_dim, step.out_dim, layers[layer_index][1], dropout))
-                    layer_index += 1
-                elif summary_layer == "conv":
-                    kernel = layers[layer_index - 1][1]
-                    self.summaries[str(layer_index - 1)] = self.build_conv(step.in_dim, step.out_dim, kernel, dropout)
-                else:
-                    self.summaries[str(layer_index - 1)] = SummaryLayer(step.in_dim, step.out_dim, dropout)
-            top_block = block_sizes(self.plan)
-            self.input_projection = None
-            self.residual_projections = None
+            plan = dense_plan([width for width, _ in layers], embed_dim, summary_every)
+            convolutions, summaries = build_dense_stack(
+                plan, lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout),
+                lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout)
+                if summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
+            self.layer_convolutions.extend(convolutions)
+            self.summaries.update(summaries)
+            self.input_projection = self.residual_projections = None
+            top_block = block_sizes(plan)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            widths = [width for width, _ in layers]
-            self.input_projection = Linear(embed_dim, widths[0], dropout=dropout)  # ConvS2S's fc1
-            self.residual_projections = nn.ModuleList()
-            previous = widths[0]
-            for width, kernel in layers:
-                self.residual_projections.append(Linear(previous, width) if previous != width else None)
-                self.layer_convolutions.append(self.build_conv(previous, width, kernel, dropout))
-                previous = width
-            top_block = widths
+            self.input_projection, self.residual_projections, convolutions = residual_stack(
+                embed_dim, layers, dropout, lambda previous, width, kernel: self.build_conv(previous, width, kernel, dropout))
+            self.layer_convolutions.extend(convolutions)
+            top_block = [width for width, _ in layers]
+            self.layer_input_widths = [conv.in_channels for conv in convolutions]
         # L_i of Eq. 9/10 (ConvS2S's fc2 for the top layer when dense attention is off)
         sources = top_block[-1:] if dense_attention == "none" else top_block
         self.source_projections = nn.ModuleList(Linear(width, embed_dim) for width in sources)
@@ -310,7 +282,10 @@ class DenseFConvEncoder(FConvEncoder):
         return self.dropout_module(self.embed_tokens(src_tokens) + self.embed_positions(src_tokens))
 
     def convolve(self, conv, x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
-        """Conv + GLU (Eq. 5) over ``src_len x batch x C``, padding zeroed first as ConvS2S does."""
+        """Conv + GLU (Eq. 5) over ``src_len x batch x C``, padding zeroed first as ConvS2S does; a
+        linear summary layer (Sec. 3.3) is a projection."""
+        if isinstance(conv, SummaryLayer):
+            return conv(x)
         if padding_mask is not None:
             x = x.masked_fill(padding_mask.t().unsqueeze(-1), 0)
         x = self.dropout_module(x)
@@ -319,27 +294,15 @@ class DenseFConvEncoder(FConvEncoder):
             x = F.pad(x, (0, 0, 0, 0, (kernel - 1) // 2, kernel // 2))
         return F.glu(conv(x), dim=2)
 
-    def summarise(self, summary, features: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
-        """Sec. 3.3's summary layer over the concatenated features: conv + GLU or linear."""
-        if isinstance(summary, SummaryLayer):
-            return summary(features)
-        return self.convolve(summary, features, padding_mask)
-
     def layer_states(self, embedded: Tensor, padding_mask: Optional[Tensor]) -> List[Tensor]:
         """The states the attention may read (``src_len x batch x C`` each): the top block."""
         x = embedded.transpose(0, 1)
         if self.dense:
-            features = DenseFeatures(x)
-            top_block = []
-            for index, conv in enumerate(self.layer_convolutions):
-                h = self.convolve(conv, features.concat(), padding_mask)  # Eq. 6
-                features.append(h)
-                top_block.append(h)
-                if str(index) in self.summaries:
-                    summary = self.summarise(self.summaries[str(index)], features.concat(), padding_mask)
-                    features.restart(summary)
-                    top_block = [summary]
-            return top_block
+            return run_dense(
+                x, len(self.layer_convolutions),
+                lambda index, features: [self.convolve(self.layer_convolutions[index], features, padding_mask)],  # Eq. 6
+                self.summaries, lambda summary, features: self.convolve(summary, features, padding_mask),
+            ).top_block()
         x = self.input_projection(x)
         states = []
         for projection, conv in zip(self.residual_projections, self.layer_convolutions):
@@ -372,24 +335,6 @@ class DenseFConvEncoder(FConvEncoder):
         values = (keys + embedded.unsqueeze(1)) * math.sqrt(0.5)
         return {"encoder_out": (keys, values), "encoder_padding_mask": padding_mask}
 
-    def reorder_encoder_out(self, encoder_out, new_order):
-        keys, values = encoder_out["encoder_out"]
-        mask = encoder_out["encoder_padding_mask"]
-        return {
-            "encoder_out": (keys.index_select(0, new_order), values.index_select(0, new_order)),
-            "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order),
-        }
-
-    def layer_input_widths(self) -> List[int]:
-        """Input width of every convolution layer and summary layer, bottom-up (for tests/docs)."""
-        if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [conv.in_channels for conv in self.layer_convolutions]
-
-
-# --------------------------------------------------------------------------------------------
-# decoder
-# --------------------------------------------------------------------------------------------
 
 class DenseFConvDecoder(FConvDecoder):
     """ConvS2S decoder with a dense (Eq. 7) or residual stack; every layer attends the encoder
@@ -414,38 +359,32 @@ class DenseFConvDecoder(FConvDecoder):
         self.convolutions = nn.ModuleList()
         self.attention = nn.ModuleList()
         self.summaries = nn.ModuleDict()
+
+        def causal_conv(in_dim, out_dim, kernel):
+            return LinearizedConv1d(in_dim, 2 * out_dim, kernel, padding=kernel - 1, dropout=dropout)
+
         if dense:
             # Eq. 7: each layer adds its hidden state z (d) and its attention value a (d)
-            self.plan = dense_plan([2 * width for width, _ in layers], embed_dim, summary_every)
-            layer_index = 0
-            for step in self.plan:
-                if step.kind == "layer":
-                    width, kernel = layers[layer_index]
-                    self.convolutions.append(
-                        LinearizedConv1d(step.in_dim, 2 * width, kernel, padding=kernel - 1, dropout=dropout))
-                    self.attention.append(DenseConvAttention(width, embed_dim, out_dim=width, residual=False))
-                    layer_index += 1
-                elif summary_layer == "conv":
-                    kernel = layers[layer_index - 1][1]
-                    self.summaries[str(layer_index - 1)] = LinearizedConv1d(
-                        step.in_dim, 2 * step.out_dim, kernel, padding=kernel - 1, dropout=dropout)
-                else:
-                    self.summaries[str(layer_index - 1)] = SummaryLayer(step.in_dim, step.out_dim, dropout)
-            self.input_projection = None
-            self.residual_projections = None
-            top_width = final_width(self.plan, embed_dim)
+            plan = dense_plan([2 * width for width, _ in layers], embed_dim, summary_every)
+            built, summaries = build_dense_stack(
+                plan, lambda index, step: (causal_conv(step.in_dim, layers[index][0], layers[index][1]),
+                                           DenseConvAttention(layers[index][0], embed_dim, out_dim=layers[index][0],
+                                                              residual=False)),
+                lambda index, step: causal_conv(step.in_dim, step.out_dim, layers[index][1])
+                if summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
+            self.summaries.update(summaries)
+            self.input_projection = self.residual_projections = None
+            top_width = final_width(plan, embed_dim)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            widths = [width for width, _ in layers]
-            self.input_projection = Linear(embed_dim, widths[0], dropout=dropout)  # ConvS2S's fc1
-            self.residual_projections = nn.ModuleList()
-            previous = widths[0]
-            for width, kernel in layers:
-                self.residual_projections.append(Linear(previous, width) if previous != width else None)
-                self.convolutions.append(LinearizedConv1d(previous, 2 * width, kernel, padding=kernel - 1, dropout=dropout))
-                self.attention.append(DenseConvAttention(width, embed_dim, residual=True))
-                previous = width
-            top_width = widths[-1]
+            self.input_projection, self.residual_projections, built = residual_stack(
+                embed_dim, layers, dropout, lambda previous, width, kernel: (
+                    causal_conv(previous, width, kernel), DenseConvAttention(width, embed_dim, residual=True)))
+            top_width = layers[-1][0]
+            self.layer_input_widths = [conv.in_channels for conv, _ in built]
+        for conv, attention in built:
+            self.convolutions.append(conv)
+            self.attention.append(attention)
         # Sec. 3.1: "the output of the decoder is a linear transformation of the concatenation of
         # all layers" (of the top block with summary layers); ConvS2S's fc2 for a residual stack.
         self.fc2 = Linear(top_width, out_embed_dim)
@@ -454,25 +393,21 @@ class DenseFConvDecoder(FConvDecoder):
             if token_table.size(1) != out_embed_dim:
                 raise ConfigurationError(
                     f"--share-input-output-embed needs the softmax width {out_embed_dim} to equal the token "
-                    f"embedding width {token_table.size(1)}"
-                )
+                    f"embedding width {token_table.size(1)}")
             self.fc3 = nn.Linear(out_embed_dim, len(dictionary))
             self.fc3.weight = token_table
         else:
             self.fc3 = Linear(out_embed_dim, len(dictionary), dropout=dropout)
 
     def convolve(self, conv, x: Tensor, incremental_state) -> Tensor:
-        """Causal conv + GLU over ``batch x tgt x C`` (one position per call when incremental)."""
+        """Causal conv + GLU over ``batch x tgt x C`` (one position per call when incremental); a
+        linear summary layer (Sec. 3.3) is a projection, a conv one buffers its input as a layer does."""
+        if isinstance(conv, SummaryLayer):
+            return conv(x)
         x = self.dropout_module(x)
         if incremental_state is None:
             return F.glu(conv(x.transpose(0, 1)), dim=2).transpose(0, 1)
         return F.glu(conv(x, incremental_state), dim=2)
-
-    def summarise(self, summary, features: Tensor, incremental_state) -> Tensor:
-        """Sec. 3.3's summary layer: a causal conv + GLU (its input buffered as a layer's) or linear."""
-        if isinstance(summary, SummaryLayer):
-            return summary(features)
-        return self.convolve(summary, features, incremental_state)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
         keys, values = encoder_out["encoder_out"]
@@ -494,13 +429,12 @@ class DenseFConvDecoder(FConvDecoder):
             return out
 
         if self.dense:
-            features = DenseFeatures(target_embedding)
-            for index, conv in enumerate(self.convolutions):
-                z = self.convolve(conv, features.concat(), incremental_state)
-                features.append(z, attend(index, z))  # Eq. 7: [z_l, a_l] join the stack
-                if str(index) in self.summaries:
-                    features.restart(self.summarise(self.summaries[str(index)], features.concat(), incremental_state))
-            x = features.concat()
+            def apply_layer(index: int, features: Tensor):
+                z = self.convolve(self.convolutions[index], features, incremental_state)
+                return z, attend(index, z)  # Eq. 7: [z_l, a_l] join the stack
+
+            x = run_dense(target_embedding, len(self.convolutions), apply_layer, self.summaries,
+                          lambda summary, features: self.convolve(summary, features, incremental_state)).concat()
         else:
             x = self.input_projection(target_embedding)
             for index, (projection, conv) in enumerate(zip(self.residual_projections, self.convolutions)):
@@ -511,15 +445,6 @@ class DenseFConvDecoder(FConvDecoder):
         # as fairseq's Transformer decoder: fairseq's --print-alignment reads extra["attn"][0]
         return x, {"attn": [attention_sum]}
 
-    def layer_input_widths(self) -> List[int]:
-        if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [conv.in_channels for conv in self.convolutions]
-
-
-# --------------------------------------------------------------------------------------------
-# model and architectures
-# --------------------------------------------------------------------------------------------
 
 def side_layers(args, side: str) -> List[Tuple[int, int]]:
     """``(width, kernel)`` per layer of one side. A residual side in a dense model (the Table 2
@@ -546,16 +471,11 @@ class DenseFConvModel(FConvModel):
     def build_model(cls, args, task):
         args = as_namespace(args)
         dense_fconv(args)
-        embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]
-        check_dense_args(args, DenseFConvConfig, embed_dims)
+        check_dense_args(args, DenseFConvConfig, "dense_fconv", unsupported=("encoder_embed_path", "decoder_embed_path"))
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ConfigurationError(
                 f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim {args.decoder_embed_dim} "
-                "must be equal: the attention adds the target embedding to the query it compares with the keys"
-            )
-        for flag in ("encoder_embed_path", "decoder_embed_path"):
-            if getattr(args, flag, None):
-                raise ConfigurationError(f"{flag_of(flag)} is not supported by dense_fconv")
+                "must be equal: the attention adds the target embedding to the query it compares with the keys")
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_out_embed_dim = args.embed_bottleneck_dim
@@ -563,14 +483,12 @@ class DenseFConvModel(FConvModel):
             task.source_dictionary, args.encoder_embed_dim, side_layers(args, "encoder"), args.dropout,
             getattr(args, "max_source_positions", None) or 1024, dense=not args.no_dense_encoder,
             dense_attention=args.dense_attention, summary_every=args.summary_every,
-            bottleneck_dim=args.embed_bottleneck_dim, summary_layer=args.summary_layer,
-        )
+            bottleneck_dim=args.embed_bottleneck_dim, summary_layer=args.summary_layer)
         decoder = DenseFConvDecoder(
             task.target_dictionary, args.decoder_embed_dim, side_layers(args, "decoder"), args.decoder_out_embed_dim,
             args.dropout, getattr(args, "max_target_positions", None) or 1024, dense=not args.no_dense_decoder,
             summary_every=args.summary_every, bottleneck_dim=args.embed_bottleneck_dim,
-            share_embed=args.share_input_output_embed, summary_layer=args.summary_layer,
-        )
+            share_embed=args.share_input_output_embed, summary_layer=args.summary_layer)
         return cls(encoder, decoder)
 
 
@@ -580,10 +498,9 @@ def dense_fconv(args):
 
     Paper: Sec. 3.3, summary layers "summarize the features for all previous layers and project back
     to the embedding size". Reading: a convolution layer of the stack (the kernel width of the layer
-    below it, GLU; causal in the decoder), not a position-wise linear projection: it is what makes
-    DenseNMT-En-De-15 have "20% fewer parameters" than ConvS2S (Sec. 5.4; 0.80 of ``fconv_wmt_en_de``
-    with 40k vocabularies, against 0.66 with linear summary layers); ``--summary-layer linear`` keeps
-    the other reading."""
+    below it, GLU; causal in the decoder), not a position-wise linear projection: it is what gives
+    DenseNMT-En-De-15 "20% fewer parameters" than ConvS2S (Sec. 5.4, see :func:`dense_fconv_wmt_en_de`);
+    ``--summary-layer linear`` keeps the other reading."""
     fconv_base_architecture(args)
     fill_defaults(args, DenseFConvConfig)
 
@@ -593,11 +510,9 @@ def dense_fconv_iwslt_de_en(args):
     """DenseNMT-4L-2 (Sec. 4.2, Table 1): 4-layer encoder and decoder, embedding size 256, hidden
     (growth) size 128 "in order to keep the model size consistent" with BASE-4L (256 everywhere),
     DenseAtt-2, no summary layers; ``--dense-attention 1`` gives DenseNMT-4L-1."""
-    set_defaults(
-        args, encoder_embed_dim=256, encoder_layers="[(128, 3)] * 4", decoder_embed_dim=256,
-        decoder_layers="[(128, 3)] * 4", decoder_out_embed_dim=256,
-        residual_dim=256,  # BASE-4L's width, for the Table 2 ablations
-    )
+    set_defaults(args, encoder_embed_dim=256, encoder_layers="[(128, 3)] * 4", decoder_embed_dim=256,
+                 decoder_layers="[(128, 3)] * 4", decoder_out_embed_dim=256,
+                 residual_dim=256)  # BASE-4L's width, for the Table 2 ablations
     dense_fconv(args)
 
 
@@ -605,17 +520,13 @@ def dense_fconv_iwslt_de_en(args):
 def dense_fconv_iwslt_de_en_8l(args):
     """DenseNMT-8L-2 (Sec. 4.2): 8 layers each side, growth 96 (BASE-8L: 192), embedding 256.
     Reading: summary layers with sumlen = 5 (one after layer 4; "in practice, we set sumlen as 5 or
-    6", Sec. 3.3), linear ones - without them the model is a third larger than BASE-8L, with linear
-    summary layers about 10%, with conv ones 30% (see examples/dense_nmt/README.md). No single
-    summary-layer reading gives both this preset's "similar number of parameters" and En-De-15's
-    "20% fewer parameters" than ConvS2S; each preset takes the one that reproduces its own."""
-    # Sec. 4.2 wants the 8-layer models about BASE-8L's size: with linear summary layers 1.10x
-    # BASE-8L (IWSLT14 vocabularies), with conv summary layers 1.30x (no summary layers: 1.33x)
-    set_defaults(
-        args, encoder_layers="[(96, 3)] * 8", decoder_layers="[(96, 3)] * 8",
-        residual_dim=192,  # BASE-8L's width
-        summary_layer="linear", summary_every=5,
-    )
+    6", Sec. 3.3), linear ones: Sec. 4.2 wants the model about BASE-8L's size, and with IWSLT14
+    vocabularies it has 1.10 times BASE-8L's parameters with linear summary layers, 1.30 with conv
+    ones, 1.33 without (see examples/dense_nmt/README.md). No single summary-layer reading gives both
+    this preset's "similar number of parameters" and En-De-15's "20% fewer parameters" than ConvS2S;
+    each preset takes the one that reproduces its own."""
+    set_defaults(args, encoder_layers="[(96, 3)] * 8", decoder_layers="[(96, 3)] * 8",
+                 residual_dim=192, summary_layer="linear", summary_every=5)  # BASE-8L's width
     dense_fconv_iwslt_de_en(args)
 
 

@@ -7,10 +7,8 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
   dimension) applied to a linear projection of the concatenation ``[h_l, ..., h_0]`` (reading: the
   transformation H of Eq. 6 is "project, then one Transformer layer"; the layer's own residual
   connections stay inside H);
-* dense decoder (Eq. 7): likewise over ``[z_l, a_l, ..., z_1, a_1, z_0]``, where a_l is the output of
-  layer l's encoder-decoder attention as its residual add reads it (after the layer's dropout, the
-  same mask; reading: the paper states no dropout, and a_l is a layer output like z_l) and z_l the
-  layer's output;
+* dense decoder (Eq. 7): likewise over ``[z_l, a_l, ..., z_1, a_1, z_0]``, z_l the layer's output
+  and a_l its encoder-decoder attention's as its residual add reads it (:class:`DenseTransformerDecoderLayer`);
 * summary layers (Sec. 3.3) after every SUMLEN-1 layers: a linear projection back to d0;
 * dense attention (Sec. 3.2): the memory of every decoder layer's encoder-decoder attention is
   ``none``: the top encoder layer (projected to d0 when the encoder is dense); ``1`` (Eq. 9): the
@@ -29,48 +27,32 @@ from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
-from fairseq.models.transformer import (
-    TransformerDecoder,
-    TransformerEncoder,
-    TransformerModel,
-    base_architecture as transformer_base_architecture,
-)
+from fairseq.models.transformer import Linear, TransformerDecoder, TransformerEncoder, TransformerModel
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
 
 from fusion_fairseq.checkpoint_safety import require_literal_transformer_config
 from fusion_fairseq.modules.dense_attention import DenseSourceAttention
 from fusion_fairseq.modules.densenmt_connection import (
-    DenseFeatures,
-    SummaryLayer,
-    block_sizes,
-    dense_plan,
-    final_width,
+    SummaryLayer, block_sizes, build_dense_stack, dense_plan, final_width, run_dense,
 )
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from .activation_checkpointing import LayerCheckpointing
+from .activation_checkpointing import layer_checkpointing
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, flag_of, option, set_defaults,
+    POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, option, set_defaults,
 )
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
 from .fusion_config import TransformerFlags
+from .fusion_decoder import decoder_output, embed_target
+from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
 
 
 def with_changes(args, **changes) -> argparse.Namespace:
-    copy = argparse.Namespace(**vars(args))
-    vars(copy).update(changes)
-    return copy
-
-
-def xavier_linear(in_dim: int, out_dim: int, bias: bool = True) -> nn.Linear:
-    linear = nn.Linear(in_dim, out_dim, bias=bias)
-    nn.init.xavier_uniform_(linear.weight)
-    if bias:
-        nn.init.zeros_(linear.bias)
-    return linear
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 class DenseTransformerEncoderLayer(TransformerEncoderLayer):
@@ -79,7 +61,7 @@ class DenseTransformerEncoderLayer(TransformerEncoderLayer):
 
     def __init__(self, args, in_dim: int):
         super().__init__(args)
-        self.input_projection = xavier_linear(in_dim, args.encoder_embed_dim)
+        self.input_projection = Linear(in_dim, args.encoder_embed_dim)
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         return super().forward(self.input_projection(x), encoder_padding_mask, attn_mask)
@@ -102,7 +84,7 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
         self._source_groups = source_groups
         self._record_attention = record_attention
         super().__init__(args)
-        self.input_projection = xavier_linear(in_dim, args.decoder_embed_dim) if in_dim is not None else None
+        self.input_projection = Linear(in_dim, args.decoder_embed_dim) if in_dim is not None else None
         self.attention_value: Optional[Tensor] = None
 
     def build_encoder_attention(self, embed_dim, args):
@@ -110,8 +92,7 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
         return DenseSourceAttention(
             embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
             dropout=cfg.attention_dropout, encoder_decoder_attention=True,
-            groups=self._source_groups, record_output=self._record_attention,
-        )
+            groups=self._source_groups, record_output=self._record_attention)
 
     def forward(self, x, *args, **kwargs):
         if self.input_projection is not None:
@@ -136,10 +117,10 @@ class DenseTransformerEncoder(TransformerEncoder):
         self.embed_dim = d0
         self.dense = not args.no_dense_encoder
         self.dense_attention = args.dense_attention
-        self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_encoder_layer
+        self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_encoder_layer
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(d0)
         token_dim = embed_tokens.embedding_dim
-        self.project_in_dim = xavier_linear(token_dim, d0, bias=False) if token_dim != d0 else None
+        self.project_in_dim = Linear(token_dim, d0, bias=False) if token_dim != d0 else None
         if token_dim != d0:
             if self.embed_positions is not None:
                 self.embed_positions = PositionalEmbedding(
@@ -148,26 +129,25 @@ class DenseTransformerEncoder(TransformerEncoder):
                 self.layernorm_embedding = LayerNorm(d0)
         self.summaries = nn.ModuleDict()
         if self.dense:
-            growth = args.growth_dim
-            self.plan = dense_plan([growth] * args.encoder_layers, d0, args.summary_every)
-            layer_args = with_changes(args, encoder_embed_dim=growth)
-            for step in self.plan:
-                if step.kind == "layer":
-                    self.layers.append(DenseTransformerEncoderLayer(layer_args, step.in_dim))
-                else:
-                    self.summaries[str(len(self.layers) - 1)] = SummaryLayer(step.in_dim, step.out_dim, weight_norm=False)
+            plan = dense_plan([args.growth_dim] * args.encoder_layers, d0, args.summary_every)
+            layer_args = with_changes(args, encoder_embed_dim=args.growth_dim)
+            layers, summaries = build_dense_stack(
+                plan, lambda index, step: DenseTransformerEncoderLayer(layer_args, step.in_dim),
+                lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
+            self.layers.extend(layers)
+            self.summaries.update(summaries)
             self.layer_norm = None
-            top_block = block_sizes(self.plan)
+            top_block = block_sizes(plan)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            for _ in range(args.encoder_layers):
-                self.layers.append(TransformerEncoderLayer(args))
+            self.layers.extend(TransformerEncoderLayer(args) for _ in range(args.encoder_layers))
             top_block = [d0] * args.encoder_layers
+            self.layer_input_widths = [d0] * args.encoder_layers
         self.num_layers = len(self.layers)
         sources = top_block[-1:] if self.dense_attention == "none" else top_block
         self.source_projections = None
         if self.dense or self.dense_attention != "none":
-            self.source_projections = nn.ModuleList(xavier_linear(width, d0) for width in sources)
+            self.source_projections = nn.ModuleList(Linear(width, d0) for width in sources)
         self.num_sources = len(sources) if self.dense_attention == "2" else 1
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
@@ -189,16 +169,11 @@ class DenseTransformerEncoder(TransformerEncoder):
         layer_mask = padding_mask if has_pads else None
 
         if self.dense:
-            features, block = DenseFeatures(x), []
-            for index, layer in enumerate(self.layers):
-                h = self.call_layer(layer, features.concat(), encoder_padding_mask=layer_mask)  # Eq. 6
-                features.append(h)
-                block.append(h)
-                if str(index) in self.summaries:
-                    summary = self.summaries[str(index)](features.concat())
-                    features.restart(summary)
-                    block = [summary]
-            states = block
+            states = run_dense(
+                x, len(self.layers),
+                lambda index, features: [self.call_layer(self.layers[index], features, encoder_padding_mask=layer_mask)],
+                self.summaries, lambda summary, features: summary(features),
+            ).top_block()  # Eq. 6
         else:
             states = []
             for layer in self.layers:
@@ -227,39 +202,34 @@ class DenseTransformerEncoder(TransformerEncoder):
             "src_lengths": [src_lengths] if src_lengths is not None else [],
         }
 
-    def layer_input_widths(self) -> List[int]:
-        if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [self.embed_dim] * len(self.layers)
-
 
 class DenseTransformerDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, source_groups: int):
         super().__init__(with_changes(args, decoder_layers=0), dictionary, embed_tokens, no_encoder_attn=False)
         d0 = args.decoder_embed_dim
         self.dense = not args.no_dense_decoder
-        self.call_layer = LayerCheckpointing(args)  # the layers bypass fairseq's build_decoder_layer
+        self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_decoder_layer
         self.summaries = nn.ModuleDict()
         if self.dense:
-            growth = args.growth_dim
             # Eq. 7: every layer adds z_l and a_l, d features each
-            self.plan = dense_plan([2 * growth] * args.decoder_layers, d0, args.summary_every)
-            layer_args = with_changes(args, decoder_embed_dim=growth)
-            for step in self.plan:
-                if step.kind == "layer":
-                    self.layers.append(DenseTransformerDecoderLayer(layer_args, step.in_dim, source_groups, True))
-                else:
-                    self.summaries[str(len(self.layers) - 1)] = SummaryLayer(step.in_dim, step.out_dim, weight_norm=False)
+            plan = dense_plan([2 * args.growth_dim] * args.decoder_layers, d0, args.summary_every)
+            layer_args = with_changes(args, decoder_embed_dim=args.growth_dim)
+            layers, summaries = build_dense_stack(
+                plan, lambda index, step: DenseTransformerDecoderLayer(layer_args, step.in_dim, source_groups, True),
+                lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
+            self.layers.extend(layers)
+            self.summaries.update(summaries)
             self.layer_norm = None
-            top = final_width(self.plan, d0)
+            top = final_width(plan, d0)
+            self.layer_input_widths = [step.in_dim for step in plan]
         else:
-            self.plan = None
-            for _ in range(args.decoder_layers):
-                self.layers.append(DenseTransformerDecoderLayer(args, None, source_groups, False))
+            self.layers.extend(DenseTransformerDecoderLayer(args, None, source_groups, False)
+                               for _ in range(args.decoder_layers))
             top = d0
+            self.layer_input_widths = [d0] * args.decoder_layers
         self.num_layers = len(self.layers)
         # Sec. 3.1: the output is a linear transformation of the concatenation of the top block
-        self.project_out_dim = xavier_linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
+        self.project_out_dim = Linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
 
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                          incremental_state=None, full_context_alignment: bool = False,
@@ -269,59 +239,31 @@ class DenseTransformerDecoder(TransformerDecoder):
         memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
         memory_mask = (encoder_out["encoder_padding_mask"][0]
                        if encoder_out and encoder_out["encoder_padding_mask"] else None)
-        positions = None
-        if self.embed_positions is not None:
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-        if incremental_state is not None:
-            prev_output_tokens = prev_output_tokens[:, -1:]
-            if positions is not None:
-                positions = positions[:, -1:]
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if positions is not None:
-            x = x + positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)
-        self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        if not self_attn_padding_mask.any():
-            self_attn_padding_mask = None
-
+        x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
-        features = DenseFeatures(x)
-        for index, layer in enumerate(self.layers):
-            self_attn_mask = self.buffered_future_mask(x) if incremental_state is None and not full_context_alignment else None
-            layer_input = features.concat() if self.dense else x
-            x, layer_attn, _ = self.call_layer(
-                layer, layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask, need_attn=index == alignment_layer,
-                need_head_weights=index == alignment_layer,
-            )
-            inner_states.append(x)
-            if layer_attn is not None and index == alignment_layer:
-                attn = layer_attn.float().to(x)
-            if self.dense:
-                features.append(x, layer.attention_value)  # Eq. 7: [z_l, a_l], a_l dropped out as in the residual add
-                if str(index) in self.summaries:
-                    features.restart(self.summaries[str(index)](features.concat()))
-        if attn is not None:
-            if alignment_heads is not None:
-                attn = attn[:alignment_heads]
-            attn = attn.mean(dim=0)
-        out = features.concat() if self.dense else x
-        if self.layer_norm is not None:
-            out = self.layer_norm(out)
-        out = out.transpose(0, 1)
-        if self.project_out_dim is not None:
-            out = self.project_out_dim(out)
-        return out, {"attn": [attn], "inner_states": inner_states}
 
-    def layer_input_widths(self) -> List[int]:
+        def apply_layer(index: int, layer_input: Tensor):
+            nonlocal attn
+            self_attn_mask = None
+            if incremental_state is None and not full_context_alignment:
+                self_attn_mask = self.buffered_future_mask(layer_input)
+            output, layer_attn, _ = self.call_layer(
+                self.layers[index], layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=index == alignment_layer,
+                need_head_weights=index == alignment_layer)
+            inner_states.append(output)
+            if layer_attn is not None and index == alignment_layer:
+                attn = layer_attn.float().to(output)
+            # Eq. 7: [z_l, a_l], a_l dropped out as in the residual add
+            return output, self.layers[index].attention_value
+
         if self.dense:
-            return [step.in_dim for step in self.plan]
-        return [self.embed_dim] * len(self.layers)
+            x = run_dense(x, len(self.layers), apply_layer, self.summaries, lambda summary, features: summary(features)).concat()
+        else:
+            for index in range(len(self.layers)):
+                x, _ = apply_layer(index, x)
+        return decoder_output(self, x, attn, alignment_heads, inner_states)
 
 
 @dataclass
@@ -354,8 +296,8 @@ class DenseTransformerModel(TransformerModel):
         args = as_namespace(args)
         dense_transformer(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        embed_dims = [("--encoder-embed-dim", args.encoder_embed_dim), ("--decoder-embed-dim", args.decoder_embed_dim)]
-        check_dense_args(args, DenseTransformerConfig, embed_dims)
+        check_dense_args(args, DenseTransformerConfig, "dense_transformer",
+                         unsupported=("encoder_layers_to_keep", "decoder_layers_to_keep"))
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")
             dense = not getattr(args, f"no_dense_{side}")
@@ -363,36 +305,20 @@ class DenseTransformerModel(TransformerModel):
             if width % heads:
                 flag = "--growth-dim" if dense else f"--{side}-embed-dim"
                 raise ConfigurationError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
-        for flag in ("encoder_layers_to_keep", "decoder_layers_to_keep"):
-            if getattr(args, flag, None):
-                raise ConfigurationError(f"{flag_of(flag)} is not supported by dense_transformer")
-        if getattr(args, "max_source_positions", None) is None:
-            args.max_source_positions = 1024
-        if getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = 1024
-        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
+        args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_output_dim = args.embed_bottleneck_dim
         src_width = args.embed_bottleneck_dim or args.encoder_embed_dim
         tgt_width = args.embed_bottleneck_dim or args.decoder_embed_dim
-        if args.share_all_embeddings:
-            if src_dict != tgt_dict:
-                raise ConfigurationError("--share-all-embeddings requires a joined dictionary")
-            if args.encoder_embed_dim != args.decoder_embed_dim:
-                raise ConfigurationError("--share-all-embeddings requires --encoder-embed-dim to match --decoder-embed-dim")
-            args.share_decoder_input_output_embed = True
-            encoder_embed = decoder_embed = cls.build_embedding(args, src_dict, src_width)
-        else:
-            encoder_embed = cls.build_embedding(args, src_dict, src_width)
-            decoder_embed = cls.build_embedding(args, tgt_dict, tgt_width)
+        encoder_embed, decoder_embed = build_token_embeddings(cls, args, task, src_width, tgt_width)
         if args.share_decoder_input_output_embed and args.decoder_output_dim != tgt_width:
             raise ConfigurationError(
                 f"--share-decoder-input-output-embed needs --decoder-output-dim {args.decoder_output_dim} to equal "
-                f"the target embedding width {tgt_width}"
-            )
-        encoder = DenseTransformerEncoder(args, src_dict, encoder_embed)
-        decoder = DenseTransformerDecoder(args, tgt_dict, decoder_embed, encoder.num_sources)
+                f"the target embedding width {tgt_width}")
+        encoder = DenseTransformerEncoder(args, task.source_dictionary, encoder_embed)
+        decoder = DenseTransformerDecoder(args, task.target_dictionary, decoder_embed, encoder.num_sources)
         return cls(args, encoder, decoder)
 
 
@@ -412,6 +338,5 @@ def dense_transformer_iwslt_de_en(args):
     set_defaults(
         args, encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, encoder_layers=6,
         decoder_embed_dim=512, decoder_ffn_embed_dim=1024, decoder_attention_heads=4, decoder_layers=6,
-        growth_dim=384, summary_every=4,
-    )
+        growth_dim=384, summary_every=4)
     dense_transformer(args)

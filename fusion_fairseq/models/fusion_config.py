@@ -16,18 +16,8 @@ from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from fusion_fairseq.config_fields import (
-    INTEGER,
-    POSITIVE_INT,
-    PROBABILITY,
-    SWITCH,
-    Feature,
-    check_values,
-    choice,
-    flag_of,
-    flat_fields,
-    option,
-    real,
-    warn_idle_flags,
+    INTEGER, POSITIVE_INT, PROBABILITY, SWITCH, Feature, check_values, choice, flag_feature, flag_of, flat_fields,
+    option, real, side_feature, warn_idle_flags,
 )
 
 # Reading: the paper uses tau = 1 (hard) and 5 (soft). Below 0.01 the surface logits, and their
@@ -46,40 +36,18 @@ def tau_error(value) -> Optional[str]:
     return None
 
 
-def _fusion_sides(args):
-    return f"--fuse-encoder/--fuse-decoder are {args.fuse_encoder}/{args.fuse_decoder}"
-
-
-def _aggregation_sides(args):
-    return f"--aggregate-encoder/--aggregate-decoder are {args.aggregate_encoder}/{args.aggregate_decoder}"
-
-
-def _fuses_with(*functions):
-    return lambda args: bool(set(functions) & {args.fuse_encoder, args.fuse_decoder})
-
-
-def _has_aggregation_nodes(args):
-    return bool({"iterative", "hierarchical"} & {args.aggregate_encoder, args.aggregate_decoder}) \
-        or args.multi_layer_attention > 1
-
-
-def _surface_fusion_kind(args):
-    return f"--surface-fusion is {args.surface_fusion}"
-
-
-SELF_ATTENTION_FUSION = Feature(_fuses_with("sa"), _fusion_sides)
-FUSION_FNN = Feature(_fuses_with("fnn", "sa"), _fusion_sides)
-LAYER_FUSION = Feature(_fuses_with("avg", "fnn", "sa"), _fusion_sides)
-AGGREGATION_NODES = Feature(_has_aggregation_nodes, _aggregation_sides)
-DENSE_AGGREGATION = Feature(lambda a: "dense" in (a.aggregate_encoder, a.aggregate_decoder), _aggregation_sides)
-LAYER_ATTENTION = Feature(lambda a: a.layer_attention != "none", lambda a: f"--layer-attention is {a.layer_attention}")
-HARD_SURFACE_FUSION = Feature(lambda a: a.surface_fusion == "hard", _surface_fusion_kind)
-SURFACE_FUSION = Feature(lambda a: a.surface_fusion != "none", _surface_fusion_kind)
-DENSEFORMER = Feature(lambda a: a.denseformer_encoder or a.denseformer_decoder,
-                      lambda a: "neither --denseformer-encoder nor --denseformer-decoder is set")
-HYPER_CONNECTIONS = Feature(
-    lambda a: a.hyper_connections_encoder != "none" or a.hyper_connections_decoder != "none",
-    lambda a: "--hyper-connections-encoder/--hyper-connections-decoder are none/none")
+SELF_ATTENTION_FUSION = side_feature("fuse", lambda value: value == "sa")
+FUSION_FNN = side_feature("fuse", lambda value: value in ("fnn", "sa"))
+LAYER_FUSION = side_feature("fuse")
+AGGREGATION_NODES = Feature(
+    lambda a: side_feature("aggregate", lambda value: value in ("iterative", "hierarchical")).present(a)
+    or a.multi_layer_attention > 1, side_feature("aggregate").absence)
+DENSE_AGGREGATION = side_feature("aggregate", lambda value: value == "dense")
+LAYER_ATTENTION = flag_feature("layer_attention")
+HARD_SURFACE_FUSION = flag_feature("surface_fusion", lambda value: value == "hard")
+SURFACE_FUSION = flag_feature("surface_fusion")
+DENSEFORMER = side_feature("denseformer")
+HYPER_CONNECTIONS = side_feature("hyper_connections")
 
 
 def _fuse_help(side):
@@ -248,18 +216,26 @@ def check_fusion_args(args) -> None:
     warn_idle_flags(args, FusionTransformerConfig)
 
 
+def chosen(args, *names) -> list:
+    """``--flag value`` (``--flag`` for a switch) of each of ``names`` that is set to something other than off."""
+    given = []
+    for name in names:
+        value = getattr(args, name)
+        if value not in ("none", False) and not (name == "multi_layer_attention" and value == 1):
+            given.append(flag_of(name) if value is True else f"{flag_of(name)} {value}")
+    return given
+
+
+def _equal_widths(args) -> str:
+    return f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
+
+
 def check_layers_are_kept(args):
-    reads_every_layer = [
-        f"{flag_of(dest)} {getattr(args, dest)}"
-        for dest in ("fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder", "aggregate_decoder")
-        if getattr(args, dest) != "none"
-    ] + [f"--denseformer-{side}" for side in ("encoder", "decoder") if getattr(args, f"denseformer_{side}")] \
-      + ([f"--multi-layer-attention {args.multi_layer_attention}"] if args.multi_layer_attention > 1 else [])
+    reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
+                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder", "multi_layer_attention")
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
-        raise ConfigurationError(
-            "layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop must be 0 "
-            f"with {' '.join(reads_every_layer)}"
-        )
+        raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
+                                 f"must be 0 with {' '.join(reads_every_layer)}")
 
 
 def check_mlrf_args(args):
@@ -268,101 +244,71 @@ def check_mlrf_args(args):
             and not args.fusion_no_layer_embedding and args.encoder_embed_dim != args.decoder_embed_dim:
         raise ConfigurationError(
             f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
-            f"which needs --encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim "
-            f"({args.decoder_embed_dim}); or pass --fusion-no-layer-embedding"
-        )
+            f"which needs {_equal_widths(args)}; or pass --fusion-no-layer-embedding")
 
 
 def check_deep_representation_args(args):
     for side in ("encoder", "decoder"):
-        aggregate, fuse = getattr(args, f"aggregate_{side}"), getattr(args, f"fuse_{side}")
-        if aggregate != "none" and fuse != "none":
+        both = chosen(args, f"aggregate_{side}", f"fuse_{side}")
+        if len(both) == 2:
             raise ConfigurationError(
-                f"--aggregate-{side} {aggregate} and --fuse-{side} {fuse} both define the {side}'s output "
-                f"representation; choose one per side (they combine across sides, e.g. --aggregate-encoder "
-                f"with --fuse-decoder)"
-            )
+                f"{both[0]} and {both[1]} both define the {side}'s output representation; choose one per side (they "
+                f"combine across sides, e.g. --aggregate-encoder with --fuse-decoder)")
         layers, k = getattr(args, f"{side}_layers"), args.multi_layer_attention
         if k > 1 and layers <= k:
-            raise ConfigurationError(
-                f"--multi-layer-attention {k} attends the {k} layers below a layer, so it needs more than {k} "
-                f"layers; --{side}-layers is {layers}"
-            )
-    if args.aggregation_fn == "attention":
-        for side in ("encoder", "decoder"):
-            heads = getattr(args, f"{side}_attention_heads")
-            if getattr(args, f"{side}_embed_dim") % heads:
-                raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
+            raise ConfigurationError(f"--multi-layer-attention {k} attends the {k} layers below a layer, so it needs "
+                                     f"more than {k} layers; --{side}-layers is {layers}")
+        heads = getattr(args, f"{side}_attention_heads")
+        if args.aggregation_fn == "attention" and getattr(args, f"{side}_embed_dim") % heads:
+            raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
 
 
 def check_encoder_layer_fusion_args(args):
-    source_memory = [f"{flag_of(dest)} {getattr(args, dest)}"
-                     for dest in ("layer_attention", "fuse_encoder", "aggregate_encoder")
-                     if getattr(args, dest) != "none"]
+    source_memory = chosen(args, "layer_attention", "fuse_encoder", "aggregate_encoder")
     if getattr(args, "no_cross_attention", False) and source_memory:
         raise ConfigurationError(
-            "--no-cross-attention removes the decoder's attention to the source memory that "
-            f"{' and '.join(source_memory)} builds: it would get no gradient and the output would ignore the "
-            "source; drop one of them"
-        )
+            f"--no-cross-attention removes the decoder's attention to the source memory that "
+            f"{' and '.join(source_memory)} builds: it would get no gradient and the output would ignore the source; "
+            "drop one of them")
     if args.layer_attention != "none" and args.fuse_encoder != "none":
         raise ConfigurationError(
             f"--layer-attention {args.layer_attention} and --fuse-encoder {args.fuse_encoder} both define the "
-            "decoder's source memory (per-layer mixtures vs one fused memory); choose one of them"
-        )
+            "decoder's source memory (per-layer mixtures vs one fused memory); choose one of them")
     check_masked_encoder_layer(args)
     if args.layer_attention != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(
-            f"--layer-attention needs --encoder-embed-dim ({args.encoder_embed_dim}) == "
-            f"--decoder-embed-dim ({args.decoder_embed_dim})"
-        )
+        raise ConfigurationError(f"--layer-attention needs {_equal_widths(args)}")
     if args.surface_fusion != "none" and getattr(args, "adaptive_softmax_cutoff", None):
         raise ConfigurationError(
             f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
-            f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them"
-        )
+            f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them")
     if args.surface_fusion != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(
-            f"--surface-fusion reads source word embeddings through the target output projection, which needs "
-            f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
-        )
+        raise ConfigurationError("--surface-fusion reads source word embeddings through the target output "
+                                 f"projection, which needs {_equal_widths(args)}")
 
 
 def check_masked_encoder_layer(args):
     layer = args.mask_encoder_layer
-    if layer is None:
-        return
-    if args.layer_attention == "none":
-        raise ConfigurationError(
-            f"--mask-encoder-layer {layer} masks a layer-attention weight, which needs --layer-attention coarse or fine"
-        )
-    if not 0 <= layer <= args.encoder_layers:
-        raise ConfigurationError(
-            f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) to {args.encoder_layers}"
-        )
+    if layer is not None and args.layer_attention == "none":
+        raise ConfigurationError(f"--mask-encoder-layer {layer} masks a layer-attention weight, which needs "
+                                 "--layer-attention coarse or fine")
+    if layer is not None and not 0 <= layer <= args.encoder_layers:
+        raise ConfigurationError(f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
+                                 f"to {args.encoder_layers}")
 
 
 def check_todays_layer_fusion_args(args):
     """DenseFormer and hyper-connections each define how a side's layers are wired: one wiring per side."""
     for side in ("encoder", "decoder"):
-        denseformer = getattr(args, f"denseformer_{side}")
-        hyper = getattr(args, f"hyper_connections_{side}")
-        aggregate = getattr(args, f"aggregate_{side}")
-        wirings = ([f"--denseformer-{side}"] if denseformer else []) \
-            + ([f"--hyper-connections-{side} {hyper}"] if hyper != "none" else []) \
-            + ([f"--aggregate-{side} {aggregate}"] if aggregate != "none" else [])
+        wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"aggregate_{side}")
         if len(wirings) > 1:
-            raise ConfigurationError(
-                f"{' and '.join(wirings)} both wire the {side}'s layers (which representation enters each "
-                f"layer); choose one per side"
-            )
-        if denseformer and args.denseformer_period > getattr(args, f"{side}_layers"):
-            raise ConfigurationError(
-                f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
-                f"--{side}-layers is {getattr(args, f'{side}_layers')}"
-            )
-        if hyper != "none":
-            check_hyper_connected_side(args, side, hyper)
+            raise ConfigurationError(f"{' and '.join(wirings)} both wire the {side}'s layers (which representation "
+                                     "enters each layer); choose one per side")
+        layers = getattr(args, f"{side}_layers")
+        if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
+            raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
+                                     f"--{side}-layers is {layers}")
+        if getattr(args, f"hyper_connections_{side}") != "none":
+            check_hyper_connected_side(args, side, getattr(args, f"hyper_connections_{side}"))
 
 
 def check_hyper_connected_side(args, side: str, kind: str):
@@ -370,15 +316,11 @@ def check_hyper_connected_side(args, side: str, kind: str):
     if args.multi_layer_attention > 1:
         raise ConfigurationError(
             f"{flag} and --multi-layer-attention {args.multi_layer_attention}: multi-layer attention reads "
-            "single lower-layer states, hyper-connected layers hold several streams; choose one of them"
-        )
+            "single lower-layer states, hyper-connected layers hold several streams; choose one of them")
     if kind == "manifold" and args.hyper_connections_rate < 2:
-        raise ConfigurationError(
-            f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing to mix), "
-            f"got {args.hyper_connections_rate}"
-        )
+        raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing to "
+                                 f"mix), got {args.hyper_connections_rate}")
     if side == "decoder" and getattr(args, "cross_self_attention", False):
         raise ConfigurationError(
             f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
-            "only, and does not support --cross-self-attention; drop one of them"
-        )
+            "only, and does not support --cross-self-attention; drop one of them")

@@ -1,9 +1,4 @@
-"""Transformer decoder with the fusion points of the plugin:
-  * the wiring of the layer stack and multi-layer self-attention (Dou et al. 2018),
-  * per-decoder-layer source memories (layer attention, Liu et al. 2021 Sec. 3.2),
-  * the decoder representation handed to the output projection (MLRF, Wang et al. 2018),
-  * the output distribution (SurfaceFusion, Liu et al. 2021 Sec. 4.1).
-"""
+"""Transformer decoder with the fusion points of the plugin (see :class:`FusionTransformerDecoder`)."""
 
 from typing import Any, Dict, List, Optional
 
@@ -17,6 +12,47 @@ from .fusion_encoder import stack_with_normalised_top
 from .layer_stack import run_layer
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+def embed_target(decoder: TransformerDecoder, prev_output_tokens, incremental_state: Optional[IncrementalState]):
+    """Token and position embeddings of the (new) target positions, ``T x B x C``, and the
+    self-attention padding mask, as fairseq's decoder computes them."""
+    positions = None
+    if decoder.embed_positions is not None:
+        positions = decoder.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+    if incremental_state is not None:
+        prev_output_tokens = prev_output_tokens[:, -1:]
+        if positions is not None:
+            positions = positions[:, -1:]
+    prev_output_tokens = prev_output_tokens.contiguous()
+    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
+    if decoder.quant_noise is not None:
+        x = decoder.quant_noise(x)
+    if decoder.project_in_dim is not None:
+        x = decoder.project_in_dim(x)
+    if positions is not None:
+        x += positions
+    if decoder.layernorm_embedding is not None:
+        x = decoder.layernorm_embedding(x)
+    x = decoder.dropout_module(x).transpose(0, 1)
+    self_attn_padding_mask: Optional[Tensor] = None
+    if decoder.cross_self_attention or prev_output_tokens.eq(decoder.padding_idx).any():
+        self_attn_padding_mask = prev_output_tokens.eq(decoder.padding_idx)
+    return x, self_attn_padding_mask
+
+
+def decoder_output(decoder: TransformerDecoder, x: Tensor, attn: Optional[Tensor], alignment_heads: Optional[int],
+                   inner_states: List[Tensor]):
+    """The end of fairseq's decoder: the alignment averaged over its heads, the final LayerNorm,
+    batch first, the output projection."""
+    if attn is not None:
+        attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
+    if decoder.layer_norm is not None:
+        x = decoder.layer_norm(x)
+    x = x.transpose(0, 1)  # T x B x C -> B x T x C
+    if decoder.project_out_dim is not None:
+        x = decoder.project_out_dim(x)
+    return x, {"attn": [attn], "inner_states": inner_states}
 
 
 class FusionTransformerDecoder(TransformerDecoder):
@@ -48,7 +84,6 @@ class FusionTransformerDecoder(TransformerDecoder):
         self.surface_fusion = surface_fusion
         self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
 
-    # ----------------------------------------------------------------------------------- forward
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state: Optional[IncrementalState] = None, features_only: bool = False,
                 full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
@@ -57,8 +92,7 @@ class FusionTransformerDecoder(TransformerDecoder):
         features, extra = self.extract_features(
             prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
             full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads,
-        )
+            alignment_heads=alignment_heads)
         if features_only:
             return features, extra
         if self.surface_fusion is None:
@@ -74,14 +108,10 @@ class FusionTransformerDecoder(TransformerDecoder):
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                          incremental_state: Optional[IncrementalState] = None, full_context_alignment: bool = False,
                          alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        x, extra = self.extract_features_scriptable(
-            prev_output_tokens, encoder_out, incremental_state, full_context_alignment, alignment_layer, alignment_heads
-        )
-        if self.output_fusion is None:
-            return x, extra
-        return self.fuse_layer_stack(extra)
+        x, extra = self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                    full_context_alignment, alignment_layer, alignment_heads)
+        return (x, extra) if self.output_fusion is None else self.fuse_layer_stack(extra)
 
-    # ------------------------------------------------------------------------- the layer stack
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state: Optional[IncrementalState] = None,
                                     full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
@@ -90,14 +120,12 @@ class FusionTransformerDecoder(TransformerDecoder):
         layer (:meth:`layer_memories`)."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
-        top_memory, memory_padding_mask = None, None
-        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
-            top_memory = encoder_out["encoder_out"][0]
-        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
-            memory_padding_mask = encoder_out["encoder_padding_mask"][0]
+        top_memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
+        memory_padding_mask = (encoder_out["encoder_padding_mask"][0]
+                               if encoder_out and encoder_out["encoder_padding_mask"] else None)
         memories = self.layer_memories(encoder_out, incremental_state)
 
-        x, self_attn_padding_mask = self.embed_target(prev_output_tokens, incremental_state)
+        x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
         alignment: Dict[str, Tensor] = {}
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
@@ -105,56 +133,16 @@ class FusionTransformerDecoder(TransformerDecoder):
             if incremental_state is None and not full_context_alignment:
                 self_attn_mask = self.buffered_future_mask(layer_input)
             output, layer_attn, _ = run_layer(
-                self.layers[index], states,
-                layer_input,
-                top_memory if memories is None else memories[index],
-                memory_padding_mask,
-                incremental_state,
-                self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=bool(index == alignment_layer),
-                need_head_weights=bool(index == alignment_layer),
-            )
+                self.layers[index], states, layer_input, top_memory if memories is None else memories[index],
+                memory_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask, need_attn=bool(index == alignment_layer),
+                need_head_weights=bool(index == alignment_layer))
             if layer_attn is not None and index == alignment_layer:
                 alignment["attn"] = layer_attn.float().to(output)
             return output
 
         x, inner_states = self.aggregation.run(x, apply_layer)
-        attn: Optional[Tensor] = alignment.get("attn")
-        if attn is not None:
-            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)  # T x B x C -> B x T x C
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x, {"attn": [attn], "inner_states": inner_states}
-
-    def embed_target(self, prev_output_tokens, incremental_state: Optional[IncrementalState]):
-        """Token and position embeddings of the (new) target positions, ``T x B x C``, and the
-        self-attention padding mask, as in fairseq's decoder."""
-        positions = None
-        if self.embed_positions is not None:
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-        if incremental_state is not None:
-            prev_output_tokens = prev_output_tokens[:, -1:]
-            if positions is not None:
-                positions = positions[:, -1:]
-        prev_output_tokens = prev_output_tokens.contiguous()
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
-        if self.quant_noise is not None:
-            x = self.quant_noise(x)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if positions is not None:
-            x += positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)
-        self_attn_padding_mask: Optional[Tensor] = None
-        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        return x, self_attn_padding_mask
+        return decoder_output(self, x, alignment.get("attn"), alignment_heads, inner_states)
 
     def layer_memories(self, encoder_out: Optional[Dict[str, List[Tensor]]],
                        incremental_state: Optional[IncrementalState]) -> Optional[Tensor]:
@@ -173,7 +161,6 @@ class FusionTransformerDecoder(TransformerDecoder):
         first_attention = self.layers[0].encoder_attn
         return first_attention is not None and "prev_key" in first_attention._get_input_buffer(incremental_state)
 
-    # -------------------------------------------------------------------------- MLRF output fusion
     def fuse_layer_stack(self, extra: Dict[str, Any]):
         states = extra["inner_states"]
         top = self.layer_norm(states[-1]) if self.layer_norm is not None else states[-1]

@@ -13,12 +13,8 @@ from .layer_stack import run_layer
 
 
 def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]:
-    """[h0, h1, ..., hL] where hL is the stack's final output.
-
-    fairseq records every layer's raw output; in a pre-norm stack the final LayerNorm is applied
-    after the last layer, so the top state is replaced by that normalised output (``top``). In a
-    post-norm stack the two are the same tensor.
-    """
+    """[h0, h1, ..., hL] with hL the stack's final output ``top``: in a pre-norm stack fairseq's
+    final LayerNorm follows the last layer's raw output, which fairseq records."""
     return states[:-1] + [top]
 
 
@@ -74,8 +70,7 @@ class FusionTransformerEncoder(TransformerEncoder):
         if self.output_fusion is None:
             return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         out = super().forward(src_tokens, src_lengths, True, token_embeddings)
-        states = stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0])
-        fused, _ = self.output_fusion(states)
+        fused, _ = self.output_fusion(stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0]))
         out["encoder_out"] = [fused]
         if not return_all_hiddens:
             out["encoder_states"] = []
@@ -86,5 +81,5 @@ class FusionTransformerEncoder(TransformerEncoder):
         if self.output_fusion is None:
             return None
         out = super().forward(src_tokens, src_lengths, True)
-        states = stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0])
-        return self.output_fusion(states, need_weights=True)[1]
+        return self.output_fusion(stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0]),
+                                  need_weights=True)[1]

@@ -18,9 +18,7 @@ from torch import nn
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from fusion_fairseq.checkpoint_safety import (
-    may_start_parameters_fresh,
-    missing_parameters_error,
-    require_literal_transformer_config,
+    may_start_parameters_fresh, missing_parameters_error, require_literal_transformer_config,
 )
 from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage
@@ -35,7 +33,6 @@ from .fusion_encoder import FusionTransformerEncoder
 from .hyper_connected_layers import install_hyper_connections
 from .layer_stack import install_multi_layer_attention
 from fusion_fairseq.errors import ConfigurationError
-
 
 logger = logging.getLogger(__name__)
 
@@ -65,59 +62,47 @@ def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
     return embedding
 
 
+def side_widths(args, side: str):
+    """``(layers, embed_dim, ffn_embed_dim, attention_heads)`` of the encoder or the decoder."""
+    return tuple(getattr(args, f"{side}_{name}") for name in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads"))
+
+
 def build_side_fusion(args, side: str, layer_embedding: Optional[nn.Embedding]):
+    layers, embed_dim, _, _ = side_widths(args, side)
     return build_layer_fusion(
-        getattr(args, f"fuse_{side}"),
-        num_layers=getattr(args, f"{side}_layers"),
-        embed_dim=getattr(args, f"{side}_embed_dim"),
-        attn_dim=args.fusion_attn_dim,
-        ffn_dim=args.fusion_ffn_dim,
-        num_hops=args.fusion_hops,
-        include_embedding_layer=not args.fusion_no_embedding_layer,
-        layer_embedding=layer_embedding,
-        independent_w1=args.fusion_independent_w1,
-        layer_norm=not args.fusion_no_layernorm,
-        dropout=args.fusion_dropout,
-    )
+        getattr(args, f"fuse_{side}"), layers, embed_dim, args.fusion_attn_dim, args.fusion_ffn_dim, args.fusion_hops,
+        not args.fusion_no_embedding_layer, layer_embedding, args.fusion_independent_w1, not args.fusion_no_layernorm,
+        args.fusion_dropout)
 
 
 def build_side_aggregation(args, side: str):
     """The wiring of one side's stack: Dou et al.'s aggregation, DenseFormer's averages or the
     streams of hyper-connections (at most one of them, see ``fusion_config``)."""
-    layers = getattr(args, f"{side}_layers")
+    layers, embed_dim, ffn_dim, heads = side_widths(args, side)
     if getattr(args, f"denseformer_{side}"):
         return DepthWeightedAverage(layers, args.denseformer_dilation, args.denseformer_period)
     if getattr(args, f"hyper_connections_{side}") != "none":
         return HyperConnectedStack(layers, args.hyper_connections_rate)
-    return build_layer_aggregation(
-        getattr(args, f"aggregate_{side}"), getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
-        getattr(args, f"{side}_ffn_embed_dim"), args.aggregation_fn, args.aggregation_residual,
-        getattr(args, f"{side}_attention_heads"), args.dense_connection, args.dropout,
-    )
+    return build_layer_aggregation(getattr(args, f"aggregate_{side}"), layers, embed_dim, ffn_dim, args.aggregation_fn,
+                                   args.aggregation_residual, heads, args.dense_connection, args.dropout)
 
 
-def install_side_multi_layer_attention(args, side: str, layers):
+def install_side_layer_changes(args, side: str, layers):
+    """Multi-layer attention (Dou et al. Eq. 8) and hyper-connections go into fairseq's own layers."""
+    _, embed_dim, ffn_dim, heads = side_widths(args, side)
     if args.multi_layer_attention > 1:
-        install_multi_layer_attention(
-            layers, args.multi_layer_attention, getattr(args, f"{side}_embed_dim"),
-            getattr(args, f"{side}_attention_heads"), args.attention_dropout, getattr(args, f"{side}_ffn_embed_dim"),
-            args.aggregation_fn, args.aggregation_residual,
-        )
-
-
-def install_side_hyper_connections(args, side: str, layers):
+        install_multi_layer_attention(layers, args.multi_layer_attention, embed_dim, heads, args.attention_dropout,
+                                      ffn_dim, args.aggregation_fn, args.aggregation_residual)
     kind = getattr(args, f"hyper_connections_{side}")
     if kind != "none":
-        install_hyper_connections(layers, kind, args.hyper_connections_rate, getattr(args, f"{side}_embed_dim"))
+        install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim)
 
 
 def build_layer_attention(args) -> Optional[LayerAttention]:
     if args.layer_attention == "none":
         return None
-    attention = LayerAttention(
-        args.decoder_layers, args.encoder_layers, args.encoder_embed_dim, args.layer_attention,
-        dropconnect=args.layer_attention_dropconnect, embedding_dropout=args.dropout,
-    )
+    attention = LayerAttention(args.decoder_layers, args.encoder_layers, args.encoder_embed_dim, args.layer_attention,
+                               dropconnect=args.layer_attention_dropconnect, embedding_dropout=args.dropout)
     attention.mask_layer(args.mask_encoder_layer)
     return attention
 
@@ -129,8 +114,23 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
         args.surface_fusion, args.decoder_embed_dim, args.decoder_attention_heads, args.surface_fusion_lambda,
         args.surface_fusion_tau, dropout=args.attention_dropout, variant=args.surface_fusion_variant,
         ffn_dim=args.decoder_ffn_embed_dim, embedding_dropout=args.dropout,
-        activation_dropout=args.activation_dropout or getattr(args, "relu_dropout", 0.0),
-    )
+        activation_dropout=args.activation_dropout or getattr(args, "relu_dropout", 0.0))
+
+
+def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_dim: int,
+                           encoder_path: Optional[str] = None, decoder_path: Optional[str] = None):
+    """Source and target embeddings, shared under ``--share-all-embeddings`` as in fairseq."""
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    encoder_embed = model_class.build_embedding(args, src_dict, encoder_dim, encoder_path)
+    if not args.share_all_embeddings:
+        return encoder_embed, model_class.build_embedding(args, tgt_dict, decoder_dim, decoder_path)
+    if src_dict != tgt_dict:
+        raise ConfigurationError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
+    if args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigurationError(f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
+                                 f"== --decoder-embed-dim ({args.decoder_embed_dim})")
+    args.share_decoder_input_output_embed = True
+    return encoder_embed, encoder_embed
 
 
 @register_model("fusion_transformer", dataclass=FusionTransformerConfig)
@@ -148,23 +148,19 @@ class FusionTransformerModel(TransformerModel):
         fusion_transformer(args)
         check_fusion_args(args)
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        encoder_embed_tokens, decoder_embed_tokens = cls.build_token_embeddings(args, task)
+        encoder_embed_tokens, decoder_embed_tokens = build_token_embeddings(
+            cls, args, task, args.encoder_embed_dim, args.decoder_embed_dim, args.encoder_embed_path,
+            args.decoder_embed_path)
         layer_embedding = build_shared_layer_embedding(args)
         encoder = FusionTransformerEncoder(
             args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding),
-            keep_layer_states=args.layer_attention != "none",
-            aggregation=build_side_aggregation(args, "encoder"),
-        )
+            keep_layer_states=args.layer_attention != "none", aggregation=build_side_aggregation(args, "encoder"))
         decoder = FusionTransformerDecoder(
             args, task.target_dictionary, decoder_embed_tokens, build_side_fusion(args, "decoder", layer_embedding),
-            layer_attention=build_layer_attention(args),
-            surface_fusion=build_surface_fusion(args),
-            aggregation=build_side_aggregation(args, "decoder"),
-            no_encoder_attn=getattr(args, "no_cross_attention", False),
-        )
+            layer_attention=build_layer_attention(args), surface_fusion=build_surface_fusion(args),
+            aggregation=build_side_aggregation(args, "decoder"), no_encoder_attn=getattr(args, "no_cross_attention", False))
         for side, module in (("encoder", encoder), ("decoder", decoder)):
-            install_side_multi_layer_attention(args, side, module.layers)
-            install_side_hyper_connections(args, side, module.layers)
+            install_side_layer_changes(args, side, module.layers)
         return cls(args, encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
@@ -173,26 +169,22 @@ class FusionTransformerModel(TransformerModel):
         (``encoder_states``: h0..hL, ``src_len x batch x C``; ``encoder_padding_mask``) so that a
         criterion can regularise every layer without a second forward pass."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
-        decoder_out = self.decoder(
-            prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
-            alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
-            return_all_hiddens=return_all_hiddens,
-        )
+        decoder_out = self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+                                   alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                                   src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
         decoder_out[1]["encoder_states"] = encoder_out["encoder_states"]
         decoder_out[1]["encoder_padding_mask"] = encoder_out["encoder_padding_mask"]
         return decoder_out
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al.
-        2018 do): when the checkpoint holds no fusion parameter at all, every shared parameter
-        is loaded (the names are the vanilla model's) and the fusion parameters keep this
-        model's fresh initialisation. Of the loads of checkpoint files, only fairseq-train's load
-        of its --finetune-from-model checkpoint may do that
-        (:func:`checkpoint_safety.may_start_parameters_fresh`; so may a ``load_state_dict`` called
-        in code); any other (fairseq-generate with fusion switched on by --model-overrides,
-        resuming from another configuration's checkpoint_last.pt) raises an error naming the
-        missing parameters. A checkpoint with some fusion parameters is left as it is, so a mismatched
-        fusion configuration still fails the strict load, naming the keys."""
+        2018 do): from a checkpoint without any fusion parameter every shared parameter is loaded
+        (the names are the vanilla model's) and the fusion parameters keep their fresh
+        initialisation. Only fairseq-train's load of its --finetune-from-model checkpoint (or a
+        ``load_state_dict`` in code) may do that (:func:`checkpoint_safety.may_start_parameters_fresh`);
+        any other load (fusion switched on by --model-overrides, another configuration's
+        checkpoint_last.pt) names the missing parameters. A checkpoint with some fusion
+        parameters is left as it is: a mismatched configuration fails the strict load."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if any(is_fusion_parameter(key) for key in state_dict):
@@ -204,23 +196,6 @@ class FusionTransformerModel(TransformerModel):
             logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
                         "their fresh initialisation", len(fresh))
             state_dict.update(fresh)
-
-    @classmethod
-    def build_token_embeddings(cls, args, task):
-        """Source and target embeddings, shared under ``--share-all-embeddings`` as in fairseq."""
-        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        encoder_embed = cls.build_embedding(args, src_dict, args.encoder_embed_dim, args.encoder_embed_path)
-        if not args.share_all_embeddings:
-            return encoder_embed, cls.build_embedding(args, tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
-        if src_dict != tgt_dict:
-            raise ConfigurationError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
-        if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise ConfigurationError(
-                f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
-                f"== --decoder-embed-dim ({args.decoder_embed_dim})"
-            )
-        args.share_decoder_input_output_embed = True
-        return encoder_embed, encoder_embed
 
 
 @register_model_architecture("fusion_transformer", "fusion_transformer")
@@ -238,8 +213,7 @@ def mlrf_iwslt_de_en(args):
     set_defaults(
         args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
         encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
-        dropout=0.1, fuse_encoder="fnn", fuse_decoder="sa", fusion_hops=4, fusion_attn_dim=1024, fusion_ffn_dim=512,
-    )
+        dropout=0.1, fuse_encoder="fnn", fuse_decoder="sa", fusion_hops=4, fusion_attn_dim=1024, fusion_ffn_dim=512)
     fusion_transformer(args)
 
 
@@ -259,8 +233,7 @@ def transformer_big_dimensions(args):
     """fairseq's transformer_vaswani_wmt_en_de_big: d=1024, FFN 4096, 16 heads, dropout 0.3."""
     set_defaults(
         args, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16, decoder_embed_dim=1024,
-        decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3,
-    )
+        decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3)
 
 
 @register_model_architecture("fusion_transformer", "surface_fusion_wmt_en_ro")

@@ -17,21 +17,13 @@ from fusion_fairseq.modules.hyper_connection import build_hyper_connection, conn
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def sublayer_count(layer: nn.Module) -> int:
-    """2 for an encoder layer (self-attention, feed-forward), 3 for a decoder layer with cross-attention."""
-    if isinstance(layer, TransformerDecoderLayerBase):
-        return 3 if layer.encoder_attn is not None else 2
-    return 2
-
-
 def install_hyper_connections(layers: nn.ModuleList, kind: str, rate: int, embed_dim: int) -> None:
     """One connection per sublayer, numbered over the whole stack (the paper's layer index k)."""
     index = 0
     for layer in layers:
-        count = sublayer_count(layer)
+        count = 3 if getattr(layer, "encoder_attn", None) is not None else 2  # (self-attention, cross-attention,) FFN
         layer.hyper_connections = nn.ModuleList(
-            build_hyper_connection(kind, rate, embed_dim, index + position) for position in range(count)
-        )
+            build_hyper_connection(kind, rate, embed_dim, index + position) for position in range(count))
         index += count
 
 
@@ -41,37 +33,21 @@ def feed_forward(layer: nn.Module, x: Tensor):
 
 
 def forward_on_streams(layer: nn.Module, streams: Tensor, *args, **kwargs):
+    """fairseq's encoder or decoder layer over streams ``T x B x n x C``, with the arguments of its forward."""
     if isinstance(layer, TransformerDecoderLayerBase):
-        return decoder_layer_on_streams(layer, streams, *args, **kwargs)
-    return encoder_layer_on_streams(layer, streams, *args, **kwargs)
+        return layer_on_streams(layer, streams, *args, **kwargs)
+    return layer_on_streams(layer, streams, self_attn_padding_mask=kwargs["encoder_padding_mask"])[0]
 
 
-def encoder_layer_on_streams(layer: nn.Module, streams: Tensor, encoder_padding_mask: Optional[Tensor],
-                             attn_mask: Optional[Tensor] = None) -> Tensor:
-    """fairseq's encoder layer (``TransformerEncoderLayerBase``) over streams ``T x B x n x C``."""
-    if attn_mask is not None:
-        raise ValueError("hyper-connected encoder layers take no attn_mask")
-    attention, ffn = layer.hyper_connections
-    pre = layer.normalize_before
-
-    def self_attention(x):
-        x, _ = layer.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask, need_weights=False)
-        return layer.dropout_module(x), None
-
-    streams, _ = connect(attention, streams, self_attention, layer.self_attn_layer_norm, pre)
-    streams, _ = connect(ffn, streams, lambda x: feed_forward(layer, x), layer.final_layer_norm, pre)
-    return streams
-
-
-def decoder_layer_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Tensor] = None,
-                             encoder_padding_mask: Optional[Tensor] = None,
-                             incremental_state: Optional[IncrementalState] = None,
-                             self_attn_mask: Optional[Tensor] = None, self_attn_padding_mask: Optional[Tensor] = None,
-                             need_attn: bool = False, need_head_weights: bool = False):
-    """fairseq's decoder layer (``TransformerDecoderLayerBase``) over streams ``T x B x n x C``;
-    returns ``(streams, attention, None)`` as fairseq's layer does. ``--cross-self-attention`` is
-    refused at build time (``fusion_config``); NormFormer's rescalings inside a sublayer cannot be
-    set for this model (fairseq's ``TransformerConfig`` does not carry them)."""
+def layer_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Tensor] = None,
+                     encoder_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
+                     self_attn_mask: Optional[Tensor] = None, self_attn_padding_mask: Optional[Tensor] = None,
+                     need_attn: bool = False, need_head_weights: bool = False):
+    """fairseq's decoder layer, or an encoder layer (no cross-attention), over streams
+    ``T x B x n x C``; returns ``(streams, attention, None)`` as fairseq's decoder layer does.
+    ``--cross-self-attention`` is refused at build time (``fusion_config``); NormFormer's
+    rescalings inside a sublayer cannot be set for this model (fairseq's ``TransformerConfig``
+    does not carry them)."""
     connections = iter(layer.hyper_connections)
     pre = layer.normalize_before
     need_attn = need_attn or need_head_weights
@@ -85,13 +61,12 @@ def decoder_layer_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Opt
         x, weights = layer.encoder_attn(
             query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
             incremental_state=incremental_state, static_kv=True,
-            need_weights=need_attn or (not layer.training and layer.need_attn), need_head_weights=need_head_weights,
-        )
+            need_weights=need_attn or (not layer.training and layer.need_attn), need_head_weights=need_head_weights)
         return layer.dropout_module(x), weights
 
     streams, _ = connect(next(connections), streams, self_attention, layer.self_attn_layer_norm, pre)
     attention = None
-    if layer.encoder_attn is not None:
+    if getattr(layer, "encoder_attn", None) is not None:
         cross = next(connections)
         if encoder_out is not None:
             streams, attention = connect(cross, streams, cross_attention, layer.encoder_attn_layer_norm, pre)

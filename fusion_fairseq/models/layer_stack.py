@@ -58,5 +58,4 @@ def install_multi_layer_attention(layers: nn.ModuleList, num_attended: int, embe
             continue
         layer.self_attn = MultiLayerSelfAttention(
             embed_dim, num_heads, num_attended - 1, aggregation_hidden_dim, dropout,
-            aggregation_function, aggregation_residual,
-        )
+            aggregation_function, aggregation_residual)

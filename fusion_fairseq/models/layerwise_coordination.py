@@ -71,32 +71,26 @@ class CoordinationEncoder(FairseqEncoder):
     """The source side: the states of layers 0..N-1, which the target's layers 1..N read. The
     top source layer would feed nothing, so it is not run (nor built without sharing)."""
 
-    def __init__(self, dictionary, embedding: CoordinationEmbedding, layers: nn.ModuleList):
+    def __init__(self, dictionary, embedding: CoordinationEmbedding, layers: nn.ModuleList, num_target_layers: int,
+                 max_positions: int):
         super().__init__(dictionary)
         self.embedding = embedding
         self.layers = layers
         self.padding_idx = embedding.padding_idx
+        self.num_source_layers = min(len(layers), num_target_layers - 1)
+        self._max_positions = max_positions
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False):
         padding_mask = src_tokens.eq(self.padding_idx)
         allowed = ~padding_mask[:, None, None, :]
-        x = self.embedding(src_tokens, SOURCE)
-        states = [x]
-        for layer in self.source_layers():
-            x = layer.encode(x, allowed)
-            states.append(x)
+        states = [self.embedding(src_tokens, SOURCE)]
+        for layer in self.layers[:self.num_source_layers]:
+            states.append(layer.encode(states[-1], allowed))
         return {
             "encoder_out": [states[-1].transpose(0, 1)],  # T x B x C, as fairseq encoders
             "encoder_padding_mask": [padding_mask],
             "encoder_states": states,  # B x T x C, the inputs of target layers 1..N
         }
-
-    def source_layers(self):
-        return self.layers if len(self.layers) < self.num_target_layers else self.layers[:-1]
-
-    @property
-    def num_target_layers(self) -> int:
-        return self._num_target_layers
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
         return {
@@ -157,8 +151,7 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
             if cache is not None and f"target_keys_{index}" in cache:
                 past = (cache[f"target_keys_{index}"], cache[f"target_values_{index}"])
             x, (keys, values), weights = layer.decode(
-                x, source_memory[index], source_allowed, past, target_allowed, need_weights=index == alignment_layer
-            )
+                x, source_memory[index], source_allowed, past, target_allowed, need_weights=index == alignment_layer)
             if past is not None:
                 keys, values = torch.cat([past[0], keys], dim=2), torch.cat([past[1], values], dim=2)
             new_cache[f"target_keys_{index}"], new_cache[f"target_values_{index}"] = keys, values
@@ -248,8 +241,7 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         if task.source_dictionary != task.target_dictionary:
             raise ConfigurationError(
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
-                "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary"
-            )
+                "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary")
         if args.embed_dim % args.attention_heads:
             raise ConfigurationError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads {args.attention_heads}")
         if args.no_layer_sharing and args.layers < 2:
@@ -259,29 +251,21 @@ class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
         embedding = CoordinationEmbedding(
             Embedding(len(dictionary), args.embed_dim, dictionary.pad()), args.dropout,
             use_positions=not args.no_position_embedding, use_language=not args.no_language_embedding,
-            scale=not args.no_scale_embedding,
-        )
+            scale=not args.no_scale_embedding)
         target_layers = build_layers(args, args.layers)
         source_layers = target_layers if not args.no_layer_sharing else build_layers(args, args.layers - 1)
-        encoder = CoordinationEncoder(dictionary, embedding, source_layers)
-        encoder._num_target_layers = args.layers
-        encoder._max_positions = args.max_source_positions
+        encoder = CoordinationEncoder(dictionary, embedding, source_layers, args.layers, args.max_source_positions)
         final_layer_norm = nn.LayerNorm(args.embed_dim) if args.normalize_before else None
         decoder = CoordinationDecoder(dictionary, embedding, target_layers, final_layer_norm, args.max_target_positions)
         return cls(encoder, decoder)
-
-    def max_positions(self):
-        return (self.encoder.max_positions(), self.decoder.max_positions())
 
 
 def build_layers(args, count: int) -> nn.ModuleList:
     return nn.ModuleList(
         CoordinationLayer(
             args.embed_dim, args.ffn_embed_dim, args.attention_heads, args.dropout, args.attention_dropout,
-            args.activation_dropout, args.normalize_before, mixed=not args.no_mixed_attention,
-        )
-        for _ in range(count)
-    )
+            args.activation_dropout, args.normalize_before, mixed=not args.no_mixed_attention)
+        for _ in range(count))
 
 
 @register_model_architecture("layerwise_coordination", "layerwise_coordination")

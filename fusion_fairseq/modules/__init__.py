@@ -1,36 +1,12 @@
 """Pure ``nn.Module`` building blocks, one concept per file; no fairseq argument parsing here."""
 
-from .aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS, AggregationNode
-from .average_fusion import AverageFusion
-from .feedforward_fusion import FeedForward, FeedForwardFusion
-from .layer_attention import LAYER_ATTENTION_KINDS, LayerAttention
-from .layer_aggregation import AGGREGATION_STRATEGIES, build_layer_aggregation, hierarchical_tree
-from .layer_fusion import FUSION_FUNCTIONS, LayerFusion, build_layer_fusion
-from .multi_layer_attention import MultiLayerSelfAttention
-from .multihop_attention_fusion import MultiHopAttentionFusion
-from .surface_attention import SurfaceAttention
-from .surface_fusion import SURFACE_FUSION_KINDS, SurfaceFusion, hard_fusion, soft_fusion
+from .aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS, AggregationNode  # noqa: F401
+from .feedforward_fusion import FeedForward, FeedForwardFusion  # noqa: F401
+from .layer_attention import LAYER_ATTENTION_KINDS, LayerAttention  # noqa: F401
+from .layer_aggregation import AGGREGATION_STRATEGIES, build_layer_aggregation, hierarchical_tree  # noqa: F401
+from .layer_fusion import FUSION_FUNCTIONS, AverageFusion, LayerFusion, build_layer_fusion  # noqa: F401
+from .multi_layer_attention import MultiLayerSelfAttention  # noqa: F401
+from .multihop_attention_fusion import MultiHopAttentionFusion  # noqa: F401
+from .surface_attention import SurfaceAttention  # noqa: F401
+from .surface_fusion import SURFACE_FUSION_KINDS, SurfaceFusion, hard_fusion, soft_fusion  # noqa: F401
 
-__all__ = [
-    "AGGREGATION_FUNCTIONS",
-    "AGGREGATION_RESIDUALS",
-    "AGGREGATION_STRATEGIES",
-    "AggregationNode",
-    "MultiLayerSelfAttention",
-    "build_layer_aggregation",
-    "hierarchical_tree",
-    "AverageFusion",
-    "FeedForward",
-    "FeedForwardFusion",
-    "FUSION_FUNCTIONS",
-    "LAYER_ATTENTION_KINDS",
-    "LayerAttention",
-    "LayerFusion",
-    "MultiHopAttentionFusion",
-    "SURFACE_FUSION_KINDS",
-    "SurfaceAttention",
-    "SurfaceFusion",
-    "build_layer_fusion",
-    "hard_fusion",
-    "soft_fusion",
-]

@@ -78,7 +78,7 @@ class CoordinationLayer(nn.Module):
         else:
             target_keys, target_values = new_keys, new_values
         if target_allowed is None:
-            target_allowed = _all_allowed(x, target_keys.size(2))
+            target_allowed = torch.ones(1, 1, x.size(1), target_keys.size(2), dtype=torch.bool, device=x.device)
         query = self.attention_input(x)
         source_keys, source_values = source_memory
         if self.mixed:
@@ -96,6 +96,3 @@ class CoordinationLayer(nn.Module):
             x = self.residual(x, attended, self.attention_layer_norm)
         return self.feed_forward(x), (new_keys, new_values), weights
 
-
-def _all_allowed(x: Tensor, key_length: int) -> Tensor:
-    return torch.ones(1, 1, x.size(1), key_length, dtype=torch.bool, device=x.device)

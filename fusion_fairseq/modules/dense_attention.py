@@ -24,13 +24,13 @@ from fairseq.modules import MultiheadAttention
 DENSE_ATTENTION_KINDS = ("none", "1", "2")
 
 
-def weight_normed_linear(in_dim: int, out_dim: int, dropout: float = 0.0) -> nn.Module:
+def weight_normed_linear(in_dim: int, out_dim: int, dropout: float = 0.0, weight_norm: bool = True) -> nn.Module:
     """ConvS2S-style position-wise linear layer: normal init with std sqrt((1 - p) / in_dim),
-    zero bias, weight normalisation."""
+    zero bias, weight normalisation (unless ``weight_norm`` is off)."""
     linear = nn.Linear(in_dim, out_dim)
     nn.init.normal_(linear.weight, mean=0.0, std=math.sqrt((1.0 - dropout) / in_dim))
     nn.init.zeros_(linear.bias)
-    return nn.utils.weight_norm(linear)
+    return nn.utils.weight_norm(linear) if weight_norm else linear
 
 
 class DenseConvAttention(nn.Module):
@@ -99,8 +99,6 @@ class DenseSourceAttention(MultiheadAttention):
 
     def __init__(self, *args, groups: int = 1, record_output: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        if groups < 1:
-            raise ValueError(f"attention groups must be positive, got {groups}")
         self.groups = groups
         self.record_output = record_output
         self.last_output: Optional[Tensor] = None
@@ -111,8 +109,7 @@ class DenseSourceAttention(MultiheadAttention):
             out, weights = super().forward(
                 query, key, value, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
                 need_weights=need_weights, static_kv=static_kv, attn_mask=attn_mask,
-                before_softmax=before_softmax, need_head_weights=need_head_weights,
-            )
+                before_softmax=before_softmax, need_head_weights=need_head_weights)
         else:
             out, weights = self.grouped_attention(query, key, key_padding_mask, need_weights or need_head_weights,
                                                   need_head_weights, incremental_state)

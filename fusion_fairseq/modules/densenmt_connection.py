@@ -9,12 +9,13 @@ block, so no layer reads more than ``d0 + (sumlen - 1) * d`` features.
 Pure module code: the plan of widths is computed from plain integers (no argparse).
 """
 
-import math
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from .dense_attention import weight_normed_linear
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,6 @@ class DenseStep:
     out_dim: int
 
 
-def check_summary_interval(summary_every: int) -> None:
-    if summary_every < 0 or summary_every == 1:
-        raise ValueError(
-            f"summary interval (sumlen) must be 0 (no summary layers) or at least 2 (one summary layer "
-            f"after every sumlen-1 layers), got {summary_every}"
-        )
-
-
 def summary_positions(num_layers: int, summary_every: int) -> List[int]:
     """Indices (0-based) of the layers followed by a summary layer.
 
@@ -44,7 +37,6 @@ def summary_positions(num_layers: int, summary_every: int) -> List[int]:
     (which is itself a projection of the top block, "the output of the decoder is only a linear
     transformation of the concatenation of the upper few layers").
     """
-    check_summary_interval(summary_every)
     if summary_every == 0:
         return []
     interval = summary_every - 1
@@ -55,11 +47,6 @@ def dense_plan(new_features: Sequence[int], embed_dim: int, summary_every: int =
     """The widths of a dense stack: layer ``l`` appends ``new_features[l]`` features (the growth
     dimension d, or 2d for a decoder layer with attention, Eq. 7) to a stack that starts with the
     embedding (``embed_dim`` = d0). Paper: Sec. 3.3, the L-th layer reads ``(L - 1) d + d0``."""
-    if embed_dim <= 0:
-        raise ValueError(f"embedding size d0 must be positive, got {embed_dim}")
-    for width in new_features:
-        if width <= 0:
-            raise ValueError(f"growth dimension must be positive, got {width}")
     summaries = set(summary_positions(len(new_features), summary_every))
     plan, width = [], embed_dim
     for index, grown in enumerate(new_features):
@@ -92,24 +79,49 @@ def block_sizes(plan: Sequence[DenseStep]) -> List[int]:
 
 
 class DenseFeatures:
-    """The growing list ``[h_l, ..., h_0]`` of Eq. 6/7 (kept oldest first, along ``dim``)."""
+    """The growing list ``[h_l, ..., h_0]`` of Eq. 6/7, kept oldest first along the last dimension."""
 
-    def __init__(self, first: Tensor, dim: int = -1):
+    def __init__(self, first: Tensor):
         self.blocks: List[Tensor] = [first]
-        self.dim = dim
+        self.restarted = False
 
     def append(self, *blocks: Tensor) -> None:
         self.blocks.extend(blocks)
 
     def concat(self) -> Tensor:
-        return self.blocks[0] if len(self.blocks) == 1 else torch.cat(self.blocks, dim=self.dim)
+        return self.blocks[0] if len(self.blocks) == 1 else torch.cat(self.blocks, dim=-1)
 
     def restart(self, first: Tensor) -> None:
-        self.blocks = [first]
+        self.blocks, self.restarted = [first], True
 
-    @property
-    def width(self) -> int:
-        return sum(block.size(self.dim) for block in self.blocks)
+    def top_block(self) -> List[Tensor]:
+        """The blocks since the last summary layer, its output first (the embedding h0 is none of
+        them): what dense attention attends (:func:`block_sizes`)."""
+        return self.blocks if self.restarted else self.blocks[1:]
+
+
+def build_dense_stack(plan: Sequence[DenseStep], make_layer: Callable, make_summary: Callable):
+    """The modules of a dense stack in the plan's order: ``make_layer(index, step)`` for each layer
+    and ``make_summary(index, step)`` for the summary layer after layer ``index``, the summaries
+    keyed by ``str(index)``."""
+    layers, summaries = [], {}
+    for step in plan:
+        if step.kind == "layer":
+            layers.append(make_layer(len(layers), step))
+        else:
+            summaries[str(len(layers) - 1)] = make_summary(len(layers) - 1, step)
+    return layers, summaries
+
+
+def run_dense(x: Tensor, num_layers: int, apply_layer: Callable, summaries, summarise: Callable) -> DenseFeatures:
+    """Eq. 6/7: ``apply_layer(index, features)`` reads the concatenation of every block so far and
+    returns the blocks it adds; ``summarise(summary, features)`` restarts the stack (Sec. 3.3)."""
+    features = DenseFeatures(x)
+    for index in range(num_layers):
+        features.append(*apply_layer(index, features.concat()))
+        if str(index) in summaries:
+            features.restart(summarise(summaries[str(index)], features.concat()))
+    return features
 
 
 class SummaryLayer(nn.Module):
@@ -120,13 +132,7 @@ class SummaryLayer(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0, weight_norm: bool = True):
         super().__init__()
-        if in_dim <= 0 or out_dim <= 0:
-            raise ValueError(f"summary layer widths must be positive, got {in_dim} -> {out_dim}")
-        projection = nn.Linear(in_dim, out_dim)
-        nn.init.normal_(projection.weight, mean=0.0, std=math.sqrt((1.0 - dropout) / in_dim))
-        nn.init.zeros_(projection.bias)
-        self.projection = nn.utils.weight_norm(projection) if weight_norm else projection
-        self.in_dim, self.out_dim = in_dim, out_dim
+        self.projection = weight_normed_linear(in_dim, out_dim, dropout, weight_norm)
 
     def forward(self, features: Tensor) -> Tensor:
         return self.projection(features)

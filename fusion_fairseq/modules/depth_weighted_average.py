@@ -40,11 +40,6 @@ def averaged_outputs(block: int, dilation: int) -> List[int]:
     return list(range(block % dilation, block + 1, dilation))
 
 
-def depth_weighted_average_parameters(num_layers: int, dilation: int = 1, period: int = 1) -> int:
-    """The number of DWA weights of one stack: d(d + 3)/2 for k = p = 1."""
-    return sum(len(averaged_outputs(block, dilation)) for block in averaged_blocks(num_layers, period))
-
-
 class DepthWeightedAverage(PlainStack):
     """DenseFormer's stack: a DWA after every ``period``-th block over every ``dilation``-th output."""
 

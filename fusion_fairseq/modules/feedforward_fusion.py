@@ -35,8 +35,7 @@ def layer_embedding_rows(layer_embedding: Optional[nn.Embedding], first_layer_in
     if layer_embedding is not None and first_layer_index + num_layers > layer_embedding.num_embeddings:
         raise ValueError(
             f"layer embedding has {layer_embedding.num_embeddings} rows, "
-            f"fusing layers {first_layer_index}..{first_layer_index + num_layers - 1} needs more"
-        )
+            f"fusing layers {first_layer_index}..{first_layer_index + num_layers - 1} needs more")
     return torch.arange(first_layer_index, first_layer_index + num_layers)
 
 

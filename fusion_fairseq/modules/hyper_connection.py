@@ -159,19 +159,6 @@ def build_hyper_connection(kind: str, rate: int, embed_dim: int, layer_index: in
     raise ValueError(f"unknown hyper-connection kind {kind!r}; allowed: {', '.join(HYPER_CONNECTION_KINDS[1:])}")
 
 
-def hyper_connection_parameters(kind: str, rate: int, embed_dim: int) -> int:
-    """Parameters of one connection: n(n+2) for SHC; DHC adds the LayerNorm (2d), W_m, W_r, W_beta
-    (d(n+2)) and two scales; mHC has nd x n(n+2) + n(n+2) + 3."""
-    n, d = rate, embed_dim
-    if kind == "static":
-        return n * (n + 2)
-    if kind == "dynamic":
-        return n * (n + 2) + 2 * d + d * (n + 2) + 2
-    if kind == "manifold":
-        return n * d * n * (n + 2) + n * (n + 2) + 3
-    raise ValueError(f"unknown hyper-connection kind {kind!r}")
-
-
 class HyperConnectedStack(PlainStack):
     """The stack over n streams: the embedding is copied n times, every layer maps streams to
     streams (its sublayers carry their own connections), and each layer's state, like the stack's

@@ -87,6 +87,16 @@ class DenseConnection(PlainStack):
         return total
 
 
+def vanilla_combination(num_inputs: int, embed_dim: int) -> nn.Linear:
+    """sum_i W_i H^i over ``num_inputs`` states, no bias, starting as the vanilla connection:
+    the identity on the last state, zero on the others."""
+    combination = nn.Linear(num_inputs * embed_dim, embed_dim, bias=False)
+    with torch.no_grad():
+        combination.weight.zero_()
+        combination.weight[:, -embed_dim:] = torch.eye(embed_dim)
+    return combination
+
+
 class LinearCombination(PlainStack):
     """Eq. 5 and Figure 1c: the input of every layer, and the stack's output, is an
     unnormalised linear combination sum_i W_i H^i of all layers below it, H^0 included.
@@ -100,13 +110,7 @@ class LinearCombination(PlainStack):
 
     def __init__(self, num_layers: int, embed_dim: int):
         super().__init__(num_layers)
-        self.combinations = nn.ModuleList(
-            nn.Linear(count * embed_dim, embed_dim, bias=False) for count in range(1, num_layers + 2)
-        )
-        with torch.no_grad():
-            for combination in self.combinations:
-                combination.weight.zero_()
-                combination.weight[:, -embed_dim:] = torch.eye(embed_dim)
+        self.combinations = nn.ModuleList(vanilla_combination(count, embed_dim) for count in range(1, num_layers + 2))
 
     def combine(self, states: List[Tensor]) -> Tensor:
         return self.combinations[len(states) - 1](torch.cat(states, dim=-1))
@@ -130,10 +134,7 @@ class OutputLinearCombination(PlainStack):
 
     def __init__(self, num_layers: int, embed_dim: int):
         super().__init__(num_layers)
-        self.combination = nn.Linear(num_layers * embed_dim, embed_dim, bias=False)
-        with torch.no_grad():
-            self.combination.weight.zero_()
-            self.combination.weight[:, -embed_dim:] = torch.eye(embed_dim)
+        self.combination = vanilla_combination(num_layers, embed_dim)
 
     def run(self, x0: Tensor, apply_layer: ApplyLayer) -> Tuple[Tensor, List[Tensor]]:
         _, states = super().run(x0, apply_layer)
@@ -180,8 +181,7 @@ class HierarchicalAggregation(PlainStack):
         super().__init__(num_layers)
         self.tree = hierarchical_tree(num_layers)
         self.nodes = nn.ModuleList(
-            make_node(len(layers) + (previous is not None), len(layers) - 1) for layers, previous in self.tree
-        )
+            make_node(len(layers) + (previous is not None), len(layers) - 1) for layers, previous in self.tree)
         self.node_after_layer = {layers[-1]: position for position, (layers, _) in enumerate(self.tree)}
 
     def run(self, x0: Tensor, apply_layer: ApplyLayer) -> Tuple[Tensor, List[Tensor]]:

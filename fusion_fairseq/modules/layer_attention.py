@@ -51,10 +51,6 @@ class LayerAttention(nn.Module):
         super().__init__()
         if kind not in LAYER_ATTENTION_KINDS[1:]:
             raise ValueError(f"layer attention kind {kind!r}; allowed: coarse, fine")
-        if not 0.0 <= dropconnect < 1.0:
-            raise ValueError(f"LayerAttention dropconnect must be in [0, 1), got {dropconnect!r}")
-        if not 0.0 <= embedding_dropout < 1.0:
-            raise ValueError(f"LayerAttention embedding_dropout must be in [0, 1), got {embedding_dropout!r}")
         self.kind = kind
         self.num_inputs = num_encoder_layers + 1
         self.dropconnect = dropconnect
@@ -68,8 +64,7 @@ class LayerAttention(nn.Module):
         if layer is not None and not 0 <= layer < self.num_inputs:
             raise ValueError(
                 f"LayerAttention cannot mask input {layer}: its inputs are encoder layers 0 (embedding) "
-                f"to {self.num_inputs - 1}"
-            )
+                f"to {self.num_inputs - 1}")
         self.masked_layer = layer
 
     def weights(self) -> Tensor:
@@ -86,8 +81,6 @@ class LayerAttention(nn.Module):
     def forward(self, layers: List[Tensor]) -> Tensor:
         """``layers``: N+1 tensors ``(src_len, batch, D)``, X_0 first (the word embeddings before
         any dropout). Returns ``(M, src_len, batch, D)``."""
-        if len(layers) != self.num_inputs:
-            raise ValueError(f"expected {self.num_inputs} encoder layers (embedding included), got {len(layers)}")
         # X_0 is dropped out once, shared by every S_m, as the encoder's input embedding is
         embedding = F.dropout(layers[0], p=self.embedding_dropout, training=self.training)
         stacked = torch.stack([embedding, *layers[1:]], dim=0)

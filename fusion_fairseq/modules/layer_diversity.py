@@ -22,7 +22,7 @@ Pure computation: no fairseq arguments; the criterion
 from typing import Optional, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 DEFAULT_EPS = 1e-8
 
@@ -63,8 +63,7 @@ def layer_diversity(layers: Sequence[Tensor], padding_mask: Optional[Tensor] = N
     if padding_mask is not None and tuple(padding_mask.shape) != (batch, tgt_len):
         raise ValueError(
             f"padding_mask must be batch x time = {(batch, tgt_len)} for states of shape {tuple(shape)}, "
-            f"got {tuple(padding_mask.shape)}"
-        )
+            f"got {tuple(padding_mask.shape)}")
 
     with torch.autocast(device_type=layers[0].device.type, enabled=False):
         units = [_unit(layer, eps) for layer in layers]
@@ -80,17 +79,3 @@ def layer_diversity(layers: Sequence[Tensor], padding_mask: Optional[Tensor] = N
             distance = distance.masked_fill(~keep, 0.0)
             count = keep.sum().to(torch.float32)
         return distance.sum() / count.clamp_min(1.0) / (len(layers) - 1)
-
-
-class LayerDiversity(nn.Module):
-    """:func:`layer_diversity` as a module (no parameters)."""
-
-    def __init__(self, eps: float = DEFAULT_EPS):
-        super().__init__()
-        self.eps = eps
-
-    def forward(self, layers: Sequence[Tensor], padding_mask: Optional[Tensor] = None) -> Tensor:
-        return layer_diversity(layers, padding_mask, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"eps={self.eps}"

@@ -5,11 +5,17 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .average_fusion import AverageFusion
 from .feedforward_fusion import FeedForwardFusion
 from .multihop_attention_fusion import MultiHopAttentionFusion
 
 FUSION_FUNCTIONS = ("none", "avg", "fnn", "sa")
+
+
+class AverageFusion(nn.Module):
+    """phi(Z_j) = 1/L * sum_l z^l_j (MLRF Sec. 3.2 "Fusion by Pooling"), no parameters: ``(..., L, d)`` to ``(..., d)``."""
+
+    def forward(self, layers: Tensor) -> Tensor:
+        return layers.mean(dim=-2)
 
 
 class LayerFusion(nn.Module):
@@ -43,19 +49,10 @@ class LayerFusion(nn.Module):
         return fused, weights
 
 
-def build_layer_fusion(
-    function: str,
-    num_layers: int,
-    embed_dim: int,
-    attn_dim: int,
-    ffn_dim: int,
-    num_hops: int,
-    include_embedding_layer: bool = True,
-    layer_embedding: Optional[nn.Embedding] = None,
-    independent_w1: bool = False,
-    layer_norm: bool = True,
-    dropout: float = 0.0,
-) -> Optional[LayerFusion]:
+def build_layer_fusion(function: str, num_layers: int, embed_dim: int, attn_dim: int, ffn_dim: int, num_hops: int,
+                       include_embedding_layer: bool = True, layer_embedding: Optional[nn.Embedding] = None,
+                       independent_w1: bool = False, layer_norm: bool = True,
+                       dropout: float = 0.0) -> Optional[LayerFusion]:
     """A :class:`LayerFusion` over ``num_layers`` stacked layers (plus h0 when included), or
     ``None`` for ``function == "none"``."""
     if function not in FUSION_FUNCTIONS:
@@ -69,15 +66,6 @@ def build_layer_fusion(
     elif function == "fnn":
         phi = FeedForwardFusion(fused_layers, embed_dim, ffn_dim, dropout, layer_embedding, first_layer_index)
     else:
-        phi = MultiHopAttentionFusion(
-            fused_layers,
-            embed_dim,
-            attn_dim,
-            ffn_dim,
-            num_hops,
-            layer_embedding=layer_embedding,
-            first_layer_index=first_layer_index,
-            independent_w1=independent_w1,
-            dropout=dropout,
-        )
+        phi = MultiHopAttentionFusion(fused_layers, embed_dim, attn_dim, ffn_dim, num_hops, layer_embedding,
+                                      first_layer_index, independent_w1, dropout)
     return LayerFusion(phi, embed_dim, include_embedding_layer, layer_norm)

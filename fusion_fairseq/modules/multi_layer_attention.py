@@ -33,12 +33,10 @@ class MultiLayerSelfAttention(MultiheadAttention):
                  dropout: float = 0.0, aggregation_function: str = "sigmoid", aggregation_residual: str = "all"):
         super().__init__(embed_dim, num_heads, dropout=dropout, self_attention=True)
         self.lower_attentions = nn.ModuleList(
-            MultiheadAttention(embed_dim, num_heads, dropout=dropout) for _ in range(num_lower_layers)
-        )
+            MultiheadAttention(embed_dim, num_heads, dropout=dropout) for _ in range(num_lower_layers))
         self.aggregate = AggregationNode(
             num_lower_layers + 1, embed_dim, aggregation_hidden_dim, aggregation_function, aggregation_residual,
-            top_input=0, num_heads=num_heads,
-        )
+            top_input=0, num_heads=num_heads)
         self.lower_states: Optional[List[Tensor]] = None
 
     def attend_lower_layers(self, states: List[Tensor]):

@@ -30,18 +30,9 @@ class MultiHopAttentionFusion(nn.Module):
     attention weights ``(..., nhop, L)``.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        embed_dim: int,
-        attn_dim: int,
-        ffn_dim: int,
-        num_hops: int,
-        layer_embedding: Optional[nn.Embedding] = None,
-        first_layer_index: int = 0,
-        independent_w1: bool = False,
-        dropout: float = 0.0,
-    ):
+    def __init__(self, num_layers: int, embed_dim: int, attn_dim: int, ffn_dim: int, num_hops: int,
+                 layer_embedding: Optional[nn.Embedding] = None, first_layer_index: int = 0,
+                 independent_w1: bool = False, dropout: float = 0.0):
         super().__init__()
         self.num_layers = num_layers
         self.num_hops = num_hops

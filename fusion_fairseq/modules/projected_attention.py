@@ -58,6 +58,5 @@ class ProjectedAttention(nn.Module):
         """Attend from ``query`` to projected ``keys``/``values``; the output, projected."""
         context = F.scaled_dot_product_attention(
             self.project_query(query), keys, values, attn_mask=allowed,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+            dropout_p=self.dropout if self.training else 0.0)
         return self.project_output(context)

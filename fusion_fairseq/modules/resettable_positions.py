@@ -1,6 +1,5 @@
 """Resettable sinusoidal positions (He et al., NeurIPS 2018, Sec. 3 "Position Embedding")."""
 
-
 import torch
 from torch import Tensor
 
@@ -27,6 +26,3 @@ def position_embedding(tokens: Tensor, padding_idx: int, dim: int) -> Tensor:
     """Sinusoidal embedding of :func:`positions_from_zero`, zero at padding."""
     embedding = sinusoidal_positions(positions_from_zero(tokens, padding_idx), dim)
     return embedding * tokens.ne(padding_idx).unsqueeze(-1)
-
-
-

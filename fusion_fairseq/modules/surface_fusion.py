@@ -37,15 +37,6 @@ def soft_fusion(decoder_logits: Tensor, surface_logits: Tensor, tau: float) -> T
     return torch.log_softmax(decoder_logits.float() + surface_log_probs(surface_logits, tau), dim=-1)
 
 
-def fuse_output_distribution(kind: str, decoder_logits: Tensor, surface_logits: Tensor, lam: float, tau: float) -> Tensor:
-    """Fused log-scores over the target vocabulary for ``kind`` in ``hard`` / ``soft``."""
-    if kind == "hard":
-        return hard_fusion(decoder_logits, surface_logits, lam, tau)
-    if kind == "soft":
-        return soft_fusion(decoder_logits, surface_logits, tau)
-    raise ValueError(f"--surface-fusion {kind!r}; allowed: {', '.join(SURFACE_FUSION_KINDS)}")
-
-
 class ResidualFeedForward(nn.Module):
     """x + dropout(FFN(x)): the released code's output FFN (ReLU, dropout on the hidden units and on
     the output, no layer normalisation). Weights Xavier-uniform and biases zero, as fairseq's
@@ -132,4 +123,6 @@ class SurfaceFusion(nn.Module):
         if self.output_ffn is not None:
             features = self.output_ffn(features)
         logits = output_projection(features)
-        return fuse_output_distribution(self.kind, logits[:batch], logits[batch:], self.lam, self.tau)
+        if self.kind == "hard":
+            return hard_fusion(logits[:batch], logits[batch:], self.lam, self.tau)
+        return soft_fusion(logits[:batch], logits[batch:], self.tau)
