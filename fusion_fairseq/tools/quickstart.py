@@ -24,6 +24,7 @@ stays on a language-model plateau (valid loss ~4.2) for hundreds of updates; at 
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import re
@@ -90,15 +91,13 @@ def read_data_file(source, output, limit=0):
     if os.path.exists(output) and os.path.samefile(source, output):
         raise SystemExit(f"error: --data: {source} is the quickstart's own output {output}; "
                          "give --data and --out that do not overlap")
-    lines = []
     with open(source, "rb") as f:
-        for line in f:
-            if limit and len(lines) >= limit:
-                break
-            try:
-                lines.append(line.decode("utf-8").strip())
-            except UnicodeDecodeError:
-                raise SystemExit(f"error: --data: {source} line {len(lines) + 1} is not UTF-8 text") from None
+        lines = list(itertools.islice(f, limit or None))
+    for number, line in enumerate(lines):
+        try:
+            lines[number] = line.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise SystemExit(f"error: --data: {source} line {number + 1} is not UTF-8 text") from None
     if not lines:
         raise SystemExit(f"error: --data: {source} is empty")
     return lines
