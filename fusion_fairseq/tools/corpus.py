@@ -39,6 +39,7 @@ from multiprocessing import Pool
 from typing import Dict, Tuple, Union
 
 from fusion_fairseq.cli import user_dir
+from fusion_fairseq.tools.common import positive_int
 
 SPLITS = ("train", "valid", "test")
 
@@ -611,12 +612,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def positive_int(text):
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"invalid value '{text}' (expected an integer >= 1)")
-    return int(text)
-
-
 def build_parser():
     p = Parser(prog="corpus", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -647,7 +642,7 @@ def build_parser():
     e.add_argument("--lenpen", type=float, default=1.0)
     e.add_argument("--batch-size", type=positive_int, default=128)
     e.add_argument("--max-tokens", type=positive_int)
-    e.add_argument("--src")
+    e.add_argument("--src", help="default: as recorded, else the one pair binarised")
     e.add_argument("--tgt")
     e.add_argument("--ref", help="raw reference (default: recorded in DATA_BIN/recipe.env)")
     e.add_argument("--tok-ref", help="tokenised reference (default: recorded, else fairseq's T- lines)")
@@ -663,14 +658,13 @@ def build_parser():
     h.add_argument("--ref", help="also write the T- lines here")
     h.add_argument("--expect", type=int)
     d = sub.add_parser("detok", help="sacremoses detokenisation")
-    d.add_argument("--lang", required=True)
-    d.add_argument("-i", "--input", required=True)
-    d.add_argument("-o", "--output", required=True)
+    for flags in (["--lang"], ["-i", "--input"], ["-o", "--output"]):
+        d.add_argument(*flags, required=True)
     b = sub.add_parser("bleu", help="detokenised sacreBLEU and tokenised BLEU")
     for flag in ("--hyp-detok", "--ref", "--hyp-tok", "--tok-ref"):
         b.add_argument(flag, required=True)
-    b.add_argument("--lowercase", action="store_true")
-    b.add_argument("--compound-split", action="store_true")
+    for flag in ("--lowercase", "--compound-split"):
+        b.add_argument(flag, action="store_true")
     b.add_argument("--json")
     return p
 

@@ -1,38 +1,30 @@
 """The main job: a vanilla Transformer vs. MLRF (Both-FNN-SA) at the same size and budget.
 
-Pipeline (every stage prints a header; training prints a progress line per log interval):
+ 1. data     -- the synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` (default), or raw
+                parallel text given with ``--data DIR --src de --tgt en``
+ 2. BPE      -- one joint BPE learnt with subword-nmt (:func:`corpus.learn_and_apply_bpe`)
+ 3. binarise -- ``fairseq-preprocess --joined-dictionary`` (:func:`corpus.binarise`)
+ 4. train    -- ``fairseq-train`` of ``transformer`` and ``fusion_transformer --fuse-encoder fnn
+                --fuse-decoder sa`` with the same dimensions, updates, batch and schedule. Without a
+                GPU they run side by side, one process per core with one thread each: two OpenMP
+                threads per process on a shared machine are many times slower than one.
+ 5. test     -- ``fairseq-generate --beam 5 --remove-bpe``, BLEU by sacrebleu against the raw references
 
- 1. data     -- the synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` (default), or a directory
-                of raw parallel text given with ``--data DIR --src de --tgt en``
- 2. BPE      -- one joint BPE learnt with subword-nmt on the training source+target
- 3. binarise -- ``fairseq-preprocess --joined-dictionary``
-                (stages 2 and 3 are the steps of :mod:`fusion_fairseq.tools.corpus`)
- 4. train    -- ``fairseq-train`` of ``transformer`` and of ``fusion_transformer --fuse-encoder fnn
-                --fuse-decoder sa`` (MLRF's best system), same dimensions, same updates, batch and
-                learning-rate schedule. Without a GPU the two run side by side, one process per
-                core with one thread each (``--jobs``/``--threads``): two OpenMP threads per process
-                on a shared machine are many times slower than one.
- 5. test     -- ``fairseq-generate --beam 5 --remove-bpe`` on the test split, BLEU by sacrebleu
-                against the raw references
+and prints a table: model, BLEU, parameters, training target tokens/s (fairseq's ``wps``), decoding
+sentences/s. Everything goes under ``--out`` (``raw/ bpe/ data-bin/ checkpoints/ logs/``,
+``results.md``, ``results.json``); a re-run overwrites only the files it wrote, never a directory.
 
-and prints a table: model, BLEU, parameters, training target tokens/s (fairseq's ``wps``),
-decoding sentences/s (fairseq-generate's summary line). Everything is written under ``--out``
-(default ``quickstart_out/``) into the subdirectories ``raw/ bpe/ data-bin/ checkpoints/ logs/``
-and the files ``results.md``/``results.json``; a re-run overwrites only those files it wrote itself
-and never deletes a directory.
-
-    python -m fusion_fairseq.tools.quickstart                                 # synthetic, 242 s on 2 CPU cores
+    python -m fusion_fairseq.tools.quickstart                                   # synthetic, 242 s on 2 CPU cores
     python -m fusion_fairseq.tools.quickstart --train-size 300 --max-update 20  # smoke run
-    python -m fusion_fairseq.tools.quickstart --data data/multi30k.de-en/tok --src de --tgt en   # after corpus prepare multi30k
 
-Defaults (learning rate 1e-3, 150 warm-up updates, 600 updates of 2,048 tokens): at a peak of
-2e-3 or 3e-3 the MLRF model's self-attention fusion over decoder layers puts ~99% of its weight on
-the two lowest layers (h0, h1) within the first ~200 updates and stays on a language-model plateau
-(valid loss ~4.2) for hundreds of updates, while the Transformer trains fine; at 1e-3 both learn.
+Why a peak learning rate of 1e-3: at 2e-3 or 3e-3 the MLRF model's self-attention fusion over
+decoder layers puts ~99% of its weight on the two lowest layers (h0, h1) within ~200 updates and
+stays on a language-model plateau (valid loss ~4.2) for hundreds of updates; at 1e-3 both learn.
 """
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import re
@@ -40,15 +32,14 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools import corpus
 
-SYNTHETIC_DEFAULTS = {"bpe_merges": 1000}
-REAL_DEFAULTS = {"bpe_merges": 8000}
-VALID_NAMES = ("valid", "val", "dev", "validation", "newsdev", "tst-dev")
-TEST_NAMES = ("test", "tst", "newstest", "eval")
+BPE_MERGES = {"synthetic": 1000, "data": 8000}
+SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev", "validation", "newsdev", "tst-dev"),
+               "test": ("test", "tst", "newstest", "eval")}
 # name -> (arch, description, fusion flags). fgla and surface_fusion are there so that the
 # encoder-layer-fusion analyses (examples/surface_fusion/analyses.sh) have a checkpoint to read.
 MODELS = {
@@ -58,56 +49,55 @@ MODELS = {
     "surface_fusion": ("fusion_transformer", "SurfaceFusion (hard, lambda 0.8)",
                        ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"]),
 }
+MLRF_FLAGS = ("fusion_hops", "fusion_attn_dim", "fusion_ffn_dim")
+# fairseq's default --max-source/target-positions, which the quickstart keeps; </s> takes one more.
+MAX_POSITIONS = 1024
 
 
 def log(message=""):
     print(message, flush=True)
 
 
-def stage(number, total, title):
-    log(f"\n=== [{number}/{total}] {title}")
+def stage(number, title):
+    log(f"\n=== [{number}/5] {title}")
 
 
-# ---- data: fusion_fairseq.tools.corpus's steps ------------------------------------------------
-def _prefixes(directory, src, tgt):
-    """Split prefixes P with both P.src and P.tgt in ``directory``."""
-    found = [os.path.basename(p)[: -len(src) - 1] for p in glob.glob(os.path.join(glob.escape(directory), f"*.{src}"))]
-    return sorted(p for p in found if os.path.isfile(os.path.join(directory, f"{p}.{tgt}")))
+def flag(name):
+    return "--" + name.replace("_", "-")
 
 
+# ---- data -------------------------------------------------------------------------------------
 def detect_split(directory, src, tgt, kind, requested=None):
-    """The prefix of a split (``train``/``valid``/``test``): ``requested`` if given, else the first
-    conventional name found (valid: valid, val, dev...; test: test, then test*, tst*...)."""
-    prefixes = _prefixes(directory, src, tgt)
+    """The prefix P of a split with both P.src and P.tgt in ``directory``: ``requested`` if given, else
+    the first conventional name (valid: valid, val, dev...), else the first starting with one (test_2016_flickr)."""
+    found = [os.path.basename(p)[: -len(src) - 1] for p in glob.glob(os.path.join(glob.escape(directory), f"*.{src}"))]
+    prefixes = sorted(p for p in found if os.path.isfile(os.path.join(directory, f"{p}.{tgt}")))
+    listed = ", ".join(prefixes) or "none"
     if requested:
         if requested not in prefixes:
-            raise SystemExit(f"error: no {requested}.{src} + {requested}.{tgt} in {directory} "
-                             f"(parallel splits there: {', '.join(prefixes) or 'none'})")
+            raise SystemExit(f"error: no {requested}.{src} + {requested}.{tgt} in {directory} (parallel splits there: {listed})")
         return requested
-    names = {"train": ("train",), "valid": VALID_NAMES, "test": TEST_NAMES}[kind]
-    exact = [name for name in names if name in prefixes]
-    starting = [p for name in names for p in prefixes if p.lower().startswith(name)]  # e.g. test_2016_flickr, newstest2014
-    if exact or starting:
-        return (exact or starting)[0]
-    raise SystemExit(f"error: cannot find a {kind} split for {src}-{tgt} in {directory} (parallel splits "
-                     f"there: {', '.join(prefixes) or 'none'}); name it with --{kind}-split")
+    names = SPLIT_NAMES[kind]
+    candidates = [n for n in names if n in prefixes] or [p for n in names for p in prefixes if p.lower().startswith(n)]
+    if not candidates:
+        raise SystemExit(f"error: cannot find a {kind} split for {src}-{tgt} in {directory} (parallel splits "
+                         f"there: {listed}); name it with --{kind}-split")
+    return candidates[0]
 
 
 def read_data_file(source, output, limit=0):
-    """The first ``limit`` lines (all when 0) of ``source``, stripped UTF-8 text; refused when empty,
-    not UTF-8, or the very file the quickstart writes at ``output``."""
+    """The first ``limit`` lines (all when 0) of ``source``, stripped; refused when empty, not UTF-8,
+    or the very file the quickstart writes at ``output``."""
     if os.path.exists(output) and os.path.samefile(source, output):
         raise SystemExit(f"error: --data: {source} is the quickstart's own output {output}; "
                          "give --data and --out that do not overlap")
-    lines = []
     with open(source, "rb") as f:
-        for line in f:
-            if limit and len(lines) >= limit:
-                break
-            try:
-                lines.append(line.decode("utf-8").strip())
-            except UnicodeDecodeError:
-                raise SystemExit(f"error: --data: {source} line {len(lines) + 1} is not UTF-8 text") from None
+        lines = list(itertools.islice(f, limit or None))
+    for number, line in enumerate(lines):
+        try:
+            lines[number] = line.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise SystemExit(f"error: --data: {source} line {number + 1} is not UTF-8 text") from None
     if not lines:
         raise SystemExit(f"error: --data: {source} is empty")
     return lines
@@ -115,17 +105,15 @@ def read_data_file(source, output, limit=0):
 
 def prepare_real_data(args, raw_dir):
     """``{split: {lang: lines}}`` of the --data splits, also written to ``raw_dir``."""
-    limits = {"train": args.train_lines, "valid": args.valid_lines, "test": args.test_lines}
     text = {}
-    for split in ("train", "valid", "test"):
+    for split in corpus.SPLITS:
         prefix = detect_split(args.data, args.src, args.tgt, split, getattr(args, f"{split}_split"))
-        text[split] = {lang: read_data_file(os.path.join(args.data, f"{prefix}.{lang}"),
-                                            os.path.join(raw_dir, f"{split}.{lang}"), limits[split])
-                       for lang in (args.src, args.tgt)}
-        counts = [len(text[split][lang]) for lang in (args.src, args.tgt)]
-        if counts[0] != counts[1]:
-            raise SystemExit(f"error: {prefix}.{args.src} has {counts[0]} lines but {prefix}.{args.tgt} has {counts[1]}")
-        log(f"  {split:5s} <- {os.path.join(args.data, prefix)}.{{{args.src},{args.tgt}}}: {counts[0]:,} sentence pairs")
+        text[split] = {lang: read_data_file(os.path.join(args.data, f"{prefix}.{lang}"), os.path.join(raw_dir, f"{split}.{lang}"),
+                                            getattr(args, f"{split}_lines")) for lang in (args.src, args.tgt)}
+        n_src, n_tgt = (len(text[split][lang]) for lang in (args.src, args.tgt))
+        if n_src != n_tgt:
+            raise SystemExit(f"error: {prefix}.{args.src} has {n_src} lines but {prefix}.{args.tgt} has {n_tgt}")
+        log(f"  {split:5s} <- {os.path.join(args.data, prefix)}.{{{args.src},{args.tgt}}}: {n_src:,} sentence pairs")
     corpus.write_splits(text, raw_dir, (args.src, args.tgt))
     return text
 
@@ -135,19 +123,14 @@ def prepare_synthetic_data(args, raw_dir):
 
     write_corpus(raw_dir, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, args.src, args.tgt)
     text = {split: {lang: corpus.read_lines(os.path.join(raw_dir, f"{split}.{lang}")) for lang in (args.src, args.tgt)}
-            for split in ("train", "valid", "test")}
+            for split in corpus.SPLITS}
     for split in text:
         log(f"  {split:5s}: {len(text[split][args.src]):,} sentence pairs -> {raw_dir}/{split}.{{{args.src},{args.tgt}}}")
     return text
 
 
-# fairseq's default --max-source-positions / --max-target-positions, which the quickstart keeps;
-# a sentence takes one more position for its end-of-sentence symbol.
-MAX_POSITIONS = 1024
-
-
 def check_line_lengths(bpe):
-    """Refused before any training: a line longer than the models take (fairseq-generate would stop on
+    """Refused before training: a line longer than the models take (fairseq-generate would stop on
     such a test sentence after all the training, and fairseq-train skips such pairs)."""
     for split, sides in bpe.items():
         for lang, lines in sides.items():
@@ -158,18 +141,10 @@ def check_line_lengths(bpe):
                                      f"{MAX_POSITIONS - 1} (shorten or remove that line)")
 
 
-# ---- fairseq -----------------------------------------------------------------------------------
-def fairseq_env(args):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if args.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    return env
-
-
+# ---- fairseq ----------------------------------------------------------------------------------
 def run_logged(command, log_path, env, on_line=None):
-    """Run ``command``, writing its merged stdout/stderr to ``log_path`` and handing each line to
-    ``on_line``. Returns the CPU seconds (user + system) the process used. Raises ``SystemExit``
-    with the log's tail on failure."""
+    """Run ``command`` with its output in ``log_path``, each line handed to ``on_line``; the CPU
+    seconds it used (its own, also when several run at once). Fails with the log's tail."""
     with open(log_path, "w", encoding="utf-8") as log_file:
         log_file.write("$ " + " ".join(command) + "\n")
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
@@ -179,49 +154,37 @@ def run_logged(command, log_path, env, on_line=None):
             if on_line is not None:
                 on_line(line.rstrip("\n"))
         process.stdout.close()
-        if hasattr(os, "wait4"):  # this process's own CPU time, also when several run at once
-            _, status, usage = os.wait4(process.pid, 0)
-            process.returncode = returncode = os.waitstatus_to_exitcode(status)
-            cpu = usage.ru_utime + usage.ru_stime
-        else:
-            returncode, cpu = process.wait(), None
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = returncode = os.waitstatus_to_exitcode(status)
     if returncode != 0:
         with open(log_path, encoding="utf-8") as f:
             tail = f.read()[-4000:]
         raise SystemExit(f"error: {' '.join(command[:3])} ... failed (exit {returncode}); log {log_path}:\n{tail}")
-    return cpu
+    return usage.ru_utime + usage.ru_stime
 
 
 def model_flags(args, name):
-    dims = [
-        "--encoder-layers", args.layers, "--decoder-layers", args.layers,
-        "--encoder-embed-dim", args.embed_dim, "--decoder-embed-dim", args.embed_dim,
-        "--encoder-ffn-embed-dim", args.ffn_dim, "--decoder-ffn-embed-dim", args.ffn_dim,
-        "--encoder-attention-heads", args.heads, "--decoder-attention-heads", args.heads,
-        "--dropout", args.dropout, "--share-all-embeddings",
-    ]
     arch, _, fusion = MODELS[name]
-    flags = ["--arch", arch, *dims]
+    flags = ["--arch", arch, "--dropout", args.dropout, "--share-all-embeddings"]
+    for side in ("encoder", "decoder"):
+        flags += [f"--{side}-layers", args.layers, f"--{side}-embed-dim", args.embed_dim,
+                  f"--{side}-ffn-embed-dim", args.ffn_dim, f"--{side}-attention-heads", args.heads]
     if arch == "fusion_transformer":
         flags += ["--user-dir", user_dir(), *fusion]
     if name == "mlrf":
         defaults = {"fusion_hops": 4, "fusion_attn_dim": 4 * args.embed_dim, "fusion_ffn_dim": 2 * args.embed_dim}
-        for name, default in defaults.items():
-            flags += [f"--{name.replace('_', '-')}", default if getattr(args, name) is None else getattr(args, name)]
+        flags += [x for key in MLRF_FLAGS for x in (flag(key), defaults[key] if getattr(args, key) is None else getattr(args, key))]
     return [str(f) for f in flags]
 
 
 class TrainProgress:
-    """Turns fairseq's json log lines into one progress line per interval, and collects the
-    numbers of the results table."""
+    """Turns fairseq's json log lines into one progress line per interval; keeps the table's numbers."""
 
     INFO = re.compile(r"\|\s*INFO\s*\|\s*(\S+)\s*\|\s*(.*)$")
 
     def __init__(self, name, max_update, verbose):
         self.name, self.max_update, self.verbose = name, max_update, verbose
-        self.params = None
-        self.epochs = []  # train summaries
-        self.start = time.time()
+        self.params, self.epochs, self.start = None, [], time.time()  # epochs: the train summaries
 
     def __call__(self, line):
         if self.verbose:
@@ -252,30 +215,26 @@ class TrainProgress:
                 f"ppl {stats.get('valid_ppl')}  (update {stats.get('valid_num_updates')}, {elapsed:.0f}s)")
 
     def train_tokens_per_second(self):
-        """Target tokens per second over all epochs (each epoch summary gives wps and wpb; updates
-        per epoch from the running num_updates)."""
+        """Target tokens per second over all epochs (each epoch's wps and wpb; its updates from num_updates)."""
         tokens = seconds = 0.0
         previous_updates = 0
         for stats in self.epochs:
             updates = int(float(stats["train_num_updates"])) - previous_updates
             previous_updates += updates
-            epoch_tokens = float(stats["train_wpb"]) * updates
-            wps = float(stats["train_wps"])
+            epoch_tokens, wps = float(stats["train_wpb"]) * updates, float(stats["train_wps"])
             if wps > 0:
-                tokens += epoch_tokens
-                seconds += epoch_tokens / wps
+                tokens, seconds = tokens + epoch_tokens, seconds + epoch_tokens / wps
         return tokens / seconds if seconds else None
 
 
-def train(args, name, bin_dir, ckpt_root, logs_dir, env):
-    save_dir = os.path.join(ckpt_root, name)
+def train(args, name, dirs, env):
+    save_dir = os.path.join(dirs.checkpoints, name)
     os.makedirs(save_dir, exist_ok=True)
-    for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files from an earlier run
-        path = os.path.join(save_dir, stale)
-        if os.path.isfile(path):
-            os.remove(path)
+    for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files of an earlier run: start afresh
+        if os.path.isfile(os.path.join(save_dir, stale)):
+            os.remove(os.path.join(save_dir, stale))
     command = [
-        sys.executable, "-m", "fairseq_cli.train", bin_dir, *model_flags(args, name),
+        sys.executable, "-m", "fairseq_cli.train", dirs.bin, *model_flags(args, name),
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
         "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup_updates),
         "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001",
@@ -284,17 +243,13 @@ def train(args, name, bin_dir, ckpt_root, logs_dir, env):
         "--seed", str(args.seed), "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", str(args.log_interval or max(10, args.max_update // 10)),
         "--skip-invalid-size-inputs-valid-test",
-        # fairseq's batch_by_size drops the last, partial batch when it is not a multiple of
-        # --required-batch-size-multiple (default 8): validation and test would lose sentences.
-        "--required-batch-size-multiple", "1",
+        # fairseq's batch_by_size drops a last, partial batch that is not a multiple of this (default 8)
+        "--required-batch-size-multiple", "1", *(["--cpu"] if args.cpu else []),
     ]
-    if args.cpu:
-        command.append("--cpu")
     progress = TrainProgress(name, args.max_update, args.verbose)
-    started = time.time()
-    cpu = run_logged(command, os.path.join(logs_dir, f"train-{name}.log"), env, progress)
-    wall = time.time() - started
-    log(f"  [{name}] trained in {wall:.0f}s" + ("" if cpu is None else f" (CPU time {cpu:.0f}s)") + f" -> {save_dir}")
+    cpu = run_logged(command, os.path.join(dirs.logs, f"train-{name}.log"), env, progress)
+    wall = time.time() - progress.start
+    log(f"  [{name}] trained in {wall:.0f}s (CPU time {cpu:.0f}s) -> {save_dir}")
     checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
     if not os.path.isfile(checkpoint):
         checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
@@ -302,23 +257,19 @@ def train(args, name, bin_dir, ckpt_root, logs_dir, env):
             "train_seconds": wall, "train_cpu_seconds": cpu}
 
 
-def generate(args, name, bin_dir, checkpoint, logs_dir, env):
-    results_dir = os.path.join(logs_dir, f"generate-{name}")
+def generate(args, name, dirs, checkpoint, env):
+    """fairseq-generate on the test split: the output file and fairseq's sentences/s."""
+    results_dir, log_path = os.path.join(dirs.logs, f"generate-{name}"), os.path.join(dirs.logs, f"generate-{name}.log")
     os.makedirs(results_dir, exist_ok=True)
-    command = [
-        sys.executable, "-m", "fairseq_cli.generate", bin_dir, "--path", checkpoint, "--gen-subset", "test",
-        "--beam", str(args.beam), "--remove-bpe", "--batch-size", str(args.batch_size),
-        "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0", "--required-batch-size-multiple", "1", "--results-path", results_dir,
-        "--user-dir", user_dir(),
-    ]
-    if args.cpu:
-        command.append("--cpu")
     started = time.time()
-    run_logged(command, os.path.join(logs_dir, f"generate-{name}.log"), env)
+    run_logged([sys.executable, "-m", "fairseq_cli.generate", dirs.bin, "--path", checkpoint, "--gen-subset", "test",
+                "--beam", str(args.beam), "--remove-bpe", "--batch-size", str(args.batch_size), "--max-len-a", "1.2",
+                "--max-len-b", "10", "--num-workers", "0", "--required-batch-size-multiple", "1",
+                "--results-path", results_dir, "--user-dir", user_dir(), *(["--cpu"] if args.cpu else [])], log_path, env)
     generated, speed = os.path.join(results_dir, "generate-test.txt"), None
-    # fairseq-generate's summary line goes to its log (stderr), or into the results file
-    for path in (os.path.join(logs_dir, f"generate-{name}.log"), generated):
-        match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", open(path, encoding="utf-8").read())
+    for path in (log_path, generated):  # the summary line goes to the log (stderr), or into the results file
+        with open(path, encoding="utf-8") as f:
+            match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", f.read())
         speed = float(match.group(1)) if match else speed
     log(f"  [{name}] translated the test split in {time.time() - started:.0f}s -> {generated}")
     return generated, speed
@@ -332,23 +283,6 @@ def bleu(generated, reference_path):
     hypotheses, _ = corpus.hypotheses(generated, expect=len(references))
     # force: the references are tokenised text (spaces before punctuation), as the hypotheses
     return sacrebleu.corpus_bleu(hypotheses, [references], force=True)
-
-
-# ---- running the models side by side --------------------------------------------------------
-def available_cpus():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def default_jobs(n_models):
-    """Models trained at once: one per CPU core on a CPU-only machine, one at a time with a GPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        return 1
-    return max(1, min(n_models, available_cpus()))
 
 
 def run_jobs(jobs, names, function):
@@ -370,46 +304,36 @@ def format_table(rows):
     def fmt(value, spec):
         return "n/a" if value is None else format(value, spec)
 
-    cells = [TABLE_COLUMNS] + [
-        (r["model"], r["description"], fmt(r["bleu"], ".2f"), fmt(r["params"], ","), fmt(r["train_wps"], ",.0f"),
-         fmt(r["decode_sps"], ".1f"))
-        for r in rows
-    ]
+    cells = [TABLE_COLUMNS] + [(r["model"], r["description"], fmt(r["bleu"], ".2f"), fmt(r["params"], ","),
+                                fmt(r["train_wps"], ",.0f"), fmt(r["decode_sps"], ".1f")) for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_COLUMNS))]
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append("| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |")
-        if n == 0:
-            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines = ["| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
+             for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 
 
 # ---- driver ------------------------------------------------------------------------------------
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="fusion-fairseq-quickstart",
+        prog="fusion-fairseq-quickstart", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
-        "synthetic corpus (default) or on raw parallel text (--data), then compare BLEU and speed.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+        "synthetic corpus (default) or on raw parallel text (--data), then compare BLEU and speed.")
     p.add_argument("--out", default="quickstart_out", help="output directory (created; files of an earlier run are overwritten, nothing else)")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="directory of raw (tokenised) parallel text with train.SRC/TGT, a validation and a test split; "
                    "default: generate the synthetic corpus")
     g.add_argument("--src", help="source language suffix (synthetic: src)")
     g.add_argument("--tgt", help="target language suffix (synthetic: tgt)")
-    g.add_argument("--train-split", help="prefix of the training split in --data (default: train)")
-    g.add_argument("--valid-split", help="prefix of the validation split in --data (default: first of valid, val, dev, ...)")
-    g.add_argument("--test-split", help="prefix of the test split in --data (default: test, else the first test*/tst*...)")
-    g.add_argument("--train-lines", type=int, default=0, help="use only the first N training pairs of --data (0: all)")
-    g.add_argument("--valid-lines", type=int, default=0, help="use only the first N validation pairs of --data (0: all)")
-    g.add_argument("--test-lines", type=int, default=0, help="use only the first N test pairs of --data (0: all)")
-    g.add_argument("--train-size", type=int, default=12000, help="synthetic training pairs")
-    g.add_argument("--valid-size", type=int, default=300, help="synthetic validation pairs")
-    g.add_argument("--test-size", type=int, default=300, help="synthetic test pairs")
+    for split, default in (("train", "train"), ("valid", "first of valid, val, dev, ..."), ("test", "test, else the first test*/tst*...")):
+        g.add_argument(f"--{split}-split", help=f"prefix of the {split} split in --data (default: {default})")
+    for split in corpus.SPLITS:
+        g.add_argument(f"--{split}-lines", type=int, default=0, help=f"use only the first N {split} pairs of --data (0: all)")
+    for split, size in (("train", 12000), ("valid", 300), ("test", 300)):
+        g.add_argument(f"--{split}-size", type=int, default=size, help=f"synthetic {split} pairs")
     g.add_argument("--lexicon-seed", type=int, default=0, help="seed of the synthetic vocabulary")
-    g.add_argument("--bpe-merges", type=int, help=f"joint BPE merges (default: {SYNTHETIC_DEFAULTS['bpe_merges']} synthetic, "
-                   f"{REAL_DEFAULTS['bpe_merges']} --data)")
+    g.add_argument("--bpe-merges", type=int, help=f"joint BPE merges (default: {BPE_MERGES['synthetic']} synthetic, "
+                   f"{BPE_MERGES['data']} --data)")
     g = p.add_argument_group("models (the same for both)")
     g.add_argument("--models", default="transformer,mlrf", help="comma-separated subset of: " + ", ".join(MODELS))
     g.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
@@ -440,80 +364,59 @@ def build_parser():
     return p
 
 
-def check_real_data_args(args):
-    if not os.path.isdir(args.data):
-        raise SystemExit(f"error: --data {args.data}: not a directory")
-    if not args.src or not args.tgt:
-        languages = sorted(os.path.basename(p)[6:] for p in glob.glob(os.path.join(glob.escape(args.data), "train.*")))
-        raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
-                         f"{', '.join(languages) or 'none'})")
-
-
 def check_args(args):
     """The models to train and whether the corpus is synthetic; fills in the defaults that depend
-    on it and refuses values out of range (``SystemExit`` with a message naming the flag)."""
+    on it and refuses values out of range, naming the flag."""
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         raise SystemExit(f"error: --models: unknown {unknown} (choose from {', '.join(MODELS)})")
     synthetic = args.data is None
-    if not synthetic:
-        check_real_data_args(args)
     if synthetic:
         args.src, args.tgt = args.src or "src", args.tgt or "tgt"
+    elif not os.path.isdir(args.data):
+        raise SystemExit(f"error: --data {args.data}: not a directory")
+    elif not args.src or not args.tgt:
+        languages = sorted(os.path.basename(p)[6:] for p in glob.glob(os.path.join(glob.escape(args.data), "train.*")))
+        raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
+                         f"{', '.join(languages) or 'none'})")
     if args.bpe_merges is None:
-        args.bpe_merges = (SYNTHETIC_DEFAULTS if synthetic else REAL_DEFAULTS)["bpe_merges"]
+        args.bpe_merges = BPE_MERGES["synthetic" if synthetic else "data"]
     for name in ("max_update", "max_tokens", "layers", "embed_dim", "ffn_dim", "heads", "bpe_merges", "beam", "batch_size"):
         if getattr(args, name) <= 0:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be positive")
+            raise SystemExit(f"error: {flag(name)} must be positive")
     for name in ("jobs", "threads", "train_lines", "valid_lines", "test_lines"):
         if getattr(args, name) < 0:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 0")
+            raise SystemExit(f"error: {flag(name)} must be >= 0")
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
-    check_mlrf_flags(args, models)
+    # MLRF's flags must be positive, and are read only by the mlrf model: warned about without it
+    given = {flag(name): getattr(args, name) for name in MLRF_FLAGS if getattr(args, name) is not None}
+    for name, value in given.items():
+        if value <= 0:
+            raise SystemExit(f"error: {name} must be a positive integer, got {value}")
+    if given and "mlrf" not in models:
+        print(f"warning: flag without effect: {', '.join(f'{name} {value}' for name, value in given.items())}: only "
+              f"the mlrf model reads it, and --models is {','.join(models)}", file=sys.stderr)
     return models, synthetic
 
 
-def check_mlrf_flags(args, models):
-    """MLRF's flags must be positive, and are read only by the mlrf model: warned about without it."""
-    given = {f"--{name.replace('_', '-')}": getattr(args, name) for name in ("fusion_hops", "fusion_attn_dim",
-                                                                         "fusion_ffn_dim") if getattr(args, name) is not None}
-    for flag, value in given.items():
-        if value <= 0:
-            raise SystemExit(f"error: {flag} must be a positive integer, got {value}")
-    if given and "mlrf" not in models:
-        print(f"warning: flag without effect: {', '.join(f'{flag} {value}' for flag, value in given.items())}: only "
-              f"the mlrf model reads it, and --models is {','.join(models)}", file=sys.stderr)
-
-
-class OutDirs(NamedTuple):
-    """The directories under ``--out``."""
-
-    out: str
-    raw: str
-    bpe: str
-    bin: str
-    checkpoints: str
-    logs: str
-
-
-def make_out_dirs(args) -> OutDirs:
+def make_out_dirs(args):
     """The directories under ``--out`` (``--out`` and its ``logs`` made); --data must not be among them."""
     out = os.path.abspath(args.out)
-    dirs = OutDirs(out, *(os.path.join(out, name) for name in ("raw", "bpe", "data-bin", "checkpoints", "logs")))
+    dirs = SimpleNamespace(out=out, **{key: os.path.join(out, name) for key, name in (
+        ("raw", "raw"), ("bpe", "bpe"), ("bin", "data-bin"), ("checkpoints", "checkpoints"), ("logs", "logs"))})
     if args.data and os.path.realpath(args.data) in {os.path.realpath(d) for d in (out, dirs.raw, dirs.bpe, dirs.bin)}:
         raise SystemExit("error: --out must not be (the parent of) the --data directory")
-    for directory in (out, dirs.logs):
-        os.makedirs(directory, exist_ok=True)
+    os.makedirs(dirs.logs, exist_ok=True)
     return dirs
 
 
-def prepare_corpus(args, synthetic, dirs: OutDirs, env, total):
+def prepare_corpus(args, synthetic, dirs):
     """Stages 1 to 3: the raw corpus, the joint BPE and fairseq-preprocess."""
-    stage(1, total, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
+    stage(1, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
     text = prepare_synthetic_data(args, dirs.raw) if synthetic else prepare_real_data(args, dirs.raw)
-    stage(2, total, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
+    stage(2, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
     codes = os.path.join(dirs.bpe, "codes")
     os.makedirs(dirs.bpe, exist_ok=True)
     bpe = corpus.learn_and_apply_bpe(text, args.src, args.tgt, args.bpe_merges, codes)
@@ -521,39 +424,54 @@ def prepare_corpus(args, synthetic, dirs: OutDirs, env, total):
     corpus.write_splits(bpe, dirs.bpe, (args.src, args.tgt))
     words, pieces = (sum(len(line.split()) for line in t["train"][args.tgt]) for t in (text, bpe))
     log(f"  {args.bpe_merges} merges -> {codes}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
-    stage(3, total, "fairseq-preprocess --joined-dictionary")
+    stage(3, "fairseq-preprocess --joined-dictionary")
     corpus.binarise(dirs.bpe, dirs.bin, args.src, args.tgt, max(1, args.workers), log_path=os.path.join(dirs.logs, "preprocess.log"))
     types = len(corpus.read_lines(os.path.join(dirs.bin, f"dict.{args.src}.txt")))
     log(f"  joined dictionary: {types:,} types (+4 specials) -> {dirs.bin}")
 
 
-def train_and_test(args, models, jobs, dirs: OutDirs, env, total):
+def train_and_test(args, models, jobs, dirs, env):
     """Stages 4 and 5: train every model, decode the test split and score it; the table's rows."""
     parallel = f", {jobs} at a time with {env.get('OMP_NUM_THREADS', 'default')} thread(s) each" if jobs > 1 else ""
-    stage(4, total, f"fairseq-train {' and '.join(models)}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
+    stage(4, f"fairseq-train {' and '.join(models)}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
           f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens{parallel}")
     for name in models:
         log(f"  [{name}] {MODELS[name][1]} (--arch {MODELS[name][0]})")
-    trained = run_jobs(jobs, models, lambda name: train(args, name, dirs.bin, dirs.checkpoints, dirs.logs, env))
-    stage(5, total, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
-    generated = run_jobs(jobs, models,
-                         lambda name: generate(args, name, dirs.bin, trained[name]["checkpoint"], dirs.logs, env))
+    trained = run_jobs(jobs, models, lambda name: train(args, name, dirs, env))
+    stage(5, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
+    generated = run_jobs(jobs, models, lambda name: generate(args, name, dirs, trained[name]["checkpoint"], env))
     rows = []
     for name in models:
         results, decode_sps = generated[name]
         score = bleu(results, os.path.join(dirs.raw, f"test.{args.tgt}"))
         log(f"  [{name}] {score}")
-        rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1],
-                     "bleu": score.score, "params": trained[name]["params"], "train_wps": trained[name]["train_wps"],
-                     "decode_sps": decode_sps, "train_seconds": trained[name]["train_seconds"],
-                     "train_cpu_seconds": trained[name]["train_cpu_seconds"],
-                     "checkpoint": trained[name]["checkpoint"], "sacrebleu": str(score)})
+        row = trained[name]
+        rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1], "bleu": score.score,
+                     "params": row["params"], "train_wps": row["train_wps"], "decode_sps": decode_sps,
+                     "train_seconds": row["train_seconds"], "train_cpu_seconds": row["train_cpu_seconds"],
+                     "checkpoint": row["checkpoint"], "sacrebleu": str(score)})
     return rows
 
 
-def write_results(args, rows, synthetic, dirs: OutDirs, wall):
-    """Print the table and write ``results.md`` and ``results.json`` under ``--out``."""
-    table = format_table(rows)
+def run_quickstart(argv=None):
+    """Run the whole job; returns the table's rows (dicts)."""
+    import torch
+
+    args = build_parser().parse_args(argv)
+    started = time.time()
+    models, synthetic = check_args(args)
+    dirs = make_out_dirs(args)
+    cpus = len(os.sched_getaffinity(0))
+    # one model per CPU core on a CPU-only machine, one at a time with a GPU
+    jobs = args.jobs or (1 if torch.cuda.is_available() else max(1, min(len(models), cpus)))
+    if not args.threads and jobs > 1:  # share the cores: OpenMP threads fighting over them are far slower
+        args.threads = max(1, cpus // jobs)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    prepare_corpus(args, synthetic, dirs)
+    rows = train_and_test(args, models, jobs, dirs, env)
+    table, wall = format_table(rows), time.time() - started
     log(f"\n=== results on {'the synthetic' if synthetic else args.data} test set ({args.src} -> {args.tgt}), "
         f"{args.max_update} updates each, total wall time {wall:.0f}s\n")
     log(table)
@@ -562,22 +480,6 @@ def write_results(args, rows, synthetic, dirs: OutDirs, wall):
     with open(os.path.join(dirs.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
     log(f"\nwritten: {dirs.out}/results.md, {dirs.out}/results.json (logs and hypotheses in {dirs.logs})")
-
-
-def run_quickstart(argv=None):
-    """Run the whole job; returns the table's rows (dicts)."""
-    args = build_parser().parse_args(argv)
-    started = time.time()
-    models, synthetic = check_args(args)
-    dirs = make_out_dirs(args)
-    jobs = args.jobs or default_jobs(len(models))
-    if not args.threads and jobs > 1:  # share the cores: OpenMP threads fighting over them are far slower
-        args.threads = max(1, available_cpus() // jobs)
-    env = fairseq_env(args)
-    total = 5
-    prepare_corpus(args, synthetic, dirs, env, total)
-    rows = train_and_test(args, models, jobs, dirs, env, total)
-    write_results(args, rows, synthetic, dirs, time.time() - started)
     return rows
 
 
