@@ -238,7 +238,8 @@ def require_literal_task_and_criterion(state, path):
             text = stored_value(section, field)
             if not isinstance(text, str):
                 continue
-            where, evaluated = f"checkpoint {path}: {name} {field}", f"fairseq would evaluate it when building the {name}"
+            where = f"checkpoint {path}: {name} {field}"
+            evaluated = f"fairseq would evaluate it when building the {name}"
             try:
                 value = parse_config_literal(text, where)
             except ConfigLiteralError as error:
