@@ -326,7 +326,8 @@ def with_cpu_processes(call_main):
             agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent serves it
             variables = " ".join(f"{name}={os.environ[name]}" for name in TORCHRUN_VARIABLES)
             meet(distributed.distributed_backend, host, port, rank, world_size,
-                 hosts_store=rank == 0 and not agent_store, origin=f"the environment's {variables}", advice=f"; the variables are {_LEFT_OVER}")
+                 hosts_store=rank == 0 and not agent_store, origin=f"the environment's {variables}",
+                 advice=f"; the variables are {_LEFT_OVER}")
             with group_made_by_the_plugin():
                 call_main(cfg, main, **kwargs)
             return leave_process_group()
