@@ -396,14 +396,13 @@ def require_known_architecture(state, path):
 # caller's own initialisation.
 
 class _Load:
-    def __init__(self, fine_tuning=False, overrides_checked=False, resumed_with=None):
-        self.fine_tuning, self.overrides_checked = fine_tuning, overrides_checked
+    def __init__(self, fine_tuning=False, overrides_checked=False, resumed_with=None, hub=False):
+        self.fine_tuning, self.overrides_checked, self.hub = fine_tuning, overrides_checked, hub
         self.resumed_with = resumed_with  # the command line's model configuration of a resumed training
         self.conflicts = []  # structural changes found by the reader
 
 
 _load = contextvars.ContextVar("fusion_fairseq_load", default=None)
-_hub_load = contextvars.ContextVar("fusion_fairseq_hub_load", default=False)
 
 
 def may_start_parameters_fresh() -> bool:
@@ -476,7 +475,7 @@ def _recording(entry_point, describe, after=None):
         finally:
             _load.reset(token)
         if after:
-            load.conflicts.extend(after(loaded, *args, **kwargs))
+            load.conflicts.extend(after(load, loaded, *args, **kwargs))
         if load.conflicts:
             raise load.conflicts[0]
         return loaded
@@ -525,26 +524,17 @@ def checkpoint_file_settings(cfg, overrides):
     return found
 
 
-def _hub_file_setting_errors(loaded, filenames, arg_overrides=None, *args, **kwargs):
-    if not _hub_load.get():
-        return []
-    return [CheckpointFileSettingError(
+def _ensemble_load(*args, **kwargs):
+    outer = _load.get()
+    return _Load(overrides_checked=True, hub=outer is not None and outer.hub)
+
+
+def _hub_file_setting_errors(load, loaded, filenames, arg_overrides=None, *args, **kwargs):
+    return [] if not load.hub else [CheckpointFileSettingError(
         f"from_pretrained: checkpoint {filenames[0]} sets {setting}, which would read or fetch a file the checkpoint "
         "names; pass the BPE and its files yourself (e.g. bpe='subword_nmt', bpe_codes=PATH) and replace_unk=PATH if "
         "you want one, or load a checkpoint without them"
     ) for setting in checkpoint_file_settings(loaded[1], arg_overrides or {})]
-
-
-def _marking_hub_loads(from_pretrained):
-    @functools.wraps(from_pretrained)
-    def wrapper(*args, **kwargs):
-        token = _hub_load.set(True)
-        try:
-            return from_pretrained(*args, **kwargs)
-        finally:
-            _hub_load.reset(token)
-
-    return wrapper
 
 
 def check_loaded_configurations():
@@ -557,10 +547,9 @@ def check_loaded_configurations():
         return
     checkpoint_utils.load_checkpoint_to_cpu = _checked_reader(checkpoint_utils.load_checkpoint_to_cpu)
     checkpoint_utils.load_model_ensemble_and_task = _recording(
-        checkpoint_utils.load_model_ensemble_and_task, lambda *args, **kwargs: _Load(overrides_checked=True),
-        after=_hub_file_setting_errors)
+        checkpoint_utils.load_model_ensemble_and_task, _ensemble_load, after=_hub_file_setting_errors)
     checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, _training_load)
-    hub_utils.from_pretrained = _marking_hub_loads(hub_utils.from_pretrained)
+    hub_utils.from_pretrained = _recording(hub_utils.from_pretrained, lambda *args, **kwargs: _Load(hub=True))
 
 
 # --- configuration errors print as one line ---------------------------------------------------
