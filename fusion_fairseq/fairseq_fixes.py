@@ -104,17 +104,6 @@ _LEFT_OVER = ("set by torchrun; a shell they were left in trains in one process 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def trains_on_cpu(cfg) -> bool:
-    """fairseq's Trainer uses the CPU with --cpu, and without a CUDA device whatever the flags."""
-    return not cfg.common.tpu and (cfg.common.cpu or not torch.cuda.is_available())
-
-
-def free_local_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def environment_number(name, lowest, highest=None):
     value = os.environ[name]
     try:
@@ -314,7 +303,7 @@ def with_cpu_processes(call_main):
         if world_size < 1:
             raise ConfigurationError(f"--distributed-world-size {world_size}: the number of processes to train in "
                                      "must be 1 or more")
-        if not trains_on_cpu(cfg):
+        if cfg.common.tpu or not (cfg.common.cpu or not torch.cuda.is_available()):  # fairseq's Trainer's rule
             return call_main(cfg, main, **kwargs)
         if distributed.distributed_backend == "nccl":  # fairseq's default; NCCL moves CUDA tensors only
             distributed.distributed_backend = "gloo"
