@@ -116,7 +116,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         """L_div of the selected sides combined, and each side's Eq. 10 (float32 scalars)."""
         per_side = {side: layer_diversity(states[1:], padding_mask)  # without the embedding output h0
                     for side, (states, padding_mask) in self.layer_states(net_output, sample).items()
-                    if len(states) - 1 >= 2}
+                    if len(states[1:]) >= 2}  # a side with fewer than 2 layers is skipped
         if not per_side:
             if self.diversity_lambda > 0:
                 raise ConfigurationError(
