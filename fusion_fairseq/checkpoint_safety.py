@@ -42,10 +42,6 @@ FAIRSEQ_CHECKPOINT_TYPES = (argparse.Namespace, collections.defaultdict, typing.
                             FloatNode, IntegerNode, StringNode)
 
 
-def allow_fairseq_checkpoint_types():
-    torch.serialization.add_safe_globals(list(FAIRSEQ_CHECKPOINT_TYPES))  # idempotent
-
-
 class CheckpointContentError(ConfigurationError):
     """A checkpoint file fairseq cannot use as it is (one line naming it)."""
 
@@ -88,9 +84,11 @@ def require_model_parameters(state, path):
                                          "model's parameters are real tensors with data")
 
 
-def read_weights_only():
+def read_checkpoints_safely():
+    """Allow-list :data:`FAIRSEQ_CHECKPOINT_TYPES` and make fairseq's reader read weights only (idempotent)."""
     from fairseq import checkpoint_utils
 
+    torch.serialization.add_safe_globals(list(FAIRSEQ_CHECKPOINT_TYPES))
     if not isinstance(checkpoint_utils.torch, _TorchReadingWeightsOnly):
         checkpoint_utils.torch = _TorchReadingWeightsOnly()
 
