@@ -4,10 +4,8 @@ one list. Each is idempotent (the plugin may be imported twice, as ``fusion_fair
 
 | change | why | upstream | test |
 |---|---|---|---|
-| fairseq's checkpoint types join torch's safe globals | torch >= 2.6 loads weights only and refuses the ``argparse.Namespace`` / omegaconf objects of every fairseq checkpoint | pytorch 2.6's ``weights_only`` default | ``test_checkpoint_safety.py`` |
-| fairseq's ``checkpoint_utils`` reads weights only | fairseq's main branch passes ``weights_only=False``, which runs a crafted pickle | fairseq #5611 | ``test_checkpoint_safety.py::test_safe_loading_holds_when_fairseq_passes_weights_only_false`` |
-| fairseq's checkpoint loads record why they load | only fine-tuning may start parameters a checkpoint lacks | plugin rule | ``test_crafted_checkpoints.py`` |
-| loaded configurations are checked | fairseq ``eval()``s stored strings; overrides could change a trained structure | plugin rule | ``test_crafted_checkpoints.py`` |
+| fairseq's checkpoint types join torch's safe globals, and fairseq's ``checkpoint_utils`` reads weights only | torch >= 2.6 loads weights only and refuses the ``argparse.Namespace`` / omegaconf objects of every fairseq checkpoint; fairseq's main branch passes ``weights_only=False``, which runs a crafted pickle | pytorch 2.6's ``weights_only`` default; fairseq #5611 | ``test_checkpoint_safety.py`` (``test_safe_loading_holds_when_fairseq_passes_weights_only_false``) |
+| fairseq's checkpoint loads record why they load, and loaded configurations are checked | only fine-tuning may start parameters a checkpoint lacks; fairseq ``eval()``s stored strings; overrides could change a trained structure | plugin rule | ``test_crafted_checkpoints.py`` |
 | fairseq's ``merge_with_parent`` refuses a plugin model's hydra config with an unknown field or a half-applied preset, in one line | fairseq refuses a misspelt field (``fuse_decodr: sa``) in three lines, and fills a preset's fields with the model's defaults | plugin rule | ``test_config.py`` |
 | ``sys.excepthook`` prints a :class:`ConfigurationError` as one line | a refused value is a usage error, not a crash; every other exception keeps its traceback | plugin rule | ``test_plugin_import.py`` |
 | ``data_utils.batch_by_size`` keeps the last partial batch | fairseq drops up to ``--required-batch-size-multiple`` - 1 sentences from generation, validation and every epoch | fairseq #5036 | ``test_fairseq_fixes.py`` |
@@ -21,9 +19,7 @@ The reasons in full are in the docstrings of the functions listed in :data:`CHAN
 from . import checkpoint_safety, config_fields, fairseq_fixes
 
 CHANGES = (
-    checkpoint_safety.allow_fairseq_checkpoint_types,
-    checkpoint_safety.read_weights_only,
-    checkpoint_safety.record_checkpoint_loads,
+    checkpoint_safety.read_checkpoints_safely,
     checkpoint_safety.check_loaded_configurations,
     config_fields.check_model_configs,
     checkpoint_safety.print_configuration_errors_in_one_line,

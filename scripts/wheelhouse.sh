@@ -16,11 +16,8 @@ usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "wheelhouse.sh: $*" >&2; exit 2; }
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-PY=python
-DEST=""
+PY=python DEST="" GLIBC="2.28" EXCLUDE="torch"
 TARGET_PYTHON="$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-GLIBC="2.28"
-EXCLUDE="torch"
 
 while [ $# -gt 0 ]; do
     case "$1" in

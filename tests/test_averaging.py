@@ -46,6 +46,15 @@ def test_dir_last_picks_the_newest(three_checkpoints, tmp_path):
     assert os.path.isfile(out)
 
 
+def test_the_newest_epoch_or_interval_checkpoints_are_picked_by_number_oldest_first(tmp_path):
+    for name in ("checkpoint_1_100.pt", "checkpoint_2_300.pt", "checkpoint_1_200.pt", "checkpoint9.pt",
+                 "checkpoint10.pt", "checkpoint_last.pt", "checkpoint_best.pt"):
+        (tmp_path / name).touch()
+    assert last_checkpoints(str(tmp_path), 2, by_update=True) == [str(tmp_path / "checkpoint_1_200.pt"),
+                                                                  str(tmp_path / "checkpoint_2_300.pt")]
+    assert last_checkpoints(str(tmp_path), 5) == [str(tmp_path / "checkpoint9.pt"), str(tmp_path / "checkpoint10.pt")]
+
+
 @slow
 def test_refusals_are_one_line_and_keep_files(three_checkpoints, tmp_path):
     _, paths = three_checkpoints

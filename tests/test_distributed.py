@@ -28,8 +28,7 @@ import torch
 from conformance_utils import (FAMILIES, IN_PROCESS, CliRun, build_like_fairseq_train, data_bin_fixture, flags_of,
                                run_in_one_interpreter)
 from fusion_fairseq.cli import user_dir
-from fusion_fairseq.fairseq_fixes import free_local_port
-from test_fairseq_fixes import listening_sockets, running
+from test_fairseq_fixes import free_local_port, listening_sockets, running
 
 pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
 

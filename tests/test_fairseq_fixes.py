@@ -208,9 +208,9 @@ def test_a_stale_torchrun_environment_fails_at_the_rendezvous_timeout(rank, host
 
 
 def free_local_port():
-    from fusion_fairseq.fairseq_fixes import free_local_port
-
-    return free_local_port()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def spawn_recorder(monkeypatch):

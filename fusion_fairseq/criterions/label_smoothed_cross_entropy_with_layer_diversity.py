@@ -52,34 +52,26 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
-from fusion_fairseq.modules.layer_diversity import layer_diversity
-
-from fusion_fairseq.registry import register_criterion
 from fusion_fairseq.errors import ConfigurationError
-
+from fusion_fairseq.modules.layer_diversity import layer_diversity
+from fusion_fairseq.registry import register_criterion
 
 NAME = "label_smoothed_cross_entropy_with_layer_diversity"
 DIVERSITY_SIDES = ("both", "encoder", "decoder")
 DIVERSITY_COMBINATIONS = ("sum", "mean")
+STATES = {"encoder": "encoder_states", "decoder": "inner_states"}  # where the model returns each stack
 
 
 @dataclass
 class LabelSmoothedCrossEntropyWithLayerDiversityConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    diversity_lambda: float = field(
-        default=1.0,
-        metadata={"help": "weight lambda of the layer-diversity reward (Dou et al. 2018, Eq. 9; "
-                          "loss = label-smoothed NLL - lambda * diversity); must be >= 0"},
-    )
-    diversity_sides: ChoiceEnum(DIVERSITY_SIDES) = field(
-        default="both",
-        metadata={"help": "layer stacks whose diversity (Eq. 10) is rewarded; with both, the "
-                          "encoder's and the decoder's terms are combined by --diversity-combine"},
-    )
-    diversity_combine: ChoiceEnum(DIVERSITY_COMBINATIONS) = field(
-        default="sum",
-        metadata={"help": "how the sides' Eq. 10 terms combine: sum (each side weighs lambda) or mean "
-                          "(the two share lambda)"},
-    )
+    diversity_lambda: float = field(default=1.0, metadata={
+        "help": "weight lambda of the layer-diversity reward (Dou et al. 2018, Eq. 9; "
+                "loss = label-smoothed NLL - lambda * diversity); must be >= 0"})
+    diversity_sides: ChoiceEnum(DIVERSITY_SIDES) = field(default="both", metadata={
+        "help": "layer stacks whose diversity (Eq. 10) is rewarded; with both, the encoder's and the "
+                "decoder's terms are combined by --diversity-combine"})
+    diversity_combine: ChoiceEnum(DIVERSITY_COMBINATIONS) = field(default="sum", metadata={
+        "help": "how the sides' Eq. 10 terms combine: sum (each side weighs lambda) or mean (the two share lambda)"})
 
 
 @register_criterion(NAME, dataclass=LabelSmoothedCrossEntropyWithLayerDiversityConfig)
@@ -89,44 +81,31 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
                  diversity_lambda=1.0, diversity_sides="both", diversity_combine="sum"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        diversity_lambda = float(diversity_lambda)
-        if not math.isfinite(diversity_lambda) or diversity_lambda < 0:
-            raise ConfigurationError(
-                f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity reward, "
-                f"Dou et al. 2018 Eq. 9), got {diversity_lambda}"
-            )
-        diversity_sides = str(diversity_sides)
-        if diversity_sides not in DIVERSITY_SIDES:
-            raise ConfigurationError(f"--diversity-sides must be one of {DIVERSITY_SIDES}, got {diversity_sides!r}")
-        diversity_combine = str(diversity_combine)
-        if diversity_combine not in DIVERSITY_COMBINATIONS:
-            raise ConfigurationError(f"--diversity-combine must be one of {DIVERSITY_COMBINATIONS}, got {diversity_combine!r}")
-        self.diversity_lambda = diversity_lambda
-        self.diversity_sides = diversity_sides
-        self.diversity_combine = diversity_combine
+        self.diversity_lambda = float(diversity_lambda)
+        if not math.isfinite(self.diversity_lambda) or self.diversity_lambda < 0:
+            raise ConfigurationError(f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity "
+                                     f"reward, Dou et al. 2018 Eq. 9), got {self.diversity_lambda}")
+        self.diversity_sides, self.diversity_combine = str(diversity_sides), str(diversity_combine)
+        for flag, value, allowed in (("--diversity-sides", self.diversity_sides, DIVERSITY_SIDES),
+                                     ("--diversity-combine", self.diversity_combine, DIVERSITY_COMBINATIONS)):
+            if value not in allowed:
+                raise ConfigurationError(f"{flag} must be one of {allowed}, got {value!r}")
 
-    # ------------------------------------------------------------------------------- loss
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
-
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.diversity_lambda > 0):
             diversity, per_side = self.compute_diversity(net_output, sample)
         if reduce and self.diversity_lambda > 0:
             loss = loss - self.diversity_lambda * sample_size * diversity.to(loss.dtype)
-
         logging_output = {
-            "loss": loss.data,
-            "nll_loss": nll_loss.data,
-            "ntokens": sample["ntokens"],
-            "nsentences": sample["target"].size(0),
-            "sample_size": sample_size,
+            "loss": loss.data, "nll_loss": nll_loss.data, "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0), "sample_size": sample_size,
             # summed over the batch like the loss: reduce_metrics divides by sample_size
             "layer_diversity": diversity.data * sample_size,
+            **{f"layer_diversity_{side}": value.data * sample_size for side, value in per_side.items()},
         }
-        for side, value in per_side.items():
-            logging_output[f"layer_diversity_{side}"] = value.data * sample_size
         if self.report_accuracy:
             n_correct, total = self.compute_accuracy(model, net_output, sample)
             logging_output["n_correct"] = utils.item(n_correct.data)
@@ -134,58 +113,49 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         return loss, sample_size, logging_output
 
     def compute_diversity(self, net_output, sample) -> Tuple[Tensor, Dict[str, Tensor]]:
-        """L_div summed over the selected sides, and each side's Eq. 10 (float32 scalars)."""
-        per_side: Dict[str, Tensor] = {}
-        for side, (states, padding_mask) in self.layer_states(net_output, sample).items():
-            layers = states[1:]  # drop the embedding output h0
-            if len(layers) >= 2:
-                per_side[side] = layer_diversity(layers, padding_mask)
+        """L_div of the selected sides combined, and each side's Eq. 10 (float32 scalars)."""
+        per_side = {side: layer_diversity(states[1:], padding_mask)  # without the embedding output h0
+                    for side, (states, padding_mask) in self.layer_states(net_output, sample).items()
+                    if len(states[1:]) >= 2}  # a side with fewer than 2 layers is skipped
         if not per_side:
             if self.diversity_lambda > 0:
                 raise ConfigurationError(
                     f"--criterion {NAME}: no selected layer stack (--diversity-sides {self.diversity_sides}) "
-                    f"has 2 or more layers, so there is no layer diversity to reward; use more layers "
-                    f"or --criterion label_smoothed_cross_entropy"
-                )
-            logits = net_output[0]
-            return logits.new_zeros((), dtype=torch.float32), per_side
+                    "has 2 or more layers, so there is no layer diversity to reward; use more layers "
+                    "or --criterion label_smoothed_cross_entropy")
+            return net_output[0].new_zeros((), dtype=torch.float32), per_side
         terms = torch.stack(list(per_side.values()))
         return (terms.sum() if self.diversity_combine == "sum" else terms.mean()), per_side
 
     def layer_states(self, net_output, sample) -> Dict[str, Tuple[list, Optional[Tensor]]]:
         """``{side: ([h0, h1, ..., hL], padding mask batch x time or None)}`` for the selected sides."""
         extra = net_output[1] if isinstance(net_output, (tuple, list)) and len(net_output) > 1 else None
-        needs = {"encoder": "encoder_states", "decoder": "inner_states"}
         sides = ("encoder", "decoder") if self.diversity_sides == "both" else (self.diversity_sides,)
-        if not isinstance(extra, dict) or any(needs[side] not in extra for side in sides):
+        if not isinstance(extra, dict) or any(STATES[side] not in extra for side in sides):
             raise ConfigurationError(
                 f"--criterion {NAME} needs the model's layer states in its output "
-                f"(extra[{', '.join(repr(needs[side]) for side in sides)}]), which this model does not "
-                f"return; use a model from the fusion_fairseq plugin, e.g. --arch fusion_transformer "
-                f"(or an architecture preset of it), not fairseq's transformer"
-            )
+                f"(extra[{', '.join(repr(STATES[side]) for side in sides)}]), which this model does not return; "
+                "use a model from the fusion_fairseq plugin, e.g. --arch fusion_transformer "
+                "(or an architecture preset of it), not fairseq's transformer")
         result = {}
         for side in sides:
-            states = extra[needs[side]]
+            states = extra[STATES[side]]
             if states is None or len(states) == 0 or any(state is None for state in states):
                 raise ConfigurationError(
                     f"--criterion {NAME}: the model returned no {side} layer states "
-                    f"(extra[{needs[side]!r}] is empty); it must be run with return_all_hiddens=True"
-                )
+                    f"(extra[{STATES[side]!r}] is empty); it must be run with return_all_hiddens=True")
             if side == "encoder":
-                masks = extra.get("encoder_padding_mask") or []
-                padding_mask = masks[0] if len(masks) > 0 else None
+                padding_mask = (extra.get("encoder_padding_mask") or [None])[0]
             else:
                 padding_mask = sample["target"].eq(self.padding_idx)
             result[side] = (list(states), padding_mask)
         return result
 
-    # ---------------------------------------------------------------------------- logging
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
         for key in ("layer_diversity", "layer_diversity_encoder", "layer_diversity_decoder"):
             if sample_size > 0 and any(key in log for log in logging_outputs):
-                total = sum(log.get(key, 0) for log in logging_outputs)
-                metrics.log_scalar(key, total / sample_size, sample_size, round=4)
+                metrics.log_scalar(key, sum(log.get(key, 0) for log in logging_outputs) / sample_size, sample_size,
+                                   round=4)

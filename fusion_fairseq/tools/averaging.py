@@ -8,14 +8,12 @@ in its pip package.
 
 import argparse
 import os
-import re
 import sys
 from typing import List, Optional, Sequence
 
 from fusion_fairseq.tools.common import refuse_existing_output, replace_atomically
 
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
-UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
+EPOCH_CHECKPOINT, UPDATE_CHECKPOINT = r"checkpoint(\d+)\.pt", r"checkpoint_\d+_(\d+)\.pt"
 
 
 def average_checkpoints(paths: Sequence[str], out: str) -> str:
@@ -58,9 +56,9 @@ def require_same_model(path, state, reference_path, reference):
 def last_checkpoints(directory: str, count: int, by_update: bool = False) -> List[str]:
     """The ``count`` newest epoch checkpoints (``checkpointN.pt``) of ``directory``, or with
     ``by_update`` its newest interval checkpoints (``checkpoint_E_U.pt``), oldest first."""
-    pattern = UPDATE_CHECKPOINT if by_update else EPOCH_CHECKPOINT
-    found = sorted((int(m.group(1)), name) for name in os.listdir(directory) if (m := pattern.fullmatch(name)))
-    return [os.path.join(directory, name) for _, name in found[-count:]]
+    from fairseq.checkpoint_utils import checkpoint_paths  # newest first
+
+    return checkpoint_paths(directory, UPDATE_CHECKPOINT if by_update else EPOCH_CHECKPOINT)[:count][::-1]
 
 
 def build_parser() -> argparse.ArgumentParser:
