@@ -10,7 +10,7 @@ run and writes the report (``results.md``, ``results.json``, ``learning_curves.p
 The runner plans and leaves the rest to fairseq. It plans the rows (:data:`METHODS`, ``--methods``),
 the common width (``--width``; ``--small``), the free size parameter of the two models without an N+M
 encoder-decoder depth, chosen so that their parameter count is closest to the vanilla Transformer's
-(:func:`match_parameter`), and the budget (``--max-update N``, or ``auto``: :data:`BUDGET_RULE`). Every
+(:func:`match_parameter`), and the budget (``--max-update``, checked after training). Every
 (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``; an unfinished run is
 resumed by fairseq itself from ``checkpoints/checkpoint_last.pt`` (the runner first makes that file
 the newest checkpoint that reads: :func:`resume_from_newest_intact`). A trained run is scored with the
@@ -24,9 +24,9 @@ same command again to continue.
 
 import argparse
 import contextlib
-import hashlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import re
@@ -34,6 +34,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -248,7 +249,7 @@ def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) ->
     """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
     fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
     if settings.lr_schedule == "polynomial":
-        total = total or (settings.max_update if isinstance(settings.max_update, int) else settings.warmup + 1)
+        total = total or settings.max_update
         return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(settings.warmup),
                 "--end-learning-rate", "0", "--total-num-update", str(total)]
     return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup), "--warmup-init-lr", "1e-07"]
@@ -288,13 +289,12 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
 
 def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
                total: Optional[int] = None, init: Optional[str] = None) -> List[str]:
-    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_worker`);
+    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_run`);
     ``total``: the run's budget, which the polynomial schedule anneals to; ``init``: the checkpoint it starts from."""
     return [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
             *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"], total),
             "--seed", str(seed), *(["--finetune-from-model", init] if init else []),
             *shlex.split(settings.train_args or "")]
-
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -389,44 +389,29 @@ def _build_counter(data_bin: str, settings, recipe: dict):
 
 
 def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
-    """Model flags and parameter counts of every method (matched sizes solved here); cached in
-    ``OUT/plan.json`` (keyed by everything that changes them)."""
-    vocab = dictionary_size(data_bin, recipe)
-    key = json.dumps({"width": str(width), "vocab": vocab, "dropout": settings.dropout, "train_args": settings.train_args,
-                      "baseline": _method_spec(METHODS["transformer"])}, sort_keys=True)
-    path = os.path.join(out, "plan.json")
-    cache = _read_json(path)  # a cache: unreadable means recompute
-    entries = cache.get("entries", {}) if isinstance(cache, dict) else {}
-    missing = [m for m in methods if m.name not in entries or entries[m.name].get("key") != _method_key(key, m)]
-    if missing:
-        log(f"computing model sizes ({', '.join(m.name for m in missing)}) ...")
-        count = _build_counter(data_bin, settings, recipe)
-        baseline = METHODS["transformer"]
-        target = count(baseline, model_flags(baseline, width))
-        for method in missing:
-            entry = {"key": _method_key(key, method), "vocab": vocab}
-            if method.match:
-                value, params, tried = match_parameter(
-                    lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
-                entry.update(matched_flag=method.match, matched_value=value, matched_to=target,
-                             match_tried={str(k): v for k, v in sorted(tried.items())})
-                log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
-                    f"(transformer: {target:,}; tried {len(tried)} values)")
-            else:
-                params = count(method, model_flags(method, width))
-            entry.update(model_flags=model_flags(method, width, entry.get("matched_value")), params=params)
-            entries[method.name] = entry
-        os.makedirs(out, exist_ok=True)
-        _write_json(path, {"entries": entries})
-    return {m.name: entries[m.name] for m in methods}
-
-
-def _method_spec(method: Method) -> list:
-    return [method.name, method.arch, method.style, list(method.flags), list(method.criterion), method.match]
-
-
-def _method_key(key: str, method: Method) -> str:
-    return hashlib.sha1((key + json.dumps(_method_spec(method))).encode()).hexdigest()[:16]
+    """Model flags and parameter counts of every method, the matched sizes solved here; recorded in
+    ``OUT/plan.json``."""
+    log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
+    count = _build_counter(data_bin, settings, recipe)
+    baseline = METHODS["transformer"]
+    target = count(baseline, model_flags(baseline, width))
+    entries = {}
+    for method in methods:
+        entry = {"vocab": dictionary_size(data_bin, recipe)}
+        if method.match:
+            value, params, tried = match_parameter(
+                lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
+            entry.update(matched_flag=method.match, matched_value=value, matched_to=target,
+                         match_tried={str(k): v for k, v in sorted(tried.items())})
+            log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
+                f"(transformer: {target:,}; tried {len(tried)} values)")
+        else:
+            params = count(method, model_flags(method, width))
+        entries[method.name] = dict(entry, model_flags=model_flags(method, width, entry.get("matched_value")),
+                                    params=params)
+    os.makedirs(out, exist_ok=True)
+    _write_json(os.path.join(out, "plan.json"), {"entries": entries})
+    return entries
 
 
 def _write_json(path: str, data) -> None:
@@ -445,7 +430,7 @@ def _read_json(path: str):
         return None
 
 
-#: what the report reads of a done.json (see :func:`evaluate_worker`, which writes it, and :func:`collect_run`)
+#: what the report reads of a done.json (:func:`evaluate_run` writes it)
 DONE_KEYS = ("sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
              "updates_per_second", "devices", "finished", "sacrebleu_signature", "scores")
 
@@ -462,40 +447,6 @@ def finished_run(rdir: str) -> Optional[dict]:
         raise ComparisonError(f"{path} is unreadable or not a record of this runner (truncated?): move it away "
                               "and remove the run's checkpoints to train and evaluate the run again")
     return done
-
-
-# ---------------------------------------------------------------------------------------------- budget
-#: ``--max-update auto``: the Transformer of the first seed trains in chunks of PLATEAU_WINDOW updates
-#: until its best validation NLL (fairseq's ``valid_nll_loss``, bits per target token) improves by less
-#: than PLATEAU_DELTA over PLATEAU_WINDOW updates; that update, rounded up to a multiple of BUDGET_STEP,
-#: is the budget of every run. The other runs train up to ``--provisional-update`` meanwhile (the
-#: learning-rate schedule does not depend on the budget, so nothing they did is redone).
-PLATEAU_DELTA = 0.01
-PLATEAU_WINDOW = 500
-BUDGET_STEP = 500
-BUDGET_RULE = (f"the first validation at which the first seed's Transformer's best validation NLL (bits) is less "
-               f"than {PLATEAU_DELTA} below its best {PLATEAU_WINDOW} updates earlier, rounded up to a multiple "
-               f"of {BUDGET_STEP}")
-
-
-def plateau_update(curve: Dict[int, float], delta: float = PLATEAU_DELTA, window: int = PLATEAU_WINDOW) -> Optional[int]:
-    """The first validated update ``u`` whose best NLL so far is less than ``delta`` below the best
-    NLL up to ``u - window``; None while the curve still improves. Reading of "improves by less than
-    0.01 over 500 updates": best-so-far values, so one noisy validation neither ends nor prolongs it."""
-    bests: List[Tuple[int, float]] = []
-    for update, nll in sorted(curve.items()):
-        bests.append((update, min(nll, bests[-1][1]) if bests else nll))
-        earlier = [best for u, best in bests if u <= update - window]
-        if earlier and earlier[-1] - bests[-1][1] < delta:
-            return update
-    return None
-
-
-def calibrated_budget(plateau: int) -> int:
-    return BUDGET_STEP * math.ceil(plateau / BUDGET_STEP)
-
-
-#: With a fixed budget (the 6+6 comparison), the check after training that it was enough: for every seed
 
 
 def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
@@ -856,9 +807,15 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
                 os.remove(os.path.join(save_dir, name))
 
 
+GENERATING = threading.Lock()
+
+
 def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:
     """fairseq-generate (beam, --remove-bpe) on one binarised test set, then detokenised sacreBLEU and
     tokenised BLEU as scripts/evaluate.sh computes them. Returns the scores (and the hypothesis file)."""
+    from fairseq import options
+    import fairseq_cli.generate as fairseq_generate
+
     recipe = config["recipe"]
     os.makedirs(out_dir, exist_ok=True)
     gen_argv = [test_set["data"], "--path", checkpoint, "--gen-subset", "test",
@@ -866,9 +823,9 @@ def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: 
                 "--lenpen", "1.0", "--remove-bpe", "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128",
                 "--user-dir", PLUGIN_DIR, "--results-path", out_dir, *device_flags(config["device"]),
                 *shlex.split(config.get("gen_args") or "")]
-    rc = run_fairseq("generate", gen_argv, os.path.join(out_dir, "generate.log"), config["threads"], out_dir)
-    if rc != 0:
-        raise RunFailed(f"fairseq-generate failed (exit {rc}); see {out_dir}/generate.log")
+    print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
+    with GENERATING:  # fairseq-generate's own code, in this process (no start-up cost per test set), one at a time
+        fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
     tool = _load_recipe_tool()
     hyp_tok, hyp_detok = os.path.join(out_dir, "hyp.tok"), os.path.join(out_dir, "hyp.detok")
     with open(test_set["raw_ref"], encoding="utf-8") as f:
@@ -993,9 +950,8 @@ class Experiment:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
     # ---- the budget, the composition and the third seed, decided from the runs
-    def budget(self) -> Optional[int]:
-        known = _read_json(os.path.join(self.out, "budget.json"))
-        return known["budget"] if known else None
+    def budget(self) -> int:
+        return self.settings.max_update
 
     def run_budget(self, name: str) -> Optional[int]:
         """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
@@ -1003,14 +959,13 @@ class Experiment:
         return self.settings.finetune_update if method and method.init else self.budget()
 
     def record_budget(self) -> None:
-        """budget.json holds the budget of ``--out`` (for ``auto``, once calibrated); another one is refused."""
+        """budget.json holds the budget of ``--out``; another one is refused (its schedule may not show it)."""
         path = os.path.join(self.out, "budget.json")
         known, asked = _read_json(path), self.settings.max_update
-        was = (known or {}).get("max_update")
-        if known and was != asked:
-            raise ComparisonError(f"{self.out} was started with other settings (--max-update {was} -> {asked}); use "
-                                  "another --out or the original settings")
-        if not known and asked != "auto" and not self.settings.report_only:
+        if known and known.get("max_update") != asked:
+            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
+                                  f"-> {asked}); use another --out or the original settings")
+        if not known and not self.settings.report_only:
             _write_json(path, {"max_update": asked, "budget": asked})
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
@@ -1018,27 +973,10 @@ class Experiment:
         removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
 
-    def calibrate(self) -> None:
-        """--max-update auto: write budget.json once the first seed's Transformer's curve has flattened."""
-        if self.budget() is not None:
-            return
-        name, seed = "transformer", self.settings.seeds[0]
-        curve = learning_curve(os.path.join(self.rdir(name, seed), "run.log"))
-        saved = saved_updates(self.save_dir(name, seed))
-        plateau = plateau_update({u: v for u, v in curve.items() if u <= saved}, PLATEAU_DELTA, PLATEAU_WINDOW)
-        if plateau is None:
-            return
-        budget = calibrated_budget(plateau)
-        _write_json(os.path.join(self.out, "budget.json"), {
-            "max_update": "auto", "budget": budget, "plateau_update": plateau, "rule": BUDGET_RULE,
-            "calibration_run": os.path.relpath(self.rdir(name, seed), self.out),
-            "curve": {str(u): v for u, v in curve.items() if u <= saved}})
-        log(f"budget calibrated: {budget} updates (validation NLL flat at update {plateau})")
-
     def choose_composition(self) -> None:
         """Write composition.json once every component's first seed has reached the budget."""
         budget = self.budget()
-        if (COMPOSITION not in [m.name for m in self.methods] or budget is None
+        if (COMPOSITION not in [m.name for m in self.methods]
                 or os.path.isfile(os.path.join(self.out, "composition.json"))):
             return
         seed = self.settings.seeds[0]
@@ -1093,12 +1031,9 @@ class Experiment:
         method, stage = self.method(name), self.settings.stage
         if method is None or finished_run(self.rdir(name, seed)):
             return None
-        if method.init and (self.budget() is None or not self.trained_to(method.init, seed, self.budget())):
+        if method.init and not self.trained_to(method.init, seed, self.budget()):
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
-        if budget is None:  # --max-update auto: the calibration run trains on in chunks, the others wait
-            calibrating = (name, seed) == ("transformer", self.settings.seeds[0]) and stage != "evaluate"
-            return ("train", (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW) if calibrating else None
         if saved >= budget:
             return None if stage == "train" else ("evaluate", budget)
         return None if stage == "evaluate" else ("train", budget)
@@ -1128,7 +1063,6 @@ class Experiment:
             self.test_sets()  # once, before the runs read them
         with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
             while True:
-                self.calibrate()
                 self.choose_composition()
                 self.choose_third_seed()
                 for run in self.runs():
@@ -1150,9 +1084,7 @@ class Experiment:
     def report(self, quiet: bool = False) -> dict:
         from fusion_fairseq.tools.comparison_report import write_report
 
-        asked = self.settings.max_update
-        settings = argparse.Namespace(**{**vars(self.settings), "max_update": self.budget() or (
-            asked if asked != "auto" else "auto (calibrating)")})
+        settings = self.settings
         try:
             methods = self.concrete_methods(keep_unchosen=True)
             return write_report(self.out, methods, {m.name: self.seeds_of(m.name) for m in methods}, self.plan,
@@ -1165,10 +1097,6 @@ class Experiment:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def _budget(text):
-    return "auto" if text == "auto" else positive_int(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compare_methods.py",
@@ -1198,9 +1126,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=_budget, default=800,
-                   help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
-                   BUDGET_RULE + "); the other runs start once it is known")
+    g.add_argument("--max-update", type=positive_int, default=800, help="updates of every run")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
@@ -1251,6 +1177,14 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         settings.device = "cuda" if _cuda_available() else "cpu"
     if settings.threads is None and settings.device == "cpu" and settings.jobs > 1:
         settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)  # the cores shared out
+    if settings.threads:
+        import torch
+
+        torch.set_num_threads(settings.threads)  # the test translations are made in this process
+    # the root logger on the console, before fairseq-generate would bind it to its first output file
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
+                        stream=sys.stdout)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     settings.out = os.path.abspath(settings.out)
     claim_out_dir(settings.out, settings.force)
     data_bin = prepare_data(settings)
@@ -1295,8 +1229,6 @@ def check_method_choice(settings, names: List[str]) -> None:
     if len(set(settings.seeds)) != len(settings.seeds):
         raise ComparisonError("--seeds: repeated seed")
     if "transformer" not in names:
-        if settings.max_update == "auto":
-            raise ComparisonError("--max-update auto: the budget is calibrated on 'transformer'; add it to --methods")
         log("note: the baseline 'transformer' is not among --methods; its size is still the matching target")
     missing = [name for name in ("transformer", *COMPONENTS) if name not in names]
     if COMPOSITION in names and missing:
@@ -1309,13 +1241,7 @@ def check_checkpoint_alignment(settings) -> None:
     (the resume points and the averaged ones) only there."""
     every = settings.eval_every
     why = f"not a multiple of --eval-every {every}, the only updates with a checkpoint"
-    if settings.max_update == "auto" and settings.lr_schedule == "polynomial":
-        raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
-                              "training; give --max-update N")
-    if settings.max_update == "auto":
-        if BUDGET_STEP % every or PLATEAU_WINDOW % every:
-            raise ComparisonError(f"--max-update auto: its budgets are multiples of {BUDGET_STEP}, {why}")
-    elif settings.max_update % every:
+    if settings.max_update % every:
         raise ComparisonError(f"--max-update {settings.max_update}: {why}")
     if settings.finetune_update % every and any(method.init for method in resolve_methods(settings.methods)):
         raise ComparisonError(f"--finetune-update {settings.finetune_update}: {why}")

@@ -275,16 +275,11 @@ def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: 
     seconds = sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
     return {
         "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")", "data_bin": data_bin,
-        "settings": {
-            "methods": [m.name for m in methods], "seeds": sorted({s for found in seeds.values() for s in found}),
-            "deep": settings.deep, "lr_schedule": settings.lr_schedule, "finetune_update": settings.finetune_update,
-            "width": str(settings.width), "width_text": settings.width.describe(), "max_update": budget,
-            "max_tokens": settings.max_tokens, "lr": settings.lr, "warmup": settings.warmup,
-            "dropout": settings.dropout, "eval_every": settings.eval_every, "beam": settings.beam,
-            "device": settings.device, "jobs": settings.jobs, "threads": settings.threads,
-            "train_args": settings.train_args, "gen_args": settings.gen_args,
-            "common_flags": common_train_flags(settings, "SRC", "TGT"), "default_criterion": list(DEFAULT_CRITERION),
-        },
+        "settings": {**{key: value for key, value in vars(settings).items() if key not in ("width", "out", "force")},
+                     "methods": [m.name for m in methods], "seeds": sorted({s for found in seeds.values() for s in found}),
+                     "width": str(settings.width), "width_text": settings.width.describe(),
+                     "common_flags": common_train_flags(settings, "SRC", "TGT"),
+                     "default_criterion": list(DEFAULT_CRITERION)},
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
         "third_seed": _read_json(os.path.join(out, "third_seed.json")),
         "budget_check": budget_check(by_name.get("transformer"), budget),
