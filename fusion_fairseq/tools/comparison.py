@@ -579,7 +579,6 @@ def code_commit() -> Optional[str]:
         return None
 
 
-
 # ---------------------------------------------------------------------------------------------- runs
 def run_dir(out: str, method: str, seed: int) -> str:
     return os.path.join(out, "runs", method, f"seed{seed}")
@@ -635,38 +634,30 @@ def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
     return values
 
 
-def run_fairseq(tool: str, argv: List[str], log_path: str, threads: Optional[int], cwd: str) -> int:
-    """``python -m fairseq_cli.TOOL ARGV`` with its output appended to ``log_path``; the plugin is the one
-    beside this file (``--user-dir``, and first on the path), and ``-m`` imports from ``cwd`` first, a
-    run directory, never another checkout."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
-        p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
-    if threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    with open(log_path, "a", encoding="utf-8") as f:
-        f.write(f"$ fairseq-{tool} {shlex.join(argv)}\n")
-        f.flush()
-        return subprocess.call([sys.executable, "-m", f"fairseq_cli.{tool}", *argv], stdout=f,
-                               stderr=subprocess.STDOUT, env=env, cwd=cwd)
-
-
 #: the runner's line in run.log before every fairseq-train it starts (the run's training record)
 TRAINING_MARK = "==== fairseq-train "
 
 
 def train_run(rdir: str, target: int) -> None:
-    """fairseq-train up to update ``target``: a new run starts, an unfinished one resumes from its
-    ``checkpoint_last.pt`` (fairseq's default ``--restore-file`` in the same ``--save-dir``)."""
+    """``python -m fairseq_cli.train`` up to update ``target``, its output appended to the run's log: a new run
+    starts, an unfinished one resumes from its ``checkpoint_last.pt`` (fairseq's default ``--restore-file`` in
+    the same ``--save-dir``). The plugin is the one beside this file (``--user-dir``, and first on the path),
+    and ``-m`` imports from the working directory first: the run directory, never another checkout."""
     config = _read_json(os.path.join(rdir, "config.json"))
-    save_dir = os.path.join(rdir, "checkpoints")
+    save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
     resume_from_newest_intact(save_dir)
     start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
              "device": device_description(config["device"], config["threads"])}
-    log_path = os.path.join(rdir, "run.log")
-    with open(log_path, "a", encoding="utf-8") as f:
-        f.write(f"\n{TRAINING_MARK}{json.dumps(start)}\n")
     argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir, *device_flags(config["device"])]
-    rc = run_fairseq("train", argv, log_path, config["threads"], rdir)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
+        p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    if config["threads"]:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(config["threads"])
+    with open(log_path, "a", encoding="utf-8") as f:
+        f.write(f"\n{TRAINING_MARK}{json.dumps(start)}\n$ fairseq-train {shlex.join(argv)}\n")
+        f.flush()
+        rc = subprocess.call([sys.executable, "-m", "fairseq_cli.train", *argv], stdout=f, stderr=subprocess.STDOUT,
+                             env=env, cwd=rdir)
     if rc != 0 or saved_updates(save_dir) < target:
         raise RunFailed(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")
 
