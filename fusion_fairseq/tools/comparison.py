@@ -673,24 +673,23 @@ LOGGED_UPDATE = re.compile(r'"(?:valid_|train_)?num_updates": "?(\d+)')
 def training_record(log_path: str) -> dict:
     """Training time, speed, devices and code commits of a run, from its log: every fairseq-train the runner
     started (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
-    sessions, seconds, updates = [], 0.0, 0
+    starts = []
     if os.path.isfile(log_path):
         with open(log_path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith(TRAINING_MARK):
-                    sessions.append(dict(json.loads(line[len(TRAINING_MARK):]), end=None, reached=None))
-                elif sessions:
+                    starts.append(dict(json.loads(line[len(TRAINING_MARK):]), end=None, reached=None))
+                elif starts:
                     stamp, update = FAIRSEQ_TIME.match(line), LOGGED_UPDATE.search(line)
                     if stamp:
-                        sessions[-1]["end"] = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
+                        starts[-1]["end"] = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
                     if update:
-                        sessions[-1]["reached"] = int(update.group(1))
-    for s in sessions:
-        seconds += max(0.0, (s["end"] or s["start"]) - s["start"])
-        updates += max(0, (s["reached"] or s["from"]) - s["from"])
+                        starts[-1]["reached"] = int(update.group(1))
+    seconds = sum(max(0.0, (s["end"] or s["start"]) - s["start"]) for s in starts)
+    updates = sum(max(0, (s["reached"] or s["from"]) - s["from"]) for s in starts)
     return {"train_seconds": round(seconds, 1), "updates_per_second": round(updates / max(1e-9, seconds), 3),
-            "devices": sorted({s["device"] for s in sessions}),
-            "trained_by": sorted({s.get("commit") or "unknown" for s in sessions})}
+            "devices": sorted({s["device"] for s in starts}),
+            "trained_by": sorted({s.get("commit") or "unknown" for s in starts})}
 
 
 def last_logged_update(log_path: str) -> int:
@@ -941,13 +940,10 @@ class Experiment:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
     # ---- the budget, the composition and the third seed, decided from the runs
-    def budget(self) -> int:
-        return self.settings.max_update
-
     def run_budget(self, name: str) -> Optional[int]:
         """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
         method = self.method(name)
-        return self.settings.finetune_update if method and method.init else self.budget()
+        return self.settings.finetune_update if method and method.init else self.settings.max_update
 
     def record_budget(self) -> None:
         """budget.json holds the budget of ``--out``; another one is refused (its schedule may not show it)."""
@@ -966,7 +962,7 @@ class Experiment:
 
     def choose_composition(self) -> None:
         """Write composition.json once every component's first seed has reached the budget."""
-        budget = self.budget()
+        budget = self.settings.max_update
         if (COMPOSITION not in [m.name for m in self.methods]
                 or os.path.isfile(os.path.join(self.out, "composition.json"))):
             return
@@ -1022,7 +1018,7 @@ class Experiment:
         method, stage = self.method(name), self.settings.stage
         if method is None or finished_run(self.rdir(name, seed)):
             return None
-        if method.init and not self.trained_to(method.init, seed, self.budget()):
+        if method.init and not self.trained_to(method.init, seed, self.settings.max_update):
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
         if saved >= budget:
@@ -1037,7 +1033,7 @@ class Experiment:
         if step == "evaluate":
             evaluate_run(rdir, updates, self.test_sets())
         else:
-            init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
+            init = (final_average(self.save_dir(method.init, seed), self.settings.max_update, self.settings.eval_every)
                     if method.init else None)
             config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed,
                                 self.run_budget(name), init)
