@@ -725,6 +725,11 @@ def learning_curve(log_path: str) -> Dict[int, float]:
     return dict(sorted(curve.items()))
 
 
+def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
+    """The first validated update whose NLL is at most ``target`` (None: never, so far)."""
+    return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
+
+
 def logged_parameters(log_path: str) -> Optional[int]:
     found = None
     with open(log_path, encoding="utf-8", errors="replace") as f:
@@ -940,7 +945,7 @@ class Experiment:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
     # ---- the budget, the composition and the third seed, decided from the runs
-    def run_budget(self, name: str) -> Optional[int]:
+    def run_budget(self, name: str) -> int:
         """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
         method = self.method(name)
         return self.settings.finetune_update if method and method.init else self.settings.max_update
@@ -1013,8 +1018,8 @@ class Experiment:
 
     # ---- the next step of a run
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
-        """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
-        composition or the run it starts from."""
+        """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the composition or
+        the run it starts from."""
         method, stage = self.method(name), self.settings.stage
         if method is None or finished_run(self.rdir(name, seed)):
             return None
@@ -1071,11 +1076,10 @@ class Experiment:
     def report(self, quiet: bool = False) -> dict:
         from fusion_fairseq.tools.comparison_report import write_report
 
-        settings = self.settings
         try:
             methods = self.concrete_methods(keep_unchosen=True)
             return write_report(self.out, methods, {m.name: self.seeds_of(m.name) for m in methods}, self.plan,
-                                settings, self.data_bin)
+                                self.settings, self.data_bin)
         except Exception as error:  # noqa: BLE001 - a report must not stop the training of the other runs
             if not quiet:
                 raise
