@@ -10,7 +10,7 @@ run and writes the report (``results.md``, ``results.json``, ``learning_curves.p
 The runner plans and leaves the rest to fairseq. It plans the rows (:data:`METHODS`, ``--methods``),
 the common width (``--width``; ``--small``), the free size parameter of the two models without an N+M
 encoder-decoder depth, chosen so that their parameter count is closest to the vanilla Transformer's
-(:func:`match_parameter`), and the budget (``--max-update``, checked after training). Every
+(:func:`match_parameter`), and the budget (``--max-update N``, or ``auto``: :data:`BUDGET_RULE`). Every
 (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``; an unfinished run is
 resumed by fairseq itself from ``checkpoints/checkpoint_last.pt`` (the runner first makes that file
 the newest checkpoint that reads: :func:`resume_from_newest_intact`). A trained run is scored with the
@@ -249,7 +249,7 @@ def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) ->
     """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
     fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
     if settings.lr_schedule == "polynomial":
-        total = total or settings.max_update
+        total = total or (settings.max_update if isinstance(settings.max_update, int) else settings.warmup + 1)
         return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(settings.warmup),
                 "--end-learning-rate", "0", "--total-num-update", str(total)]
     return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup), "--warmup-init-lr", "1e-07"]
@@ -447,6 +447,37 @@ def finished_run(rdir: str) -> Optional[dict]:
         raise ComparisonError(f"{path} is unreadable or not a record of this runner (truncated?): move it away "
                               "and remove the run's checkpoints to train and evaluate the run again")
     return done
+
+
+# ---------------------------------------------------------------------------------------------- budget
+#: ``--max-update auto``: the Transformer of the first seed trains in chunks of PLATEAU_WINDOW updates
+#: until its best validation NLL (fairseq's ``valid_nll_loss``, bits per target token) improves by less
+#: than PLATEAU_DELTA over PLATEAU_WINDOW updates; that update, rounded up to a multiple of BUDGET_STEP,
+#: is the budget of every run. The other runs train up to ``--provisional-update`` meanwhile (the
+#: learning-rate schedule does not depend on the budget, so nothing they did is redone).
+PLATEAU_DELTA = 0.01
+PLATEAU_WINDOW = 500
+BUDGET_STEP = 500
+BUDGET_RULE = (f"the first validation at which the first seed's Transformer's best validation NLL (bits) is less "
+               f"than {PLATEAU_DELTA} below its best {PLATEAU_WINDOW} updates earlier, rounded up to a multiple "
+               f"of {BUDGET_STEP}")
+
+
+def plateau_update(curve: Dict[int, float], delta: float = PLATEAU_DELTA, window: int = PLATEAU_WINDOW) -> Optional[int]:
+    """The first validated update ``u`` whose best NLL so far is less than ``delta`` below the best
+    NLL up to ``u - window``; None while the curve still improves. Reading of "improves by less than
+    0.01 over 500 updates": best-so-far values, so one noisy validation neither ends nor prolongs it."""
+    bests: List[Tuple[int, float]] = []
+    for update, nll in sorted(curve.items()):
+        bests.append((update, min(nll, bests[-1][1]) if bests else nll))
+        earlier = [best for u, best in bests if u <= update - window]
+        if earlier and earlier[-1] - bests[-1][1] < delta:
+            return update
+    return None
+
+
+def calibrated_budget(plateau: int) -> int:
+    return BUDGET_STEP * math.ceil(plateau / BUDGET_STEP)
 
 
 def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
@@ -945,19 +976,23 @@ class Experiment:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
     # ---- the budget, the composition and the third seed, decided from the runs
-    def run_budget(self, name: str) -> int:
+    def budget(self) -> Optional[int]:
+        known = _read_json(os.path.join(self.out, "budget.json"))
+        return known["budget"] if known else None
+
+    def run_budget(self, name: str) -> Optional[int]:
         """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
         method = self.method(name)
-        return self.settings.finetune_update if method and method.init else self.settings.max_update
+        return self.settings.finetune_update if method and method.init else self.budget()
 
     def record_budget(self) -> None:
-        """budget.json holds the budget of ``--out``; another one is refused (its schedule may not show it)."""
+        """budget.json holds the budget of ``--out`` (for ``auto``, once calibrated); another one is refused."""
         path = os.path.join(self.out, "budget.json")
         known, asked = _read_json(path), self.settings.max_update
         if known and known.get("max_update") != asked:
             raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
                                   f"-> {asked}); use another --out or the original settings")
-        if not known and not self.settings.report_only:
+        if not known and asked != "auto" and not self.settings.report_only:
             _write_json(path, {"max_update": asked, "budget": asked})
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
@@ -965,10 +1000,27 @@ class Experiment:
         removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
 
+    def calibrate(self) -> None:
+        """--max-update auto: write budget.json once the first seed's Transformer's curve has flattened."""
+        if self.budget() is not None:
+            return
+        name, seed = "transformer", self.settings.seeds[0]
+        curve = learning_curve(os.path.join(self.rdir(name, seed), "run.log"))
+        saved = saved_updates(self.save_dir(name, seed))
+        plateau = plateau_update({u: v for u, v in curve.items() if u <= saved}, PLATEAU_DELTA, PLATEAU_WINDOW)
+        if plateau is None:
+            return
+        budget = calibrated_budget(plateau)
+        _write_json(os.path.join(self.out, "budget.json"), {
+            "max_update": "auto", "budget": budget, "plateau_update": plateau, "rule": BUDGET_RULE,
+            "calibration_run": os.path.relpath(self.rdir(name, seed), self.out),
+            "curve": {str(u): v for u, v in curve.items() if u <= saved}})
+        log(f"budget calibrated: {budget} updates (validation NLL flat at update {plateau})")
+
     def choose_composition(self) -> None:
         """Write composition.json once every component's first seed has reached the budget."""
-        budget = self.settings.max_update
-        if (COMPOSITION not in [m.name for m in self.methods]
+        budget = self.budget()
+        if (COMPOSITION not in [m.name for m in self.methods] or budget is None
                 or os.path.isfile(os.path.join(self.out, "composition.json"))):
             return
         seed = self.settings.seeds[0]
@@ -1018,14 +1070,20 @@ class Experiment:
 
     # ---- the next step of a run
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
-        """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the composition or
-        the run it starts from."""
+        """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
+        composition or the run it starts from."""
         method, stage = self.method(name), self.settings.stage
         if method is None or finished_run(self.rdir(name, seed)):
             return None
-        if method.init and not self.trained_to(method.init, seed, self.settings.max_update):
+        if method.init and (self.budget() is None or not self.trained_to(method.init, seed, self.budget())):
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
+        if budget is None:  # --max-update auto: the calibration run trains on in chunks, the others provisionally
+            if (name, seed) == ("transformer", self.settings.seeds[0]):
+                budget = (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW
+            else:
+                budget = self.settings.provisional_update
+            return None if saved >= budget or stage == "evaluate" else ("train", budget)
         if saved >= budget:
             return None if stage == "train" else ("evaluate", budget)
         return None if stage == "evaluate" else ("train", budget)
@@ -1038,7 +1096,7 @@ class Experiment:
         if step == "evaluate":
             evaluate_run(rdir, updates, self.test_sets())
         else:
-            init = (final_average(self.save_dir(method.init, seed), self.settings.max_update, self.settings.eval_every)
+            init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
                     if method.init else None)
             config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed,
                                 self.run_budget(name), init)
@@ -1055,6 +1113,7 @@ class Experiment:
             self.test_sets()  # once, before the runs read them
         with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
             while True:
+                self.calibrate()
                 self.choose_composition()
                 self.choose_third_seed()
                 for run in self.runs():
@@ -1076,10 +1135,11 @@ class Experiment:
     def report(self, quiet: bool = False) -> dict:
         from fusion_fairseq.tools.comparison_report import write_report
 
+        settings = argparse.Namespace(**{**vars(self.settings), "max_update": self.budget() or "auto (calibrating)"})
         try:
             methods = self.concrete_methods(keep_unchosen=True)
             return write_report(self.out, methods, {m.name: self.seeds_of(m.name) for m in methods}, self.plan,
-                                self.settings, self.data_bin)
+                                settings, self.data_bin)
         except Exception as error:  # noqa: BLE001 - a report must not stop the training of the other runs
             if not quiet:
                 raise
@@ -1088,6 +1148,10 @@ class Experiment:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+def _budget(text):
+    return "auto" if text == "auto" else positive_int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compare_methods.py",
@@ -1117,7 +1181,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=positive_int, default=800, help="updates of every run")
+    g.add_argument("--max-update", type=_budget, default=800,
+                   help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
+                   BUDGET_RULE + ")")
+    g.add_argument("--provisional-update", type=positive_int, default=4000,
+                   help="with --max-update auto: how far the other runs train while the budget is calibrated")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
@@ -1220,6 +1288,8 @@ def check_method_choice(settings, names: List[str]) -> None:
     if len(set(settings.seeds)) != len(settings.seeds):
         raise ComparisonError("--seeds: repeated seed")
     if "transformer" not in names:
+        if settings.max_update == "auto":
+            raise ComparisonError("--max-update auto: the budget is calibrated on 'transformer'; add it to --methods")
         log("note: the baseline 'transformer' is not among --methods; its size is still the matching target")
     missing = [name for name in ("transformer", *COMPONENTS) if name not in names]
     if COMPOSITION in names and missing:
@@ -1232,7 +1302,15 @@ def check_checkpoint_alignment(settings) -> None:
     (the resume points and the averaged ones) only there."""
     every = settings.eval_every
     why = f"not a multiple of --eval-every {every}, the only updates with a checkpoint"
-    if settings.max_update % every:
+    if settings.max_update == "auto" and settings.lr_schedule == "polynomial":
+        raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
+                              "training; give --max-update N")
+    if settings.max_update == "auto":
+        if BUDGET_STEP % every:
+            raise ComparisonError(f"--max-update auto: its budgets are multiples of {BUDGET_STEP}, {why}")
+        if settings.provisional_update % every:
+            raise ComparisonError(f"--provisional-update {settings.provisional_update}: {why}")
+    elif settings.max_update % every:
         raise ComparisonError(f"--max-update {settings.max_update}: {why}")
     if settings.finetune_update % every and any(method.init for method in resolve_methods(settings.methods)):
         raise ComparisonError(f"--finetune-update {settings.finetune_update}: {why}")

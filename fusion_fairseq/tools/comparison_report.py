@@ -157,7 +157,7 @@ def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
     """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget``: per seed the NLL at the window
     ends and the changes; "passed" when every seed's changes are below CHECK_DELTA (None: no run reached it, or
     the budget does not hold the windows)."""
-    if baseline_row is None or budget <= CHECK_WINDOWS * CHECK_WINDOW:
+    if baseline_row is None or not isinstance(budget, int) or budget <= CHECK_WINDOWS * CHECK_WINDOW:
         return None
     ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
     seeds = {}
