@@ -1,6 +1,6 @@
-"""scripts/compare_methods.py (fusion_fairseq.tools.comparison): a smoke run of the whole pipeline on a tiny
-slice of Multi30k (2 methods x 2 seeds x 4 updates at a tiny width), the report's numbers, resuming
-without retraining, and the errors."""
+"""scripts/compare_methods.py (fusion_fairseq.tools.comparison and comparison_report): a smoke run of the whole
+pipeline on a tiny slice of Multi30k (2 methods x 2 seeds x 4 updates at a tiny width), the report's numbers,
+resuming without retraining, and the errors."""
 
 import json
 import os
@@ -8,14 +8,15 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 
 import pytest
 
 from conftest import MULTI30K_SLICE, REPO_ROOT, write_multi30k_slice
 from fusion_fairseq.tools import comparison
-from fusion_fairseq.tools.comparison import METHODS, Width, main, match_parameter, parse_width, summarise
+from fusion_fairseq.tools import comparison_report as report
+from fusion_fairseq.tools.comparison import METHODS, Width, main, match_parameter, parse_width
+from fusion_fairseq.tools.comparison_report import summarise
 
 METHODS_UNDER_TEST = ["transformer", "surface_fusion"]
 SEEDS = [1, 2]
@@ -79,71 +80,69 @@ def test_mean_and_spread_by_hand(smoke):
             assert stats["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5, abs=0.006)
             assert (stats["min"], stats["max"]) == (min(values), max(values))
         title = METHODS[row["method"]].title
-        per_seed = md.split("## test_2016_flickr per seed")[1]
-        line = next(line for line in per_seed.splitlines() if line.startswith(f"| {title} |"))
-        assert f"{row['params']:,}" in line and f"{row['sacrebleu']['mean']:.2f}" in line
+        summary = md.split("## Summary")[1].split("## ")[0]
+        line = next(line for line in summary.splitlines() if line.startswith(f"| {title} |"))
+        assert f"{row['params']:,}" in line and f"{row['test']['all']['mean']:.2f} ± " in line
         for seed in SEEDS:
-            assert f"{_done(out, row['method'], seed)['sacrebleu']:.2f}" in line
-        assert "2/2" in line
+            assert f"{_done(out, row['method'], seed)['scores']['average']['all']['sacrebleu']:.2f} (" in line
+        every_set = md.split("## Every test set")[1].split("## ")[0]
+        line = next(line for line in every_set.splitlines() if line.startswith(f"| {title} |"))
+        assert line.endswith(f" {row['tokenized_bleu']['mean']:.2f} ± {row['tokenized_bleu']['std']:.2f} |")
 
 
 @pytest.mark.slow
-def test_four_test_sets_two_checkpoints_and_the_paired_difference(smoke):
-    """Every run is scored on the four Multi30k test sets with its best and its averaged checkpoint;
-    the report's tables carry per-set means and, per seed, the paired difference to the Transformer
-    computed on the four sets together."""
+def test_four_test_sets_the_averaged_checkpoint_and_the_paired_difference(smoke):
+    """Every run is scored on the four Multi30k test sets with the average of its last checkpoints; the
+    report gives, per seed, sacreBLEU's paired bootstrap against the Transformer on the four sets together."""
     _, out, results = smoke
     done = _done(out, "surface_fusion", 1)
-    assert set(done["scores"]) == {"best", "average"}
-    for kind, sets in done["scores"].items():
-        assert set(sets) == {*comparison.TEST_SETS, "all"}
-        assert sets["all"]["sentences"] == sum(MULTI30K_SLICE[name] for name in comparison.TEST_SETS)
-    assert done["averaged_updates"] == [2, 4] and done["best_update"] in (2, 4)
-    assert done["trained_by"] and done["evaluated_by"]
+    assert set(done["scores"]) == {"average"}
+    assert set(done["scores"]["average"]) == {*comparison.TEST_SETS, "all"}
+    assert done["scores"]["average"]["all"]["sentences"] == sum(MULTI30K_SLICE[name] for name in comparison.TEST_SETS)
+    assert done["averaged_updates"] == [2, 4]
+    assert done["trained_by"] and "unknown" not in done["trained_by"] and done["evaluated_by"]
     row = next(r for r in results["methods"] if r["method"] == "surface_fusion")
-    paired = row["runs"][0]["paired"]["best"]
+    paired = row["runs"][0]["paired"]
     assert paired["difference"] == pytest.approx(paired["system"] - paired["baseline"], abs=0.011)
     assert paired["ci95"][0] <= paired["difference"] <= paired["ci95"][1]
-    baseline_all = _done(out, "transformer", 1)["scores"]["best"]["all"]["sacrebleu"]
+    baseline_all = _done(out, "transformer", 1)["scores"]["average"]["all"]["sacrebleu"]
     assert paired["baseline"] == pytest.approx(baseline_all, abs=0.011)
+    assert row["verdict"]["seeds"] == [2, 2] and row["verdict"]["verdict"] in ("better", "worse", "undecided")
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         md = f.read()
-    assert "## Test sacreBLEU: the checkpoint of the best validation NLL" in md
-    assert "## Test sacreBLEU: the average of the last 5 checkpoints" in md
-    line = next(line for line in md.split("## Test sacreBLEU: the checkpoint")[1].splitlines()
-                if line.startswith("| Encoder layer fusion: SurfaceFusion"))
+    line = next(line for line in md.split("## Runs")[1].splitlines() if line.startswith("| surface_fusion | 1 |"))
     assert f"{paired['difference']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}]" in line
-    assert f"| {row['length_ratio']['best']['mean']:.2f} |" in line
+    # no checkpoint but the scored average is kept
+    assert [n for n in os.listdir(os.path.join(out, "runs", "surface_fusion", "seed1", "checkpoints"))
+            if n.endswith(".pt")] == ["average-last5-to-4.pt"]
 
 
 def test_paired_bootstrap_of_identical_and_better_systems():
     refs = [f"a man rides a horse number {i} ." for i in range(60)]
     worse = [f"a man rides number {i} ." for i in range(60)]
-    same = comparison.paired_bootstrap(refs, worse, list(worse), lowercase=True)
+    same = report.paired_bootstrap(refs, worse, list(worse), lowercase=True)
     assert same["difference"] == 0 and same["ci95"] == [0, 0]
-    better = comparison.paired_bootstrap(refs, worse, refs, lowercase=True)
+    better = report.paired_bootstrap(refs, worse, refs, lowercase=True)
     assert better["system"] == 100 and better["difference"] > 0 and better["ci95"][0] > 0
     assert better["p_value"] < 0.05 and "case:lc" in better["signature"]
 
 
 def _evaluated_run(out, method, seed, hypotheses, references):
-    """A run as the evaluation leaves it: done.json and, per kind of checkpoint and test set, its files."""
+    """A run as the evaluation leaves it: done.json and, per test set, its files."""
     scores = {}
-    for kind in comparison.CHECKPOINT_KINDS:
-        scores[kind] = {}
-        for name in comparison.TEST_SETS:
-            where = out / "files" / method / str(seed) / kind / name
-            where.mkdir(parents=True)
-            (where / "hyp.detok").write_text("\n".join(hypotheses) + "\n")
-            (where / "raw.en").write_text("\n".join(references) + "\n")
-            scores[kind][name] = {"sacrebleu": 30.0, "hyp_detok": str(where / "hyp.detok"),
-                                  "raw_ref": str(where / "raw.en"), "sentences": len(references)}
-        scores[kind]["all"] = {"sacrebleu": 30.0}
+    for name in comparison.TEST_SETS:
+        where = out / "files" / method / str(seed) / name
+        where.mkdir(parents=True)
+        (where / "hyp.detok").write_text("\n".join(hypotheses) + "\n")
+        (where / "raw.en").write_text("\n".join(references) + "\n")
+        scores[name] = {"sacrebleu": 30.0, "hyp_detok": str(where / "hyp.detok"),
+                        "raw_ref": str(where / "raw.en"), "sentences": len(references)}
+    scores["all"] = report.concatenated_bleu(scores, lowercase=True)
     rdir = out / "runs" / method / f"seed{seed}"
     rdir.mkdir(parents=True)
     done = {"sacrebleu": 30.0, "tokenized_bleu": 30.0, "params": 1, "updates": 4, "train_seconds": 1.0,
             "generate_seconds": 1.0, "updates_per_second": 4.0, "devices": [], "finished": "now",
-            "sacrebleu_signature": "case:lc", "scores": scores}
+            "sacrebleu_signature": "case:lc", "scores": {"average": scores}}
     (rdir / "done.json").write_text(json.dumps(done))
 
 
@@ -153,18 +152,16 @@ def test_each_run_reports_its_own_output_length_also_a_transformer_seed_no_metho
     _evaluated_run(tmp_path, "transformer", 2, [f"a man rides a big brown horse number {i} ." for i in range(20)],
                    references)
     _evaluated_run(tmp_path, "mlrf", 1, references, references)
-    runs = {(method, seed): comparison.collect_run(str(tmp_path), method, seed, lowercase=True, budget=4)
+    runs = {(method, seed): report.collect_run(str(tmp_path), method, seed, lowercase=True, budget=4)
             for method, seed in (("transformer", 1), ("transformer", 2), ("mlrf", 1))}
-    assert runs["transformer", 1]["length_ratio"] == {"best": 0.75, "average": 0.75}  # 6 tokens against 8
-    assert runs["transformer", 2]["length_ratio"] == {"best": 1.25, "average": 1.25}  # 10 against 8
-    assert runs["mlrf", 1]["length_ratio"]["best"] == 1.0
-    row = comparison.method_row(METHODS["transformer"], [runs["transformer", 1], runs["transformer", 2]], {})
-    assert row["length_ratio"]["best"] == {"n": 2, "mean": 1.0, "std": 0.35, "min": 0.75, "max": 1.25}
-    row.update(title="transformer", test={kind: {name: summarise([30.0]) for name in (*comparison.TEST_SETS, "all")}
-                                          for kind in comparison.CHECKPOINT_KINDS})
-    table = comparison.test_set_tables([row], SEEDS)
-    assert "| all four | length | Δ seed 1 |" in table[5]
-    assert table[7].startswith("| transformer | 30.00 | 30.00 | 30.00 | 30.00 | 30.00 | 1.00 |")
+    assert runs["transformer", 1]["length_ratio"] == 0.75  # 6 tokens against 8
+    assert runs["transformer", 2]["length_ratio"] == 1.25  # 10 against 8
+    assert runs["mlrf", 1]["length_ratio"] == 1.0 and runs["mlrf", 1]["paired"]["system"] == 100
+    row = report.method_row(METHODS["transformer"], [runs["transformer", 1], runs["transformer", 2]], {})
+    assert row["length_ratio"] == {"n": 2, "mean": 1.0, "std": 0.35, "min": 0.75, "max": 1.25}
+    results = {"settings": {"seeds": SEEDS}, "methods": [row]}
+    assert report.summary_table(results)[7].startswith(f"| {row['title']} | – | – | "
+                                                       f"{runs['transformer', 1]['test']['all']:.2f} (0.75 ⚠) | ")
 
 
 @pytest.mark.slow
@@ -253,43 +250,15 @@ def test_width_and_summary_helpers():
 
 
 def test_the_figure_averages_the_finished_seeds_only_and_over_the_same_seeds_at_every_point():
-    assert comparison.mean_curve([{250: 5.0, 500: 4.0}, {250: 6.0}]) == {250: 5.5}
-    assert comparison.mean_curve([]) == {}
-    scores = {kind: {name: 30.0 for name in (*comparison.TEST_SETS, "all")} for kind in comparison.CHECKPOINT_KINDS}
+    assert report.mean_curve([{250: 5.0, 500: 4.0}, {250: 6.0}]) == {250: 5.5}
+    assert report.mean_curve([]) == {}
     done = {"status": "done", "curve": {"250": 5.0, "500": 4.0}, "sacrebleu": 30.0, "tokenized_bleu": 30.5,
-            "test": scores, "length_ratio": {"best": 1.0}}
-    running = {"status": "running", "curve": {"250": 6.0}}
-    row = comparison.method_row(METHODS["mlrf"], [done, running], {})
+            "test": {name: 30.0 for name in (*comparison.TEST_SETS, "all")}, "length_ratio": 1.0}
+    running = {"status": "partial", "curve": {"250": 6.0}}
+    row = report.method_row(METHODS["mlrf"], [done, running], {})
     assert row["mean_curve"] == {"250": 5.0, "500": 4.0} and row["curve_seeds"] == 1
-    row = comparison.method_row(METHODS["mlrf"], [running, dict(running, curve={"250": 5.0, "500": 4.5})], {})
+    row = report.method_row(METHODS["mlrf"], [running, dict(running, curve={"250": 5.0, "500": 4.5})], {})
     assert row["mean_curve"] == {"250": 5.5} and row["curve_seeds"] == 2
-
-
-def test_updates_to_reach_the_transformers_best_nll():
-    def row(method, *runs):
-        return {"method": method, "title": method, "runs": [
-            {"seed": seed, "status": status, "curve": {str(u): v for u, v in curve.items()}}
-            for seed, status, curve in runs]}
-
-    rows = [
-        row("transformer", (1, "done", {100: 5.0, 200: 4.0, 300: 4.2, 400: 3.9}), (2, "done", {100: 5.0, 200: 4.5})),
-        row("fgla", (1, "done", {100: 4.5, 200: 3.8, 300: 3.5}), (2, "done", {100: 4.6, 200: 4.6})),
-        row("mlrf", (1, "running", {100: 6.0}), (2, "pending", {})),
-    ]
-    comparison.add_updates_to_baseline_nll(rows)
-    baseline, fgla, mlrf = ({run["seed"]: run["baseline_nll"] for run in r["runs"]} for r in rows)
-    # the target is the baseline's best NLL (3.9 at 400; 4.5 at 200), not its last
-    assert baseline[1] == {"target": 3.9, "baseline_updates": 400, "updates": 400, "final": True, "ratio": 1.0}
-    assert fgla[1]["updates"] == 200 and fgla[1]["ratio"] == 0.5
-    assert fgla[2]["updates"] is None and fgla[2]["final"] and "ratio" not in fgla[2]
-    assert mlrf[1]["updates"] is None and not mlrf[1]["final"]
-    assert rows[1]["updates_to_baseline_nll_ratio"]["n"] == 1 and rows[1]["updates_to_baseline_nll_ratio"]["mean"] == 0.5
-    table = "\n".join(comparison.learning_speed_table(rows, [1, 2], 400))
-    assert "| fgla | 200 (0.50) | > 400 |" in table and "| mlrf | not yet | not yet | – |" in table
-    # without a finished baseline there is nothing to compare against
-    unfinished = [row("transformer", (1, "running", {100: 5.0})), row("fgla", (1, "done", {100: 4.0}))]
-    comparison.add_updates_to_baseline_nll(unfinished)
-    assert "baseline_nll" not in unfinished[1]["runs"][0] and comparison.learning_speed_table(unfinished, [1], 400) == []
 
 
 def test_every_method_uses_known_flags():
@@ -317,6 +286,13 @@ def test_every_method_uses_known_flags():
             assert args.share_all_embeddings and args.encoder_embed_dim == 256 and args.decoder_layers == 3
 
 
+def _trainings(rdir):
+    """The runner's record of every fairseq-train it started for a run (run.log's marked lines)."""
+    with open(os.path.join(rdir, "run.log"), encoding="utf-8") as f:
+        return [json.loads(line[len(comparison.TRAINING_MARK):]) for line in f
+                if line.startswith(comparison.TRAINING_MARK)]
+
+
 @pytest.mark.slow
 def test_auto_budget_provisional_runs_and_composition(tmp_path, monkeypatch):
     """--max-update auto: the first seed's Transformer trains in chunks until its curve is flat, the
@@ -341,11 +317,8 @@ def test_auto_budget_provisional_runs_and_composition(tmp_path, monkeypatch):
         rdir = os.path.join(out, "runs", method, "seed1")
         assert comparison.saved_updates(os.path.join(rdir, "checkpoints")) == 4
         assert not os.path.exists(os.path.join(rdir, "done.json"))
-        with open(os.path.join(rdir, "sessions.json")) as f:
-            sessions = json.load(f)
-        assert all(s["commit"] for s in sessions)
-    with open(os.path.join(out, "runs", "fgla", "seed1", "sessions.json")) as f:
-        assert [s["target"] for s in json.load(f)] == [2, 4]  # provisional, then the budget
+        assert all(training["commit"] for training in _trainings(rdir))
+    assert [t["to"] for t in _trainings(os.path.join(out, "runs", "fgla", "seed1"))] == [2, 4]  # provisional, then the budget
     results = main(argv + ["--stage", "evaluate"])
     assert [run["status"] for row in results["methods"] for run in row["runs"]] == ["done"] * 4
     assert all(run["updates"] == 4 for row in results["methods"] for run in row["runs"])
@@ -424,59 +397,36 @@ def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
         assert "transformer" in json.load(f)["entries"]
 
 
-def _paired(difference, low, high):
-    return {"difference": difference, "ci95": [low, high]}
-
-
-@pytest.mark.parametrize("paired,baseline,expected", [
-    ([_paired(1.2, 0.4, 2.0), _paired(0.9, 0.1, 1.7)], [33.0, 33.5], "better"),
-    ([_paired(-1.2, -2.0, -0.4), _paired(-0.9, -1.7, -0.1)], [33.0, 33.5], "worse"),
-    ([_paired(1.2, 0.4, 2.0), _paired(0.9, -0.1, 1.7)], [33.0, 33.5], "within the spread"),  # one interval holds 0
-    ([_paired(1.2, 0.4, 2.0), _paired(0.9, 0.1, 1.7)], [33.0, 34.2], "within the spread"),  # a seed moves it more
-    ([_paired(1.2, 0.4, 2.0), _paired(-0.9, -1.7, -0.1)], [33.0, 33.5], "within the spread"),  # opposite sides
-    ([_paired(1.2, 0.4, 2.0), None], [33.0], "pending (1 of 2 seeds)"),
-])
-def test_the_verdict_needs_every_seed_and_more_than_the_seed_spread(paired, baseline, expected):
-    assert comparison.verdict(paired, baseline) == expected
-
-
-def test_the_verdict_table_sets_each_gap_beside_its_papers():
-    def run(seed, all_four, paired=None):
-        return {"seed": seed, "paired": paired and {"best": paired, "average": paired},
-                "test": {"best": {"all": all_four}, "average": {"all": all_four}}}
-
-    rows = [{"method": "transformer", "title": "Transformer", "runs": [run(1, 30.0), run(2, 30.2)]},
-            {"method": "mlrf", "title": "MLRF", "paper_gap": [0.92, "IWSLT14"],
-             "runs": [run(1, 31.0, _paired(1.0, 0.5, 1.5)), run(2, 31.0, _paired(0.8, 0.2, 1.4))]}]
-    table = comparison.verdict_table(rows)
-    assert table[-1] == "| MLRF | +0.90 | better | +0.90 | better | +0.92 | IWSLT14 |"
+def test_the_methods_table_sets_each_gap_beside_its_papers():
+    rows = [report.method_row(METHODS[name], [], {}) for name in ("transformer", "mlrf")]
+    table = report.methods_table(rows)
+    assert table[-1].startswith("| MLRF Both-FNN-SA | Wang et al. 2018") and "| +0.92 (IWSLT14 De-En, Table 2" in table[-1]
+    assert "| – |" in table[-2]
     # every paper's row has its gap, but the baselines and the two papers measured on language models (no BLEU)
     no_gap = ("transformer", "transformer_continued", "denseformer", "hyper_connections")
     assert all(m.paper_gap for m in METHODS.values() if m.name not in no_gap)
 
 
-def test_the_summary_gives_every_test_set_for_both_checkpoints_and_the_verdicts():
-    def run(seed, paired=None):
-        return {"seed": seed, "status": "done" if paired is not False else "running",
-                "paired": paired and {"best": paired, "average": _paired(-0.5, -0.9, -0.1)},
-                "test": {kind: {"all": 30.0 + seed / 10} for kind in comparison.CHECKPOINT_KINDS}}
+def test_the_summary_gives_each_seed_the_mean_and_the_verdict_against_its_baseline():
+    def run(seed, score, status="done"):
+        return {"seed": seed, "status": status, "updates": 300, "test": dict.fromkeys((*comparison.TEST_SETS, "all"), score),
+                "length_ratio": 0.99, "sacrebleu": score, "tokenized_bleu": score, "curve": {}}
 
-    def scores(best, average):
-        return {"best": {name: summarise([best]) for name in (*comparison.TEST_SETS, "all")},
-                "average": {name: summarise([average]) for name in (*comparison.TEST_SETS, "all")}}
+    def row(name, params, runs, verdict=None):
+        found = report.method_row(METHODS[name], runs, {"params": params})
+        return dict(found, verdict=verdict) if verdict else found
 
-    rows = [{"method": "transformer", "title": "Transformer", "params": 1000, "test": scores(30.0, 31.0),
-             "runs": [run(1), run(2)]},
-            {"method": "mlrf", "title": "MLRF", "params": 1166, "test": scores(31.25, 30.5),
-             "runs": [run(1, _paired(1.0, 0.5, 1.5)), run(2, False)]}]
-    table = comparison.summary_table(rows)
-    assert table[5] == ("| method | params vs Transformer | seeds | 2016_flickr | 2017_flickr | 2017_mscoco | "
-                        "2018_flickr | all four | Δ all four | verdict |")
-    assert table[7] == "| Transformer | +0.0% | 2/2 |" + " 30.00 / 31.00 |" * 5 + " – | – |"
-    assert table[8] == ("| MLRF | +16.6% | 1/2 |" + " 31.25 / 30.50 |" * 5 +
-                        " +1.00 / -0.50 | pending (1 of 2 seeds) / pending (1 of 2 seeds) |")
-    rows[1]["runs"][1] = run(2, _paired(1.2, 0.4, 2.0))
-    assert comparison.summary_table(rows)[8].endswith("| +1.10 / -0.50 | better / worse |")
+    rows = [row("transformer", 1000, [run(1, 30.0), run(2, 31.0)]),
+            row("mlrf", 1166, [run(1, 31.25), run(2, 0, "partial")]),
+            row("fgla", 1000, [run(1, 32.0), run(2, 33.0)],
+                {"difference": 2.0, "ci95": [0.5, 3.5], "verdict": "better"})]
+    table = report.summary_table({"settings": {"seeds": SEEDS}, "methods": rows})
+    assert table[5] == ("| method | params | vs Transformer | seed 1 | seed 2 | mean ± std | baseline | "
+                        "Δ [95% interval] | verdict |")
+    assert table[7] == "| Transformer (baseline) | 1,000 | +0.0% | 30.00 (0.99) | 31.00 (0.99) | 30.50 ± 0.71 | – | – | – |"
+    assert table[8] == ("| MLRF Both-FNN-SA | 1,166 | +16.6% | 31.25 (0.99) | partial 300 | 31.25 | transformer | – "
+                        "| pending |")
+    assert table[9].endswith("| 32.50 ± 0.71 | transformer | +2.00 [+0.50, +3.50] | better |")
 
 
 def test_the_averaged_checkpoints_are_the_last_intervals_up_to_the_budget_and_none_may_be_missing():
@@ -488,16 +438,21 @@ def test_the_averaged_checkpoints_are_the_last_intervals_up_to_the_budget_and_no
         comparison.averaged_updates(every_250, 4000, 250)
 
 
-def test_a_session_killed_after_its_last_checkpoint_still_counts_its_training_time(tmp_path):
-    log = tmp_path / "run.log"
-    log.write_text('2026-11-24 10:00:00 | INFO | train | {"num_updates": "250"}\n'
-                   '2026-11-24 10:10:00 | INFO | valid | {"valid_num_updates": "500"}\n')
+def _marked(start, updates, commit):
+    return comparison.TRAINING_MARK + json.dumps({"start": start, "from": updates, "to": 500, "commit": commit,
+                                                  "device": "cpu"}) + "\n"
+
+
+def test_a_training_killed_after_its_last_checkpoint_still_counts_its_time(tmp_path):
+    """run.log is the training record: each fairseq-train the runner started lasts until its last
+    timestamped line, whether it finished or was killed."""
     start = time.mktime(time.strptime("2026-11-24 10:00:00", "%Y-%m-%d %H:%M:%S"))
-    sessions = [{"start": start - 600, "end": start, "from_update": 0, "to_update": 250, "device": "cpu", "commit": "a"},
-                {"start": start, "end": None, "from_update": 250, "device": "cpu", "commit": "b"}]
-    record = comparison.training_record(sessions, str(log))
-    assert record == {"train_seconds": 1200.0, "updates_per_second": round(500 / 1200, 3), "devices": ["cpu"],
-                      "trained_by": ["a", "b"]}
+    log = tmp_path / "run.log"
+    log.write_text(_marked(start - 600, 0, "a") + '2026-11-24 09:55:00 | INFO | train | {"num_updates": "100"}\n'
+                   + '2026-11-24 10:00:00 | INFO | train | {"num_updates": "250"}\n' + _marked(start, 250, "b")
+                   + '2026-11-24 10:10:00 | INFO | valid | {"valid_num_updates": "500"}\n')
+    assert comparison.training_record(str(log)) == {"train_seconds": 1200.0, "updates_per_second": round(500 / 1200, 3),
+                                                    "devices": ["cpu"], "trained_by": ["a", "b"]}
 
 
 def test_the_reported_curve_stops_at_the_budget(tmp_path):
@@ -505,8 +460,8 @@ def test_the_reported_curve_stops_at_the_budget(tmp_path):
     rdir.mkdir(parents=True)
     (rdir / "run.log").write_text("".join(
         f'x | valid | {{"valid_nll_loss": "{3 - u / 1000}", "valid_num_updates": "{u}"}}\n' for u in (250, 500, 750)))
-    assert comparison.collect_run(str(tmp_path), "transformer", 1, True, 500)["curve"] == {"250": 2.75, "500": 2.5}
-    assert set(comparison.collect_run(str(tmp_path), "transformer", 1, True, None)["curve"]) == {"250", "500", "750"}
+    assert report.collect_run(str(tmp_path), "transformer", 1, True, 500)["curve"] == {"250": 2.75, "500": 2.5}
+    assert set(report.collect_run(str(tmp_path), "transformer", 1, True, None)["curve"]) == {"250", "500", "750"}
 
 
 def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(tmp_path, monkeypatch):
@@ -536,10 +491,9 @@ def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(
 def test_a_killed_unfinished_run_reports_its_time_until_its_last_log_line(tmp_path):
     rdir = tmp_path / "runs" / "mlrf" / "seed1"
     rdir.mkdir(parents=True)
-    (rdir / "run.log").write_text('2026-11-24 10:10:00 | INFO | train | {"num_updates": "300"}\n')
     start = time.mktime(time.strptime("2026-11-24 10:00:00", "%Y-%m-%d %H:%M:%S"))
-    (rdir / "sessions.json").write_text(json.dumps([{"start": start, "end": None, "from_update": 0, "device": "cpu"}]))
-    run = comparison.collect_run(str(tmp_path), "mlrf", 1, True, 4000)
+    (rdir / "run.log").write_text(_marked(start, 0, "a") + '2026-11-24 10:10:00 | INFO | train | {"num_updates": "300"}\n')
+    run = report.collect_run(str(tmp_path), "mlrf", 1, True, 4000)
     assert (run["status"], run["updates"], run["train_seconds"], run["updates_per_second"]) == ("partial", 300, 600, 0.5)
 
 
@@ -578,8 +532,8 @@ def test_the_deep_plan_end_to_end(tmp_path, monkeypatch):
     """--deep at a tiny width: the polynomial schedule to the budget, the fine-tuned rows starting from the
     Transformer's final averaged checkpoint, only the average scored, the seeds-and-sentences verdict, a
     third seed once the first two are scored, the budget check and the package versions of every run."""
-    monkeypatch.setattr(comparison, "CHECK_WINDOW", 2)
-    monkeypatch.setattr(comparison, "CHECK_WINDOWS", 1)
+    monkeypatch.setattr(report, "CHECK_WINDOW", 2)
+    monkeypatch.setattr(report, "CHECK_WINDOWS", 1)
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
     write_multi30k_slice(raw)
     argv = _argv(raw, out, ["transformer", "fgla", "transformer_continued", "deeprep_finetuned"]) + [
@@ -602,8 +556,6 @@ def test_the_deep_plan_end_to_end(tmp_path, monkeypatch):
             assert argv_run[argv_run.index("--lr-scheduler") + 1] == "polynomial_decay"
             done = _done(out, name, run["seed"])
             assert list(done["scores"]) == ["average"] and any(p.startswith("torch==") for p in done["packages"])
-            with open(os.path.join(rdir, "sessions.json")) as f:
-                assert all(any(p.startswith("torch==") for p in s["packages"]) for s in json.load(f))
             if name in ("transformer_continued", "deeprep_finetuned"):
                 start = argv_run[argv_run.index("--finetune-from-model") + 1]
                 assert total == "2" and start == os.path.join(out, "runs", "transformer", f"seed{run['seed']}",
@@ -616,8 +568,8 @@ def test_the_deep_plan_end_to_end(tmp_path, monkeypatch):
     assert results["budget_check"]["updates"] == [2, 4] and set(results["budget_check"]["seeds"]) == {"1", "2", "3"}
     assert results["cpu_hours"]["planned"] == 1.5 and results["cpu_hours"]["actual"] > 0
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
-        report = f.read()
-    assert "## Verdict" in report and "## Budget check" in report and "Planned: 1.5" in report
+        md = f.read()
+    assert "## Summary" in md and "## Budget check" in md and "Third seed (" in md and "planned 1.5" in md
 
 
 def test_summed_sentence_statistics_give_sacrebleus_corpus_score():
@@ -625,9 +577,9 @@ def test_summed_sentence_statistics_give_sacrebleus_corpus_score():
 
     hypotheses = ["a man rides a horse .", "two dogs play", "the woman is smiling at the camera .", "x"]
     references = ["a man is riding a horse .", "two dogs are playing .", "a woman smiles at the camera .", "y z"]
-    found = comparison.sentence_statistics(hypotheses, references, lowercase=True)
-    assert comparison.corpus_bleu(found.sum(0)) == BLEU(lowercase=True).corpus_score(hypotheses, [references]).score
-    assert comparison.corpus_bleu(found[:2].sum(0)) == BLEU(lowercase=True).corpus_score(
+    found = report.sentence_statistics(hypotheses, references, lowercase=True)
+    assert report.corpus_bleu(found.sum(0)) == BLEU(lowercase=True).corpus_score(hypotheses, [references]).score
+    assert report.corpus_bleu(found[:2].sum(0)) == BLEU(lowercase=True).corpus_score(
         hypotheses[:2], [references[:2]]).score
 
 
@@ -641,15 +593,15 @@ def _statistics(matches, sentences=200):
 
 
 def test_the_verdict_counts_the_seed_to_seed_spread_and_the_sentences():
-    better = comparison.seed_sentence_bootstrap([_statistics(8), _statistics(8)], [_statistics(6), _statistics(6)])
+    better = report.seed_sentence_bootstrap([_statistics(8), _statistics(8)], [_statistics(6), _statistics(6)])
     assert better["verdict"] == "better" and better["difference"] > 0 and better["ci95"][0] > 0
-    worse = comparison.seed_sentence_bootstrap([_statistics(6), _statistics(6)], [_statistics(8), _statistics(8)])
+    worse = report.seed_sentence_bootstrap([_statistics(6), _statistics(6)], [_statistics(8), _statistics(8)])
     assert worse["verdict"] == "worse" and worse["ci95"][1] < 0
     # the same mean gain, but one seed of the method below the baseline: the seeds' spread makes it undecided,
     # which a per-seed test of the sentences alone (each seed's interval) could not see as one verdict
-    spread = comparison.seed_sentence_bootstrap([_statistics(9), _statistics(5)], [_statistics(6), _statistics(6)])
+    spread = report.seed_sentence_bootstrap([_statistics(9), _statistics(5)], [_statistics(6), _statistics(6)])
     assert spread["verdict"] == "undecided" and spread["ci95"][0] < 0 < spread["ci95"][1]
-    assert spread["seeds"] == [2, 2] and spread["samples"] == comparison.VERDICT_SAMPLES
+    assert spread["seeds"] == [2, 2] and spread["samples"] == report.VERDICT_SAMPLES
 
 
 def test_the_deep_preset_and_its_schedule():
@@ -684,16 +636,16 @@ def test_the_deep_plan_refuses_what_it_cannot_run(tmp_path, flags, message):
 
 
 def test_the_budget_check_looks_at_every_seed_of_the_transformer(monkeypatch):
-    monkeypatch.setattr(comparison, "CHECK_WINDOW", 500)
-    monkeypatch.setattr(comparison, "CHECK_WINDOWS", 2)
+    monkeypatch.setattr(report, "CHECK_WINDOW", 500)
+    monkeypatch.setattr(report, "CHECK_WINDOWS", 2)
     flat = {"2000": 2.6, "2500": 2.59, "3000": 2.585}
     row = {"runs": [{"seed": 1, "curve": flat}, {"seed": 2, "curve": dict(flat)}, {"seed": 3, "curve": {"500": 5.0}}]}
-    check = comparison.budget_check(row, 3000)
+    check = report.budget_check(row, 3000)
     assert check["passed"] and check["updates"] == [2000, 2500, 3000] and set(check["seeds"]) == {"1", "2"}
     row["runs"][1]["curve"] = {"2000": 2.7, "2500": 2.6, "3000": 2.585}  # the second seed still improves
-    check = comparison.budget_check(row, 3000)
+    check = report.budget_check(row, 3000)
     assert not check["passed"] and check["seeds"]["2"]["changes"] == [-0.1, -0.015]
-    assert comparison.budget_check(row, None) is None
+    assert report.budget_check(row, 1000) is None  # the budget does not hold the windows
 
 
 def _train_losses(log_path):
@@ -721,16 +673,10 @@ def test_resuming_is_bit_exact(tmp_path):
     unbroken = os.path.join(out, "runs", "transformer", "seed1")
     resumed = str(tmp_path / "resumed")
     os.makedirs(resumed)
-    with open(os.path.join(unbroken, "config.json")) as f:
-        config = json.load(f)
-    config["save_dir"] = os.path.join(resumed, "checkpoints")
-    with open(os.path.join(resumed, "config.json"), "w") as f:
-        json.dump(config, f)
-    env = comparison.worker_env(comparison.parse_settings(["--threads", "1", "--device", "cpu"]))
-    for target in ("10", "20"):
-        with open(os.path.join(resumed, "run.log"), "a") as log:
-            subprocess.run([sys.executable, "-m", "fusion_fairseq.tools.comparison", "_train", resumed, target],
-                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=resumed, check=True)
+    shutil.copyfile(os.path.join(unbroken, "config.json"), os.path.join(resumed, "config.json"))
+    for target in (10, 20):
+        comparison.train_run(resumed, target)
+    assert [t["from"] for t in _trainings(resumed)] == [0, 10]
     expected, found = _train_losses(os.path.join(unbroken, "run.log")), _train_losses(os.path.join(resumed, "run.log"))
     assert len(expected) == 22 and found == expected
     with open(os.path.join(resumed, "run.log")) as f:
@@ -824,5 +770,5 @@ def test_an_unusable_done_json_stops_every_reader_in_one_line(tmp_path, content)
     with pytest.raises(comparison.ComparisonError, match=r"done.json is unreadable or not a record of this runner"):
         comparison.finished_run(str(rdir))
     with pytest.raises(comparison.ComparisonError, match=r"done.json is unreadable"):
-        comparison.collect_run(str(tmp_path), "transformer", 1, False, None)
+        report.collect_run(str(tmp_path), "transformer", 1, False, None)
     assert comparison.finished_run(str(tmp_path / "runs" / "mlrf" / "seed1")) is None  # not evaluated yet

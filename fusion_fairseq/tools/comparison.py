@@ -3,68 +3,47 @@
 ``python scripts/compare_methods.py`` (this module's :func:`main`) trains fairseq's vanilla
 ``transformer`` and one headline configuration of every paper implemented by the plugin on
 Multi30k De->En (train / val, four test sets), with the *same* data (one joint BPE, one joined
-dictionary), optimiser, learning-rate schedule, batch size, update budget and seeds, then writes
+dictionary), optimiser, learning-rate schedule, batch size, update budget and seeds, scores every
+run and writes the report (``results.md``, ``results.json``, ``learning_curves.png``; see
+:mod:`fusion_fairseq.tools.comparison_report`).
 
-* ``results.json`` -- every setting, every run (per seed: sacreBLEU, tokenised BLEU, parameters,
-  updates, training time, device), per method the mean / sample std / min / max over seeds, and the
-  learning curves;
-* ``results.md`` -- the same as tables, with which runs are done, pending or in progress, the
-  device(s) and the budget;
-* ``learning_curves.png`` -- validation NLL (bits per target token) against updates, one line per
-  method, the mean over the seeds available at each point.
-
-The methods are the rows of :data:`METHODS` (``--methods`` picks a subset). Widths are common
-(``--width``, default 3+3 layers, d=256, FFN 1024, 4 heads; ``--small``: d=128, FFN 512); the two
-models that have no N+M encoder-decoder depth get the free size parameter that their papers use to
-match the baseline chosen so that their parameter count is closest to the vanilla Transformer's
-(:func:`match_parameter`): the depth of the layer-wise coordination stack, and the growth dimension
-of the dense Transformer.
-
-Resumable. Every (method, seed) run lives in ``OUT/runs/METHOD/seedS/``. A finished run has the
-marker ``done.json`` (holding its test BLEU) and is never retrained; an unfinished run resumes from
-its ``checkpoints/checkpoint_last.pt`` (fairseq restores it by itself in the same ``--save-dir``,
-mid-epoch included), so the table can be produced in pieces over many invocations. A run whose stored
-settings differ from the ones asked for is refused (use another ``--out``). A lock file per run keeps
-two invocations on one ``--out`` from training the same run. Runs are ordered seed-major, so the
-first pieces are a complete one-seed comparison.
-
-Each step of a run is one worker process: ``python -m fusion_fairseq.tools.comparison _train RUN_DIR
-UPDATES`` trains with fairseq-train's own code in-process up to UPDATES; ``_evaluate RUN_DIR BUDGET``
-translates and scores every test set with the best and the averaged checkpoint exactly as
-``scripts/evaluate.sh`` does (fairseq-generate, beam 5, ``--remove-bpe``, then
-``scripts/recipe_tool.py`` hyps / detok / bleu: detokenised sacreBLEU against the raw reference and
-tokenised BLEU against the Moses-tokenised reference, case-insensitive as the data are lowercased).
-``--max-update auto`` calibrates the budget, ``composition`` adds the eighth configuration (see
-:data:`BUDGET_RULE` and :data:`COMPOSITION_RULE`).
+The runner plans and leaves the rest to fairseq. It plans the rows (:data:`METHODS`, ``--methods``),
+the common width (``--width``; ``--small``), the free size parameter of the two models without an N+M
+encoder-decoder depth, chosen so that their parameter count is closest to the vanilla Transformer's
+(:func:`match_parameter`), and the budget (``--max-update N``, or ``auto``: :data:`BUDGET_RULE`). Every
+(method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``; an unfinished run is
+resumed by fairseq itself from ``checkpoints/checkpoint_last.pt`` (the runner first makes that file
+the newest checkpoint that reads: :func:`resume_from_newest_intact`). A trained run is scored with the
+average of its last :data:`AVERAGED` checkpoints: ``fairseq-generate`` (beam 5, ``--remove-bpe``) on
+every test set, then the data pipeline's hyps / detok / bleu steps (``fusion_fairseq.tools.corpus``:
+detokenised sacreBLEU against the raw reference, tokenised BLEU against the Moses-tokenised one).
+Its ``done.json`` is written last and marks it as finished: it is never retrained. A run whose stored
+fairseq-train arguments differ from the ones asked for is refused (use another ``--out``). Run the
+same command again to continue.
 """
 
 import argparse
 import contextlib
-import fcntl
-import hashlib
-import importlib.util
-import io
 import json
+import logging
 import math
 import os
-import platform
 import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_fairseq.tools.common import cpu_name, device_name, load_average, positive_int
+from fusion_fairseq.tools.common import cpu_name, device_name, positive_int
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
-SCRIPTS_DIR = os.path.join(REPO_ROOT, "scripts")
 
 
 def log(message: str = "") -> None:
@@ -308,7 +287,7 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
 
 def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
                total: Optional[int] = None, init: Optional[str] = None) -> List[str]:
-    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_worker`);
+    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_run`);
     ``total``: the run's budget, which the polynomial schedule anneals to; ``init``: the checkpoint it starts from."""
     return [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
             *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"], total),
@@ -408,44 +387,29 @@ def _build_counter(data_bin: str, settings, recipe: dict):
 
 
 def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
-    """Model flags and parameter counts of every method (matched sizes solved here); cached in
-    ``OUT/plan.json`` (keyed by everything that changes them)."""
-    vocab = dictionary_size(data_bin, recipe)
-    key = json.dumps({"width": str(width), "vocab": vocab, "dropout": settings.dropout, "train_args": settings.train_args,
-                      "baseline": _method_spec(METHODS["transformer"])}, sort_keys=True)
-    path = os.path.join(out, "plan.json")
-    cache = _read_json(path)  # a cache: unreadable means recompute
-    entries = cache.get("entries", {}) if isinstance(cache, dict) else {}
-    missing = [m for m in methods if m.name not in entries or entries[m.name].get("key") != _method_key(key, m)]
-    if missing:
-        log(f"computing model sizes ({', '.join(m.name for m in missing)}) ...")
-        count = _build_counter(data_bin, settings, recipe)
-        baseline = METHODS["transformer"]
-        target = count(baseline, model_flags(baseline, width))
-        for method in missing:
-            entry = {"key": _method_key(key, method), "vocab": vocab}
-            if method.match:
-                value, params, tried = match_parameter(
-                    lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
-                entry.update(matched_flag=method.match, matched_value=value, matched_to=target,
-                             match_tried={str(k): v for k, v in sorted(tried.items())})
-                log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
-                    f"(transformer: {target:,}; tried {len(tried)} values)")
-            else:
-                params = count(method, model_flags(method, width))
-            entry.update(model_flags=model_flags(method, width, entry.get("matched_value")), params=params)
-            entries[method.name] = entry
-        os.makedirs(out, exist_ok=True)
-        _write_json(path, {"entries": entries})
-    return {m.name: entries[m.name] for m in methods}
-
-
-def _method_spec(method: Method) -> list:
-    return [method.name, method.arch, method.style, list(method.flags), list(method.criterion), method.match]
-
-
-def _method_key(key: str, method: Method) -> str:
-    return hashlib.sha1((key + json.dumps(_method_spec(method))).encode()).hexdigest()[:16]
+    """Model flags and parameter counts of every method, the matched sizes solved here; recorded in
+    ``OUT/plan.json``."""
+    log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
+    count = _build_counter(data_bin, settings, recipe)
+    baseline = METHODS["transformer"]
+    target = count(baseline, model_flags(baseline, width))
+    entries = {}
+    for method in methods:
+        entry = {"vocab": dictionary_size(data_bin, recipe)}
+        if method.match:
+            value, params, tried = match_parameter(
+                lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
+            entry.update(matched_flag=method.match, matched_value=value, matched_to=target,
+                         match_tried={str(k): v for k, v in sorted(tried.items())})
+            log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
+                f"(transformer: {target:,}; tried {len(tried)} values)")
+        else:
+            params = count(method, model_flags(method, width))
+        entries[method.name] = dict(entry, model_flags=model_flags(method, width, entry.get("matched_value")),
+                                    params=params)
+    os.makedirs(out, exist_ok=True)
+    _write_json(os.path.join(out, "plan.json"), {"entries": entries})
+    return entries
 
 
 def _write_json(path: str, data) -> None:
@@ -464,7 +428,7 @@ def _read_json(path: str):
         return None
 
 
-#: what the report reads of a done.json (see :func:`evaluate_worker`, which writes it, and :func:`collect_run`)
+#: what the report reads of a done.json (:func:`evaluate_run` writes it)
 DONE_KEYS = ("sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds", "generate_seconds",
              "updates_per_second", "devices", "finished", "sacrebleu_signature", "scores")
 
@@ -512,39 +476,6 @@ def plateau_update(curve: Dict[int, float], delta: float = PLATEAU_DELTA, window
 
 def calibrated_budget(plateau: int) -> int:
     return BUDGET_STEP * math.ceil(plateau / BUDGET_STEP)
-
-
-#: With a fixed budget (the 6+6 comparison), the check after training that it was enough: for every seed
-#: of the Transformer, the validation NLL (bits) changes by less than CHECK_DELTA over each of the last
-#: CHECK_WINDOWS windows of CHECK_WINDOW updates before the budget. The report says whether it held.
-CHECK_DELTA = 0.02
-CHECK_WINDOW = 500
-CHECK_WINDOWS = 3
-CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by less than {CHECK_DELTA} bits over "
-              f"each of the last {CHECK_WINDOWS} windows of {CHECK_WINDOW} updates before the budget")
-
-
-def budget_check(baseline_row: Optional[dict], budget: Optional[int]) -> Optional[dict]:
-    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget``: per seed the NLL at the window
-    ends and the changes; "passed" when every seed's changes are below CHECK_DELTA (None: no run reached it)."""
-    if baseline_row is None or budget is None:
-        return None
-    ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
-    seeds = {}
-    for run in baseline_row["runs"]:
-        curve = run_curve(run)
-        if budget not in curve:
-            continue
-        if any(u not in curve for u in ends):
-            seeds[str(run["seed"])] = {"error": f"no validation at update(s) {', '.join(str(u) for u in ends if u not in curve)}"}
-            continue
-        changes = [round(curve[b] - curve[a], 4) for a, b in zip(ends, ends[1:])]
-        seeds[str(run["seed"])] = {"nll": [curve[u] for u in ends], "changes": changes,
-                                   "passed": all(abs(c) < CHECK_DELTA for c in changes)}
-    if not seeds:
-        return None
-    return {"rule": CHECK_RULE, "updates": ends, "seeds": seeds,
-            "passed": all(found.get("passed", False) for found in seeds.values())}
 
 
 def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
@@ -686,47 +617,22 @@ def device_flags(device: str) -> List[str]:
     return ["--cpu"] if device == "cpu" else []
 
 
-def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int, rdir: str,
+def device_description(device: str, threads: Optional[int]) -> str:
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return f"{device_name(device)} (CUDA)"
+    return f"CPU {cpu_name()}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads"
+
+
+def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
                total: Optional[int] = None, init: Optional[str] = None) -> dict:
-    argv = train_argv(method, plan_entry, settings, data_bin, recipe, seed, total, init)
     return {
         "method": method.name, "seed": seed, "arch": method.arch, "params": plan_entry["params"],
-        "train_argv": argv,  # the comparable part: the same in every session of this run
-        "save_dir": os.path.join(rdir, "checkpoints"),
+        "train_argv": train_argv(method, plan_entry, settings, data_bin, recipe, seed, total, init),
         "data_bin": data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": recipe,
-        "device": settings.device, "device_flags": device_flags(settings.device),
-        "keep_checkpoints": settings.keep_checkpoints,
+        "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints,
     }
-
-
-class RunLock:
-    """An exclusive, non-blocking flock on RUN/.lock (released when the process ends)."""
-
-    def __init__(self, rdir: str):
-        os.makedirs(rdir, exist_ok=True)
-        self.file = open(os.path.join(rdir, ".lock"), "a+")
-
-    def acquire(self) -> bool:
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            return False
-
-    def release(self):
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
-
-
-def run_is_locked(rdir: str) -> bool:
-    if not os.path.isfile(os.path.join(rdir, ".lock")):
-        return False
-    lock = RunLock(rdir)
-    if lock.acquire():
-        lock.release()
-        return False
-    lock.file.close()
-    return True
 
 
 def check_config(rdir: str, config: dict) -> None:
@@ -757,46 +663,62 @@ def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
     return values
 
 
-def run_step(name: str, rdir: str, step: str, updates: int, env: dict) -> str:
-    """One step of a run in a worker process: ``train`` up to ``updates``, or ``evaluate`` the run at
-    that budget. Returns "done", "running" (another process holds the run) or "failed"."""
-    lock = RunLock(rdir)
-    if not lock.acquire():
-        log(f"{name}: running in another process, skipped")
-        return "running"
-    try:
-        log(f"{name}: {'training up to update' if step == 'train' else 'evaluating at update'} {updates} "
-            f"-> {rdir}/run.log")
-        started = time.time()
-        with open(os.path.join(rdir, "run.log"), "a", encoding="utf-8") as log_file:
-            log_file.write(f"\n==== {step} {datetime.now(timezone.utc).isoformat(timespec='seconds')} pid {os.getpid()}\n")
-            log_file.flush()
-            rc = subprocess.call([sys.executable, "-m", "fusion_fairseq.tools.comparison", f"_{step}", rdir, str(updates)],
-                                 stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                 cwd=rdir)  # -m imports from the working directory first: never another checkout
-        if rc != 0:
-            log(f"{name}: {step} FAILED (exit {rc}) after {time.time() - started:.0f}s; see {rdir}/run.log")
-            return "failed"
-        log(f"{name}: {step} finished in {time.time() - started:.0f}s")
-        return "done"
-    finally:
-        lock.release()
+#: the runner's line in run.log before every fairseq-train it starts (the run's training record)
+TRAINING_MARK = "==== fairseq-train "
 
 
-# -------------------------------------------------------------------------------------------- worker
-def device_description(device: str, threads: Optional[int] = None) -> str:
-    import torch
+def train_run(rdir: str, target: int) -> None:
+    """``python -m fairseq_cli.train`` up to update ``target``, its output appended to the run's log: a new run
+    starts, an unfinished one resumes from its ``checkpoint_last.pt`` (fairseq's default ``--restore-file`` in
+    the same ``--save-dir``). The plugin is the one beside this file (``--user-dir``, and first on the path),
+    and ``-m`` imports from the working directory first: the run directory, never another checkout."""
+    config = _read_json(os.path.join(rdir, "config.json"))
+    save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
+    resume_from_newest_intact(save_dir)
+    start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
+             "device": device_description(config["device"], config["threads"])}
+    argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir, *device_flags(config["device"])]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
+        p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    if config["threads"]:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(config["threads"])
+    with open(log_path, "a", encoding="utf-8") as f:
+        f.write(f"\n{TRAINING_MARK}{json.dumps(start)}\n$ fairseq-train {shlex.join(argv)}\n")
+        f.flush()
+        rc = subprocess.call([sys.executable, "-m", "fairseq_cli.train", *argv], stdout=f, stderr=subprocess.STDOUT,
+                             env=env, cwd=rdir)
+    if rc != 0 or saved_updates(save_dir) < target:
+        raise RunFailed(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")
 
-    if device == "cuda" and torch.cuda.is_available():
-        return f"{device_name(device)} (CUDA)"
-    return f"CPU {cpu_name()}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads"
+
+class RunFailed(Exception):
+    pass
 
 
-def _load_recipe_tool():
-    """The data pipeline, whose ``main`` runs its hyps / detok / bleu steps."""
-    from fusion_fairseq.tools import corpus
+FAIRSEQ_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
+LOGGED_UPDATE = re.compile(r'"(?:valid_|train_)?num_updates": "?(\d+)')
 
-    return corpus
+
+def training_record(log_path: str) -> dict:
+    """Training time, speed, devices and code commits of a run, from its log: every fairseq-train the runner
+    started (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
+    starts = []
+    if os.path.isfile(log_path):
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(TRAINING_MARK):
+                    starts.append(dict(json.loads(line[len(TRAINING_MARK):]), end=None, reached=None))
+                elif starts:
+                    stamp, update = FAIRSEQ_TIME.match(line), LOGGED_UPDATE.search(line)
+                    if stamp:
+                        starts[-1]["end"] = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
+                    if update:
+                        starts[-1]["reached"] = int(update.group(1))
+    seconds = sum(max(0.0, (s["end"] or s["start"]) - s["start"]) for s in starts)
+    updates = sum(max(0, (s["reached"] or s["from"]) - s["from"]) for s in starts)
+    return {"train_seconds": round(seconds, 1), "updates_per_second": round(updates / max(1e-9, seconds), 3),
+            "devices": sorted({s["device"] for s in starts}),
+            "trained_by": sorted({s.get("commit") or "unknown" for s in starts})}
 
 
 def last_logged_update(log_path: str) -> int:
@@ -804,126 +726,47 @@ def last_logged_update(log_path: str) -> int:
     if os.path.isfile(log_path):
         with open(log_path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                m = re.search(r'"(?:valid_|train_)?num_updates": "?(\d+)', line)
+                m = LOGGED_UPDATE.search(line)
                 if m:
                     last = int(m.group(1))
     return last
 
 
-def last_log_time(log_path: str) -> Optional[float]:
-    """Time of the last timestamped (fairseq) line of the log, local time as fairseq writes it."""
-    last = None
-    if os.path.isfile(log_path):
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line[:4].isdigit() and line[19:22] == " | ":
-                    last = line[:19]
-    if last is None:
-        return None
-    try:
-        return time.mktime(time.strptime(last, "%Y-%m-%d %H:%M:%S"))
-    except ValueError:
-        return None
+VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
 
 
-def _fairseq_logging() -> None:
-    import logging
-
-    # fairseq-train's own log format (the learning curves are read from its "| valid |" json lines);
-    # force: importing the plugin may already have configured the root logger
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
-                        level=logging.INFO, stream=sys.stdout, force=True)
-
-
-def close_interrupted_sessions(sessions: List[dict], log_path: str) -> None:
-    """A session killed before it could record its end ends at the last fairseq log line."""
-    for session in sessions:
-        if session.get("end") is None:
-            session["end"] = max(session["start"], last_log_time(log_path) or session["start"])
-            session["to_update"] = last_logged_update(log_path)
-            session["interrupted"] = True
-
-
-def train_worker(rdir: str, target: int) -> None:
-    """fairseq-train's own code, in this process, resuming the run up to update ``target``."""
-    _fairseq_logging()
-    config = _read_json(os.path.join(rdir, "config.json"))
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    import fairseq_cli.train as fairseq_train
-
-    sessions_path, log_path = os.path.join(rdir, "sessions.json"), os.path.join(rdir, "run.log")
-    sessions = _read_json(sessions_path) or []
-    close_interrupted_sessions(sessions, log_path)
-    resume_from_newest_intact(config["save_dir"])
-    session = {"start": time.time(), "end": None, "device": device_description(config["device"]),
-               "from_update": saved_updates(config["save_dir"]), "target": target, "commit": code_commit(),
-               "python": sys.version.split()[0], "packages": installed_packages()}
-    sessions.append(session)
-    _write_json(sessions_path, sessions)
-    argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", config["save_dir"], *config["device_flags"]]
-    print("$ fairseq-train " + " ".join(shlex.quote(a) for a in argv), flush=True)
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    fairseq_train.distributed_utils.call_main(convert_namespace_to_omegaconf(args), fairseq_train.main)
-    session["end"], session["to_update"] = time.time(), saved_updates(config["save_dir"])
-    _write_json(sessions_path, sessions)
+def learning_curve(log_path: str) -> Dict[int, float]:
+    """{update: validation NLL (base 2)} from fairseq's json log lines (a resumed run's repeated
+    updates: the latest value)."""
+    curve: Dict[int, float] = {}
+    if not os.path.isfile(log_path):
+        return curve
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = VALID_LINE.search(line)
+            if not m:
+                continue
+            try:
+                stats = json.loads(m.group(1))
+                curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
+            except (ValueError, KeyError):
+                continue
+    return dict(sorted(curve.items()))
 
 
-def evaluate_worker(rdir: str, budget: int) -> None:
-    """Translate every test set with two models of the run -- the checkpoint of the best validation
-    NLL within ``budget`` and the average of the last :data:`AVERAGED` checkpoints up to ``budget``
-    -- and score them as ``scripts/evaluate.sh`` does; writes ``done.json`` last."""
-    _fairseq_logging()
-    config = _read_json(os.path.join(rdir, "config.json"))
-    plan = _read_json(os.path.join(rdir, "evaluation.json"))
-    import torch
-
-    log_path = os.path.join(rdir, "run.log")
-    best_update, best_nll = best_within(learning_curve(log_path), budget)
-    checkpoints = interval_checkpoints(config["save_dir"])
-    eval_dir = os.path.join(rdir, f"eval-beam{config['beam']}")
-    os.makedirs(eval_dir, exist_ok=True)
-    interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
-    average = final_average(config["save_dir"], budget, interval)
-    models = {"best": checkpoints.get(best_update), "average": average}
-    models = {kind: models[kind] for kind in plan.get("kinds", CHECKPOINT_KINDS)}
-    started = time.time()
-    scores = {kind: {name: translate_and_score(config, path, test_set, os.path.join(eval_dir, kind, name))
-                     for name, test_set in plan["test_sets"].items()}
-              for kind, path in models.items()}
-    lowercase = config["recipe"].get("LOWERCASE", "0") == "1"
-    for per_set in scores.values():
-        per_set["all"] = concatenated_bleu(per_set, lowercase)
-    headline = next(iter(scores.values()))[next(iter(plan["test_sets"]))]
-    done = {
-        "method": config["method"], "seed": config["seed"], "arch": config["arch"],
-        "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
-        "sacrebleu_signature": headline["sacrebleu_signature"], "scores": scores,
-        "params": logged_parameters(log_path) or config["params"], "updates": budget,
-        "best_update": best_update, "best_valid_nll": best_nll,
-        "averaged_updates": _read_json(average + ".json")["updates"],
-        **training_record(_read_json(os.path.join(rdir, "sessions.json")) or [], log_path),
-        "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-        "packages": installed_packages(),
-    }
-    _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
-    if not config.get("keep_checkpoints"):  # keep the scored models; the rest only served resuming
-        for path in {*checkpoints.values(), os.path.join(config["save_dir"], "checkpoint_last.pt"),
-                     os.path.join(config["save_dir"], "checkpoint_best.pt")} - set(models.values()):
-            if os.path.exists(path):
-                os.remove(path)
+def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
+    """The first validated update whose NLL is at most ``target`` (None: never, so far)."""
+    return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
 
 
-def training_record(sessions: List[dict], log_path: str) -> dict:
-    """Training time, speed, devices and code commits of a run's sessions (one killed after its last
-    checkpoint ends at its last log line)."""
-    close_interrupted_sessions(sessions, log_path)
-    seconds = sum(s["end"] - s["start"] for s in sessions)
-    updates = sum((s.get("to_update") or 0) - s.get("from_update", 0) for s in sessions)
-    return {"train_seconds": round(seconds, 1), "updates_per_second": round(updates / max(1e-9, seconds), 3),
-            "devices": sorted({s["device"] for s in sessions}),
-            "trained_by": sorted({s.get("commit") or "unknown" for s in sessions})}
+def logged_parameters(log_path: str) -> Optional[int]:
+    found = None
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
+            if m:
+                found = int(m.group(1).replace(",", ""))
+    return found
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
@@ -952,54 +795,82 @@ def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) ->
     return wanted
 
 
-def logged_parameters(log_path: str) -> Optional[int]:
-    found = None
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
-            if m:
-                found = int(m.group(1).replace(",", ""))
-    return found
+def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
+    """Translate every test set with the average of the run's last checkpoints up to ``budget``, score it,
+    and write ``done.json`` last; then remove the checkpoints that only served resuming."""
+    from fusion_fairseq.tools.comparison_report import concatenated_bleu, write_sentence_statistics
+
+    config = _read_json(os.path.join(rdir, "config.json"))
+    save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
+    interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
+    average = final_average(save_dir, budget, interval)
+    started = time.time()
+    eval_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average")
+    scores = {name: translate_and_score(config, average, test_set, os.path.join(eval_dir, name))
+              for name, test_set in test_sets.items()}
+    lowercase = config["recipe"].get("LOWERCASE", "0") == "1"
+    scores["all"] = concatenated_bleu(scores, lowercase)
+    write_sentence_statistics(rdir, scores, lowercase)
+    import torch
+
+    headline = scores[TEST_SETS[0]]
+    done = {
+        "method": config["method"], "seed": config["seed"], "arch": config["arch"],
+        "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
+        "sacrebleu_signature": headline["sacrebleu_signature"], "scores": {"average": scores},
+        "params": logged_parameters(log_path) or config["params"], "updates": budget,
+        "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
+        "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+        "packages": installed_packages(),
+    }
+    _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
+    if not config.get("keep_checkpoints"):
+        for name in os.listdir(save_dir):
+            if name.startswith("checkpoint") and name.endswith(".pt"):
+                os.remove(os.path.join(save_dir, name))
+
+
+GENERATING = threading.Lock()
 
 
 def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:
     """fairseq-generate (beam, --remove-bpe) on one binarised test set, then detokenised sacreBLEU and
-    tokenised BLEU as scripts/evaluate.sh computes them. Returns the scores (and the hypothesis file)."""
+    tokenised BLEU as ``fusion_fairseq.tools.corpus evaluate`` computes them. Returns the scores (and the hypothesis file)."""
     from fairseq import options
     import fairseq_cli.generate as fairseq_generate
+    from fusion_fairseq.tools import corpus
 
     recipe = config["recipe"]
     os.makedirs(out_dir, exist_ok=True)
     gen_argv = [test_set["data"], "--path", checkpoint, "--gen-subset", "test",
                 "--source-lang", recipe["SRC"], "--target-lang", recipe["TGT"], "--beam", str(config["beam"]),
                 "--lenpen", "1.0", "--remove-bpe", "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128",
-                "--user-dir", PLUGIN_DIR, "--results-path", out_dir, *config["device_flags"],
+                "--user-dir", PLUGIN_DIR, "--results-path", out_dir, *device_flags(config["device"]),
                 *shlex.split(config.get("gen_args") or "")]
-    print("$ fairseq-generate " + " ".join(shlex.quote(a) for a in gen_argv), flush=True)
-    fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
-    tool = _load_recipe_tool()
+    print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
+    with GENERATING:  # fairseq-generate's own code, in this process (no start-up cost per test set), one at a time
+        fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
     hyp_tok, hyp_detok = os.path.join(out_dir, "hyp.tok"), os.path.join(out_dir, "hyp.detok")
     with open(test_set["raw_ref"], encoding="utf-8") as f:
         n_ref = sum(1 for _ in f)
-    tool.main(["hyps", os.path.join(out_dir, "generate-test.txt"), "--hyp", hyp_tok,
+    corpus.main(["hyps", os.path.join(out_dir, "generate-test.txt"), "--hyp", hyp_tok,
                "--ref", os.path.join(out_dir, "ref.fairseq.tok"), "--expect", str(n_ref)])
-    tool.main(["detok", "--lang", recipe["TGT"], "-i", hyp_tok, "-o", hyp_detok])
+    corpus.main(["detok", "--lang", recipe["TGT"], "-i", hyp_tok, "-o", hyp_detok])
     bleu_argv = ["bleu", "--hyp-detok", hyp_detok, "--ref", test_set["raw_ref"], "--hyp-tok", hyp_tok,
                  "--tok-ref", test_set["tok_ref"], "--json", os.path.join(out_dir, "scores.json")]
     if recipe.get("LOWERCASE", "0") == "1":
         bleu_argv.append("--lowercase")
     if recipe.get("COMPOUND_SPLIT", "0") == "1":
         bleu_argv.append("--compound-split")
-    with contextlib.redirect_stdout(io.StringIO()) as printed:
-        tool.main(bleu_argv)
-    print(printed.getvalue(), flush=True)
+    corpus.main(bleu_argv)
     scores = _read_json(os.path.join(out_dir, "scores.json"))
     keys = ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")
     return {**{key: scores[key] for key in keys}, "hyp_detok": hyp_detok, "raw_ref": test_set["raw_ref"]}
 
 
 # ------------------------------------------------------------------------------------------- test sets
-#: Multi30k's four English test sets; the first is the one prepare-multi30k.sh binarises as ``test``.
+#: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follow do
 
@@ -1044,815 +915,31 @@ def _binarise_test_set(raw_prefix: str, where: str, codes: str, data_bin: str, r
         f.write("\n")
 
 
-# ------------------------------------------------------------------------------------ paired bootstrap
-BOOTSTRAP_SAMPLES = 1000
-BOOTSTRAP_SEED = 12345  # sacrebleu's default
-PAIRED_FORMAT = 2  # part of the paired.json cache key: raised when paired_bootstrap's result gains a field
-
-
-def paired_bootstrap(references: List[str], baseline: List[str], system: List[str], lowercase: bool) -> dict:
-    """sacreBLEU's paired bootstrap resampling (``--paired-bs``, 1000 samples, its seed): the system's
-    and the baseline's BLEU, the p-value sacrebleu reports and the 95% confidence interval of the
-    difference system - baseline over the same resampled test sets."""
-    import numpy as np
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    bleu = BLEU(lowercase=lowercase)
-    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": bleu}, [references], test_type="bs",
-                      n_samples=BOOTSTRAP_SAMPLES)
-    _, results = test()
-    stats = [sentence_statistics(hyps, references, lowercase) for hyps in (baseline, system)]
-    indices = np.random.default_rng(BOOTSTRAP_SEED).choice(len(references), size=(BOOTSTRAP_SAMPLES, len(references)))
-    differences = np.array([corpus_bleu(stats[1][i].sum(0)) - corpus_bleu(stats[0][i].sum(0)) for i in indices])
-    low, high = np.percentile(differences, [2.5, 97.5])
-    base, sys_ = results["BLEU"]
-    return {"baseline": round(base.score, 2), "system": round(sys_.score, 2),
-            "difference": round(sys_.score - base.score, 2), "ci95": [round(float(low), 2), round(float(high), 2)],
-            "p_value": sys_.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
-            "signature": str(bleu.get_signature())}
-
-
-def sentence_statistics(hypotheses: List[str], references: List[str], lowercase: bool):
-    """Per sentence, sacreBLEU's sufficient statistics (n-gram matches and totals for n = 1..4, the
-    hypothesis' and the reference's length) from its public ``BLEU.sentence_score``: summed over any
-    set of sentences they give that set's corpus BLEU (:func:`corpus_bleu`)."""
-    import numpy as np
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU(lowercase=lowercase, effective_order=True)  # only its n-gram counts are read: the same either way
-    rows = []
-    for hypothesis, reference in zip(hypotheses, references):
-        score = bleu.sentence_score(hypothesis, [reference])
-        rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
-    return np.array(rows, dtype=np.int64)
-
-
-def corpus_bleu(statistics_sum) -> float:
-    """Corpus BLEU (sacreBLEU's default exponential smoothing) from summed :func:`sentence_statistics`."""
-    from sacrebleu.metrics import BLEU
-
-    c = [int(x) for x in statistics_sum]
-    return BLEU.compute_bleu(correct=c[0:4], total=c[4:8], sys_len=c[8], ref_len=c[9], smooth_method="exp").score
-
-
-#: The verdict of the 6+6 comparison, fixed before any of its test scores existed: a method's Δ is its
-#: mean corpus BLEU over its seeds minus its baseline's, on the four test sets together (the average of
-#: the last checkpoints); its 95% interval comes from VERDICT_SAMPLES bootstrap replicates, each drawing
-#: the seeds of the method and of the baseline with replacement (so seed-to-seed variance counts) and
-#: then one set of sentences with replacement, shared by every run (test-set sampling). Better: the
-#: interval is above 0; worse: below 0; otherwise undecided.
-VERDICT_SAMPLES = 1000
-VERDICT_SEED = 12345
-VERDICT_RULE = ("Δ: mean sacreBLEU over the method's seeds minus its baseline's, on the four test sets together; "
-                f"95% interval of {VERDICT_SAMPLES} bootstrap replicates, each resampling the seeds of both (with "
-                "replacement), then the test sentences (one draw shared by every run); better: the interval is above "
-                "0, worse: below 0, otherwise undecided")
-THIRD_SEED_RULE = ("once every run of the first seeds is scored: one more seed for the Transformer, for every "
-                   "configuration whose verdict is undecided, and for its baseline")
-
-
-def seed_sentence_bootstrap(system: List, baseline: List, samples: int = VERDICT_SAMPLES, seed: int = VERDICT_SEED) -> dict:
-    """:data:`VERDICT_RULE` for the :func:`sentence_statistics` of a method's runs (one per seed) and its baseline's."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    n = len(system[0])
-
-    def mean_bleu(runs, weights=None):
-        return statistics.fmean(corpus_bleu(run.sum(0) if weights is None else weights @ run) for run in runs)
-
-    differences = []
-    for _ in range(samples):
-        picked = [[runs[i] for i in rng.integers(len(runs), size=len(runs))] for runs in (system, baseline)]
-        weights = np.bincount(rng.integers(n, size=n), minlength=n)
-        differences.append(mean_bleu(picked[0], weights) - mean_bleu(picked[1], weights))
-    low, high = (round(float(x), 2) for x in np.percentile(differences, [2.5, 97.5]))
-    return {"difference": round(mean_bleu(system) - mean_bleu(baseline), 2), "ci95": [low, high],
-            "seeds": [len(system), len(baseline)], "samples": samples,
-            "verdict": "better" if low > 0 else "worse" if high < 0 else "undecided"}
-
-
-def run_statistics(out: str, method: str, seed: int, kind: str, lowercase: bool):
-    """:func:`sentence_statistics` of a scored run on the four test sets together, cached in the run directory."""
-    import numpy as np
-
-    rdir = run_dir(out, method, seed)
-    done = finished_run(rdir)
-    path = os.path.join(rdir, f"sentence-statistics-{kind}.json")
-    cached = _read_json(path)
-    if cached and cached.get("key") == done["finished"]:
-        return np.array(cached["statistics"], dtype=np.int64)
-    scores = done["scores"][kind]
-    found = sentence_statistics(read_concatenated(scores, "hyp_detok"), read_concatenated(scores, "raw_ref"), lowercase)
-    _write_json(path, {"key": done["finished"], "statistics": found.tolist()})
-    return found
-
-
-def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
-    """Detokenised sacreBLEU of the test sets together (one corpus), and the output's length over the
-    reference's, tokenised as sacreBLEU does: its brevity penalty sees only short output, while long
-    output (a model looping until the length limit) costs precision."""
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU(lowercase=lowercase)
-    score = bleu.corpus_score(read_concatenated(scores, "hyp_detok"), [read_concatenated(scores, "raw_ref")])
-    return {"sacrebleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
-            "sentences": sum(scores[name]["sentences"] for name in TEST_SETS),
-            "length_ratio": round(score.sys_len / score.ref_len, 3)}
-
-
-def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
-    lines: List[str] = []
-    for name in TEST_SETS:
-        with open(scores[name][key], encoding="utf-8") as f:
-            lines += [line.rstrip("\n") for line in f]
-    return lines
-
-
-# ------------------------------------------------------------------------------------------- report
-VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
-
-
-def learning_curve(log_path: str) -> Dict[int, float]:
-    """{update: validation NLL (base 2)} from fairseq's json log lines (a resumed run's repeated
-    updates: the latest value)."""
-    curve: Dict[int, float] = {}
-    if not os.path.isfile(log_path):
-        return curve
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = VALID_LINE.search(line)
-            if not m:
-                continue
-            try:
-                stats = json.loads(m.group(1))
-                curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
-            except (ValueError, KeyError):
-                continue
-    return dict(sorted(curve.items()))
-
-
-def test_scores(done: dict) -> dict:
-    """{"test": {kind: {test set or "all": sacreBLEU}}, "test_tokenized": ...} of a finished run."""
-    scores = done.get("scores") or {}
-    return {"test": {kind: {name: s["sacrebleu"] for name, s in sets.items()} for kind, sets in scores.items()},
-            "test_tokenized": {kind: {name: s["tokenized_bleu"] for name, s in sets.items() if "tokenized_bleu" in s}
-                               for kind, sets in scores.items()}}
-
-
-def paired_with_baseline(out: str, method: str, seed: int, lowercase: bool, baseline_method: str = "transformer"
-                         ) -> Optional[dict]:
-    """{kind: paired bootstrap against the baseline (the Transformer) of the same seed} on the concatenated test
-    sets, once both runs are evaluated (cached in the run's paired.json); None for the Transformer itself."""
-    rdir, base_dir = run_dir(out, method, seed), run_dir(out, baseline_method, seed)
-    system, baseline = (finished_run(d) for d in (rdir, base_dir))
-    if method == "transformer" or not (system and baseline and system.get("scores") and baseline.get("scores")):
-        return None
-    path = os.path.join(rdir, "paired.json")
-    key = [system["finished"], baseline["finished"], PAIRED_FORMAT]
-    cached = _read_json(path)
-    if cached and cached.get("key") == key:
-        return cached["paired"]
-    paired = {kind: paired_bootstrap(read_concatenated(baseline["scores"][kind], "raw_ref"),
-                                     read_concatenated(baseline["scores"][kind], "hyp_detok"),
-                                     read_concatenated(system["scores"][kind], "hyp_detok"), lowercase)
-              for kind in system["scores"]}
-    _write_json(path, {"key": key, "paired": paired})
-    return paired
-
-
-def summarise(values: Sequence[float]) -> Optional[dict]:
-    values = [float(v) for v in values]
-    if not values:
-        return None
-    return {"n": len(values), "mean": round(statistics.fmean(values), 2),
-            "std": round(statistics.stdev(values), 2) if len(values) > 1 else None,
-            "min": min(values), "max": max(values)}
-
-
-def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
-    """The mean of the curves at the updates every one of them reached: the same seeds at every point,
-    so that no step appears where a shorter curve ends."""
-    if not curves:
-        return {}
-    common = sorted(set.intersection(*(set(c) for c in curves)))
-    return {u: statistics.fmean(c[u] for c in curves) for u in common}
-
-
-def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
-    """The first validated update whose NLL is at most ``target`` (None: never, so far)."""
-    return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
-
-
-def run_curve(run: dict) -> Dict[int, float]:
-    """A run's validation curve with integer updates (the results keep them as JSON strings)."""
-    return {int(u): v for u, v in run["curve"].items()}
-
-
-def add_updates_to_baseline_nll(rows: List[dict]) -> None:
-    """Per method and seed, the updates it needed to reach the best validation NLL of the
-    Transformer of the same seed (Shen et al.'s "time to the same loss", in updates: wall time
-    per update depends on what else the machine runs; the benchmark gives the step-time ratios).
-    Only against finished baseline runs, whose best NLL is final."""
-    baseline = next((r for r in rows if r["method"] == "transformer"), None)
-    if baseline is None:
-        return
-    targets = {}
-    for run in baseline["runs"]:
-        curve = run_curve(run)
-        if run["status"] == "done" and curve:
-            best = min(curve.values())
-            targets[run["seed"]] = (best, updates_to_reach(curve, best))
-    for row in rows:
-        for run in row["runs"]:
-            if run["seed"] not in targets:
-                continue
-            target, baseline_updates = targets[run["seed"]]
-            reached = updates_to_reach(run_curve(run), target)
-            run["baseline_nll"] = {"target": round(target, 4), "baseline_updates": baseline_updates,
-                                   "updates": reached, "final": run["status"] == "done"}
-            if reached is not None:
-                run["baseline_nll"]["ratio"] = round(reached / baseline_updates, 3)
-        ratios = [run["baseline_nll"]["ratio"] for run in row["runs"] if run.get("baseline_nll", {}).get("ratio")]
-        row["updates_to_baseline_nll_ratio"] = summarise(ratios)
-
-
-def collect_run(out: str, method: str, seed: int, lowercase: bool, budget: Optional[int],
-                baseline: str = "transformer") -> dict:
-    """One run's entry of the report: its scores once done, else its progress so far; its validation
-    curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
-    rdir = run_dir(out, method, seed)
-    log_path = os.path.join(rdir, "run.log")
-    done = finished_run(rdir)
-    run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
-    if done:
-        run.update(status="done", **{k: done[k] for k in DONE_KEYS if k != "scores"})
-        run.update(test_scores(done), paired=paired_with_baseline(out, method, seed, lowercase, baseline),
-                   length_ratio={kind: concatenated_bleu(sets, lowercase)["length_ratio"]
-                                 for kind, sets in (done.get("scores") or {}).items()})
-    else:
-        updates = last_logged_update(log_path)
-        status = "running" if run_is_locked(rdir) else ("partial" if updates else "pending")
-        run.update(status=status, updates=updates)
-        sessions = _read_json(os.path.join(rdir, "sessions.json")) or []
-        if sessions:  # time so far (a session still going or killed: until its last log line)
-            run.update(training_record(sessions, log_path))
-    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items()
-                    if budget is None or u <= budget}
-    return run
-
-
-def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
-    """A method's entry of the report: its runs and their summaries over the finished seeds."""
-    finished = [r for r in runs if r["status"] == "done"]
-    # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
-    curves = [run_curve(r) for r in (finished or runs) if r["curve"]]
-    return {
-        "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
-        "method_flags": list(method.flags),
-        "flags": plan_entry.get("model_flags"), "criterion": list(method.criterion or DEFAULT_CRITERION),
-        "params": plan_entry.get("params"), "matched": ({plan_entry["matched_flag"]: plan_entry["matched_value"]}
-                                                        if plan_entry.get("matched_flag") else None),
-        "note": method.note, "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
-        "sacrebleu": summarise([r["sacrebleu"] for r in finished]),
-        "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
-        "test": {kind: {name: summarise([r["test"][kind][name] for r in finished if r.get("test", {}).get(kind)])
-                        for name in (*TEST_SETS, "all")} for kind in CHECKPOINT_KINDS},
-        "length_ratio": {kind: summarise([r["length_ratio"][kind] for r in finished if kind in r["length_ratio"]])
-                         for kind in CHECKPOINT_KINDS},
-        "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()},
-        "curve_seeds": len(curves),
-    }
-
-
-def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: dict, settings, width: Width,
-            data_bin: str) -> dict:
-    """The report's data; ``seeds``: the seeds of each method."""
-    lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
-    budget = settings.max_update if isinstance(settings.max_update, int) else None  # else "auto (calibrating)"
-    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase,
-                                            settings.finetune_update if method.init else budget, method.baseline)
-                                for seed in seeds[method.name]], plan.get(method.name, {})) for method in methods]
-    add_updates_to_baseline_nll(rows)
-    extra = {}
-    if settings.deep:
-        for method, row in zip(methods, rows):
-            base = next((r for r in rows if r["method"] == method.baseline), None)
-            row["baseline"] = method.baseline
-            if base is not row and base and all(run["status"] == "done" for run in row["runs"] + base["runs"]):
-                row["verdict"] = seed_sentence_bootstrap(
-                    *[[run_statistics(out, r["method"], run["seed"], "average", lowercase) for run in r["runs"]]
-                      for r in (row, base)])
-        extra["third_seed"] = _read_json(os.path.join(out, "third_seed.json"))
-        extra["budget_check"] = budget_check(next((r for r in rows if r["method"] == "transformer"), None), budget)
-    runs = [run for row in rows for run in row["runs"]]
-    extra["cpu_hours"] = {"planned": settings.planned_cpu_hours, "actual": round(
-        sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
-        * (settings.threads or 1) / 3600, 1)}
-    return {
-        "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")",
-        "data_bin": data_bin,
-        "settings": {
-            "methods": [m.name for m in methods], "seeds": sorted({s for found in seeds.values() for s in found}),
-            "deep": settings.deep, "lr_schedule": settings.lr_schedule, "finetune_update": settings.finetune_update,
-            "width": str(width), "width_text": width.describe(),
-            "max_update": settings.max_update, "max_tokens": settings.max_tokens, "lr": settings.lr,
-            "warmup": settings.warmup, "dropout": settings.dropout, "eval_every": settings.eval_every,
-            "beam": settings.beam, "device": settings.device, "jobs": settings.jobs, "threads": settings.threads,
-            "train_args": settings.train_args, "gen_args": settings.gen_args,
-            "common_flags": common_train_flags(settings, "SRC", "TGT"), "default_criterion": list(DEFAULT_CRITERION),
-        },
-        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_average": load_average()},
-        "methods": rows, **extra,
-    }
-
-
-def _fmt_stats(stats: Optional[dict]) -> str:
-    if not stats:
-        return "–"
-    text = f"{stats['mean']:.2f}"
-    if stats["n"] > 1:
-        text += f" ± {stats['std']:.2f} [{stats['min']:.2f}, {stats['max']:.2f}]"
-    return text + f" (n={stats['n']})"
-
-
-def _fmt_duration(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "–"
-    minutes = seconds / 60
-    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
-
-
-def markdown(results: dict) -> str:
-    rows, seeds = results["methods"], results["settings"]["seeds"]
-    max_update = results["settings"]["max_update"]
-    deep = results["settings"].get("deep")
-    return "\n".join([*markdown_header(results), *summary_table(rows), *(deep_tables(results) if deep else []),
-                      *per_seed_table(rows, seeds, max_update),
-                      *runs_table(rows), *test_set_tables(rows, seeds), *([] if deep else verdict_table(rows)),
-                      *learning_speed_table(rows, seeds, max_update), *methods_table(rows),
-                      "", "![validation NLL against updates](learning_curves.png)", ""])
-
-
-LENGTH_TOLERANCE = 0.05  # an output length ratio further from 1 is flagged
-
-
-def deep_tables(results: dict) -> List[str]:
-    """Markdown (--deep): the verdict per method with every seed's score and length, sacreBLEU's paired
-    bootstrap per seed beside it, the third seed, the budget check and the CPU-hours."""
-    rows, seeds = results["methods"], results["settings"]["seeds"]
-    lines = ["", "## Verdict", "", f"{VERDICT_RULE}; fixed in the code before any test score existed. Per seed: "
-             "sacreBLEU of the averaged checkpoint on the four test sets together and, in parentheses, the output's "
-             f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Paired: sacreBLEU's paired "
-             "bootstrap against the baseline of the same seed (test-set resampling only; a side column).", "",
-             "| method | baseline | " + " | ".join(f"seed {seed}" for seed in seeds) + " | Δ [95% interval] | verdict | "
-             + " | ".join(f"paired seed {seed}" for seed in seeds) + " |",
-             "|---|---|" + "---:|" * len(seeds) + "---:|---|" + "---:|" * len(seeds)]
-    for r in rows:
-        by_seed = {run["seed"]: run for run in r["runs"]}
-        scores, paired = [], []
-        for run in (by_seed.get(seed) for seed in seeds):
-            if run is None or run["status"] != "done":
-                scores.append(run["status"] if run else "–")
-                paired.append("–")
-                continue
-            ratio = run["length_ratio"]["average"]
-            flag = " ⚠" if abs(ratio - 1) > LENGTH_TOLERANCE else ""
-            scores.append(f"{run['test']['average']['all']:.2f} ({ratio:.2f}{flag})")
-            found = (run.get("paired") or {}).get("average")
-            paired.append(f"{found['difference']:+.2f} [{found['ci95'][0]:+.2f}, {found['ci95'][1]:+.2f}]"
-                          if found else "–")
-        found = r.get("verdict")
-        verdict_cells = ([f"{found['difference']:+.2f} [{found['ci95'][0]:+.2f}, {found['ci95'][1]:+.2f}]",
-                          found["verdict"]] if found else ["–", "–" if r["method"] == "transformer" else "pending"])
-        lines.append(f"| {r['title']} | {r['baseline'] if r['method'] != 'transformer' else '–'} | "
-                     + " | ".join(scores + verdict_cells + paired) + " |")
-    third = results.get("third_seed")
-    lines += ["", f"Third seed ({THIRD_SEED_RULE}): " + (
-        f"seed {third['seed']} for {', '.join(third['methods'])}." if third else "not decided yet.")]
-    check = results.get("budget_check")
-    lines += ["", "## Budget check", "", f"Rule ({CHECK_RULE}): " + (
-        "not checked yet (no Transformer run has reached the budget)." if not check else
-        ("**held**" if check["passed"] else "**did not hold**") + f" (validation NLL at updates "
-        f"{', '.join(map(str, check['updates']))}: " + "; ".join(
-            f"seed {seed}: " + (found.get("error") or " → ".join(f"{v:.3f}" for v in found["nll"]))
-            for seed, found in check["seeds"].items()) + ").")]
-    hours = results["cpu_hours"]
-    lines += ["", "## CPU-hours", "", f"Planned: {hours['planned'] if hours['planned'] is not None else '–'}; actual so "
-              f"far: {hours['actual']} (training and test decoding summed over the runs, times the threads per run)."]
-    return lines
-
-
-def markdown_header(results: dict) -> List[str]:
-    s = results["settings"]
-    runs = [run for r in results["methods"] for run in r["runs"]]
-    n_done = sum(run["status"] == "done" for run in runs)
-    devices = sorted({d for run in runs for d in run.get("devices", [])})
-    train_total = sum(run.get("train_seconds") or 0 for run in runs)
-    decode_total = sum(run.get("generate_seconds") or 0 for run in runs)
-    signatures = {run["sacrebleu_signature"] for run in runs if run.get("sacrebleu_signature")}
-    case = ("case-insensitive" if all("case:lc" in sig for sig in signatures) else "cased") if signatures else "–"
-    return [
-        "# One benchmark for all methods: Multi30k De->En",
-        "",
-        f"Written {results['written']} by `scripts/compare_methods.py`. **{n_done} of {len(runs)} runs done**"
-        + ("" if n_done == len(runs) else " (the table fills in as runs finish; run the same command again to "
-           "continue)") + ".",
-        "",
-        f"* Data: {results['task']}, one joint BPE and one joined dictionary for all methods (`{results['data_bin']}`).",
-        f"* Width: {s['width_text']} (`--width {s['width']}`); `--share-all-embeddings` for every encoder-decoder "
-        "model (layer-wise coordination has one embedding for both sides and the softmax by construction).",
-        f"* Budget: {s['max_update']} updates of ≤{s['max_tokens']} tokens, Adam (0.9, 0.98), lr {s['lr']}, "
-        + (f"linear decay to 0 at the budget after {s['warmup']} warm-up updates" if s.get("lr_schedule") == "polynomial"
-           else f"inverse-sqrt schedule with {s['warmup']} warm-up updates")
-        + f", dropout {s['dropout']}, label smoothing 0.1, weight decay 1e-4; validation + checkpoint every "
-        f"{s['eval_every']} updates; " + (
-            f"the average of the last {AVERAGED} checkpoints is translated (beam {s['beam']}); the runs that start from "
-            f"the Transformer's final model train {s.get('finetune_update')} more updates with the same schedule"
-            if s.get("deep") else f"the checkpoint with the best validation NLL and the average of the last {AVERAGED} "
-            f"checkpoints are translated (beam {s['beam']})") + f". Seeds: {', '.join(map(str, s['seeds']))}.",
-        f"* Device(s) used so far: {'; '.join(devices) if devices else '–'}. Requested: "
-        f"`--device {s['device']}`, {s['jobs']} parallel job(s). Time so far, summed over runs: training "
-        f"{_fmt_duration(train_total)}, test decoding {_fmt_duration(decode_total)}.",
-        f"* BLEU: detokenised sacreBLEU against the raw reference ({case}; signature in results.json) and, "
-        "in parentheses, tokenised BLEU (multi-bleu style), both as `scripts/evaluate.sh`. Mean ± sample std "
-        "[min, max] over the finished seeds.",
-    ]
-
-
-def summary_table(rows: List[dict]) -> List[str]:
-    """Markdown: the table the README shows. Per method, sacreBLEU on every test set and on the four
-    together for the best / the averaged checkpoint (mean over the finished seeds), then the paired
-    difference to the Transformer on the four together and its :func:`verdict`, for both kinds."""
-    baseline = next((r for r in rows if r["method"] == "transformer"), None)
-    if baseline is None or not any(run.get("test") for r in rows for run in r["runs"]):
-        return []
-    short = [name.replace("test_", "") for name in TEST_SETS]
-    deep = any("baseline" in r for r in rows)
-    lines = ["", "## Summary", "",
-             "Each cell: " + " / ".join(CHECKPOINT_KINDS[kind] for kind in scored_kinds(rows)) + "; sacreBLEU, mean "
-             "over the finished seeds (their spread and the per-seed confidence intervals: the tables below). "
-             + ("Δ [95% interval] and verdict: as in [Verdict](#verdict)." if deep else
-                "Δ and verdict: as in [Against the Transformer](#against-the-transformer)."), "",
-             "| method | params vs Transformer | seeds | " + " | ".join(short) + " | all four | Δ all four | verdict |",
-             "|---|---:|---:|" + "---:|" * (len(TEST_SETS) + 2) + "---|"]
-    for r in rows:
-        scores = [" / ".join(f"{r['test'][kind][name]['mean']:.2f}" if r["test"][kind][name] else "–"
-                             for kind in scored_kinds(rows)) for name in (*TEST_SETS, "all")]
-        if "baseline" in r:  # --deep: against its baseline, the verdict of the seeds-and-sentences bootstrap
-            found = r.get("verdict")
-            against = ([f"{found['difference']:+.2f} [{found['ci95'][0]:+.2f}, {found['ci95'][1]:+.2f}]",
-                        found["verdict"]] if found else ["–", "–" if r["method"] == "transformer" else "pending"])
-        elif r is baseline:
-            against = ["–", "–"]
-        else:
-            pairs = [difference_and_verdict(r, baseline, kind) for kind in CHECKPOINT_KINDS]
-            against = [" / ".join(difference for difference, _ in pairs), " / ".join(v for _, v in pairs)]
-        done = sum(run["status"] == "done" for run in r["runs"])
-        params, base_params = r["params"], baseline["params"]
-        versus = f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–"
-        lines.append(f"| {r['title']} | {versus} | "
-                     f"{done}/{len(r['runs'])} | " + " | ".join(scores + against) + " |")
-    return lines
-
-
-def per_seed_table(rows: List[dict], seeds: List[int], max_update) -> List[str]:
-    kinds = scored_kinds(rows)
-    lines = ["", "## test_2016_flickr per seed: " + ("the best checkpoint" if kinds[:1] == ["best"] else
-                                                     CHECKPOINT_KINDS[kinds[0]] if kinds else "–"), "",
-             "sacreBLEU and, in parentheses, tokenised BLEU; then their mean ± std [min, max] over the finished "
-             "seeds.", "",
-             f"| method | params | {' | '.join(f'seed {seed}' for seed in seeds)} | sacreBLEU | "
-             "tokenised BLEU | done |", "|---|---:|" + "---:|" * len(seeds) + "---|---|---|"]
-    for r in rows:
-        cells = []
-        by_seed = {run["seed"]: run for run in r["runs"]}
-        for run in (by_seed.get(seed, {"status": "–"}) for seed in seeds):
-            if run["status"] == "done":
-                cells.append(f"{run['sacrebleu']:.2f} ({run['tokenized_bleu']:.2f})")
-            elif run["status"] in ("running", "partial"):
-                cells.append(f"{run['status']} {run['updates']}/{max_update}")
-            else:
-                cells.append(run["status"])
-        params = r["params"]
-        n = sum(run["status"] == "done" for run in r["runs"])
-        lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | " + " | ".join(cells) +
-                     f" | {_fmt_stats(r['sacrebleu'])} | {_fmt_stats(r['tokenized_bleu'])} | {n}/{len(r['runs'])} |")
-    return lines
-
-
-def runs_table(rows: List[dict]) -> List[str]:
-    lines = ["", "## Runs", "",
-             "Times are wall-clock, under whatever else the machine ran meanwhile (other runs, evaluations): "
-             "they do not compare methods' speed; the benchmark's step-time ratios do (docs/measurements.md).", "",
-             "| method | seed | status | updates | training time | updates/s | test decoding | device | finished |",
-             "|---|---:|---|---:|---:|---:|---:|---|---|"]
-    for r in rows:
-        for run in r["runs"]:
-            lines.append(
-                f"| {r['method']} | {run['seed']} | {run['status']} | {run.get('updates', 0)} | "
-                f"{_fmt_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
-                f"{_fmt_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} | "
-                f"{run.get('finished', '–')} |")
-    return lines
-
-
-def methods_table(rows: List[dict]) -> List[str]:
-    lines = ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | note |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        flags = [f"--arch {r['arch']}", " ".join(r["method_flags"])]
-        if r.get("matched"):
-            (flag, value), = r["matched"].items()
-            flags.append(f"{flag} {value} (matched)")
-        lines.append(f"| {r['title']} | {r['paper']} | `{' '.join(f for f in flags if f)}` | "
-                     f"`{' '.join(r['criterion'][1:2])}` | {r['note']} |")
-    return lines
-
-
-CHECKPOINT_KINDS = {"best": "the checkpoint of the best validation NLL",
-                    "average": f"the average of the last {AVERAGED} checkpoints"}
-
-
-def test_set_tables(rows: List[dict], seeds: List[int]) -> List[str]:
-    """Markdown: per kind of checkpoint, sacreBLEU on every test set and on all four together (mean ± std
-    over the finished seeds), and the paired difference to the Transformer of each seed (95% CI)."""
-    if not any(run.get("test") for r in rows for run in r["runs"]):
-        return []
-    short = {name: name.replace("test_", "") for name in TEST_SETS}
-    lines = []
-    for kind in scored_kinds(rows):
-        title = CHECKPOINT_KINDS[kind]
-        lines += ["", f"## Test sacreBLEU: {title}", "",
-                  f"Mean ± sample std over the finished seeds; Δ: the method minus the Transformer of the same seed "
-                  "on the four test sets together, with the 95% confidence interval of sacreBLEU's paired bootstrap "
-                  f"({BOOTSTRAP_SAMPLES} resamples), per seed. Length: the output's length over the "
-                  "reference's on the four together (tokenised as sacreBLEU does; mean over seeds).", "",
-                  "| method | " + " | ".join(short[n] for n in TEST_SETS) + " | all four | length | " +
-                  " | ".join(f"Δ seed {seed}" for seed in seeds) + " |",
-                  "|---|" + "---:|" * (len(TEST_SETS) + 2 + len(seeds))]
-        for r in rows:
-            cells = [_fmt_mean_std(r["test"][kind][name]) for name in (*TEST_SETS, "all")]
-            ratio = r["length_ratio"][kind]
-            cells.append(f"{ratio['mean']:.2f}" if ratio else "–")
-            by_seed = {run["seed"]: run for run in r["runs"]}
-            for run in (by_seed.get(seed, {}) for seed in seeds):
-                paired = (run.get("paired") or {}).get(kind)
-                cells.append(f"{paired['difference']:+.2f} [{paired['ci95'][0]:+.2f}, {paired['ci95'][1]:+.2f}]"
-                             if paired else "–")
-            lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def scored_kinds(rows: List[dict]) -> List[str]:
-    """The kinds of checkpoint (:data:`CHECKPOINT_KINDS`) that some run was scored with."""
-    return [kind for kind in CHECKPOINT_KINDS if any(kind in run.get("test", {}) for r in rows for run in r["runs"])]
-
-
-def verdict(paired: List[Optional[dict]], baseline_scores: List[float]) -> str:
-    """Whether a method differs from the Transformer beyond the seed spread, from the paired bootstrap of
-    every seed (``paired``: {"difference", "ci95"} per seed, None while a run is unfinished) and the
-    Transformer's own scores over those seeds.
-
-    Rule: every seed's 95% interval excludes 0 on the same side, and the mean difference is larger
-    than the Transformer's seed spread (max - min of its scores): the first bounds the test-set
-    sampling noise, the second what another training seed alone moves the score.
-    """
-    if not paired or any(p is None for p in paired):
-        done = sum(p is not None for p in paired)
-        return f"pending ({done} of {len(paired)} seeds)"
-    mean = statistics.fmean(p["difference"] for p in paired)
-    spread = max(baseline_scores) - min(baseline_scores) if len(baseline_scores) > 1 else 0.0
-    side = {1 if p["ci95"][0] > 0 else -1 if p["ci95"][1] < 0 else 0 for p in paired}
-    if len(side) == 1 and 0 not in side and abs(mean) > spread:
-        return "better" if mean > 0 else "worse"
-    return "within the spread"
-
-
-def difference_and_verdict(row: dict, baseline: dict, kind: str) -> Tuple[str, str]:
-    """A method's mean paired difference to the Transformer over the seeds scored so far, as text, and its
-    :func:`verdict`, for one kind of checkpoint."""
-    paired = [(run.get("paired") or {}).get(kind) for run in row["runs"]]
-    base = [run["test"][kind]["all"] for run in baseline["runs"] if run.get("test", {}).get(kind)]
-    known = [p["difference"] for p in paired if p]
-    return (f"{statistics.fmean(known):+.2f}" if known else "–"), verdict(paired, base)
-
-
-def verdict_table(rows: List[dict]) -> List[str]:
-    """Markdown: per method and kind of checkpoint, the mean paired difference to the Transformer on the
-    four test sets together, the :func:`verdict`, and the gap its paper reports."""
-    baseline = next((r for r in rows if r["method"] == "transformer"), None)
-    if baseline is None or not any(run.get("paired") for r in rows for run in r["runs"]):
-        return []
-    lines = ["", "## Against the Transformer", "",
-             "Δ: the method minus the Transformer of the same seed in sacreBLEU on the four test sets together, "
-             "mean over seeds. Better / worse: every seed's paired-bootstrap 95% interval excludes 0 on that side "
-             "and the mean exceeds the Transformer's own seed spread (max - min); otherwise within the spread. "
-             "The paper's gap is its own Transformer baseline's, on its data and at its size.", "",
-             "| method | Δ best | verdict | Δ averaged | verdict | paper's gap | where |", "|---|---:|---|---:|---|---:|---|"]
-    for r in rows:
-        if r["method"] == "transformer":
-            continue
-        cells = [cell for kind in CHECKPOINT_KINDS for cell in difference_and_verdict(r, baseline, kind)]
-        gap, where = r.get("paper_gap") or (None, "")
-        cells += [f"{gap:+.2f}" if gap is not None else "–", where or "–"]
-        lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _fmt_mean_std(stats: Optional[dict]) -> str:
-    if not stats:
-        return "–"
-    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "")
-
-
-def learning_speed_table(rows: List[dict], seeds: List[int], max_update: int) -> List[str]:
-    """Markdown lines: updates to reach the Transformer's best validation NLL, per seed."""
-    if not any(run.get("baseline_nll") for r in rows for run in r["runs"]):
-        return []
-    seed_cols = " | ".join(f"seed {seed}" for seed in seeds)
-    lines = ["", "## Updates to reach the Transformer's best validation NLL", "",
-             "Per seed: the first validation (every `--eval-every` updates) at which the method's validation NLL is "
-             "at most the best one of the Transformer of the same seed, and that count over the Transformer's own "
-             f"(ratio < 1: the method gets there in fewer updates). `> {max_update}`: not within the budget; "
-             "`not yet`: a run still going.", "",
-             f"| method | {seed_cols} | ratio (mean over seeds) |", "|---|" + "---:|" * len(seeds) + "---:|"]
-    for r in rows:
-        cells = []
-        for run in r["runs"]:
-            info = run.get("baseline_nll")
-            if not info:
-                cells.append("–")
-            elif info["updates"] is not None:
-                cells.append(f"{info['updates']} ({info['ratio']:.2f})")
-            else:
-                cells.append(f"> {max_update}" if info["final"] else "not yet")
-        lines.append(f"| {r['title']} | " + " | ".join(cells) + f" | {_fmt_stats(r.get('updates_to_baseline_nll_ratio'))} |")
-    return lines
-
-
-def plot_curves(results: dict, path: str) -> None:
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    # the right panel repeats the second half of training at a scale where the methods come apart
-    fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5))
-    half = max((int(u) for r in results["methods"] for u in r["mean_curve"]), default=0) // 2
-    for r in results["methods"]:
-        curve = {int(u): v for u, v in r["mean_curve"].items()}
-        if not curve:
-            continue
-        label = f"{r['title']} ({r['curve_seeds']} seed{'s' if r['curve_seeds'] != 1 else ''})"
-        whole.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=label)
-        late = {u: v for u, v in curve.items() if u >= half}
-        tail.plot(list(late), list(late.values()), marker="o", markersize=3)
-    s = results["settings"]
-    whole.set_title(f"Multi30k De->En, {s['width_text']}, mean over seeds", fontsize=10)
-    tail.set_title(f"from update {half} on", fontsize=10)
-    for ax in (whole, tail):
-        ax.set_xlabel("updates")
-        ax.set_ylabel("validation NLL (bits per target token)")
-        ax.grid(alpha=0.3)
-    if whole.lines:
-        whole.legend(fontsize=8)
-    else:
-        whole.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=whole.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_report(out, methods, seeds, plan, settings, width, data_bin) -> dict:
-    results = collect(out, methods, seeds, plan, settings, width, data_bin)
-    _write_json(os.path.join(out, "results.json"), results)
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(results))
-    plot_curves(results, os.path.join(out, "learning_curves.png"))
-    return results
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def _budget(text):
-    return "auto" if text == "auto" else positive_int(text)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="compare_methods.py",
-        description="Train the vanilla Transformer and every paper's headline configuration at a matched size "
-        "with one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
-        "Resumable: run the same command again to continue.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--methods", nargs="+",
-                   help="methods (space- or comma-separated) from: " + ", ".join(METHODS) + f"; and '{COMPOSITION}': "
-                   f"{COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: {', '.join(DEEP_METHODS)})")
-    p.add_argument("--deep", action="store_true",
-                   help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width is given), --lr-schedule polynomial, "
-                   "the methods above, only the average of the last checkpoints scored, the verdict of a bootstrap over "
-                   "seeds and sentences, and a third seed where two seeds do not decide")
-    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
-    g = p.add_argument_group("data")
-    g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en), needed to prepare the data and the "
-                   "test sets")
-    g.add_argument("--data-bin", help="already binarised data made by scripts/prepare-multi30k.sh (joined dictionary)")
-    g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
-    g = p.add_argument_group("models")
-    w = g.add_mutually_exclusive_group()
-    w.add_argument("--width", type=parse_width,
-                   help=f"common size ENC+DEC:DIM:FFN:HEADS (default {DEFAULT_WIDTH}; with --deep {DEEP_WIDTH})")
-    w.add_argument("--small", dest="width", action="store_const", const=parse_width(SMALL_WIDTH),
-                   help=f"the small CPU preset --width {SMALL_WIDTH}")
-    g.add_argument("--dropout", type=float, default=0.1)
-    g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=_budget, default=800,
-                   help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
-                   BUDGET_RULE + ")")
-    g.add_argument("--provisional-update", type=positive_int, default=4000,
-                   help="with --max-update auto: how far the other runs train while the budget is calibrated")
-    g.add_argument("--max-tokens", type=positive_int, default=4096)
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
-    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"),
-                   help="inverse_sqrt (the default; never anneals) or polynomial: linear from the warm-up to 0 at the "
-                   "run's budget (the default with --deep; needs a fixed --max-update)")
-    g.add_argument("--finetune-update", type=positive_int, default=2000,
-                   help="updates of the runs that start from the Transformer's final averaged checkpoint "
-                   "(transformer_continued, deeprep_finetuned)")
-    g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, which the report puts beside the actual")
-    g.add_argument("--eval-every", type=positive_int, default=100,
-                   help="updates between validations (learning curve) and checkpoints (resume points)")
-    g.add_argument("--beam", type=positive_int, default=5)
-    g.add_argument("--train-args", default="", help="extra fairseq-train flags for every run (e.g. '--fp16')")
-    g.add_argument("--gen-args", default="", help="extra fairseq-generate flags for every run's test translation")
-    g = p.add_argument_group("execution")
-    g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
-    g.add_argument("--jobs", type=positive_int, default=1, help="runs in parallel")
-    g.add_argument("--threads", type=positive_int,
-                   help="torch threads per run (default: torch's own; with --jobs N on CPU: cores / N)")
-    g.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep every checkpoint of evaluated runs (default: only the scored one is kept)")
-    g.add_argument("--stage", choices=("all", "train", "evaluate"), default="all",
-                   help="train: train every run to the budget and evaluate none (e.g. from a pinned checkout); "
-                   "evaluate: evaluate the runs that reached it and train none")
-    g.add_argument("--report-only", action="store_true", help="train nothing; collect what exists and write the report")
-    g.add_argument("--force", action="store_true",
-                   help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
-    g.add_argument("--log-interval", type=positive_int, default=50, help=argparse.SUPPRESS)
-    return p
-
-
-def worker_env(settings) -> dict:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
-        p for p in (os.path.dirname(PLUGIN_DIR), os.environ.get("PYTHONPATH")) if p)}
-    threads = settings.threads
-    if threads is None and settings.device == "cpu" and settings.jobs > 1:
-        threads = max(1, (os.cpu_count() or 1) // settings.jobs)
-    if threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    settings.threads = threads
-    return env
-
-
+# ------------------------------------------------------------------------------------------ the runs
 class Experiment:
     """The runs of one ``--out``: which step each needs next, in which order, and the report.
 
     Every decision is read back from the run directories (interval checkpoints, logs, ``budget.json``,
-    ``composition.json``), so an invocation killed at any point is continued by the next one."""
+    ``composition.json``, ``third_seed.json``), so an invocation killed at any point is continued by the next."""
 
     def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
         self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
         self.out = settings.out
         self.record_budget()
         self.plan = make_plan(self.concrete_methods(), settings.width, settings, data_bin, recipe, self.out)
-        self.env = worker_env(settings)
 
     def test_sets(self) -> Dict[str, dict]:
         return prepare_test_sets(self.data_bin, self.recipe, self.settings.raw, self.out)
 
-    # ---- what the runs are
     def runs(self) -> List[Tuple[str, int]]:
         """(method, seed) in training order: seed-major, so the first pieces are a full one-seed table; the
-        third seed of :data:`THIRD_SEED_RULE` last."""
+        third seed of the 6+6 comparison last."""
         third = _read_json(os.path.join(self.out, "third_seed.json")) or {"seed": None, "methods": []}
         return ([(method.name, seed) for seed in self.settings.seeds for method in self.methods] +
                 [(method.name, third["seed"]) for method in self.methods if method.name in third["methods"]])
 
     def seeds_of(self, name: str) -> List[int]:
         return [seed for method, seed in self.runs() if method == name]
-
-    def run_budget(self, name: str) -> Optional[int]:
-        """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
-        method = self.method(name)
-        return self.settings.finetune_update if method and method.init else self.budget()
 
     def method(self, name: str) -> Optional[Method]:
         """The method of that name; the composition only once it is chosen."""
@@ -1873,30 +960,33 @@ class Experiment:
     def save_dir(self, name: str, seed: int) -> str:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
-    # ---- budget and composition, decided from the runs' curves
+    # ---- the budget, the composition and the third seed, decided from the runs
+    def budget(self) -> Optional[int]:
+        known = _read_json(os.path.join(self.out, "budget.json"))
+        return known["budget"] if known else None
+
+    def run_budget(self, name: str) -> Optional[int]:
+        """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
+        method = self.method(name)
+        return self.settings.finetune_update if method and method.init else self.budget()
+
     def record_budget(self) -> None:
         """budget.json holds the budget of ``--out`` (for ``auto``, once calibrated); another one is refused."""
         path = os.path.join(self.out, "budget.json")
         known, asked = _read_json(path), self.settings.max_update
-        was = (known or {}).get("max_update")
-        if known and was != asked:
-            raise ComparisonError(f"{self.out} was started with other settings (--max-update {was} -> {asked}); use "
-                                  "another --out or the original settings")
+        if known and known.get("max_update") != asked:
+            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
+                                  f"-> {asked}); use another --out or the original settings")
         if not known and asked != "auto" and not self.settings.report_only:
             _write_json(path, {"max_update": asked, "budget": asked})
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
         """Whether a run has reached ``budget``: an interval checkpoint there, or evaluated (the evaluation
-        removes every checkpoint but the one it scores)."""
-        return (finished_run(self.rdir(name, seed)) is not None
-                or saved_updates(self.save_dir(name, seed)) >= budget)
-
-    def budget(self) -> Optional[int]:
-        known = _read_json(os.path.join(self.out, "budget.json"))
-        return known["budget"] if known else None
+        removes the checkpoints)."""
+        return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
 
     def calibrate(self) -> None:
-        """Write budget.json once the calibration run's curve has flattened (never changed afterwards)."""
+        """--max-update auto: write budget.json once the first seed's Transformer's curve has flattened."""
         if self.budget() is not None:
             return
         name, seed = "transformer", self.settings.seeds[0]
@@ -1944,19 +1034,19 @@ class Experiment:
 
     def choose_third_seed(self) -> None:
         """With --deep, write third_seed.json once every run of the first seeds is scored (:data:`THIRD_SEED_RULE`)."""
+        from fusion_fairseq.tools.comparison_report import THIRD_SEED_RULE, run_statistics, seed_sentence_bootstrap
+
         path = os.path.join(self.out, "third_seed.json")
         if not self.settings.deep or os.path.isfile(path):
             return
         if not all(finished_run(self.rdir(*run)) for run in self.runs()):
             return
-        lowercase = self.recipe.get("LOWERCASE", "0") == "1"
         intervals = {}
         for method in self.concrete_methods():
             if method.name != "transformer":
-                runs = [run_statistics(self.out, name, seed, "average", lowercase)
-                        for name in (method.name, method.baseline) for seed in self.settings.seeds]
-                half = len(self.settings.seeds)
-                intervals[method.name] = seed_sentence_bootstrap(runs[:half], runs[half:])
+                runs = [[run_statistics(self.rdir(name, seed)) for seed in self.settings.seeds]
+                        for name in (method.name, method.baseline)]
+                intervals[method.name] = seed_sentence_bootstrap(*runs)
         chosen = [name for name, found in intervals.items() if found["verdict"] == "undecided"]
         methods = {"transformer", *chosen, *(self.method(name).baseline for name in chosen)}
         _write_json(path, {"seed": max(self.settings.seeds) + 1, "rule": THIRD_SEED_RULE, "intervals": intervals,
@@ -1964,85 +1054,77 @@ class Experiment:
         log(f"third seed for: {', '.join(m.name for m in self.methods if m.name in methods)}")
 
     # ---- the next step of a run
-    def target(self, name: str, seed: int, saved: int) -> int:
-        budget = self.run_budget(name)
-        if budget is not None:
-            return budget
-        if (name, seed) == ("transformer", self.settings.seeds[0]):
-            return (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW  # calibration: the next chunk
-        return self.settings.provisional_update
-
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
         """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
-        composition or another process."""
-        rdir = self.rdir(name, seed)
-        if finished_run(rdir) or self.method(name) is None or run_is_locked(rdir):
+        composition or the run it starts from."""
+        method, stage = self.method(name), self.settings.stage
+        if method is None or finished_run(self.rdir(name, seed)):
             return None
-        init = self.method(name).init
-        if init and (self.budget() is None or not self.trained_to(init, seed, self.budget())):
+        if method.init and (self.budget() is None or not self.trained_to(method.init, seed, self.budget())):
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
-        if budget is not None and saved >= budget:
-            return None if self.settings.stage == "train" else ("evaluate", budget)
-        if self.settings.stage == "evaluate":
-            return None
-        target = self.target(name, seed, saved)
-        return ("train", target) if saved < target else None
+        if budget is None:  # --max-update auto: the calibration run trains on in chunks, the others provisionally
+            if (name, seed) == ("transformer", self.settings.seeds[0]):
+                budget = (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW
+            else:
+                budget = self.settings.provisional_update
+            return None if saved >= budget or stage == "evaluate" else ("train", budget)
+        if saved >= budget:
+            return None if stage == "train" else ("evaluate", budget)
+        return None if stage == "evaluate" else ("train", budget)
 
-    def start(self, name: str, seed: int, step: str, updates: int) -> str:
+    def start(self, name: str, seed: int, step: str, updates: int) -> None:
         method, rdir = self.method(name), self.rdir(name, seed)
-        if step == "train":
+        log(f"{name} seed {seed}: {'training up to update' if step == 'train' else 'evaluating at update'} {updates} "
+            f"-> {rdir}/run.log")
+        started = time.time()
+        if step == "evaluate":
+            evaluate_run(rdir, updates, self.test_sets())
+        else:
             init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
                     if method.init else None)
-            config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed, rdir,
+            config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed,
                                 self.run_budget(name), init)
             check_config(rdir, config)
             os.makedirs(rdir, exist_ok=True)
             _write_json(os.path.join(rdir, "config.json"), config)
-        else:
-            _write_json(os.path.join(rdir, "evaluation.json"), {"budget": updates, "test_sets": self.test_sets(),
-                                                                "kinds": ["average"] if self.settings.deep
-                                                                else list(CHECKPOINT_KINDS)})
-        status = run_step(f"{name} seed {seed}", rdir, step, updates, self.env)
-        if step == "train" and status == "done" and saved_updates(self.save_dir(name, seed)) < updates:
-            log(f"{name} seed {seed}: fairseq-train stopped before update {updates}; see {rdir}/run.log")
-            return "failed"
-        return status
+            train_run(rdir, updates)
+        log(f"{name} seed {seed}: {step} finished in {time.time() - started:.0f}s")
 
     def run(self) -> List[str]:
-        """Train and evaluate until nothing is left that can go on; returns the failed runs."""
+        """Train and evaluate, --jobs runs at a time, until nothing is left that can go on; returns the failed runs."""
         failed, running = set(), {}
         if self.settings.stage != "train":
-            self.test_sets()  # once, before the workers read them
+            self.test_sets()  # once, before the runs read them
         with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
             while True:
                 self.calibrate()
                 self.choose_composition()
                 self.choose_third_seed()
-                for name, seed in self.runs():
-                    if len(running) >= self.settings.jobs:
-                        break
-                    step = None if (name, seed) in failed | set(running.values()) else self.next_step(name, seed)
-                    if step:
-                        running[pool.submit(self.start, name, seed, *step)] = (name, seed)
+                for run in self.runs():
+                    step = None if run in failed | set(running.values()) else self.next_step(*run)
+                    if step and len(running) < self.settings.jobs:
+                        running[pool.submit(self.start, *run, *step)] = run
                 if not running:
                     return [f"{name} seed {seed}" for name, seed in sorted(failed)]
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     run = running.pop(future)
-                    if future.result() == "failed":
+                    if isinstance(future.exception(), (RunFailed, ComparisonError)):
+                        log(f"{run[0]} seed {run[1]} FAILED: {future.exception()}")
                         failed.add(run)
+                    else:
+                        future.result()  # anything else is a defect: raised
                 self.report(quiet=True)
 
     def report(self, quiet: bool = False) -> dict:
-        budget = self.budget()
-        asked = self.settings.max_update
-        settings = argparse.Namespace(**{**vars(self.settings), "max_update": budget or (
-            asked if asked != "auto" else "auto (calibrating)")})
+        from fusion_fairseq.tools.comparison_report import write_report
+
+        settings = argparse.Namespace(**{**vars(self.settings), "max_update": self.budget() or "auto (calibrating)"})
         try:
             methods = self.concrete_methods(keep_unchosen=True)
             return write_report(self.out, methods, {m.name: self.seeds_of(m.name) for m in methods}, self.plan,
-                                settings, self.settings.width, self.data_bin)
+                                settings, self.data_bin)
         except Exception as error:  # noqa: BLE001 - a report must not stop the training of the other runs
             if not quiet:
                 raise
@@ -2050,8 +1132,79 @@ class Experiment:
             return {}
 
 
+# ---------------------------------------------------------------------------------------------- CLI
+def _budget(text):
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="compare_methods.py",
+        description="Train the vanilla Transformer and every paper's headline configuration at a matched size "
+        "with one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
+        "Resumable: run the same command again to continue.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--methods", nargs="+",
+                   help="methods (space- or comma-separated) from: " + ", ".join(METHODS) + f"; and '{COMPOSITION}': "
+                   f"{COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: {', '.join(DEEP_METHODS)})")
+    p.add_argument("--deep", action="store_true",
+                   help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width is given), --lr-schedule polynomial, "
+                   "the methods above, and a third seed where two seeds do not decide")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
+    g = p.add_argument_group("data")
+    g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en), needed to prepare the data and the "
+                   "test sets")
+    g.add_argument("--data-bin", help="already binarised data made by python -m fusion_fairseq.tools.corpus prepare multi30k (joined dictionary)")
+    g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
+    g = p.add_argument_group("models")
+    w = g.add_mutually_exclusive_group()
+    w.add_argument("--width", type=parse_width,
+                   help=f"common size ENC+DEC:DIM:FFN:HEADS (default {DEFAULT_WIDTH}; with --deep {DEEP_WIDTH})")
+    w.add_argument("--small", dest="width", action="store_const", const=parse_width(SMALL_WIDTH),
+                   help=f"the small CPU preset --width {SMALL_WIDTH}")
+    g.add_argument("--dropout", type=float, default=0.1)
+    g = p.add_argument_group("budget (identical for every run)")
+    g.add_argument("--max-update", type=_budget, default=800,
+                   help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
+                   BUDGET_RULE + ")")
+    g.add_argument("--provisional-update", type=positive_int, default=4000,
+                   help="with --max-update auto: how far the other runs train while the budget is calibrated")
+    g.add_argument("--max-tokens", type=positive_int, default=4096)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
+    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"),
+                   help="inverse_sqrt (the default; never anneals) or polynomial: linear from the warm-up to 0 at the "
+                   "run's budget (the default with --deep; needs a fixed --max-update)")
+    g.add_argument("--finetune-update", type=positive_int, default=2000,
+                   help="updates of the runs that start from the Transformer's final averaged checkpoint "
+                   "(transformer_continued, deeprep_finetuned)")
+    g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, which the report puts beside the actual")
+    g.add_argument("--eval-every", type=positive_int, default=100,
+                   help="updates between validations (learning curve) and checkpoints (resume points)")
+    g.add_argument("--beam", type=positive_int, default=5)
+    g.add_argument("--train-args", default="", help="extra fairseq-train flags for every run (e.g. '--fp16')")
+    g.add_argument("--gen-args", default="", help="extra fairseq-generate flags for every run's test translation")
+    g = p.add_argument_group("execution")
+    g.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    g.add_argument("--jobs", type=positive_int, default=1, help="runs in parallel")
+    g.add_argument("--threads", type=positive_int,
+                   help="torch threads per run (default: torch's own; with --jobs N on CPU: cores / N)")
+    g.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep every checkpoint of evaluated runs (default: only the scored average is kept)")
+    g.add_argument("--stage", choices=("all", "train", "evaluate"), default="all",
+                   help="train: train every run to the budget and evaluate none (e.g. from a pinned checkout); "
+                   "evaluate: evaluate the runs that reached it and train none")
+    g.add_argument("--report-only", action="store_true", help="train nothing; collect what exists and write the report")
+    g.add_argument("--force", action="store_true",
+                   help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
+    g.add_argument("--log-interval", type=positive_int, default=50, help=argparse.SUPPRESS)
+    return p
+
+
 def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line, with the defaults that depend on --deep filled in."""
+    """The command line, with the defaults that depend on --deep, the device and --jobs filled in."""
     settings = build_parser().parse_args(argv)
     settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep else DEFAULT_WIDTH)
     settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep else "inverse_sqrt")
@@ -2062,13 +1215,20 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     settings = parse_settings(argv)
     methods = resolve_methods(settings.methods)
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # the root logger may be at DEBUG
     check_method_choice(settings, [m.name for m in methods])
     check_checkpoint_alignment(settings)
     if settings.device is None:
         settings.device = "cuda" if _cuda_available() else "cpu"
+    if settings.threads is None and settings.device == "cpu" and settings.jobs > 1:
+        settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)  # the cores shared out
+    if settings.threads:
+        import torch
+
+        torch.set_num_threads(settings.threads)  # the test translations are made in this process
+    # the root logger on the console, before fairseq-generate would bind it to its first output file
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
+                        stream=sys.stdout)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     settings.out = os.path.abspath(settings.out)
     claim_out_dir(settings.out, settings.force)
     data_bin = prepare_data(settings)
@@ -2079,10 +1239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     log(f"{len(done)} of {len(experiment.runs())} runs done; "
         + ("reporting only" if settings.report_only else f"stage '{settings.stage}' with {settings.jobs} job(s) on "
            f"{settings.device}") + f"; results -> {settings.out}/results.md")
-    failed = []
-    if not settings.report_only:
-        experiment.report()  # the table so far
-        failed = experiment.run()
+    failed = [] if settings.report_only else experiment.run()
     results = experiment.report()
     log(f"wrote {settings.out}/results.md, results.json and learning_curves.png")
     if failed:
@@ -2127,7 +1284,7 @@ def check_method_choice(settings, names: List[str]) -> None:
 
 def check_checkpoint_alignment(settings) -> None:
     """Every update a run stops at is a multiple of --eval-every: fairseq writes the interval checkpoints
-    (the resume points, the best and the averaged candidates) only there."""
+    (the resume points and the averaged ones) only there."""
     every = settings.eval_every
     why = f"not a multiple of --eval-every {every}, the only updates with a checkpoint"
     if settings.max_update == "auto" and settings.lr_schedule == "polynomial":
@@ -2154,7 +1311,4 @@ def _cuda_available() -> bool:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] in ("_train", "_evaluate"):
-        (train_worker if sys.argv[1] == "_train" else evaluate_worker)(sys.argv[2], int(sys.argv[3]))
-    else:
-        main()
+    main()

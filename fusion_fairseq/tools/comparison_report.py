@@ -1,0 +1,468 @@
+"""The comparison's scores and report: sacreBLEU's paired bootstrap, the verdict, ``results.json``,
+``results.md`` and ``learning_curves.png`` (see :mod:`fusion_fairseq.tools.comparison`, which runs).
+
+Every score comes from sacreBLEU's public interface: ``BLEU.corpus_score``, ``BLEU.sentence_score``
+(per sentence, the n-gram statistics that summed over any set of sentences give its corpus BLEU through
+``BLEU.compute_bleu``) and ``sacrebleu.significance.PairedTest``.
+"""
+
+import os
+import statistics
+from datetime import datetime, timezone
+from typing import Dict, List, Optional, Sequence
+
+from fusion_fairseq.tools.comparison import (
+    AVERAGED, DEFAULT_CRITERION, TEST_SETS, Method, _read_json, _write_json, common_train_flags,
+    finished_run, last_logged_update, learning_curve, read_recipe_env, run_dir, training_record)
+
+# ------------------------------------------------------------------------------------------ scores
+BOOTSTRAP_SAMPLES = 1000
+BOOTSTRAP_SEED = 12345  # sacrebleu's default
+
+
+def paired_bootstrap(references: List[str], baseline: List[str], system: List[str], lowercase: bool) -> dict:
+    """sacreBLEU's paired bootstrap resampling (``--paired-bs``, 1000 samples, its seed): the system's
+    and the baseline's BLEU, the p-value sacrebleu reports and the 95% confidence interval of the
+    difference system - baseline over the same resampled test sets (sacrebleu draws them as below)."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    bleu = BLEU(lowercase=lowercase)
+    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": bleu}, [references], test_type="bs",
+                      n_samples=BOOTSTRAP_SAMPLES)
+    _, results = test()
+    stats = [sentence_statistics(hyps, references, lowercase) for hyps in (baseline, system)]
+    indices = np.random.default_rng(BOOTSTRAP_SEED).choice(len(references), size=(BOOTSTRAP_SAMPLES, len(references)))
+    differences = np.array([corpus_bleu(stats[1][i].sum(0)) - corpus_bleu(stats[0][i].sum(0)) for i in indices])
+    low, high = np.percentile(differences, [2.5, 97.5])
+    base, sys_ = results["BLEU"]
+    return {"baseline": round(base.score, 2), "system": round(sys_.score, 2),
+            "difference": round(sys_.score - base.score, 2), "ci95": [round(float(low), 2), round(float(high), 2)],
+            "p_value": sys_.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
+            "signature": str(bleu.get_signature())}
+
+
+def sentence_statistics(hypotheses: List[str], references: List[str], lowercase: bool):
+    """Per sentence, sacreBLEU's sufficient statistics (n-gram matches and totals for n = 1..4, the
+    hypothesis' and the reference's length) from its public ``BLEU.sentence_score``: summed over any
+    set of sentences they give that set's corpus BLEU (:func:`corpus_bleu`)."""
+    import numpy as np
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(lowercase=lowercase, effective_order=True)  # only its n-gram counts are read: the same either way
+    rows = []
+    for hypothesis, reference in zip(hypotheses, references):
+        score = bleu.sentence_score(hypothesis, [reference])
+        rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
+    return np.array(rows, dtype=np.int64)
+
+
+def corpus_bleu(statistics_sum) -> float:
+    """Corpus BLEU (sacreBLEU's default exponential smoothing) from summed :func:`sentence_statistics`."""
+    from sacrebleu.metrics import BLEU
+
+    c = [int(x) for x in statistics_sum]
+    return BLEU.compute_bleu(correct=c[0:4], total=c[4:8], sys_len=c[8], ref_len=c[9], smooth_method="exp").score
+
+
+def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
+    """Detokenised sacreBLEU of the test sets together (one corpus), and the output's length over the
+    reference's, tokenised as sacreBLEU does: its brevity penalty sees only short output, while long
+    output (a model looping until the length limit) costs precision."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(lowercase=lowercase)
+    score = bleu.corpus_score(read_concatenated(scores, "hyp_detok"), [read_concatenated(scores, "raw_ref")])
+    return {"sacrebleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
+            "sentences": sum(scores[name]["sentences"] for name in TEST_SETS),
+            "length_ratio": round(score.sys_len / score.ref_len, 3)}
+
+
+def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
+    lines: List[str] = []
+    for name in TEST_SETS:
+        with open(scores[name][key], encoding="utf-8") as f:
+            lines += [line.rstrip("\n") for line in f]
+    return lines
+
+
+def write_sentence_statistics(rdir: str, scores: Dict[str, dict], lowercase: bool):
+    """:func:`sentence_statistics` of a run on the four test sets together, into the run directory."""
+    found = sentence_statistics(read_concatenated(scores, "hyp_detok"), read_concatenated(scores, "raw_ref"), lowercase)
+    _write_json(os.path.join(rdir, "sentence-statistics.json"), {"statistics": found.tolist()})
+    return found
+
+
+def run_statistics(rdir: str):
+    """The :func:`sentence_statistics` of a scored run (made from its hypotheses when it has none)."""
+    import numpy as np
+
+    stored = _read_json(os.path.join(rdir, "sentence-statistics.json"))
+    if stored:
+        return np.array(stored["statistics"], dtype=np.int64)
+    scores = finished_run(rdir)["scores"]["average"]
+    return write_sentence_statistics(rdir, scores, "case:lc" in scores["all"]["sacrebleu_signature"])
+
+
+# ------------------------------------------------------------------------------------------ verdict
+#: The verdict, fixed before any of the 6+6 comparison's test scores existed: a method's Δ is its mean
+#: corpus BLEU over its seeds minus its baseline's, on the four test sets together (the average of the
+#: last checkpoints); its 95% interval comes from VERDICT_SAMPLES bootstrap replicates, each drawing the
+#: seeds of the method and of the baseline with replacement (so seed-to-seed variance counts) and then
+#: one set of sentences with replacement, shared by every run (test-set sampling). Better: the interval
+#: is above 0; worse: below 0; otherwise undecided.
+VERDICT_SAMPLES = 1000
+VERDICT_SEED = 12345
+VERDICT_RULE = ("Δ: mean sacreBLEU over the method's seeds minus its baseline's, on the four test sets together; "
+                f"95% interval of {VERDICT_SAMPLES} bootstrap replicates, each resampling the seeds of both (with "
+                "replacement), then the test sentences (one draw shared by every run); better: the interval is above "
+                "0, worse: below 0, otherwise undecided")
+THIRD_SEED_RULE = ("once every run of the first seeds is scored: one more seed for the Transformer, for every "
+                   "configuration whose verdict is undecided, and for its baseline")
+
+
+def seed_sentence_bootstrap(system: List, baseline: List, samples: int = VERDICT_SAMPLES, seed: int = VERDICT_SEED) -> dict:
+    """:data:`VERDICT_RULE` for the :func:`sentence_statistics` of a method's runs (one per seed) and its baseline's."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = len(system[0])
+
+    def mean_bleu(runs, weights=None):
+        return statistics.fmean(corpus_bleu(run.sum(0) if weights is None else weights @ run) for run in runs)
+
+    differences = []
+    for _ in range(samples):
+        picked = [[runs[i] for i in rng.integers(len(runs), size=len(runs))] for runs in (system, baseline)]
+        weights = np.bincount(rng.integers(n, size=n), minlength=n)
+        differences.append(mean_bleu(picked[0], weights) - mean_bleu(picked[1], weights))
+    low, high = (round(float(x), 2) for x in np.percentile(differences, [2.5, 97.5]))
+    return {"difference": round(mean_bleu(system) - mean_bleu(baseline), 2), "ci95": [low, high],
+            "seeds": [len(system), len(baseline)], "samples": samples,
+            "verdict": "better" if low > 0 else "worse" if high < 0 else "undecided"}
+
+
+#: With a fixed budget, the check after training that it was enough: for every seed of the Transformer,
+#: the validation NLL (bits) changes by less than CHECK_DELTA over each of the last CHECK_WINDOWS windows
+#: of CHECK_WINDOW updates before the budget. The report says whether it held.
+CHECK_DELTA = 0.02
+CHECK_WINDOW = 500
+CHECK_WINDOWS = 3
+CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by less than {CHECK_DELTA} bits over "
+              f"each of the last {CHECK_WINDOWS} windows of {CHECK_WINDOW} updates before the budget")
+
+
+def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
+    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget``: per seed the NLL at the window
+    ends and the changes; "passed" when every seed's changes are below CHECK_DELTA (None: no run reached it, or
+    the budget does not hold the windows)."""
+    if baseline_row is None or not isinstance(budget, int) or budget <= CHECK_WINDOWS * CHECK_WINDOW:
+        return None
+    ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
+    seeds = {}
+    for run in baseline_row["runs"]:
+        curve = run_curve(run)
+        if budget not in curve:
+            continue
+        if any(u not in curve for u in ends):
+            seeds[str(run["seed"])] = {"error": f"no validation at update(s) {', '.join(str(u) for u in ends if u not in curve)}"}
+            continue
+        changes = [round(curve[b] - curve[a], 4) for a, b in zip(ends, ends[1:])]
+        seeds[str(run["seed"])] = {"nll": [curve[u] for u in ends], "changes": changes,
+                                   "passed": all(abs(c) < CHECK_DELTA for c in changes)}
+    if not seeds:
+        return None
+    return {"rule": CHECK_RULE, "updates": ends, "seeds": seeds,
+            "passed": all(found.get("passed", False) for found in seeds.values())}
+
+
+# ------------------------------------------------------------------------------------------ results.json
+def summarise(values: Sequence[float]) -> Optional[dict]:
+    values = [float(v) for v in values]
+    if not values:
+        return None
+    return {"n": len(values), "mean": round(statistics.fmean(values), 2),
+            "std": round(statistics.stdev(values), 2) if len(values) > 1 else None,
+            "min": min(values), "max": max(values)}
+
+
+def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
+    """The mean of the curves at the updates every one of them reached: the same seeds at every point,
+    so that no step appears where a shorter curve ends."""
+    if not curves:
+        return {}
+    common = sorted(set.intersection(*(set(c) for c in curves)))
+    return {u: statistics.fmean(c[u] for c in curves) for u in common}
+
+
+def run_curve(run: dict) -> Dict[int, float]:
+    """A run's validation curve with integer updates (the results keep them as JSON strings)."""
+    return {int(u): v for u, v in run["curve"].items()}
+
+
+def paired_with_baseline(out: str, method: str, seed: int, baseline: str, lowercase: bool) -> Optional[dict]:
+    """The paired bootstrap against the baseline of the same seed on the four test sets together, once both
+    runs are scored (kept in the run's paired.json while neither is scored anew); None for the Transformer."""
+    rdir = run_dir(out, method, seed)
+    system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))
+    if method == "transformer" or not (system and base):
+        return None
+    path, key = os.path.join(rdir, "paired.json"), [system["finished"], base["finished"]]
+    cached = _read_json(path)
+    if cached and cached.get("key") == key:
+        return cached["paired"]
+    system, base = system["scores"]["average"], base["scores"]["average"]
+    paired = paired_bootstrap(read_concatenated(base, "raw_ref"), read_concatenated(base, "hyp_detok"),
+                              read_concatenated(system, "hyp_detok"), lowercase)
+    _write_json(path, {"key": key, "paired": paired})
+    return paired
+
+
+def collect_run(out: str, method: str, seed: int, lowercase: bool, budget, baseline: str = "transformer") -> dict:
+    """One run's entry of the report: its scores once done, else its progress so far; its validation
+    curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
+    rdir = run_dir(out, method, seed)
+    log_path = os.path.join(rdir, "run.log")
+    done = finished_run(rdir)
+    run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
+    if done:
+        scores = done["scores"]["average"]
+        run.update({key: done[key] for key in done if key not in ("scores", "packages")}, status="done",
+                   test={name: found["sacrebleu"] for name, found in scores.items()},
+                   length_ratio=scores["all"]["length_ratio"],
+                   paired=paired_with_baseline(out, method, seed, baseline, lowercase))
+    else:
+        updates = last_logged_update(log_path)
+        run.update(training_record(log_path), status="partial" if updates else "pending", updates=updates)
+    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items()
+                    if not isinstance(budget, int) or u <= budget}
+    return run
+
+
+def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
+    """A method's entry of the report: its runs and their summaries over the finished seeds."""
+    finished = [r for r in runs if r["status"] == "done"]
+    # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
+    curves = [run_curve(r) for r in (finished or runs) if r["curve"]]
+    return {
+        "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
+        "baseline": method.baseline, "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
+        "criterion": list(method.criterion or DEFAULT_CRITERION), "params": plan_entry.get("params"),
+        "matched": {plan_entry["matched_flag"]: plan_entry["matched_value"]} if plan_entry.get("matched_flag") else None,
+        "note": method.note, "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
+        "sacrebleu": summarise([r["sacrebleu"] for r in finished]),
+        "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
+        "test": {name: summarise([r["test"][name] for r in finished]) for name in (*TEST_SETS, "all")},
+        "length_ratio": summarise([r["length_ratio"] for r in finished]),
+        "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()}, "curve_seeds": len(curves),
+    }
+
+
+def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: dict, settings, data_bin: str) -> dict:
+    """The report's data; ``seeds``: the seeds of each method."""
+    lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
+    budget = settings.max_update
+    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase,
+                                            settings.finetune_update if method.init else budget, method.baseline)
+                                for seed in seeds[method.name]], plan.get(method.name, {})) for method in methods]
+    by_name = {row["method"]: row for row in rows}
+    for row in rows:
+        base = by_name.get(row["baseline"])
+        if base is not row and base and all(run["status"] == "done" for run in row["runs"] + base["runs"]):
+            row["verdict"] = seed_sentence_bootstrap(*[[run_statistics(os.path.join(out, run["dir"]))
+                                                        for run in r["runs"]] for r in (row, base)])
+    runs = [run for row in rows for run in row["runs"]]
+    seconds = sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
+    return {
+        "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")", "data_bin": data_bin,
+        "settings": {**{key: value for key, value in vars(settings).items() if key not in ("width", "out", "force")},
+                     "methods": [m.name for m in methods], "seeds": sorted({s for found in seeds.values() for s in found}),
+                     "width": str(settings.width), "width_text": settings.width.describe(),
+                     "common_flags": common_train_flags(settings, "SRC", "TGT"),
+                     "default_criterion": list(DEFAULT_CRITERION)},
+        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
+        "third_seed": _read_json(os.path.join(out, "third_seed.json")),
+        "budget_check": budget_check(by_name.get("transformer"), budget),
+        "cpu_hours": {"planned": settings.planned_cpu_hours,
+                      "actual": round(seconds * (settings.threads or 1) / 3600, 1)},
+    }
+
+
+# ------------------------------------------------------------------------------------------ results.md
+LENGTH_TOLERANCE = 0.05  # an output length ratio further from 1 is flagged
+
+
+def _interval(found: Optional[dict]) -> str:
+    return f"{found['difference']:+.2f} [{found['ci95'][0]:+.2f}, {found['ci95'][1]:+.2f}]" if found else "–"
+
+
+def _mean_std(stats: Optional[dict]) -> str:
+    if not stats:
+        return "–"
+    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "")
+
+
+def _duration(seconds: Optional[float]) -> str:
+    return "–" if seconds is None else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def markdown(results: dict) -> str:
+    return "\n".join([*header(results), *summary_table(results), *test_set_table(results["methods"]),
+                      *runs_table(results), *checks(results), *methods_table(results["methods"]),
+                      "", "![validation NLL against updates](learning_curves.png)", ""])
+
+
+def header(results: dict) -> List[str]:
+    s = results["settings"]
+    runs = [run for r in results["methods"] for run in r["runs"]]
+    n_done = sum(run["status"] == "done" for run in runs)
+    devices = sorted({d for run in runs for d in run.get("devices", [])})
+    schedule = (f"linear decay to 0 at the budget after {s['warmup']} warm-up updates" if s["lr_schedule"] == "polynomial"
+                else f"inverse-sqrt schedule with {s['warmup']} warm-up updates")
+    return [
+        "# One benchmark for all methods: Multi30k De->En", "",
+        f"Written {results['written']} by `scripts/compare_methods.py`. **{n_done} of {len(runs)} runs done**"
+        + ("" if n_done == len(runs) else " (run the same command again to continue)") + ".", "",
+        f"* Data: {results['task']}, one joint BPE and one joined dictionary for all methods (`{results['data_bin']}`).",
+        f"* Width: {s['width_text']} (`--width {s['width']}`); `--share-all-embeddings` for every encoder-decoder "
+        "model (layer-wise coordination has one embedding for both sides and the softmax by construction).",
+        f"* Budget: {s['max_update']} updates of ≤{s['max_tokens']} tokens (the runs that start from the Transformer's "
+        f"final model: {s['finetune_update']} more), Adam (0.9, 0.98), lr {s['lr']}, {schedule}, dropout {s['dropout']}, "
+        f"label smoothing 0.1, weight decay 1e-4; validation + checkpoint every {s['eval_every']} updates. "
+        f"Seeds: {', '.join(map(str, s['seeds']))}.",
+        f"* Scored: the average of the last {AVERAGED} checkpoints, beam {s['beam']}: detokenised sacreBLEU against "
+        "the raw reference (signature in results.json) and tokenised BLEU, both as `python -m fusion_fairseq.tools.corpus evaluate`.",
+        f"* Device(s): {'; '.join(devices) or '–'}. Time summed over runs: training "
+        f"{_duration(sum(run.get('train_seconds') or 0 for run in runs))}, test decoding "
+        f"{_duration(sum(run.get('generate_seconds') or 0 for run in runs))}.",
+    ]
+
+
+def summary_table(results: dict) -> List[str]:
+    """Per method and seed, sacreBLEU on the four test sets together with the output's length over the
+    reference's; their mean; Δ to the baseline with its 95% interval and the verdict."""
+    rows, seeds = results["methods"], results["settings"]["seeds"]
+    base_params = next((r["params"] for r in rows if r["method"] == "transformer"), None)
+    lines = ["", "## Summary", "", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the "
+             f"output's length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: "
+             f"{VERDICT_RULE}.", "",
+             "| method | params | vs Transformer | " + " | ".join(f"seed {seed}" for seed in seeds)
+             + " | mean ± std | baseline | Δ [95% interval] | verdict |",
+             "|---|---:|---:|" + "---:|" * (len(seeds) + 1) + "---|---:|---|"]
+    for r in rows:
+        by_seed = {run["seed"]: run for run in r["runs"]}
+        cells = []
+        for run in (by_seed.get(seed) for seed in seeds):
+            if run is None or run["status"] != "done":
+                cells.append(f"{run['status']} {run['updates']}" if run and run["updates"] else run["status"] if run else "–")
+            else:
+                flag = " ⚠" if abs(run["length_ratio"] - 1) > LENGTH_TOLERANCE else ""
+                cells.append(f"{run['test']['all']:.2f} ({run['length_ratio']:.2f}{flag})")
+        params = r["params"]
+        versus = f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–"
+        own = r["method"] == r["baseline"]
+        verdict = "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"
+        lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | {versus} | " + " | ".join(cells)
+                     + f" | {_mean_std(r['test']['all'])} | {'–' if own else r['baseline']} | {_interval(r.get('verdict'))}"
+                     f" | {verdict} |")
+    return lines
+
+
+def test_set_table(rows: List[dict]) -> List[str]:
+    lines = ["", "## Every test set", "", "sacreBLEU, mean ± sample std over the finished seeds; tokenised BLEU on "
+             f"{TEST_SETS[0]}.", "",
+             "| method | " + " | ".join(name.replace("test_", "") for name in TEST_SETS) + " | all four | tokenised |",
+             "|---|" + "---:|" * (len(TEST_SETS) + 2)]
+    for r in rows:
+        cells = [_mean_std(r["test"][name]) for name in (*TEST_SETS, "all")] + [_mean_std(r["tokenized_bleu"])]
+        lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def runs_table(results: dict) -> List[str]:
+    lines = ["", "## Runs", "", "Paired: sacreBLEU's paired bootstrap against the baseline of the same seed "
+             f"({BOOTSTRAP_SAMPLES} resamples of the four test sets together; Δ [95% interval], p). Times are "
+             "wall-clock under whatever else the machine ran: they do not compare speed.", "",
+             "| method | seed | status | updates | paired | training | updates/s | decoding | device |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in results["methods"]:
+        for run in r["runs"]:
+            paired = run.get("paired")
+            lines.append(f"| {r['method']} | {run['seed']} | {run['status']} | {run.get('updates', 0)} | "
+                         + (f"{_interval(paired)}, p {paired['p_value']:.3f}" if paired else "–")
+                         + f" | {_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
+                         f"{_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} |")
+    return lines
+
+
+def checks(results: dict) -> List[str]:
+    """The budget check, the third seed (--deep) and the CPU-hours."""
+    check, third, hours = results["budget_check"], results["third_seed"], results["cpu_hours"]
+    lines = ["", "## Budget check", "", f"Rule ({CHECK_RULE}): " + (
+        "not checked (no Transformer run has reached the budget, or the budget is shorter than the windows)."
+        if not check else
+        ("**held**" if check["passed"] else "**did not hold**") + f" (validation NLL at updates "
+        f"{', '.join(map(str, check['updates']))}: " + "; ".join(
+            f"seed {seed}: " + (found.get("error") or " → ".join(f"{v:.3f}" for v in found["nll"]))
+            for seed, found in check["seeds"].items()) + ").")]
+    if results["settings"]["deep"]:
+        lines += ["", f"Third seed ({THIRD_SEED_RULE}): " + (
+            f"seed {third['seed']} for {', '.join(third['methods'])}." if third else "not decided yet.")]
+    return lines + ["", f"CPU-hours: planned {hours['planned'] if hours['planned'] is not None else '–'}; actual so "
+                    f"far {hours['actual']} (training and test decoding summed over the runs, times the threads per run)."]
+
+
+def methods_table(rows: List[dict]) -> List[str]:
+    lines = ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | paper's gap | note |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        flags = [f"--arch {r['arch']}", " ".join(r["method_flags"])]
+        if r.get("matched"):
+            (flag, value), = r["matched"].items()
+            flags.append(f"{flag} {value} (matched)")
+        gap = f"{r['paper_gap'][0]:+.2f} ({r['paper_gap'][1]})" if r.get("paper_gap") else "–"
+        lines.append(f"| {r['title']} | {r['paper']} | `{' '.join(f for f in flags if f)}` | "
+                     f"`{' '.join(r['criterion'][1:2])}` | {gap} | {r['note']} |")
+    return lines
+
+
+def plot_curves(results: dict, path: str) -> None:
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # the right panel repeats the second half of training at a scale where the methods come apart
+    fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5))
+    half = max((int(u) for r in results["methods"] for u in r["mean_curve"]), default=0) // 2
+    for r in results["methods"]:
+        curve = {int(u): v for u, v in r["mean_curve"].items()}
+        if curve:
+            label = f"{r['title']} ({r['curve_seeds']} seed{'s' if r['curve_seeds'] != 1 else ''})"
+            whole.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=label)
+            late = {u: v for u, v in curve.items() if u >= half}
+            tail.plot(list(late), list(late.values()), marker="o", markersize=3)
+    whole.set_title(f"Multi30k De->En, {results['settings']['width_text']}, mean over seeds", fontsize=10)
+    tail.set_title(f"from update {half} on", fontsize=10)
+    for ax in (whole, tail):
+        ax.set_xlabel("updates")
+        ax.set_ylabel("validation NLL (bits per target token)")
+        ax.grid(alpha=0.3)
+    if whole.lines:
+        whole.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(out, methods, seeds, plan, settings, data_bin) -> dict:
+    results = collect(out, methods, seeds, plan, settings, data_bin)
+    _write_json(os.path.join(out, "results.json"), results)
+    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(markdown(results))
+    plot_curves(results, os.path.join(out, "learning_curves.png"))
+    return results
