@@ -33,10 +33,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import torch
 
 import fairseq
-from fairseq import options
-from fairseq.criterions.cross_entropy import CrossEntropyCriterion
-from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
-from fairseq.data import Dictionary
+from fairseq import criterions, options
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
@@ -81,15 +78,12 @@ class BenchmarkConfig:
 
 
 # --- configurations --------------------------------------------------------------------------
-def known_archs_message() -> str:
-    plugin = plugin_architectures()
-    others = sorted(a for a in ARCH_MODEL_REGISTRY if a not in plugin)
-    return f"this plugin's: {', '.join(plugin)}; fairseq's and others: {', '.join(others)}"
-
-
 def check_arch(arch: str, where: str) -> None:
     if arch not in ARCH_MODEL_REGISTRY:
-        raise BenchmarkError(f"{where}: unknown architecture {arch!r}. Known architectures -- {known_archs_message()}")
+        plugin = plugin_architectures()
+        others = sorted(a for a in ARCH_MODEL_REGISTRY if a not in plugin)
+        raise BenchmarkError(f"{where}: unknown architecture {arch!r}. Known architectures -- this plugin's: "
+                             f"{', '.join(plugin)}; fairseq's and others: {', '.join(others)}")
 
 
 def split_flags(text: str, where: str) -> List[str]:
@@ -101,17 +95,12 @@ def split_flags(text: str, where: str) -> List[str]:
 
 def parse_variant(spec: str) -> BenchmarkConfig:
     """``NAME=ARCH:FLAGS`` (``:FLAGS`` optional) -> a configuration."""
-    malformed = f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE}"
-    if "=" not in spec:
-        raise BenchmarkError(f"{malformed} (no '=')")
-    name, rest = spec.split("=", 1)
-    name = name.strip()
-    if not name:
-        raise BenchmarkError(f"{malformed} (empty NAME)")
+    name, equals, rest = spec.partition("=")
     arch, _, flag_text = rest.partition(":")
-    arch = arch.strip()
-    if not arch:
-        raise BenchmarkError(f"{malformed} (empty ARCH)")
+    name, arch = name.strip(), arch.strip()
+    fault = "no '='" if not equals else "empty NAME" if not name else "empty ARCH" if not arch else None
+    if fault:
+        raise BenchmarkError(f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE} ({fault})")
     check_arch(arch, f"--variant {spec!r}")
     return BenchmarkConfig(name, arch, split_flags(flag_text, f"--variant {spec!r}"))
 
@@ -125,14 +114,11 @@ def build_configs(archs: Optional[Sequence[str]] = None, variants: Sequence[str]
         check_arch(arch, "--archs")
         configs.append(BenchmarkConfig(arch, arch, []))
     configs.extend(parse_variant(spec) for spec in variants)
-    seen = set()
-    for config in configs:
-        if config.name in seen:
-            raise BenchmarkError(
-                f"duplicate configuration name {config.name!r} ({BASELINE_NAME!r} is the baseline's name, "
-                "architectures are named after themselves); give each --variant its own NAME"
-            )
-        seen.add(config.name)
+    names = [config.name for config in configs]
+    for name in names:
+        if names.count(name) > 1:
+            raise BenchmarkError(f"duplicate configuration name {name!r} ({BASELINE_NAME!r} is the baseline's name, "
+                                 "architectures are named after themselves); give each --variant its own NAME")
     return configs
 
 
@@ -177,13 +163,14 @@ def width_flags(arch: str, settings: argparse.Namespace):
     return flags, skipped
 
 
-def parse_model_args(config: BenchmarkConfig, flags: List[str]):
-    """Parse like ``fairseq-train`` (architecture defaults included); parser errors become BenchmarkError."""
-    parser = options.get_training_parser()
+def parse_model_args(config: BenchmarkConfig, flags: List[str], criterion_flags: List[str]):
+    """Parse like ``fairseq-train`` (architecture and criterion defaults included); parser errors
+    become BenchmarkError."""
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            return options.parse_args_and_arch(parser, ["unused-data-dir", "--arch", config.arch, *flags])
+            return options.parse_args_and_arch(options.get_training_parser(),
+                                               ["unused-data-dir", "--arch", config.arch, *flags, *criterion_flags])
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()
         raise BenchmarkError(
@@ -210,7 +197,9 @@ class _Runner:
         self.clock = CLOCKS[settings.clock]
         self.width_flags, self.skipped_width_flags = width_flags(config.arch, settings)
         self.flags = self.width_flags + list(settings.common_flags) + list(config.flags)
-        args = parse_model_args(config, self.flags)
+        criterion_flags = ["--criterion", settings.criterion] + (
+            ["--label-smoothing", str(settings.label_smoothing)] if settings.criterion == CRITERIA[0] else [])
+        args = parse_model_args(config, self.flags, criterion_flags)
         task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
         torch.manual_seed(settings.seed)
         try:
@@ -224,11 +213,7 @@ class _Runner:
         self.trainable_parameters = sum(p.numel() for p in trainable)
         self.optimizer = torch.optim.Adam(trainable, lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
         self.scaler = torch.amp.GradScaler("cuda") if autocast_dtype == torch.float16 else None
-        if settings.criterion == "label_smoothed_cross_entropy":
-            self.criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
-                                                                label_smoothing=settings.label_smoothing)
-        else:
-            self.criterion = CrossEntropyCriterion(task, sentence_avg=False)
+        self.criterion = criterions.build_criterion(args, task)
         # min_len = max_len: every hypothesis has exactly that many tokens + EOS, whatever the untrained model
         self.generator, self.half_generator = (
             SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0, max_len_b=length,
@@ -403,7 +388,7 @@ MEMORY_METHOD = {
 }
 
 
-def synthetic_samples(settings: argparse.Namespace, dictionary: Dictionary, device):
+def synthetic_samples(settings: argparse.Namespace, dictionary, device):
     generator = torch.Generator().manual_seed(settings.seed)
     low, high, eos = dictionary.nspecial, len(dictionary), dictionary.eos()
 
@@ -428,8 +413,8 @@ def synthetic_samples(settings: argparse.Namespace, dictionary: Dictionary, devi
 
 
 def check_settings(settings: argparse.Namespace) -> None:
-    for flag, value, allowed in (("--device", settings.device, DEVICES), ("--dtype", settings.dtype, DTYPES),
-                                 ("--clock", settings.clock, tuple(CLOCKS))):
+    for flag, allowed in (("--device", DEVICES), ("--dtype", DTYPES), ("--clock", tuple(CLOCKS))):
+        value = getattr(settings, flag[2:])
         if value not in allowed:
             raise BenchmarkError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
     if settings.dtype != "fp32" and settings.device != "cuda":
@@ -461,12 +446,9 @@ def ratio_stats(values: List[float], baseline: List[float]) -> Dict[str, object]
 
 def environment(settings: argparse.Namespace, device: torch.device) -> Dict[str, object]:
     return {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
-            "autocast": settings.dtype != "fp32", "torch": torch.__version__,
-            "fairseq": getattr(fairseq, "__version__", "unknown"),
-            "fusion_fairseq": getattr(fusion_fairseq, "__version__", "unknown"),
+            "torch": torch.__version__, "fairseq": fairseq.__version__, "fusion_fairseq": fusion_fairseq.__version__,
             "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads(), "cpu_count": os.cpu_count(),
-            "cuda": torch.version.cuda if settings.device == "cuda" else None, "load_average_start": load_average()}
+            "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
 
 
 def flop_stats(runner, base) -> Dict[str, object]:
@@ -532,17 +514,9 @@ def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) 
 
 
 def settings_record(settings: argparse.Namespace) -> Dict[str, object]:
-    """The settings as the JSON records them, with how the optimiser, decoding and order were set up."""
-    return {
-        **vars(settings),
-        "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / target tokens",
-        "decoding": f"fairseq SequenceGenerator, beam {settings.beam}, max_len_a=0, "
-                    f"max_len_b=min_len={settings.decode_len} (every hypothesis {settings.decode_len} tokens + EOS)",
-        "order": "round-robin; the configuration order is rotated by one every round",
-        "step_cost": "per source length: (t(L) - t(L/2)) / (L - L/2) of two generate calls after one untimed "
-                     "call each; speed ratio = baseline time / configuration time",
-        "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()},
-    }
+    """The settings as the JSON records them."""
+    return {**vars(settings), "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / target tokens",
+            "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()}}
 
 
 def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
@@ -575,17 +549,12 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
 
 
 # --- reporting -------------------------------------------------------------------------------
-def _mib(value):
-    return "n/a" if value is None else f"{value / 2**20:,.1f}"
+def _number(value, spec):
+    return "n/a" if value is None else format(value, spec)
 
 
 def _ratios(stats):
-    return f"{stats['min']:.3f} / {stats['median']:.3f} / {stats['max']:.3f}"
-
-
-def _flop_ratio(row, kind):
-    ratio = (row.get("flops") or {}).get(f"{kind}_ratio")
-    return "n/a" if ratio is None else f"{ratio:.3f}"
+    return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
 
 
 def _cell(text):
@@ -608,16 +577,15 @@ def markdown_table(result: Dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in result["configs"].items():
-        memory = row["memory"] or {}
-        label = f"{name} (baseline)" if row["baseline"] else name
+        memory, flops = row["memory"] or {}, row["flops"] or {}
+        mib = [_number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
+               for kind in ("train", "decode")]
         lines.append(
-            f"| {_cell(label)} | {_cell(row['arch'])} | {row['parameters']:,} | {row['train']['median_tokens_per_s']:,.0f} "
-            f"| {_ratios(row['train']['ratio'])} | {_flop_ratio(row, 'train_step')} "
-            f"| {row['decode']['median_sentences_per_s']:,.2f} "
-            f"| {_ratios(row['decode']['ratio'])} | {_flop_ratio(row, 'decode_batch')} "
-            f"| {_mib(memory.get('train_peak_bytes'))} "
-            f"| {_mib(memory.get('decode_peak_bytes'))} |"
-        )
+            f"| {_cell(name + ' (baseline)' * row['baseline'])} | {_cell(row['arch'])} | {row['parameters']:,} "
+            f"| {row['train']['median_tokens_per_s']:,.0f} | {_ratios(row['train']['ratio'])} "
+            f"| {_number(flops.get('train_step_ratio'), '.3f')} | {row['decode']['median_sentences_per_s']:,.2f} "
+            f"| {_ratios(row['decode']['ratio'])} | {_number(flops.get('decode_batch_ratio'), '.3f')} "
+            f"| {mib[0]} | {mib[1]} |")
     return "\n".join(lines + step_cost_table(result)) + "\n"
 
 
@@ -712,13 +680,8 @@ def time_to_loss_table(result: Dict) -> str:
 
 # --- command line ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Training and decoding speed, parameters and peak memory of this plugin's models "
-                    "against fairseq's vanilla transformer, interleaved in one process; the method: "
-                    "docs/measurements.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     group = parser.add_argument_group("configurations")
     group.add_argument("--archs", nargs="*", metavar="ARCH",
                        help="architectures to run at the matched width (default: every architecture of this "
@@ -767,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "He et al.'s point that layer-wise coordination attends to the source in every layer)")
 
     group = parser.add_argument_group("device and output")
-    group.add_argument("--device", default="cpu", help="cpu or cuda")
+    group.add_argument("--device", default="cpu", help=" or ".join(DEVICES))
     group.add_argument("--dtype", default="fp32", help="fp32, or fp16 / bf16 (autocast, CUDA only)")
     group.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
     group.add_argument("--clock", default="wall",
@@ -775,8 +738,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "other work sharing the cores, but with several threads it sums their CPU time)")
     group.add_argument("--seed", type=int, default=1)
     group.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory pass")
-    group.add_argument("--no-flops", dest="flops", action="store_false",
-                       help="skip counting the floating-point operations")
+    group.add_argument("--no-flops", dest="flops", action="store_false", help="skip counting the matrix-product FLOPs")
     group.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     group.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     add_force_argument(group)
@@ -808,19 +770,16 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     logs = args.time_to_loss or []
-    try:
+    try:  # the outputs are checked before any measurement
         check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)],
                       [("--time-to-loss", log) for log in logs])
-    except UsageError as exc:  # one line, before any measurement
-        parser.exit(exc.exit_status, f"{PROG}: error: {exc}\n")
-    try:
         if logs:
             result = time_to_loss(logs[0], logs[1:])
             table = time_to_loss_table(result)
         else:
             result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), settings(argv))
             table = markdown_table(result)
-    except BenchmarkError as exc:
+    except (UsageError, BenchmarkError) as exc:
         parser.error(str(exc))
     result["command"] = shlex.join([PROG, *argv])
     print(table)
