@@ -22,7 +22,7 @@ import sys
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
 from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, finite, \
-    load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
+    heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
     write_outputs  # noqa: E402
 
 plt = pyplot()
@@ -80,17 +80,14 @@ def format_weights(weights, mask, row_labels, column_labels, source_length: int,
 def plot(weights, mask, row_labels, column_labels, source_length: int, title: str):
     rows, columns = weights.shape
     fig, ax = plt.subplots(figsize=(max(5.0, 0.42 * columns + 2.5), max(3.0, 0.38 * rows + 2.0)), layout="constrained")
-    cmap = matplotlib.colormaps["Blues"].with_extremes(bad="white")  # masked future target positions stay blank
-    image = ax.imshow(np.ma.masked_array(weights, mask=mask), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto",
-                      interpolation="nearest")
+    heatmap(ax, np.where(mask, np.nan, weights), column_labels, row_labels, rotate_x=True,  # masked cells blank
+            colorbar="attention weight")
     for row in range(rows):  # hatch the masked span of each row
         first = source_length + row + 1
         if first < columns:
             ax.add_patch(matplotlib.patches.Rectangle((first - 0.5, row - 0.5), columns - first, 1.0, fill=False,
                                                       hatch="///", edgecolor="0.8", linewidth=0.0))
     ax.axvline(source_length - 0.5, color="crimson", linewidth=2.0)  # source | target separator
-    ax.set_xticks(range(columns), column_labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
-    ax.set_yticks(range(rows), row_labels, fontsize=8)
     ax.set_ylabel("target position (token fed -> token predicted)", fontsize=8)
     ax.set_xlabel("source words (EOS appended)  |  target positions (tokens fed, </s> = start)", fontsize=8)
     top = ax.secondary_xaxis("top")
@@ -98,7 +95,6 @@ def plot(weights, mask, row_labels, column_labels, source_length: int, title: st
                    ["source", "target"], fontsize=9)
     top.tick_params(length=0)
     ax.set_title(title + "\nred line: source | target; hatched: masked future target positions", fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, shrink=0.8).set_label("attention weight", fontsize=8)
     return fig
 
 
