@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
+import numpy
 import torch
 
 import fairseq
@@ -179,14 +180,6 @@ def parse_model_args(config: BenchmarkConfig, flags: List[str], criterion_flags:
         ) from None
 
 
-def json_value(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
-    return str(value)
-
-
 # --- measurement -----------------------------------------------------------------------------
 class _Runner:
     """One configuration: its model, optimiser, criterion, generator and the shared batches."""
@@ -206,13 +199,13 @@ class _Runner:
             self.model = ARCH_MODEL_REGISTRY[config.arch].build_model(args, task).to(device)
         except Exception as exc:
             raise BenchmarkError(f"{self.where()}: building the model failed: {exc}") from exc
-        self.model_args = {action.dest: json_value(getattr(args, action.dest, None))
-                           for action in model_option_actions(config.arch).values() if action.dest != "help"}
+        self.model_args = json.loads(json.dumps({action.dest: getattr(args, action.dest, None) for action in
+                                                 model_option_actions(config.arch).values()}, default=str))
         self.parameters = count_parameters(self.model)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.trainable_parameters = sum(p.numel() for p in trainable)
         self.optimizer = torch.optim.Adam(trainable, lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
-        self.scaler = torch.amp.GradScaler("cuda") if autocast_dtype == torch.float16 else None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=autocast_dtype == torch.float16)
         self.criterion = criterions.build_criterion(args, task)
         # min_len = max_len: every hypothesis has exactly that many tokens + EOS, whatever the untrained model
         self.generator, self.half_generator = (
@@ -226,9 +219,7 @@ class _Runner:
         self.flops: Dict[str, int] = {}
 
     def autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
     def where(self):
         return f"configuration {self.config.name!r} ({self.config.arch})"
@@ -236,14 +227,9 @@ class _Runner:
     def train_step(self):
         with self.autocast():
             loss, sample_size, _ = self.criterion(self.model, self.train_sample)
-        loss = loss / sample_size
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
+        self.scaler.scale(loss / sample_size).backward()  # a scaler that is not enabled passes everything through
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
     def timed(self, step, warmup: int, repeats: int, sync, failed: str) -> float:
@@ -308,15 +294,12 @@ class _Runner:
         """Matrix-product FLOPs of one training step and of one decode batch (untimed)."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        self.model.train()
         torch.manual_seed(self.settings.seed)
-        with FlopCounterMode(display=False) as counter:
-            self.train_step()
-        train = counter.get_total_flops()
-        self.model.eval()
-        with FlopCounterMode(display=False) as counter:
-            self.decode_batch()
-        self.flops = {"train_step": train, "decode_batch": counter.get_total_flops()}
+        for kind, training, step in (("train_step", True, self.train_step), ("decode_batch", False, self.decode_batch)):
+            self.model.train(training)
+            with FlopCounterMode(display=False) as counter:
+                step()
+            self.flops[kind] = counter.get_total_flops()
 
     def state_bytes(self, with_optimizer: bool) -> int:
         tensors = list(self.model.parameters())
@@ -451,14 +434,6 @@ def environment(settings: argparse.Namespace, device: torch.device) -> Dict[str,
             "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
 
 
-def flop_stats(runner, base) -> Dict[str, object]:
-    """FLOPs per training step / decode batch and the FLOP-proportional speed ratios."""
-    stats: Dict[str, object] = dict(runner.flops)
-    for kind in ("train_step", "decode_batch"):
-        stats[f"{kind}_ratio"] = base.flops[kind] / runner.flops[kind] if runner.flops[kind] else None
-    return stats
-
-
 def build_runners(configs: List[BenchmarkConfig], settings: argparse.Namespace, device,
                   log: Callable[[str], None]) -> List[_Runner]:
     """One :class:`_Runner` per configuration, on shared synthetic samples."""
@@ -468,10 +443,9 @@ def build_runners(configs: List[BenchmarkConfig], settings: argparse.Namespace, 
     runners = []
     for config in configs:
         log(f"building {config.name} ({config.arch})")
-        runner = _Runner(config, settings, dictionary, samples, device, autocast_dtype)
-        for skipped in runner.skipped_width_flags:
+        runners.append(_Runner(config, settings, dictionary, samples, device, autocast_dtype))
+        for skipped in runners[-1].skipped_width_flags:
             log(f"  {config.name}: width flag {skipped} not applied")
-        runners.append(runner)
     return runners
 
 
@@ -506,17 +480,12 @@ def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) 
         "decode": {**speed(runner.sentences_per_s, base.sentences_per_s, "sentences_per_s"),
                    "decoder_steps": settings.decode_len + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
         "memory": runner.memory or None,
-        "flops": flop_stats(runner, base) if settings.flops else None,
+        "flops": {**runner.flops, **{f"{kind}_ratio": base.flops[kind] / runner.flops[kind] if runner.flops[kind]
+                                     else None for kind in runner.flops}} if settings.flops else None,
         "step_cost": {str(length): {"ms_per_step": times, "median_ms_per_step": statistics.median(times),
                                     "speed_ratio": ratio_stats(base.ms_per_step[length], times)}  # base time / this
                       for length, times in runner.ms_per_step.items()} or None,
     }
-
-
-def settings_record(settings: argparse.Namespace) -> Dict[str, object]:
-    """The settings as the JSON records them."""
-    return {**vars(settings), "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / target tokens",
-            "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()}}
 
 
 def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
@@ -543,7 +512,9 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
     base = next(r for r in runners if r.config.baseline)
     results = {runner.config.name: config_result(runner, base, settings) for runner in runners}
     env["load_average_end"] = load_average()
-    return {"environment": env, "settings": settings_record(settings), "baseline": base.config.name,
+    settings_record = {**vars(settings), "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / "
+                       "target tokens", "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()}}
+    return {"environment": env, "settings": settings_record, "baseline": base.config.name,
             "memory_method": MEMORY_METHOD[device.type] if settings.memory else None,
             "timing_seconds": timing_seconds, "configs": results}
 
@@ -626,13 +597,10 @@ def train_wall_at_updates(log_path: str) -> Dict[int, float]:
 
 def seconds_at(walls: Dict[int, float], update: int) -> Optional[float]:
     """Training seconds at ``update``, linearly interpolated between logged updates (None if beyond)."""
-    previous = (0, 0.0)
-    for logged, seconds in sorted(walls.items()):
-        if logged >= update:
-            (u0, s0) = previous
-            return s0 + (seconds - s0) * (update - u0) / (logged - u0) if logged > u0 else seconds
-        previous = (logged, seconds)
-    return None
+    logged = sorted(walls)
+    if not logged or update > logged[-1]:
+        return None
+    return float(numpy.interp(update, [0] + logged, [0.0] + [walls[u] for u in logged]))
 
 
 def time_to_loss(reference: str, logs: List[str]) -> Dict:
