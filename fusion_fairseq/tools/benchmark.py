@@ -164,20 +164,24 @@ def width_flags(arch: str, settings: argparse.Namespace):
     return flags, skipped
 
 
-def parse_model_args(config: BenchmarkConfig, flags: List[str], criterion_flags: List[str]):
-    """Parse like ``fairseq-train`` (architecture and criterion defaults included); parser errors
-    become BenchmarkError."""
+def build_model(arch: str, flags: List[str], dictionary, criterion_flags=(), name=None):
+    """``(args, task, model)``: the flags parsed like ``fairseq-train`` (architecture and criterion
+    defaults included), a stand-in task with ``dictionary`` on both sides and the model built by
+    the architecture; a flag fairseq rejects is a BenchmarkError naming the configuration."""
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            return options.parse_args_and_arch(options.get_training_parser(),
-                                               ["unused-data-dir", "--arch", config.arch, *flags, *criterion_flags])
+            args = options.parse_args_and_arch(options.get_training_parser(),
+                                               ["unused-data-dir", "--arch", arch, *flags, *criterion_flags])
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()
-        raise BenchmarkError(
-            f"configuration {config.name!r} ({config.arch}): fairseq rejected the flags {shlex.join(flags)!r}: "
-            f"{message[-1] if message else 'argument error'}"
-        ) from None
+        raise BenchmarkError(f"configuration {name or arch!r} ({arch}): fairseq rejected the flags "
+                             f"{shlex.join(flags)!r}: {message[-1] if message else 'argument error'}") from None
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    try:
+        return args, task, ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    except Exception as exc:
+        raise BenchmarkError(f"configuration {name or arch!r} ({arch}): building the model failed: {exc}") from exc
 
 
 # --- measurement -----------------------------------------------------------------------------
@@ -192,13 +196,9 @@ class _Runner:
         self.flags = self.width_flags + list(settings.common_flags) + list(config.flags)
         criterion_flags = ["--criterion", settings.criterion] + (
             ["--label-smoothing", str(settings.label_smoothing)] if settings.criterion == CRITERIA[0] else [])
-        args = parse_model_args(config, self.flags, criterion_flags)
-        task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
         torch.manual_seed(settings.seed)
-        try:
-            self.model = ARCH_MODEL_REGISTRY[config.arch].build_model(args, task).to(device)
-        except Exception as exc:
-            raise BenchmarkError(f"{self.where()}: building the model failed: {exc}") from exc
+        args, task, self.model = build_model(config.arch, self.flags, dictionary, criterion_flags, config.name)
+        self.model.to(device)
         self.model_args = json.loads(json.dumps({action.dest: getattr(args, action.dest, None) for action in
                                                  model_option_actions(config.arch).values()}, default=str))
         self.parameters = count_parameters(self.model)
