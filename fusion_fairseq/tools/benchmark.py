@@ -315,12 +315,10 @@ class _Runner:
         train_peak = transient_peak(self.train_step)
         self.model.eval()
         decode_peak = transient_peak(self.decode_batch)
-        self.memory = {
-            "train_peak_bytes": None if train_peak is None else self.state_bytes(True) + train_peak,
-            "decode_peak_bytes": None if decode_peak is None else self.state_bytes(False) + decode_peak,
-            "parameter_bytes": self.state_bytes(False),
-            "train_state_bytes": self.state_bytes(True),
-        }
+        parameters, train_state = self.state_bytes(False), self.state_bytes(True)
+        self.memory = {"train_peak_bytes": None if train_peak is None else train_state + train_peak,
+                       "decode_peak_bytes": None if decode_peak is None else parameters + decode_peak,
+                       "parameter_bytes": parameters, "train_state_bytes": train_state}
 
 
 def cuda_transient_peak(fn) -> int:
