@@ -22,7 +22,7 @@ import sys
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
 from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, finite, \
-    heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
+    format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
     write_outputs  # noqa: E402
 
 plt = pyplot()
@@ -59,22 +59,6 @@ def check_model(model, cfg, path: str) -> int:
         raise UsageError(f"--path {path}: the checkpoint was trained with --no-mixed-attention (Table 3 ablation): its "
                          "target side has a separate self-attention and source attention, no mixed attention to plot")
     return len(model.decoder.layers)
-
-
-def format_weights(weights, mask, row_labels, column_labels, source_length: int, title: str) -> str:
-    """Rows = target positions (top to bottom, as in the figure); columns = source | target."""
-    width = max(6, max(len(label) for label in column_labels))
-    label_width = max(len(label) for label in row_labels)
-
-    def line(label, cells):
-        source, target = " ".join(cells[:source_length]), " ".join(cells[source_length:])
-        return f"{label.rjust(label_width)} {source} | {target}"
-
-    lines = [title, line("", [label.rjust(width) for label in column_labels])]
-    for row, label in enumerate(row_labels):
-        lines.append(line(label, [MASKED_TEXT.rjust(width) if masked else f"{float(v):.3f}".rjust(width)
-                                  for v, masked in zip(weights[row], mask[row])]))
-    return "\n".join(lines)
 
 
 def plot(weights, mask, row_labels, column_labels, source_length: int, title: str):
@@ -138,10 +122,11 @@ def run(args) -> dict:
     }
     title = (f"mixed attention, layer {args.layer} of {num_layers} (1-based), averaged over heads; "
              f"source: {' '.join(source[:-1])}")
-    print(format_weights(values, mask, row_labels, source + fed, len(source),
-                         f"{title}\nrows = target positions (token fed -> token predicted), columns = source words | "
-                         "target positions; "
-                         f"'{MASKED_TEXT}' = masked future position"))
+    cells = [[MASKED_TEXT if masked else f"{v:.3f}" for v, masked in zip(*row)] for row in zip(values, mask)]
+    print(format_matrix(f"{title}\nrows = target positions (token fed -> token predicted), columns = source words | "
+                        f"target positions; '{MASKED_TEXT}' = masked future position",
+                        [row[:len(source)] + ["|"] + row[len(source):] for row in cells], row_labels,
+                        source + ["|"] + fed, cell=str))
     return write_outputs(args, result, plot(
         values, mask, row_labels, source + fed, len(source),
         f"Mixed attention, layer {args.layer}/{num_layers}: {os.path.basename(args.path)}"))
