@@ -39,7 +39,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
-from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, write_json, write_markdown
+from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, format_matrix, write_json, \
+    write_markdown
 from fusion_fairseq.tools.common import (
     count_parameters, device_name, dictionary_of_size, load_average, plugin_architectures, non_negative_int, positive_int)
 
@@ -630,18 +631,16 @@ def time_to_loss(reference: str, logs: List[str]) -> Dict:
 
 
 def time_to_loss_table(result: Dict) -> str:
-    def ratio(row, key):
-        return f"{row[key]:.2f}" if key in row else "-"
-
-    lines = [f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
-             f"{'log':40s} {'best NLL':>9s} {'updates':>8s} {'ratio':>6s} {'train s':>8s} {'ratio':>6s}"]
-    for row in result["rows"]:
+    def cells(row):
         updates, seconds = row["updates_to_target"], row["train_seconds_to_target"]
-        lines.append(f"{row['log'][-40:]:40s} {row['best_nll']:9.3f} "
-                     f"{str(updates) if updates is not None else '> ' + str(row['last_update']):>8s} "
-                     f"{ratio(row, 'updates_ratio'):>6s} {f'{seconds:.0f}' if seconds is not None else '-':>8s} "
-                     f"{ratio(row, 'time_ratio'):>6s}")
-    return "\n".join(lines)
+        return [f"{row['best_nll']:.3f}", f"> {row['last_update']}" if updates is None else str(updates),
+                _number(row.get("updates_ratio"), ".2f"), "-" if seconds is None else f"{seconds:.0f}",
+                _number(row.get("time_ratio"), ".2f")]
+
+    return format_matrix(f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
+                         [cells(row) for row in result["rows"]],
+                         [row["log"][-40:] for row in result["rows"]],
+                         ["best NLL", "updates", "ratio", "train s", "ratio"], cell=str, corner="log")
 
 
 # --- command line ----------------------------------------------------------------------------
