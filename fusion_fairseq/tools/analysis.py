@@ -200,13 +200,13 @@ def script_main(parse_args: Callable, run: Callable, prog):
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
                   top_first: bool = False, corner: str = "") -> str:
     """``title``, then the column labels (after ``corner``) and one line per row of ``matrix``
-    (``cell(value)`` each), right-aligned; ``top_first``: the last row first, as a figure drawn
+    (its label, then ``cell(value)`` of each value, right-aligned); ``top_first``: the last row first, as a figure drawn
     with its origin below."""
     width = max(6, max(len(label) for label in column_labels) + 1)
     label_width = max([len(corner)] + [len(label) for label in row_labels])
     order = reversed(range(len(row_labels))) if top_first else range(len(row_labels))
     lines = [title, corner.ljust(label_width) + "".join(label.rjust(width) for label in column_labels)]
-    lines += [row_labels[i].rjust(label_width) + "".join(cell(v).rjust(width) for v in matrix[i]) for i in order]
+    lines += [row_labels[i].ljust(label_width) + "".join(cell(v).rjust(width) for v in matrix[i]) for i in order]
     return "\n".join(lines)
 
 
