@@ -182,10 +182,10 @@ def run_spectrum(args) -> Dict:
     title = (f"normalised singular values s_i/s_1 of the embedding matrices (rows = words); auc = mean of s_i/s_1 "
              f"(area under the curve, index scaled to [0,1]); below{args.threshold:g} = first index i with "
              f"s_i/s_1 < {args.threshold:g}")
-    print(format_matrix(title, [["x".join(map(str, c["shape"])), f"{c['auc']:.3f}", "none" if c["index_below"] is None
-                              else f"{c['index_below']}/{c['k']}", f"{c['min']:.2e}"] for c in curves],
-                        [f"{c['label']}: {c['matrix']}" for c in curves],
-                        ["shape", "auc", f"below{args.threshold:g}", "min"], cell=str, corner="checkpoint: matrix"))
+    print(format_matrix(title, [[c["matrix"], "x".join(map(str, c["shape"])), f"{c['auc']:.3f}", "none" if
+                                 c["index_below"] is None else f"{c['index_below']}/{c['k']}", f"{c['min']:.2e}"]
+                                for c in curves], [c["label"] for c in curves],
+                        ["matrix", "shape", "auc", f"below{args.threshold:g}", "min"], cell=str, corner="checkpoint"))
 
     return write_outputs(args, {"threshold": args.threshold, "x_axis": args.x_axis, "curves": curves},
                          plot_spectrum(curves, args.x_axis))

@@ -202,12 +202,12 @@ def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda val
     """``title``, then the column labels (after ``corner``) and one line per row of ``matrix``
     (its label, then ``cell(value)`` of each value, right-aligned); ``top_first``: the last row first, as a figure drawn
     with its origin below."""
-    width = max(6, max(len(label) for label in column_labels) + 1)
-    label_width = max([len(corner)] + [len(label) for label in row_labels])
-    order = reversed(range(len(row_labels))) if top_first else range(len(row_labels))
-    lines = [title, corner.ljust(label_width) + "".join(label.rjust(width) for label in column_labels)]
-    lines += [row_labels[i].ljust(label_width) + "".join(cell(v).rjust(width) for v in matrix[i]) for i in order]
-    return "\n".join(lines)
+    order = list(reversed(range(len(row_labels)))) if top_first else range(len(row_labels))
+    rows = [[row_labels[i]] + [cell(value) for value in matrix[i]] for i in order]
+    widths = [max(len(text) for text in column) for column in zip([corner] + list(column_labels), *rows)]
+    return "\n".join([title] + ["  ".join(text.ljust(width) if j == 0 else text.rjust(width)
+                                           for j, (text, width) in enumerate(zip(line, widths)))
+                                 for line in [[corner] + list(column_labels)] + rows])
 
 
 def heatmap(ax, matrix, x_labels=None, y_labels=None, cmap="Blues", vmin=0.0, vmax=1.0, origin="upper",
