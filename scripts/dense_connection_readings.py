@@ -18,23 +18,15 @@ import argparse
 import os
 import shlex
 import sys
-from types import SimpleNamespace
 
 import torch
-from fairseq import options
-from fairseq.models import ARCH_MODEL_REGISTRY
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.layer_aggregation import DENSE_CONNECTION_READINGS  # noqa: E402 (registers the models)
+from fusion_fairseq.tools.benchmark import build_model  # noqa: E402
 from fusion_fairseq.tools.common import dictionary_of_size  # noqa: E402
 
 ARCH = "fusion_transformer"
-
-
-def build(flags, dictionary):
-    args = options.parse_args_and_arch(options.get_training_parser(), ["unused-data-dir", "--arch", ARCH, *flags])
-    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    return ARCH_MODEL_REGISTRY[ARCH].build_model(args, task).eval()
 
 
 @torch.no_grad()
@@ -68,14 +60,14 @@ def main(argv=None):
     torch.manual_seed(settings.seed)
     dictionary = dictionary_of_size(settings.vocab)
     flags = ["--share-all-embeddings", *shlex.split(settings.model_flags)]
-    vanilla = build(flags, dictionary)
+    vanilla = build_model(ARCH, flags, dictionary)[2].eval()
     src = torch.randint(dictionary.nspecial, len(dictionary), (settings.batch, settings.length))
     prev = torch.randint(dictionary.nspecial, len(dictionary), (settings.batch, settings.length))
     prev[:, 0] = dictionary.eos()
     rows = [("vanilla", measure(vanilla, src, prev))]
     for reading in DENSE_CONNECTION_READINGS:
-        dense = build(flags + ["--aggregate-encoder", "dense", "--aggregate-decoder", "dense",
-                               "--dense-connection", reading], dictionary)
+        dense = build_model(ARCH, flags + ["--aggregate-encoder", "dense", "--aggregate-decoder", "dense",
+                                           "--dense-connection", reading], dictionary)[2].eval()
         dense.load_state_dict(vanilla.state_dict())
         rows.append((f"dense {reading}", measure(dense, src, prev)))
     base_std = rows[0][1]["logit_std"]

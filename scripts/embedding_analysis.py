@@ -29,8 +29,8 @@ import sys
 from typing import Dict, List, Tuple
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, load_model, pyplot, script_main, \
-    write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, load_model, pyplot, \
+    script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import matplotlib.ticker  # noqa: E402
@@ -179,18 +179,13 @@ def run_spectrum(args) -> Dict:
                 curve["dims"] = dims
             curves.append(curve)
 
-    print(f"normalised singular values s_i/s_1 of the embedding matrices (rows = words); auc = mean of s_i/s_1 "
-          f"(area under the curve, index scaled to [0,1]); below{args.threshold:g} = first index i with "
-          f"s_i/s_1 < {args.threshold:g}")
-    label_width = max([len("checkpoint")] + [len(c["label"]) for c in curves])
-    matrix_width = max(len(c["matrix"]) for c in curves)
-    print(f"{'checkpoint':<{label_width}}  {'matrix':<{matrix_width}}  {'shape':>11}  {'auc':>6}  "
-          f"{'below' + format(args.threshold, 'g'):>9}  {'min':>8}")
-    for c in curves:
-        below = "none" if c["index_below"] is None else f"{c['index_below']}/{c['k']}"
-        shape = "x".join(map(str, c["shape"]))
-        print(f"{c['label']:<{label_width}}  {c['matrix']:<{matrix_width}}  {shape:>11}  {c['auc']:6.3f}  "
-              f"{below:>9}  {c['min']:8.2e}")
+    title = (f"normalised singular values s_i/s_1 of the embedding matrices (rows = words); auc = mean of s_i/s_1 "
+             f"(area under the curve, index scaled to [0,1]); below{args.threshold:g} = first index i with "
+             f"s_i/s_1 < {args.threshold:g}")
+    print(format_matrix(title, [[c["matrix"], "x".join(map(str, c["shape"])), f"{c['auc']:.3f}", "none" if
+                                 c["index_below"] is None else f"{c['index_below']}/{c['k']}", f"{c['min']:.2e}"]
+                                for c in curves], [c["label"] for c in curves],
+                        ["matrix", "shape", "auc", f"below{args.threshold:g}", "min"], cell=str, corner="checkpoint"))
 
     return write_outputs(args, {"threshold": args.threshold, "x_axis": args.x_axis, "curves": curves},
                          plot_spectrum(curves, args.x_axis))
@@ -287,15 +282,12 @@ def run_cosine(args) -> Dict:
     target_rows = "decoder input embeddings" if args.target_embedding == "input" else "output projection"
     print(f"cosine similarity of aligned source/target word embeddings (source: encoder embeddings, target: "
           f"{target_rows}); --dict {args.dict}: {lines} pair lines, {len(pairs)} distinct pairs")
-    print("All = mean over the pairs used; Non-Shared = mean over the pairs whose two words differ")
-    width = max(10, max(len(r["label"]) for r in rows))
-    print(f"{'checkpoint':<{width}}  {'All':>6}  {'Non-Shared':>10}  {'used':>6}  {'non-shared':>10}  "
-          f"{'OOV skipped':>11}  embeddings")
+    print(format_matrix("All = mean over the pairs used; Non-Shared = mean over the pairs whose two words differ", [[f"{r['all']:.3f}", "n/a" if r["non_shared"] is None else f"{r['non_shared']:.3f}",
+                              str(r["used"]), str(r["non_shared_used"]), str(r["skipped"]),
+                              "shared" if r["shared_embeddings"] else "separate"] for r in rows],
+                        [r["label"] for r in rows], ["All", "Non-Shared", "used", "non-shared", "OOV skipped",
+                                                     "embeddings"], cell=str, corner="checkpoint"))
     for r in rows:
-        non_shared = "n/a" if r["non_shared"] is None else f"{r['non_shared']:.3f}"
-        kind = "shared" if r["shared_embeddings"] else "separate"
-        print(f"{r['label']:<{width}}  {r['all']:6.3f}  {non_shared:>10}  {r['used']:>6}  {r['non_shared_used']:>10}  "
-              f"{r['skipped']:>11}  {kind}")
         if r["skipped"]:
             print(f"  {r['label']}: skipped {r['skipped']} of {r['pairs']} pairs with an out-of-vocabulary word "
                   f"({r['source_oov']} source, {r['target_oov']} target words), "

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, checkpoint_arguments, finite, \
-    model_args, positive, pyplot, read_checkpoint, script_main, write_outputs  # noqa: E402
+    format_matrix, model_args, positive, pyplot, read_checkpoint, script_main, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -183,17 +183,14 @@ def fmt(value: Optional[float], spec: str) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
+COLUMNS = {"BLEU": ("bleu", ".2f"), "dBLEU%": ("bleu_change_pct", "+.2f"), "sacreBLEU": ("sacrebleu", ".2f"),
+           "dsacre%": ("sacrebleu_change_pct", "+.2f"), "avg len": ("avg_len", ".3f"),
+           "dlen%": ("len_change_pct", "+.2f"), "avg score": ("avg_score", ".4f"), "sents": ("sentences", "d")}
+
+
 def format_table(rows: List[Dict], header: str) -> str:
-    lines = [header, f"{'masked':>6} {'BLEU':>7} {'dBLEU%':>8} {'sacreBLEU':>9} {'dsacre%':>8} {'avg len':>8} "
-             f"{'dlen%':>7} {'avg score':>9} {'sents':>5}"]
-    for row in rows:
-        lines.append(
-            f"{row['masked']:>6} {fmt(row['bleu'], '.2f'):>7} {fmt(row['bleu_change_pct'], '+.2f'):>8} "
-            f"{fmt(row['sacrebleu'], '.2f'):>9} {fmt(row['sacrebleu_change_pct'], '+.2f'):>8} "
-            f"{fmt(row['avg_len'], '.3f'):>8} {fmt(row['len_change_pct'], '+.2f'):>7} "
-            f"{fmt(row['avg_score'], '.4f'):>9} {row['sentences']:>5}"
-        )
-    return "\n".join(lines)
+    return format_matrix(header, [[fmt(row[key], spec) for key, spec in COLUMNS.values()] for row in rows],
+                         [row["masked"] for row in rows], list(COLUMNS), cell=str, corner="masked")
 
 
 def plot(rows: List[Dict], metric: str, title: str):

@@ -18,8 +18,8 @@ import sys
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage  # noqa: E402
 from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection, sinkhorn  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, load_model, pyplot, script_main, \
-    write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, heatmap, load_model, pyplot, \
+    script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import numpy as np  # noqa: E402
@@ -72,14 +72,13 @@ def plot(weights: dict):
     fig, axes = plt.subplots(len(weights), 1, figsize=(8, 2.6 * len(weights)), layout="constrained", squeeze=False)
     for ax, (name, matrix) in zip(axes[:, 0], weights.items()):
         limit = np.nanmax(np.abs(matrix))
-        image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest")
+        heatmap(ax, matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, colorbar="weight")
         ax.set_title(name, fontsize=9)
         if "DenseFormer" in name:
             ax.set_xlabel("output X_j (0 = embedding)", fontsize=8)
             ax.set_ylabel("average after layer", fontsize=8)
         else:
             ax.set_xlabel("sublayers, each [[0, B], [A_m, A_r]]", fontsize=8)
-        fig.colorbar(image, ax=ax, fraction=0.04)
     return fig
 
 

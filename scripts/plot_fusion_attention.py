@@ -21,8 +21,9 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules import AverageFusion, FeedForwardFusion, MultiHopAttentionFusion  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, load_model, \
-    positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, \
+    format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, \
+    token_strings, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -73,18 +74,8 @@ def side_fusion(model, side: str):
     return module.output_fusion
 
 
-def format_weights(weights, x_labels, y_labels, title: str) -> str:
-    """One matrix per hop; rows = layers (top layer first, as in the figure), columns = words."""
-    width = max(6, max(len(label) for label in x_labels))
-    label_width = max(len(label) for label in y_labels)
-    lines = [title]
-    for hop, matrix in enumerate(weights):
-        lines.append(f"({chr(ord('a') + hop)}) Hop {hop + 1}")
-        lines.append(" " * label_width + " " + " ".join(label.rjust(width) for label in x_labels))
-        for layer in reversed(range(len(y_labels))):
-            lines.append(y_labels[layer].rjust(label_width) + " "
-                         + " ".join(f"{float(v):.3f}".rjust(width) for v in matrix[layer]))
-    return "\n".join(lines)
+def hop_title(hop: int) -> str:
+    return f"({chr(ord('a') + hop)}) Hop {hop + 1}"
 
 
 def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
@@ -93,11 +84,8 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
     fig, axes = plt.subplots(nhop, 1, figsize=(max(4.0, 0.45 * length + 1.5) + 1.0, panel_height * nhop + 0.6),
                              squeeze=False, layout="constrained")
     for hop, ax in enumerate(axes[:, 0]):
-        image = ax.imshow(weights[hop], cmap="gray", vmin=0.0, vmax=1.0, origin="lower", aspect="auto",
-                          interpolation="nearest")
-        ax.set_title(f"({chr(ord('a') + hop)}) Hop {hop + 1}", fontsize=10)
-        ax.set_yticks(range(num_layers), y_labels, fontsize=8)
-        ax.set_xticks(range(length), x_labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
+        image = heatmap(ax, weights[hop], x_labels, y_labels, cmap="gray", origin="lower", rotate_x=True)
+        ax.set_title(hop_title(hop), fontsize=10)
         ax.set_ylabel("layer", fontsize=8)
     axes[-1][0].set_xlabel(x_axis_label, fontsize=8)
     fig.suptitle(suptitle, fontsize=9)
@@ -137,9 +125,10 @@ def run(args) -> dict:
         x_axis_label = X_AXIS[args.xlabels]
     weights = attn.permute(1, 2, 0).float()  # (length, nhop, L) -> (nhop, L, length)
     result.update(x_labels=x_labels, x_axis_label=x_axis_label, shape=list(weights.shape), weights=weights.tolist())
-    print(format_weights(weights, x_labels, result["layer_labels"],
-                         f"{args.side} self-attention fusion over layers, {weights.shape[0]} hops; source: "
-                         f"{' '.join(result['source_tokens'][:-1])}\nrows = layers, columns = {x_axis_label}"))
+    print(f"{args.side} self-attention fusion over layers, {weights.shape[0]} hops; source: "
+          f"{' '.join(result['source_tokens'][:-1])}\nrows = layers, columns = {x_axis_label}")
+    for hop, matrix in enumerate(weights):  # rows = layers, the top layer first as in the figure
+        print(format_matrix(hop_title(hop), matrix, result["layer_labels"], x_labels, top_first=True))
     side = "Dec" if args.side == "decoder" else "Enc"
     return write_outputs(args, result, plot(weights.numpy(), x_labels, result["layer_labels"], x_axis_label,
                                             f"{side}-SA ({weights.shape[0]} hops): {os.path.basename(args.path)}"))

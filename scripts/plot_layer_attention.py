@@ -20,8 +20,8 @@ import sys
 import textwrap
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, load_model, pyplot, script_main, \
-    write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, load_model, \
+    pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -55,14 +55,6 @@ def layer_attention_of(model, margs, path: str):
                      "needed")
 
 
-def format_matrix(matrix, dec_labels, enc_labels, title: str) -> str:
-    width = max(6, max(len(label) for label in enc_labels) + 1)
-    lines = [title, "dec\\enc" + "".join(label.rjust(width) for label in enc_labels) + "   sum"]
-    for label, row in zip(dec_labels, matrix):
-        lines.append(label.rjust(7) + "".join(f"{float(v):.3f}".rjust(width) for v in row) + f"{float(sum(row)):6.3f}")
-    return "\n".join(lines)
-
-
 def short_value(value: float) -> str:
     """``.15`` as printed in the paper's Figure 1."""
     text = f"{value:.2f}"
@@ -80,18 +72,10 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
     vmin, vmax = float(matrix.min()), float(matrix.max())
     if vmax - vmin < 1e-6:
         vmin, vmax = vmin - 0.01, vmax + 0.01
-    image = ax.imshow(data, cmap="Blues", vmin=vmin, vmax=vmax, origin=origin, aspect="auto", interpolation="nearest")
-    for i in range(rows):
-        for j in range(cols):
-            value = float(data[i, j])
-            ax.text(j, i, short_value(value), ha="center", va="center", fontsize=8,
-                    color="white" if (value - vmin) / (vmax - vmin) > 0.6 else "black")
-    ax.set_xticks(range(cols), x_labels, fontsize=8)
-    ax.set_yticks(range(rows), y_labels, fontsize=8)
+    heatmap(ax, data, x_labels, y_labels, vmin=vmin, vmax=vmax, origin=origin, annotate=short_value, colorbar="weight")
     ax.set_xlabel(f"{x_name} Layer", fontsize=9)
     ax.set_ylabel(f"{y_name} Layer", fontsize=9)
     ax.set_title(title, fontsize=8)
-    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03).set_label("weight", fontsize=8)
     return fig
 
 
@@ -117,10 +101,11 @@ def run(args) -> dict:
     what = (f"fine-grained layer attention, mean over the {dims} dimensions of w[m,n,d]" if fine
             else "coarse-grained layer attention w[m,n]")
     masking = "" if masked is None else f"encoder layer {enc_labels[masked]} masked (others renormalised)"
-    print(format_matrix(matrix.tolist(), dec_labels, enc_labels,
-                        f"{'; '.join(filter(None, [what, masking]))}: {args.path}\nrows = decoder layers "
+    sums = matrix.sum(dim=1, keepdim=True)
+    print(format_matrix(f"{'; '.join(filter(None, [what, masking]))}: {args.path}\nrows = decoder layers "
                         f"1..{num_decoder_layers}, columns = encoder layers (Emb = word-embedding layer 0); each row "
-                        "sums to 1 over encoder layers"))
+                        "sums to 1 over encoder layers", torch.cat([matrix, sums], dim=1).tolist(), dec_labels,
+                        enc_labels + ["sum"], corner="dec\\enc"))
     result = {"checkpoint": args.path, "kind": attention.kind, "dims": dims,
               "cell_value": "mean over dimensions of w[m,n,d]" if fine else "w[m,n]", "masked_layer": masked,
               "decoder_labels": dec_labels, "encoder_labels": enc_labels, "weights": matrix.tolist()}

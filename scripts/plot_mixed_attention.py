@@ -22,7 +22,7 @@ import sys
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
 from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, finite, \
-    load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
+    format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
     write_outputs  # noqa: E402
 
 plt = pyplot()
@@ -61,36 +61,17 @@ def check_model(model, cfg, path: str) -> int:
     return len(model.decoder.layers)
 
 
-def format_weights(weights, mask, row_labels, column_labels, source_length: int, title: str) -> str:
-    """Rows = target positions (top to bottom, as in the figure); columns = source | target."""
-    width = max(6, max(len(label) for label in column_labels))
-    label_width = max(len(label) for label in row_labels)
-
-    def line(label, cells):
-        source, target = " ".join(cells[:source_length]), " ".join(cells[source_length:])
-        return f"{label.rjust(label_width)} {source} | {target}"
-
-    lines = [title, line("", [label.rjust(width) for label in column_labels])]
-    for row, label in enumerate(row_labels):
-        lines.append(line(label, [MASKED_TEXT.rjust(width) if masked else f"{float(v):.3f}".rjust(width)
-                                  for v, masked in zip(weights[row], mask[row])]))
-    return "\n".join(lines)
-
-
 def plot(weights, mask, row_labels, column_labels, source_length: int, title: str):
     rows, columns = weights.shape
     fig, ax = plt.subplots(figsize=(max(5.0, 0.42 * columns + 2.5), max(3.0, 0.38 * rows + 2.0)), layout="constrained")
-    cmap = matplotlib.colormaps["Blues"].with_extremes(bad="white")  # masked future target positions stay blank
-    image = ax.imshow(np.ma.masked_array(weights, mask=mask), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto",
-                      interpolation="nearest")
+    heatmap(ax, np.where(mask, np.nan, weights), column_labels, row_labels, rotate_x=True,  # masked cells blank
+            colorbar="attention weight")
     for row in range(rows):  # hatch the masked span of each row
         first = source_length + row + 1
         if first < columns:
             ax.add_patch(matplotlib.patches.Rectangle((first - 0.5, row - 0.5), columns - first, 1.0, fill=False,
                                                       hatch="///", edgecolor="0.8", linewidth=0.0))
     ax.axvline(source_length - 0.5, color="crimson", linewidth=2.0)  # source | target separator
-    ax.set_xticks(range(columns), column_labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
-    ax.set_yticks(range(rows), row_labels, fontsize=8)
     ax.set_ylabel("target position (token fed -> token predicted)", fontsize=8)
     ax.set_xlabel("source words (EOS appended)  |  target positions (tokens fed, </s> = start)", fontsize=8)
     top = ax.secondary_xaxis("top")
@@ -98,7 +79,6 @@ def plot(weights, mask, row_labels, column_labels, source_length: int, title: st
                    ["source", "target"], fontsize=9)
     top.tick_params(length=0)
     ax.set_title(title + "\nred line: source | target; hatched: masked future target positions", fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, shrink=0.8).set_label("attention weight", fontsize=8)
     return fig
 
 
@@ -142,10 +122,11 @@ def run(args) -> dict:
     }
     title = (f"mixed attention, layer {args.layer} of {num_layers} (1-based), averaged over heads; "
              f"source: {' '.join(source[:-1])}")
-    print(format_weights(values, mask, row_labels, source + fed, len(source),
-                         f"{title}\nrows = target positions (token fed -> token predicted), columns = source words | "
-                         "target positions; "
-                         f"'{MASKED_TEXT}' = masked future position"))
+    cells = [[MASKED_TEXT if masked else f"{v:.3f}" for v, masked in zip(*row)] for row in zip(values, mask)]
+    print(format_matrix(f"{title}\nrows = target positions (token fed -> token predicted), columns = source words | "
+                        f"target positions; '{MASKED_TEXT}' = masked future position",
+                        [row[:len(source)] + ["|"] + row[len(source):] for row in cells], row_labels,
+                        source + ["|"] + fed, cell=str))
     return write_outputs(args, result, plot(
         values, mask, row_labels, source + fed, len(source),
         f"Mixed attention, layer {args.layer}/{num_layers}: {os.path.basename(args.path)}"))

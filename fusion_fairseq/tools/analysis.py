@@ -1,7 +1,7 @@
 """What the analysis scripts in ``scripts/`` share, so that each keeps only its analysis: the
 command line (:func:`checkpoint_arguments`), checkpoint loading whose errors name the flag and the
-file, the output checks made before any work (nothing is overwritten without ``--force``), the
-writing of the figure and JSON (:func:`write_outputs`) and ``main()`` (:func:`script_main`: an
+file, text tables and heat maps (:func:`format_matrix`, :func:`heatmap`), the output checks made
+before any work (nothing is overwritten without ``--force``), the writing of the figure and JSON (:func:`write_outputs`) and ``main()`` (:func:`script_main`: an
 error is one line ``PROG: error: MESSAGE``, exit status 2 for bad input).
 
 Importing it imports the plugin, which registers its models, so a script needs no ``--user-dir``.
@@ -191,6 +191,47 @@ def script_main(parse_args: Callable, run: Callable, prog):
         return 0
 
     return main
+
+
+# --------------------------------------------------------------------------------------------
+# tables and heat maps
+
+
+def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
+                  top_first: bool = False, corner: str = "") -> str:
+    """``title``, then the column labels (after ``corner``) and one line per row of ``matrix``
+    (its label, then ``cell(value)`` of each value, right-aligned); ``top_first``: the last row first, as a figure drawn
+    with its origin below."""
+    order = list(reversed(range(len(row_labels)))) if top_first else range(len(row_labels))
+    rows = [[row_labels[i]] + [cell(value) for value in matrix[i]] for i in order]
+    widths = [max(len(text) for text in column) for column in zip([corner] + list(column_labels), *rows)]
+    return "\n".join([title] + ["  ".join(text.ljust(width) if j == 0 else text.rjust(width)
+                                           for j, (text, width) in enumerate(zip(line, widths)))
+                                 for line in [[corner] + list(column_labels)] + rows])
+
+
+def heatmap(ax, matrix, x_labels=None, y_labels=None, cmap="Blues", vmin=0.0, vmax=1.0, origin="upper",
+            annotate=None, colorbar=None, rotate_x=False):
+    """``matrix`` drawn on ``ax`` with NaN cells blank and the tick labels given; ``annotate(value)``
+    writes each cell's value (white on the darker cells); ``colorbar`` labels a colour bar. Returns the image."""
+    import numpy as np
+
+    matrix = np.asarray(matrix, dtype=float)
+    cmap = pyplot().get_cmap(cmap).with_extremes(bad="white")
+    image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=vmin, vmax=vmax, origin=origin, aspect="auto",
+                      interpolation="nearest")
+    for (row, column), value in np.ndenumerate(matrix if annotate else np.empty((0, 0))):
+        if not np.isnan(value):
+            ax.text(column, row, annotate(value), ha="center", va="center", fontsize=8,
+                    color="white" if (value - vmin) / (vmax - vmin) > 0.6 else "black")
+    rotation = {"rotation": 60, "ha": "right", "rotation_mode": "anchor"} if rotate_x else {}
+    if x_labels is not None:
+        ax.set_xticks(range(matrix.shape[1]), x_labels, fontsize=8, **rotation)
+    if y_labels is not None:
+        ax.set_yticks(range(matrix.shape[0]), y_labels, fontsize=8)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.05, pad=0.03).set_label(colorbar, fontsize=8)
+    return image
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,18 +30,17 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
+import numpy
 import torch
 
 import fairseq
-from fairseq import options
-from fairseq.criterions.cross_entropy import CrossEntropyCriterion
-from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
-from fairseq.data import Dictionary
+from fairseq import criterions, options
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
-from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, write_json, write_markdown
+from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, format_matrix, write_json, \
+    write_markdown
 from fusion_fairseq.tools.common import (
     count_parameters, device_name, dictionary_of_size, load_average, plugin_architectures, non_negative_int, positive_int)
 
@@ -81,15 +80,12 @@ class BenchmarkConfig:
 
 
 # --- configurations --------------------------------------------------------------------------
-def known_archs_message() -> str:
-    plugin = plugin_architectures()
-    others = sorted(a for a in ARCH_MODEL_REGISTRY if a not in plugin)
-    return f"this plugin's: {', '.join(plugin)}; fairseq's and others: {', '.join(others)}"
-
-
 def check_arch(arch: str, where: str) -> None:
     if arch not in ARCH_MODEL_REGISTRY:
-        raise BenchmarkError(f"{where}: unknown architecture {arch!r}. Known architectures -- {known_archs_message()}")
+        plugin = plugin_architectures()
+        others = sorted(a for a in ARCH_MODEL_REGISTRY if a not in plugin)
+        raise BenchmarkError(f"{where}: unknown architecture {arch!r}. Known architectures -- this plugin's: "
+                             f"{', '.join(plugin)}; fairseq's and others: {', '.join(others)}")
 
 
 def split_flags(text: str, where: str) -> List[str]:
@@ -101,17 +97,12 @@ def split_flags(text: str, where: str) -> List[str]:
 
 def parse_variant(spec: str) -> BenchmarkConfig:
     """``NAME=ARCH:FLAGS`` (``:FLAGS`` optional) -> a configuration."""
-    malformed = f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE}"
-    if "=" not in spec:
-        raise BenchmarkError(f"{malformed} (no '=')")
-    name, rest = spec.split("=", 1)
-    name = name.strip()
-    if not name:
-        raise BenchmarkError(f"{malformed} (empty NAME)")
+    name, equals, rest = spec.partition("=")
     arch, _, flag_text = rest.partition(":")
-    arch = arch.strip()
-    if not arch:
-        raise BenchmarkError(f"{malformed} (empty ARCH)")
+    name, arch = name.strip(), arch.strip()
+    fault = "no '='" if not equals else "empty NAME" if not name else "empty ARCH" if not arch else None
+    if fault:
+        raise BenchmarkError(f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE} ({fault})")
     check_arch(arch, f"--variant {spec!r}")
     return BenchmarkConfig(name, arch, split_flags(flag_text, f"--variant {spec!r}"))
 
@@ -125,14 +116,11 @@ def build_configs(archs: Optional[Sequence[str]] = None, variants: Sequence[str]
         check_arch(arch, "--archs")
         configs.append(BenchmarkConfig(arch, arch, []))
     configs.extend(parse_variant(spec) for spec in variants)
-    seen = set()
-    for config in configs:
-        if config.name in seen:
-            raise BenchmarkError(
-                f"duplicate configuration name {config.name!r} ({BASELINE_NAME!r} is the baseline's name, "
-                "architectures are named after themselves); give each --variant its own NAME"
-            )
-        seen.add(config.name)
+    names = [config.name for config in configs]
+    for name in names:
+        if names.count(name) > 1:
+            raise BenchmarkError(f"duplicate configuration name {name!r} ({BASELINE_NAME!r} is the baseline's name, "
+                                 "architectures are named after themselves); give each --variant its own NAME")
     return configs
 
 
@@ -177,27 +165,24 @@ def width_flags(arch: str, settings: argparse.Namespace):
     return flags, skipped
 
 
-def parse_model_args(config: BenchmarkConfig, flags: List[str]):
-    """Parse like ``fairseq-train`` (architecture defaults included); parser errors become BenchmarkError."""
-    parser = options.get_training_parser()
+def build_model(arch: str, flags: List[str], dictionary, criterion_flags=(), name=None):
+    """``(args, task, model)``: the flags parsed like ``fairseq-train`` (architecture and criterion
+    defaults included), a stand-in task with ``dictionary`` on both sides and the model built by
+    the architecture; a flag fairseq rejects is a BenchmarkError naming the configuration."""
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            return options.parse_args_and_arch(parser, ["unused-data-dir", "--arch", config.arch, *flags])
+            args = options.parse_args_and_arch(options.get_training_parser(),
+                                               ["unused-data-dir", "--arch", arch, *flags, *criterion_flags])
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()
-        raise BenchmarkError(
-            f"configuration {config.name!r} ({config.arch}): fairseq rejected the flags {shlex.join(flags)!r}: "
-            f"{message[-1] if message else 'argument error'}"
-        ) from None
-
-
-def json_value(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
-    return str(value)
+        raise BenchmarkError(f"configuration {name or arch!r} ({arch}): fairseq rejected the flags "
+                             f"{shlex.join(flags)!r}: {message[-1] if message else 'argument error'}") from None
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    try:
+        return args, task, ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    except Exception as exc:
+        raise BenchmarkError(f"configuration {name or arch!r} ({arch}): building the model failed: {exc}") from exc
 
 
 # --- measurement -----------------------------------------------------------------------------
@@ -210,25 +195,19 @@ class _Runner:
         self.clock = CLOCKS[settings.clock]
         self.width_flags, self.skipped_width_flags = width_flags(config.arch, settings)
         self.flags = self.width_flags + list(settings.common_flags) + list(config.flags)
-        args = parse_model_args(config, self.flags)
-        task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+        criterion_flags = ["--criterion", settings.criterion] + (
+            ["--label-smoothing", str(settings.label_smoothing)] if settings.criterion == CRITERIA[0] else [])
         torch.manual_seed(settings.seed)
-        try:
-            self.model = ARCH_MODEL_REGISTRY[config.arch].build_model(args, task).to(device)
-        except Exception as exc:
-            raise BenchmarkError(f"{self.where()}: building the model failed: {exc}") from exc
-        self.model_args = {action.dest: json_value(getattr(args, action.dest, None))
-                           for action in model_option_actions(config.arch).values() if action.dest != "help"}
+        args, task, self.model = build_model(config.arch, self.flags, dictionary, criterion_flags, config.name)
+        self.model.to(device)
+        self.model_args = json.loads(json.dumps({action.dest: getattr(args, action.dest, None) for action in
+                                                 model_option_actions(config.arch).values()}, default=str))
         self.parameters = count_parameters(self.model)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.trainable_parameters = sum(p.numel() for p in trainable)
         self.optimizer = torch.optim.Adam(trainable, lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
-        self.scaler = torch.amp.GradScaler("cuda") if autocast_dtype == torch.float16 else None
-        if settings.criterion == "label_smoothed_cross_entropy":
-            self.criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
-                                                                label_smoothing=settings.label_smoothing)
-        else:
-            self.criterion = CrossEntropyCriterion(task, sentence_avg=False)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=autocast_dtype == torch.float16)
+        self.criterion = criterions.build_criterion(args, task)
         # min_len = max_len: every hypothesis has exactly that many tokens + EOS, whatever the untrained model
         self.generator, self.half_generator = (
             SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0, max_len_b=length,
@@ -241,9 +220,7 @@ class _Runner:
         self.flops: Dict[str, int] = {}
 
     def autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
     def where(self):
         return f"configuration {self.config.name!r} ({self.config.arch})"
@@ -251,14 +228,9 @@ class _Runner:
     def train_step(self):
         with self.autocast():
             loss, sample_size, _ = self.criterion(self.model, self.train_sample)
-        loss = loss / sample_size
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
+        self.scaler.scale(loss / sample_size).backward()  # a scaler that is not enabled passes everything through
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
     def timed(self, step, warmup: int, repeats: int, sync, failed: str) -> float:
@@ -323,15 +295,12 @@ class _Runner:
         """Matrix-product FLOPs of one training step and of one decode batch (untimed)."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        self.model.train()
         torch.manual_seed(self.settings.seed)
-        with FlopCounterMode(display=False) as counter:
-            self.train_step()
-        train = counter.get_total_flops()
-        self.model.eval()
-        with FlopCounterMode(display=False) as counter:
-            self.decode_batch()
-        self.flops = {"train_step": train, "decode_batch": counter.get_total_flops()}
+        for kind, training, step in (("train_step", True, self.train_step), ("decode_batch", False, self.decode_batch)):
+            self.model.train(training)
+            with FlopCounterMode(display=False) as counter:
+                step()
+            self.flops[kind] = counter.get_total_flops()
 
     def state_bytes(self, with_optimizer: bool) -> int:
         tensors = list(self.model.parameters())
@@ -347,12 +316,10 @@ class _Runner:
         train_peak = transient_peak(self.train_step)
         self.model.eval()
         decode_peak = transient_peak(self.decode_batch)
-        self.memory = {
-            "train_peak_bytes": None if train_peak is None else self.state_bytes(True) + train_peak,
-            "decode_peak_bytes": None if decode_peak is None else self.state_bytes(False) + decode_peak,
-            "parameter_bytes": self.state_bytes(False),
-            "train_state_bytes": self.state_bytes(True),
-        }
+        parameters, train_state = self.state_bytes(False), self.state_bytes(True)
+        self.memory = {"train_peak_bytes": None if train_peak is None else train_state + train_peak,
+                       "decode_peak_bytes": None if decode_peak is None else parameters + decode_peak,
+                       "parameter_bytes": parameters, "train_state_bytes": train_state}
 
 
 def cuda_transient_peak(fn) -> int:
@@ -403,7 +370,7 @@ MEMORY_METHOD = {
 }
 
 
-def synthetic_samples(settings: argparse.Namespace, dictionary: Dictionary, device):
+def synthetic_samples(settings: argparse.Namespace, dictionary, device):
     generator = torch.Generator().manual_seed(settings.seed)
     low, high, eos = dictionary.nspecial, len(dictionary), dictionary.eos()
 
@@ -428,8 +395,8 @@ def synthetic_samples(settings: argparse.Namespace, dictionary: Dictionary, devi
 
 
 def check_settings(settings: argparse.Namespace) -> None:
-    for flag, value, allowed in (("--device", settings.device, DEVICES), ("--dtype", settings.dtype, DTYPES),
-                                 ("--clock", settings.clock, tuple(CLOCKS))):
+    for flag, allowed in (("--device", DEVICES), ("--dtype", DTYPES), ("--clock", tuple(CLOCKS))):
+        value = getattr(settings, flag[2:])
         if value not in allowed:
             raise BenchmarkError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
     if settings.dtype != "fp32" and settings.device != "cuda":
@@ -461,20 +428,9 @@ def ratio_stats(values: List[float], baseline: List[float]) -> Dict[str, object]
 
 def environment(settings: argparse.Namespace, device: torch.device) -> Dict[str, object]:
     return {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
-            "autocast": settings.dtype != "fp32", "torch": torch.__version__,
-            "fairseq": getattr(fairseq, "__version__", "unknown"),
-            "fusion_fairseq": getattr(fusion_fairseq, "__version__", "unknown"),
+            "torch": torch.__version__, "fairseq": fairseq.__version__, "fusion_fairseq": fusion_fairseq.__version__,
             "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads(), "cpu_count": os.cpu_count(),
-            "cuda": torch.version.cuda if settings.device == "cuda" else None, "load_average_start": load_average()}
-
-
-def flop_stats(runner, base) -> Dict[str, object]:
-    """FLOPs per training step / decode batch and the FLOP-proportional speed ratios."""
-    stats: Dict[str, object] = dict(runner.flops)
-    for kind in ("train_step", "decode_batch"):
-        stats[f"{kind}_ratio"] = base.flops[kind] / runner.flops[kind] if runner.flops[kind] else None
-    return stats
+            "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
 
 
 def build_runners(configs: List[BenchmarkConfig], settings: argparse.Namespace, device,
@@ -486,10 +442,9 @@ def build_runners(configs: List[BenchmarkConfig], settings: argparse.Namespace, 
     runners = []
     for config in configs:
         log(f"building {config.name} ({config.arch})")
-        runner = _Runner(config, settings, dictionary, samples, device, autocast_dtype)
-        for skipped in runner.skipped_width_flags:
+        runners.append(_Runner(config, settings, dictionary, samples, device, autocast_dtype))
+        for skipped in runners[-1].skipped_width_flags:
             log(f"  {config.name}: width flag {skipped} not applied")
-        runners.append(runner)
     return runners
 
 
@@ -524,24 +479,11 @@ def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) 
         "decode": {**speed(runner.sentences_per_s, base.sentences_per_s, "sentences_per_s"),
                    "decoder_steps": settings.decode_len + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
         "memory": runner.memory or None,
-        "flops": flop_stats(runner, base) if settings.flops else None,
+        "flops": {**runner.flops, **{f"{kind}_ratio": base.flops[kind] / runner.flops[kind] if runner.flops[kind]
+                                     else None for kind in runner.flops}} if settings.flops else None,
         "step_cost": {str(length): {"ms_per_step": times, "median_ms_per_step": statistics.median(times),
                                     "speed_ratio": ratio_stats(base.ms_per_step[length], times)}  # base time / this
                       for length, times in runner.ms_per_step.items()} or None,
-    }
-
-
-def settings_record(settings: argparse.Namespace) -> Dict[str, object]:
-    """The settings as the JSON records them, with how the optimiser, decoding and order were set up."""
-    return {
-        **vars(settings),
-        "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / target tokens",
-        "decoding": f"fairseq SequenceGenerator, beam {settings.beam}, max_len_a=0, "
-                    f"max_len_b=min_len={settings.decode_len} (every hypothesis {settings.decode_len} tokens + EOS)",
-        "order": "round-robin; the configuration order is rotated by one every round",
-        "step_cost": "per source length: (t(L) - t(L/2)) / (L - L/2) of two generate calls after one untimed "
-                     "call each; speed ratio = baseline time / configuration time",
-        "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()},
     }
 
 
@@ -569,23 +511,20 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
     base = next(r for r in runners if r.config.baseline)
     results = {runner.config.name: config_result(runner, base, settings) for runner in runners}
     env["load_average_end"] = load_average()
-    return {"environment": env, "settings": settings_record(settings), "baseline": base.config.name,
+    settings_record = {**vars(settings), "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / "
+                       "target tokens", "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()}}
+    return {"environment": env, "settings": settings_record, "baseline": base.config.name,
             "memory_method": MEMORY_METHOD[device.type] if settings.memory else None,
             "timing_seconds": timing_seconds, "configs": results}
 
 
 # --- reporting -------------------------------------------------------------------------------
-def _mib(value):
-    return "n/a" if value is None else f"{value / 2**20:,.1f}"
+def _number(value, spec):
+    return "n/a" if value is None else format(value, spec)
 
 
 def _ratios(stats):
-    return f"{stats['min']:.3f} / {stats['median']:.3f} / {stats['max']:.3f}"
-
-
-def _flop_ratio(row, kind):
-    ratio = (row.get("flops") or {}).get(f"{kind}_ratio")
-    return "n/a" if ratio is None else f"{ratio:.3f}"
+    return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
 
 
 def _cell(text):
@@ -608,16 +547,15 @@ def markdown_table(result: Dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in result["configs"].items():
-        memory = row["memory"] or {}
-        label = f"{name} (baseline)" if row["baseline"] else name
+        memory, flops = row["memory"] or {}, row["flops"] or {}
+        mib = [_number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
+               for kind in ("train", "decode")]
         lines.append(
-            f"| {_cell(label)} | {_cell(row['arch'])} | {row['parameters']:,} | {row['train']['median_tokens_per_s']:,.0f} "
-            f"| {_ratios(row['train']['ratio'])} | {_flop_ratio(row, 'train_step')} "
-            f"| {row['decode']['median_sentences_per_s']:,.2f} "
-            f"| {_ratios(row['decode']['ratio'])} | {_flop_ratio(row, 'decode_batch')} "
-            f"| {_mib(memory.get('train_peak_bytes'))} "
-            f"| {_mib(memory.get('decode_peak_bytes'))} |"
-        )
+            f"| {_cell(name + ' (baseline)' * row['baseline'])} | {_cell(row['arch'])} | {row['parameters']:,} "
+            f"| {row['train']['median_tokens_per_s']:,.0f} | {_ratios(row['train']['ratio'])} "
+            f"| {_number(flops.get('train_step_ratio'), '.3f')} | {row['decode']['median_sentences_per_s']:,.2f} "
+            f"| {_ratios(row['decode']['ratio'])} | {_number(flops.get('decode_batch_ratio'), '.3f')} "
+            f"| {mib[0]} | {mib[1]} |")
     return "\n".join(lines + step_cost_table(result)) + "\n"
 
 
@@ -658,13 +596,10 @@ def train_wall_at_updates(log_path: str) -> Dict[int, float]:
 
 def seconds_at(walls: Dict[int, float], update: int) -> Optional[float]:
     """Training seconds at ``update``, linearly interpolated between logged updates (None if beyond)."""
-    previous = (0, 0.0)
-    for logged, seconds in sorted(walls.items()):
-        if logged >= update:
-            (u0, s0) = previous
-            return s0 + (seconds - s0) * (update - u0) / (logged - u0) if logged > u0 else seconds
-        previous = (logged, seconds)
-    return None
+    logged = sorted(walls)
+    if not logged or update > logged[-1]:
+        return None
+    return float(numpy.interp(update, [0] + logged, [0.0] + [walls[u] for u in logged]))
 
 
 def time_to_loss(reference: str, logs: List[str]) -> Dict:
@@ -696,29 +631,22 @@ def time_to_loss(reference: str, logs: List[str]) -> Dict:
 
 
 def time_to_loss_table(result: Dict) -> str:
-    def ratio(row, key):
-        return f"{row[key]:.2f}" if key in row else "-"
-
-    lines = [f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
-             f"{'log':40s} {'best NLL':>9s} {'updates':>8s} {'ratio':>6s} {'train s':>8s} {'ratio':>6s}"]
-    for row in result["rows"]:
+    def cells(row):
         updates, seconds = row["updates_to_target"], row["train_seconds_to_target"]
-        lines.append(f"{row['log'][-40:]:40s} {row['best_nll']:9.3f} "
-                     f"{str(updates) if updates is not None else '> ' + str(row['last_update']):>8s} "
-                     f"{ratio(row, 'updates_ratio'):>6s} {f'{seconds:.0f}' if seconds is not None else '-':>8s} "
-                     f"{ratio(row, 'time_ratio'):>6s}")
-    return "\n".join(lines)
+        return [f"{row['best_nll']:.3f}", f"> {row['last_update']}" if updates is None else str(updates),
+                _number(row.get("updates_ratio"), ".2f"), "-" if seconds is None else f"{seconds:.0f}",
+                _number(row.get("time_ratio"), ".2f")]
+
+    return format_matrix(f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
+                         [cells(row) for row in result["rows"]],
+                         [row["log"][-40:] for row in result["rows"]],
+                         ["best NLL", "updates", "ratio", "train s", "ratio"], cell=str, corner="log")
 
 
 # --- command line ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Training and decoding speed, parameters and peak memory of this plugin's models "
-                    "against fairseq's vanilla transformer, interleaved in one process; the method: "
-                    "docs/measurements.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     group = parser.add_argument_group("configurations")
     group.add_argument("--archs", nargs="*", metavar="ARCH",
                        help="architectures to run at the matched width (default: every architecture of this "
@@ -767,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "He et al.'s point that layer-wise coordination attends to the source in every layer)")
 
     group = parser.add_argument_group("device and output")
-    group.add_argument("--device", default="cpu", help="cpu or cuda")
+    group.add_argument("--device", default="cpu", help=" or ".join(DEVICES))
     group.add_argument("--dtype", default="fp32", help="fp32, or fp16 / bf16 (autocast, CUDA only)")
     group.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
     group.add_argument("--clock", default="wall",
@@ -775,8 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "other work sharing the cores, but with several threads it sums their CPU time)")
     group.add_argument("--seed", type=int, default=1)
     group.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory pass")
-    group.add_argument("--no-flops", dest="flops", action="store_false",
-                       help="skip counting the floating-point operations")
+    group.add_argument("--no-flops", dest="flops", action="store_false", help="skip counting the matrix-product FLOPs")
     group.add_argument("--json", metavar="FILE", help="write the full results as JSON")
     group.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     add_force_argument(group)
@@ -808,19 +735,16 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     logs = args.time_to_loss or []
-    try:
+    try:  # the outputs are checked before any measurement
         check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)],
                       [("--time-to-loss", log) for log in logs])
-    except UsageError as exc:  # one line, before any measurement
-        parser.exit(exc.exit_status, f"{PROG}: error: {exc}\n")
-    try:
         if logs:
             result = time_to_loss(logs[0], logs[1:])
             table = time_to_loss_table(result)
         else:
             result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), settings(argv))
             table = markdown_table(result)
-    except BenchmarkError as exc:
+    except (UsageError, BenchmarkError) as exc:
         parser.error(str(exc))
     result["command"] = shlex.join([PROG, *argv])
     print(table)
