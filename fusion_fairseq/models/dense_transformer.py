@@ -41,11 +41,11 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import layer_checkpointing
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, option, set_defaults,
+    POSITIVE_INT, add_flags, as_namespace, fill_defaults, option, set_defaults,
 )
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
-from .fusion_config import TransformerFlags
+from .fusion_config import TransformerDropouts
 from .fusion_decoder import decoder_output, embed_target
 from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
@@ -267,14 +267,10 @@ class DenseTransformerDecoder(TransformerDecoder):
 
 
 @dataclass
-class DenseTransformerConfig(DenseConfig, TransformerFlags):
+class DenseTransformerConfig(DenseConfig, TransformerDropouts):
     """``--arch dense_transformer``: fairseq's Transformer flags and DenseNMT's; the growth
     dimension defaults to half the embedding size."""
 
-    attention_dropout: float = option(0.0, "dropout probability for attention weights", PROBABILITY,
-                                      declared_by_fairseq=True)
-    activation_dropout: float = option(0.0, "dropout probability after activation in FFN", PROBABILITY,
-                                       declared_by_fairseq=True)
     growth_dim: Optional[int] = option(
         None, "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding "
         "size", POSITIVE_INT, metavar="D", derive=lambda args: args.encoder_embed_dim // 2, structural=True,
