@@ -64,21 +64,14 @@ DIVERSITY_COMBINATIONS = ("sum", "mean")
 
 @dataclass
 class LabelSmoothedCrossEntropyWithLayerDiversityConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    diversity_lambda: float = field(
-        default=1.0,
-        metadata={"help": "weight lambda of the layer-diversity reward (Dou et al. 2018, Eq. 9; "
-                          "loss = label-smoothed NLL - lambda * diversity); must be >= 0"},
-    )
-    diversity_sides: ChoiceEnum(DIVERSITY_SIDES) = field(
-        default="both",
-        metadata={"help": "layer stacks whose diversity (Eq. 10) is rewarded; with both, the "
-                          "encoder's and the decoder's terms are combined by --diversity-combine"},
-    )
-    diversity_combine: ChoiceEnum(DIVERSITY_COMBINATIONS) = field(
-        default="sum",
-        metadata={"help": "how the sides' Eq. 10 terms combine: sum (each side weighs lambda) or mean "
-                          "(the two share lambda)"},
-    )
+    diversity_lambda: float = field(default=1.0, metadata={"help": (
+        "weight lambda of the layer-diversity reward (Dou et al. 2018, Eq. 9; loss = label-smoothed NLL - "
+        "lambda * diversity); must be >= 0")})
+    diversity_sides: ChoiceEnum(DIVERSITY_SIDES) = field(default="both", metadata={"help": (
+        "layer stacks whose diversity (Eq. 10) is rewarded; with both, the encoder's and the decoder's terms are "
+        "combined by --diversity-combine")})
+    diversity_combine: ChoiceEnum(DIVERSITY_COMBINATIONS) = field(default="sum", metadata={"help": (
+        "how the sides' Eq. 10 terms combine: sum (each side weighs lambda) or mean (the two share lambda)")})
 
 
 @register_criterion(NAME, dataclass=LabelSmoothedCrossEntropyWithLayerDiversityConfig)
@@ -137,8 +130,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
                     f"has 2 or more layers, so there is no layer diversity to reward; use more layers "
                     f"or --criterion label_smoothed_cross_entropy"
                 )
-            logits = net_output[0]
-            return logits.new_zeros((), dtype=torch.float32), per_side
+            return net_output[0].new_zeros((), dtype=torch.float32), per_side
         terms = torch.stack(list(per_side.values()))
         return (terms.sum() if self.diversity_combine == "sum" else terms.mean()), per_side
 
@@ -163,8 +155,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
                     f"(extra[{needs[side]!r}] is empty); it must be run with return_all_hiddens=True"
                 )
             if side == "encoder":
-                masks = extra.get("encoder_padding_mask") or []
-                padding_mask = masks[0] if len(masks) > 0 else None
+                padding_mask = (extra.get("encoder_padding_mask") or [None])[0]
             else:
                 padding_mask = sample["target"].eq(self.padding_idx)
             result[side] = (list(states), padding_mask)
