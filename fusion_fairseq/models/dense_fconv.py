@@ -148,21 +148,15 @@ def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
     warn_idle_summary_every(args)
 
 
-def dense_depths(args):
-    """``{side: number of layers}`` of the dense sides; ``--{side}-layers`` is a count (dense
-    Transformer) or a ConvS2S layer spec (dense ConvS2S)."""
+def warn_idle_summary_every(args):
+    """A warning, not an error (checkpoints trained with it keep loading), when --summary-every
+    builds no summary layer on any dense side: one follows every sumlen-1 layers below the top.
+    ``--{side}-layers`` is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)."""
     depths = {}
     for side in ("encoder", "decoder"):
         if not getattr(args, f"no_dense_{side}"):
             layers = getattr(args, f"{side}_layers")
             depths[side] = layers if isinstance(layers, int) else len(layer_spec(layers, f"--{side}-layers", None))
-    return depths
-
-
-def warn_idle_summary_every(args):
-    """A warning, not an error (checkpoints trained with it keep loading), when --summary-every
-    builds no summary layer on any dense side: one follows every sumlen-1 layers below the top."""
-    depths = dense_depths(args)
     if args.summary_every and not any(summary_positions(depth, args.summary_every) for depth in depths.values()):
         stacks = ", ".join(f"{side} {depth}" for side, depth in depths.items())
         logger.warning("flag without effect: --summary-every %d builds no summary layer (one follows every %d "
