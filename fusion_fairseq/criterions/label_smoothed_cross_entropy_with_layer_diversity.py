@@ -44,7 +44,6 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
-from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
@@ -81,36 +80,39 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
                  diversity_lambda=1.0, diversity_sides="both", diversity_combine="sum"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        self.diversity_lambda = float(diversity_lambda)
-        if not math.isfinite(self.diversity_lambda) or self.diversity_lambda < 0:
-            raise ConfigurationError(f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity "
-                                     f"reward, Dou et al. 2018 Eq. 9), got {self.diversity_lambda}")
-        self.diversity_sides, self.diversity_combine = str(diversity_sides), str(diversity_combine)
-        for flag, value, allowed in (("--diversity-sides", self.diversity_sides, DIVERSITY_SIDES),
-                                     ("--diversity-combine", self.diversity_combine, DIVERSITY_COMBINATIONS)):
-            if value not in allowed:
-                raise ConfigurationError(f"{flag} must be one of {allowed}, got {value!r}")
+        diversity_lambda = float(diversity_lambda)
+        if not math.isfinite(diversity_lambda) or diversity_lambda < 0:
+            raise ConfigurationError(
+                f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity reward, "
+                f"Dou et al. 2018 Eq. 9), got {diversity_lambda}"
+            )
+        for flag, value, allowed in (("--diversity-sides", diversity_sides, DIVERSITY_SIDES),
+                                     ("--diversity-combine", diversity_combine, DIVERSITY_COMBINATIONS)):
+            if str(value) not in allowed:
+                raise ConfigurationError(f"{flag} must be one of {allowed}, got {str(value)!r}")
+        self.diversity_lambda = diversity_lambda
+        self.diversity_sides = str(diversity_sides)
+        self.diversity_combine = str(diversity_combine)
+        self.diversity: Tuple[Tensor, Dict[str, Tensor]] = ()  # of the latest compute_loss
 
     def forward(self, model, sample, reduce=True):
-        net_output = model(**sample["net_input"])
-        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        """fairseq's forward, with L_div in the logs summed over the batch like the loss
+        (reduce_metrics divides by sample_size)."""
+        loss, sample_size, logging_output = super().forward(model, sample, reduce)
+        diversity, per_side = self.diversity
+        logging_output["layer_diversity"] = diversity.data * sample_size
+        for side, value in per_side.items():
+            logging_output[f"layer_diversity_{side}"] = value.data * sample_size
+        return loss, sample_size, logging_output
+
+    def compute_loss(self, model, net_output, sample, reduce=True):
+        loss, nll_loss = super().compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.diversity_lambda > 0):
-            diversity, per_side = self.compute_diversity(net_output, sample)
+            self.diversity = self.compute_diversity(net_output, sample)
         if reduce and self.diversity_lambda > 0:
-            loss = loss - self.diversity_lambda * sample_size * diversity.to(loss.dtype)
-        logging_output = {
-            "loss": loss.data, "nll_loss": nll_loss.data, "ntokens": sample["ntokens"],
-            "nsentences": sample["target"].size(0), "sample_size": sample_size,
-            # summed over the batch like the loss: reduce_metrics divides by sample_size
-            "layer_diversity": diversity.data * sample_size,
-            **{f"layer_diversity_{side}": value.data * sample_size for side, value in per_side.items()},
-        }
-        if self.report_accuracy:
-            n_correct, total = self.compute_accuracy(model, net_output, sample)
-            logging_output["n_correct"] = utils.item(n_correct.data)
-            logging_output["total"] = utils.item(total.data)
-        return loss, sample_size, logging_output
+            loss = loss - self.diversity_lambda * sample_size * self.diversity[0].to(loss.dtype)
+        return loss, nll_loss
 
     def compute_diversity(self, net_output, sample) -> Tuple[Tensor, Dict[str, Tensor]]:
         """L_div of the selected sides combined, and each side's Eq. 10 (float32 scalars)."""

@@ -148,21 +148,15 @@ def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
     warn_idle_summary_every(args)
 
 
-def dense_depths(args):
-    """``{side: number of layers}`` of the dense sides; ``--{side}-layers`` is a count (dense
-    Transformer) or a ConvS2S layer spec (dense ConvS2S)."""
+def warn_idle_summary_every(args):
+    """A warning, not an error (checkpoints trained with it keep loading), when --summary-every
+    builds no summary layer on any dense side: one follows every sumlen-1 layers below the top.
+    ``--{side}-layers`` is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)."""
     depths = {}
     for side in ("encoder", "decoder"):
         if not getattr(args, f"no_dense_{side}"):
             layers = getattr(args, f"{side}_layers")
             depths[side] = layers if isinstance(layers, int) else len(layer_spec(layers, f"--{side}-layers", None))
-    return depths
-
-
-def warn_idle_summary_every(args):
-    """A warning, not an error (checkpoints trained with it keep loading), when --summary-every
-    builds no summary layer on any dense side: one follows every sumlen-1 layers below the top."""
-    depths = dense_depths(args)
     if args.summary_every and not any(summary_positions(depth, args.summary_every) for depth in depths.values()):
         stacks = ", ".join(f"{side} {depth}" for side, depth in depths.items())
         logger.warning("flag without effect: --summary-every %d builds no summary layer (one follows every %d "
@@ -240,23 +234,22 @@ class DenseFConvEncoder(FConvEncoder):
     ``L_i(h_i)`` (zero at padding), values ``(keys + e) * sqrt(1/2)`` with ``e`` the input embedding.
     """
 
-    def __init__(self, dictionary, embed_dim: int, layers: List[Tuple[int, int]], dropout: float, max_positions: int,
-                 dense: bool, dense_attention: str, summary_every: int, bottleneck_dim: Optional[int],
-                 summary_layer: str = "conv"):
-        super().__init__(dictionary, embed_dim=embed_dim, max_positions=max_positions,
-                         convolutions=_PLACEHOLDER_SPEC, dropout=dropout)
-        del self.fc1, self.fc2, self.projections, self.convolutions
-        self.residuals = []
-        self.embed_tokens = build_token_embedding(dictionary, embed_dim, bottleneck_dim)
+    def __init__(self, args, dictionary):
+        embed_dim, dropout, layers = args.encoder_embed_dim, args.dropout, side_layers(args, "encoder")
+        super().__init__(dictionary, embed_dim=embed_dim, max_positions=getattr(args, "max_source_positions", None)
+                         or 1024, convolutions=_PLACEHOLDER_SPEC, dropout=dropout)
+        del self.fc1, self.fc2, self.projections, self.convolutions, self.residuals
+        self.embed_tokens = build_token_embedding(dictionary, embed_dim, args.embed_bottleneck_dim)
+        dense, dense_attention = not args.no_dense_encoder, args.dense_attention
         self.embed_dim, self.dense, self.dense_attention = embed_dim, dense, dense_attention
         self.layer_convolutions = nn.ModuleList()
         self.summaries = nn.ModuleDict()
         if dense:
-            plan = dense_plan([width for width, _ in layers], embed_dim, summary_every)
+            plan = dense_plan([width for width, _ in layers], embed_dim, args.summary_every)
             convolutions, summaries = build_dense_stack(
                 plan, lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout),
                 lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout)
-                if summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
+                if args.summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
             self.layer_convolutions.extend(convolutions)
             self.summaries.update(summaries)
             self.input_projection = self.residual_projections = None
@@ -347,15 +340,14 @@ class DenseFConvDecoder(FConvDecoder):
     fairseq reorders the encoder output itself.
     """
 
-    def __init__(self, dictionary, embed_dim: int, layers: List[Tuple[int, int]], out_embed_dim: int, dropout: float,
-                 max_positions: int, dense: bool, summary_every: int, bottleneck_dim: Optional[int],
-                 share_embed: bool, summary_layer: str = "conv"):
+    def __init__(self, args, dictionary):
+        embed_dim, dropout, layers = args.decoder_embed_dim, args.dropout, side_layers(args, "decoder")
+        out_embed_dim, max_positions = args.decoder_out_embed_dim, getattr(args, "max_target_positions", None) or 1024
         super().__init__(dictionary, embed_dim=embed_dim, out_embed_dim=out_embed_dim, max_positions=max_positions,
                          convolutions=_PLACEHOLDER_SPEC, attention=True, dropout=dropout, share_embed=False)
-        del self.fc1, self.fc2, self.fc3, self.projections, self.convolutions, self.attention
-        self.residuals = []
-        self.embed_tokens = build_token_embedding(dictionary, embed_dim, bottleneck_dim)
-        self.embed_dim, self.dense = embed_dim, dense
+        del self.fc1, self.fc2, self.fc3, self.projections, self.convolutions, self.attention, self.residuals
+        self.embed_tokens = build_token_embedding(dictionary, embed_dim, args.embed_bottleneck_dim)
+        self.embed_dim, self.dense = embed_dim, not args.no_dense_decoder
         self.convolutions = nn.ModuleList()
         self.attention = nn.ModuleList()
         self.summaries = nn.ModuleDict()
@@ -363,15 +355,15 @@ class DenseFConvDecoder(FConvDecoder):
         def causal_conv(in_dim, out_dim, kernel):
             return LinearizedConv1d(in_dim, 2 * out_dim, kernel, padding=kernel - 1, dropout=dropout)
 
-        if dense:
+        if self.dense:
             # Eq. 7: each layer adds its hidden state z (d) and its attention value a (d)
-            plan = dense_plan([2 * width for width, _ in layers], embed_dim, summary_every)
+            plan = dense_plan([2 * width for width, _ in layers], embed_dim, args.summary_every)
             built, summaries = build_dense_stack(
                 plan, lambda index, step: (causal_conv(step.in_dim, layers[index][0], layers[index][1]),
                                            DenseConvAttention(layers[index][0], embed_dim, out_dim=layers[index][0],
                                                               residual=False)),
                 lambda index, step: causal_conv(step.in_dim, step.out_dim, layers[index][1])
-                if summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
+                if args.summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
             self.summaries.update(summaries)
             self.input_projection = self.residual_projections = None
             top_width = final_width(plan, embed_dim)
@@ -388,7 +380,7 @@ class DenseFConvDecoder(FConvDecoder):
         # Sec. 3.1: "the output of the decoder is a linear transformation of the concatenation of
         # all layers" (of the top block with summary layers); ConvS2S's fc2 for a residual stack.
         self.fc2 = Linear(top_width, out_embed_dim)
-        if share_embed:
+        if args.share_input_output_embed:
             token_table = self.embed_tokens.weight
             if token_table.size(1) != out_embed_dim:
                 raise ConfigurationError(
@@ -479,17 +471,7 @@ class DenseFConvModel(FConvModel):
         if args.embed_bottleneck_dim is not None:
             # Sec. 4.2: the softmax matrix shrinks together with the embeddings
             args.decoder_out_embed_dim = args.embed_bottleneck_dim
-        encoder = DenseFConvEncoder(
-            task.source_dictionary, args.encoder_embed_dim, side_layers(args, "encoder"), args.dropout,
-            getattr(args, "max_source_positions", None) or 1024, dense=not args.no_dense_encoder,
-            dense_attention=args.dense_attention, summary_every=args.summary_every,
-            bottleneck_dim=args.embed_bottleneck_dim, summary_layer=args.summary_layer)
-        decoder = DenseFConvDecoder(
-            task.target_dictionary, args.decoder_embed_dim, side_layers(args, "decoder"), args.decoder_out_embed_dim,
-            args.dropout, getattr(args, "max_target_positions", None) or 1024, dense=not args.no_dense_decoder,
-            summary_every=args.summary_every, bottleneck_dim=args.embed_bottleneck_dim,
-            share_embed=args.share_input_output_embed, summary_layer=args.summary_layer)
-        return cls(encoder, decoder)
+        return cls(DenseFConvEncoder(args, task.source_dictionary), DenseFConvDecoder(args, task.target_dictionary))
 
 
 @register_model_architecture("dense_fconv", "dense_fconv")

@@ -23,11 +23,11 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor, nn
-from fairseq.models.transformer import Linear, TransformerDecoder, TransformerEncoder, TransformerModel
+from fairseq.models.transformer import Linear, TransformerEncoder, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
@@ -41,12 +41,12 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import layer_checkpointing
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, add_flags, as_namespace, fill_defaults, option, set_defaults,
+    POSITIVE_INT, add_flags, as_namespace, fill_defaults, option, set_defaults,
 )
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
-from .fusion_config import TransformerFlags
-from .fusion_decoder import decoder_output, embed_target
+from .fusion_config import TransformerDropouts
+from .fusion_decoder import FusionTransformerDecoder
 from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
 
@@ -203,7 +203,10 @@ class DenseTransformerEncoder(TransformerEncoder):
         }
 
 
-class DenseTransformerDecoder(TransformerDecoder):
+class DenseTransformerDecoder(FusionTransformerDecoder):
+    """The fusion decoder's stack wiring (embedding, per-layer calls, alignment, output) around a
+    dense stack (Eq. 7) or fairseq's residual one."""
+
     def __init__(self, args, dictionary, embed_tokens, source_groups: int):
         super().__init__(with_changes(args, decoder_layers=0), dictionary, embed_tokens, no_encoder_attn=False)
         d0 = args.decoder_embed_dim
@@ -228,53 +231,32 @@ class DenseTransformerDecoder(TransformerDecoder):
             top = d0
             self.layer_input_widths = [d0] * args.decoder_layers
         self.num_layers = len(self.layers)
+        self.aggregation.num_layers = self.num_layers
         # Sec. 3.1: the output is a linear transformation of the concatenation of the top block
         self.project_out_dim = Linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
 
-    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
-                         incremental_state=None, full_context_alignment: bool = False,
-                         alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        if alignment_layer is None:
-            alignment_layer = self.num_layers - 1
-        memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
-        memory_mask = (encoder_out["encoder_padding_mask"][0]
-                       if encoder_out and encoder_out["encoder_padding_mask"] else None)
-        x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
-        attn: Optional[Tensor] = None
-        inner_states: List[Optional[Tensor]] = [x]
+    def run_layer(self, index: int, states: List[Tensor], *args, **kwargs):
+        return self.call_layer(self.layers[index], *args, **kwargs)
 
-        def apply_layer(index: int, layer_input: Tensor):
-            nonlocal attn
-            self_attn_mask = None
-            if incremental_state is None and not full_context_alignment:
-                self_attn_mask = self.buffered_future_mask(layer_input)
-            output, layer_attn, _ = self.call_layer(
-                self.layers[index], layer_input, memory, memory_mask, incremental_state, self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask, need_attn=index == alignment_layer,
-                need_head_weights=index == alignment_layer)
-            inner_states.append(output)
-            if layer_attn is not None and index == alignment_layer:
-                attn = layer_attn.float().to(output)
+    def run_stack(self, x: Tensor, apply_layer):
+        if not self.dense:
+            return super().run_stack(x, apply_layer)
+        inner_states = [x]
+
+        def dense_layer(index: int, features: Tensor):
+            inner_states.append(apply_layer(index, features, inner_states))
             # Eq. 7: [z_l, a_l], a_l dropped out as in the residual add
-            return output, self.layers[index].attention_value
+            return inner_states[-1], self.layers[index].attention_value
 
-        if self.dense:
-            x = run_dense(x, len(self.layers), apply_layer, self.summaries, lambda summary, features: summary(features)).concat()
-        else:
-            for index in range(len(self.layers)):
-                x, _ = apply_layer(index, x)
-        return decoder_output(self, x, attn, alignment_heads, inner_states)
+        features = run_dense(x, self.num_layers, dense_layer, self.summaries, lambda summary, features: summary(features))
+        return features.concat(), inner_states
 
 
 @dataclass
-class DenseTransformerConfig(DenseConfig, TransformerFlags):
+class DenseTransformerConfig(DenseConfig, TransformerDropouts):
     """``--arch dense_transformer``: fairseq's Transformer flags and DenseNMT's; the growth
     dimension defaults to half the embedding size."""
 
-    attention_dropout: float = option(0.0, "dropout probability for attention weights", PROBABILITY,
-                                      declared_by_fairseq=True)
-    activation_dropout: float = option(0.0, "dropout probability after activation in FFN", PROBABILITY,
-                                       declared_by_fairseq=True)
     growth_dim: Optional[int] = option(
         None, "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding "
         "size", POSITIVE_INT, metavar="D", derive=lambda args: args.encoder_embed_dim // 2, structural=True,

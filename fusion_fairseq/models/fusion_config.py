@@ -78,7 +78,21 @@ TransformerFlags = make_dataclass("TransformerFlags", flat_fields(TransformerCon
 
 
 @dataclass
-class FusionTransformerConfig(TransformerFlags):
+class TransformerDropouts(TransformerFlags):
+    """fairseq's Transformer flags, its dropouts checked at build time: fairseq's parser takes any
+    float, and values from checkpoints or --model-overrides are not parsed at all. They keep their
+    place among fairseq's fields, above the plugin's: a bad --dropout is named as itself, not as the
+    --fusion-dropout it sets."""
+
+    dropout: float = option(0.1, "dropout probability", PROBABILITY, declared_by_fairseq=True)
+    attention_dropout: float = option(0.0, "dropout probability for attention weights", PROBABILITY,
+                                      declared_by_fairseq=True)
+    activation_dropout: float = option(0.0, "dropout probability after activation in FFN", PROBABILITY,
+                                       declared_by_fairseq=True)
+
+
+@dataclass
+class FusionTransformerConfig(TransformerDropouts):
     """The flags of ``--arch fusion_transformer``: fairseq's Transformer's and the fusion ones, with
     the defaults of the plain architecture (no fusion). Paper defaults:
 
@@ -91,14 +105,6 @@ class FusionTransformerConfig(TransformerFlags):
       for hard and 5 for soft SurfaceFusion (Sec. 4.1); lambda 0.8 (their Ro-En, base-size setting).
     """
 
-    # fairseq's flags, checked at build time: fairseq's parser takes any float, and values from
-    # checkpoints or --model-overrides are not parsed at all. They keep their place among fairseq's
-    # fields, above the fusion ones: a bad --dropout is named as itself, not as the --fusion-dropout it sets.
-    dropout: float = option(0.1, "dropout probability", PROBABILITY, declared_by_fairseq=True)
-    attention_dropout: float = option(0.0, "dropout probability for attention weights", PROBABILITY,
-                                      declared_by_fairseq=True)
-    activation_dropout: float = option(0.0, "dropout probability after activation in FFN", PROBABILITY,
-                                       declared_by_fairseq=True)
     encoder_layerdrop: float = option(0.0, "LayerDrop probability", PROBABILITY, declared_by_fairseq=True)
     decoder_layerdrop: float = option(0.0, "LayerDrop probability", PROBABILITY, declared_by_fairseq=True)
 

@@ -1,6 +1,6 @@
 """Transformer decoder with the fusion points of the plugin (see :class:`FusionTransformerDecoder`)."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from torch import Tensor
 from fairseq.models.transformer import TransformerDecoder
@@ -132,8 +132,8 @@ class FusionTransformerDecoder(TransformerDecoder):
             self_attn_mask = None
             if incremental_state is None and not full_context_alignment:
                 self_attn_mask = self.buffered_future_mask(layer_input)
-            output, layer_attn, _ = run_layer(
-                self.layers[index], states, layer_input, top_memory if memories is None else memories[index],
+            output, layer_attn, _ = self.run_layer(
+                index, states, layer_input, top_memory if memories is None else memories[index],
                 memory_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
                 self_attn_padding_mask=self_attn_padding_mask, need_attn=bool(index == alignment_layer),
                 need_head_weights=bool(index == alignment_layer))
@@ -141,8 +141,15 @@ class FusionTransformerDecoder(TransformerDecoder):
                 alignment["attn"] = layer_attn.float().to(output)
             return output
 
-        x, inner_states = self.aggregation.run(x, apply_layer)
+        x, inner_states = self.run_stack(x, apply_layer)
         return decoder_output(self, x, alignment.get("attn"), alignment_heads, inner_states)
+
+    def run_stack(self, x: Tensor, apply_layer) -> Tuple[Tensor, List[Tensor]]:
+        """The stack's output and its states [H^0, ..., H^L]; ``apply_layer(index, layer_input, states)``."""
+        return self.aggregation.run(x, apply_layer)
+
+    def run_layer(self, index: int, states: List[Tensor], *args, **kwargs):
+        return run_layer(self.layers[index], states, *args, **kwargs)
 
     def layer_memories(self, encoder_out: Optional[Dict[str, List[Tensor]]],
                        incremental_state: Optional[IncrementalState]) -> Optional[Tensor]:
