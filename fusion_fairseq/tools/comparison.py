@@ -7,19 +7,13 @@ dictionary), optimiser, learning-rate schedule, batch size, update budget and se
 run and writes the report (``results.md``, ``results.json``, ``learning_curves.png``; see
 :mod:`fusion_fairseq.tools.comparison_report`).
 
-The runner plans and leaves the rest to fairseq. It plans the rows (:data:`METHODS`, ``--methods``),
-the common width (``--width``; ``--small``), the free size parameter of the two models without an N+M
-encoder-decoder depth, chosen so that their parameter count is closest to the vanilla Transformer's
-(:func:`match_parameter`), and the budget (``--max-update N``, or ``auto``: :data:`BUDGET_RULE`). Every
-(method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``; an unfinished run is
-resumed by fairseq itself from ``checkpoints/checkpoint_last.pt`` (the runner first makes that file
-the newest checkpoint that reads: :func:`resume_from_newest_intact`). A trained run is scored with the
-average of its last :data:`AVERAGED` checkpoints: ``fairseq-generate`` (beam 5, ``--remove-bpe``) on
-every test set, then the data pipeline's hyps / detok / bleu steps (``fusion_fairseq.tools.corpus``:
-detokenised sacreBLEU against the raw reference, tokenised BLEU against the Moses-tokenised one).
-Its ``done.json`` is written last and marks it as finished: it is never retrained. A run whose stored
-fairseq-train arguments differ from the ones asked for is refused (use another ``--out``). Run the
-same command again to continue.
+The runner plans (the rows, the common ``--width``, the matched size of the two models without an N+M
+depth: :func:`match_parameter`, and the budget: ``--max-update N`` or ``auto``, :data:`BUDGET_RULE`) and
+leaves the rest to fairseq: every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
+resumed by fairseq from ``checkpoint_last.pt`` (:func:`resume_from_newest_intact` first makes that the
+newest checkpoint that reads). A trained run is scored with the average of its last :data:`AVERAGED`
+checkpoints (``fairseq-generate``, then ``corpus.score``); its ``done.json``, written last, marks it as
+finished and it is never retrained. A run whose stored fairseq-train arguments differ is refused.
 """
 
 import argparse
@@ -40,7 +34,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_fairseq.tools.common import cpu_name, device_name, positive_int
+from fusion_fairseq.tools.common import cpu_name, device_name, positive_int, replace_atomically
+from fusion_fairseq.tools import corpus
+from fusion_fairseq.tools.corpus import read_recipe_env
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -296,17 +292,9 @@ def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe
 
 
 # --------------------------------------------------------------------------------------------- data
-def read_recipe_env(data_bin: str) -> dict:
-    from fusion_fairseq.tools import corpus
-
-    return corpus.read_recipe_env(data_bin)
-
-
 def prepare_data(args) -> str:
     """The binarised data: ``--data-bin`` as given, else ``OUT/data/data-bin`` made (once) by
     ``fusion_fairseq.tools.corpus prepare multi30k --from RAW`` (joint BPE, joined dictionary)."""
-    from fusion_fairseq.tools import corpus
-
     if args.data_bin:
         data_bin = os.path.abspath(args.data_bin)
         if not os.path.isfile(os.path.join(data_bin, "recipe.env")):
@@ -345,15 +333,11 @@ def prepare_data(args) -> str:
 
 def dictionary_size(data_bin: str, recipe: dict) -> int:
     src, tgt = recipe["SRC"], recipe["TGT"]
-    paths = [os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)]
-    texts = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            texts.append(f.read())
+    texts = [corpus.read_lines(os.path.join(data_bin, f"dict.{lang}.txt")) for lang in (src, tgt)]
     if texts[0] != texts[1]:
         raise ComparisonError(f"{data_bin}: the dictionaries of {src} and {tgt} differ; every method shares one joint "
                               "vocabulary (binarise with --joined-dictionary)")
-    return 4 + sum(1 for line in texts[0].splitlines() if line.strip())
+    return 4 + sum(1 for line in texts[0] if line.strip())
 
 
 # --------------------------------------------------------------------------------------------- plan
@@ -413,11 +397,7 @@ def make_plan(methods: List[Method], width: Width, settings, data_bin: str, reci
 
 
 def _write_json(path: str, data) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    replace_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
 
 
 def _read_json(path: str):
@@ -703,17 +683,15 @@ def training_record(log_path: str) -> dict:
     """Training time, speed, devices and code commits of a run, from its log: every fairseq-train the runner
     started (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
     starts = []
-    if os.path.isfile(log_path):
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(TRAINING_MARK):
-                    starts.append(dict(json.loads(line[len(TRAINING_MARK):]), end=None, reached=None))
-                elif starts:
-                    stamp, update = FAIRSEQ_TIME.match(line), LOGGED_UPDATE.search(line)
-                    if stamp:
-                        starts[-1]["end"] = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
-                    if update:
-                        starts[-1]["reached"] = int(update.group(1))
+    for line in _log_lines(log_path):
+        if line.startswith(TRAINING_MARK):
+            starts.append(dict(json.loads(line[len(TRAINING_MARK):]), end=None, reached=None))
+        elif starts:
+            stamp, update = FAIRSEQ_TIME.match(line), LOGGED_UPDATE.search(line)
+            if stamp:
+                starts[-1]["end"] = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
+            if update:
+                starts[-1]["reached"] = int(update.group(1))
     seconds = sum(max(0.0, (s["end"] or s["start"]) - s["start"]) for s in starts)
     updates = sum(max(0, (s["reached"] or s["from"]) - s["from"]) for s in starts)
     return {"train_seconds": round(seconds, 1), "updates_per_second": round(updates / max(1e-9, seconds), 3),
@@ -721,15 +699,20 @@ def training_record(log_path: str) -> dict:
             "trained_by": sorted({s.get("commit") or "unknown" for s in starts})}
 
 
+def _log_lines(log_path: str) -> List[str]:
+    if not os.path.isfile(log_path):
+        return []
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return f.readlines()
+
+
+def _last_number(log_path: str, pattern) -> Optional[int]:
+    found = [m.group(1) for m in map(re.compile(pattern).search, _log_lines(log_path)) if m]
+    return int(found[-1].replace(",", "")) if found else None
+
+
 def last_logged_update(log_path: str) -> int:
-    last = 0
-    if os.path.isfile(log_path):
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                m = LOGGED_UPDATE.search(line)
-                if m:
-                    last = int(m.group(1))
-    return last
+    return _last_number(log_path, LOGGED_UPDATE) or 0
 
 
 VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
@@ -739,18 +722,12 @@ def learning_curve(log_path: str) -> Dict[int, float]:
     """{update: validation NLL (base 2)} from fairseq's json log lines (a resumed run's repeated
     updates: the latest value)."""
     curve: Dict[int, float] = {}
-    if not os.path.isfile(log_path):
-        return curve
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = VALID_LINE.search(line)
-            if not m:
-                continue
-            try:
-                stats = json.loads(m.group(1))
-                curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
-            except (ValueError, KeyError):
-                continue
+    for m in filter(None, map(VALID_LINE.search, _log_lines(log_path))):
+        try:
+            stats = json.loads(m.group(1))
+            curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
+        except (ValueError, KeyError):
+            continue
     return dict(sorted(curve.items()))
 
 
@@ -760,13 +737,7 @@ def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
 
 
 def logged_parameters(log_path: str) -> Optional[int]:
-    found = None
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
-            if m:
-                found = int(m.group(1).replace(",", ""))
-    return found
+    return _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)")
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
@@ -839,8 +810,6 @@ def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: 
     tokenised BLEU as ``fusion_fairseq.tools.corpus evaluate`` computes them. Returns the scores (and the hypothesis file)."""
     from fairseq import options
     import fairseq_cli.generate as fairseq_generate
-    from fusion_fairseq.tools import corpus
-
     recipe = config["recipe"]
     os.makedirs(out_dir, exist_ok=True)
     gen_argv = [test_set["data"], "--path", checkpoint, "--gen-subset", "test",
@@ -851,22 +820,11 @@ def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: 
     print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
     with GENERATING:  # fairseq-generate's own code, in this process (no start-up cost per test set), one at a time
         fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
-    hyp_tok, hyp_detok = os.path.join(out_dir, "hyp.tok"), os.path.join(out_dir, "hyp.detok")
-    with open(test_set["raw_ref"], encoding="utf-8") as f:
-        n_ref = sum(1 for _ in f)
-    corpus.main(["hyps", os.path.join(out_dir, "generate-test.txt"), "--hyp", hyp_tok,
-               "--ref", os.path.join(out_dir, "ref.fairseq.tok"), "--expect", str(n_ref)])
-    corpus.main(["detok", "--lang", recipe["TGT"], "-i", hyp_tok, "-o", hyp_detok])
-    bleu_argv = ["bleu", "--hyp-detok", hyp_detok, "--ref", test_set["raw_ref"], "--hyp-tok", hyp_tok,
-                 "--tok-ref", test_set["tok_ref"], "--json", os.path.join(out_dir, "scores.json")]
-    if recipe.get("LOWERCASE", "0") == "1":
-        bleu_argv.append("--lowercase")
-    if recipe.get("COMPOUND_SPLIT", "0") == "1":
-        bleu_argv.append("--compound-split")
-    corpus.main(bleu_argv)
-    scores = _read_json(os.path.join(out_dir, "scores.json"))
+    scores = corpus.score(os.path.join(out_dir, "generate-test.txt"), out_dir, recipe["TGT"], test_set["raw_ref"],
+                          test_set["tok_ref"], recipe.get("LOWERCASE", "0") == "1", recipe.get("COMPOUND_SPLIT", "0") == "1")
     keys = ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")
-    return {**{key: scores[key] for key in keys}, "hyp_detok": hyp_detok, "raw_ref": test_set["raw_ref"]}
+    return {**{key: scores[key] for key in keys}, "hyp_detok": os.path.join(out_dir, "hyp.detok"),
+            "raw_ref": test_set["raw_ref"]}
 
 
 # ------------------------------------------------------------------------------------------- test sets
@@ -900,8 +858,6 @@ def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str)
 
 
 def _binarise_test_set(raw_prefix: str, where: str, codes: str, data_bin: str, recipe: dict) -> None:
-    from fusion_fairseq.tools import corpus
-
     src, tgt = recipe["SRC"], recipe["TGT"]
     for lang in (src, tgt):
         raw = corpus.read_lines(f"{raw_prefix}.{lang}")
@@ -1285,20 +1241,18 @@ def check_method_choice(settings, names: List[str]) -> None:
 def check_checkpoint_alignment(settings) -> None:
     """Every update a run stops at is a multiple of --eval-every: fairseq writes the interval checkpoints
     (the resume points and the averaged ones) only there."""
-    every = settings.eval_every
-    why = f"not a multiple of --eval-every {every}, the only updates with a checkpoint"
-    if settings.max_update == "auto" and settings.lr_schedule == "polynomial":
+    every, auto = settings.eval_every, settings.max_update == "auto"
+    if auto and settings.lr_schedule == "polynomial":
         raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
                               "training; give --max-update N")
-    if settings.max_update == "auto":
-        if BUDGET_STEP % every:
-            raise ComparisonError(f"--max-update auto: its budgets are multiples of {BUDGET_STEP}, {why}")
-        if settings.provisional_update % every:
-            raise ComparisonError(f"--provisional-update {settings.provisional_update}: {why}")
-    elif settings.max_update % every:
-        raise ComparisonError(f"--max-update {settings.max_update}: {why}")
-    if settings.finetune_update % every and any(method.init for method in resolve_methods(settings.methods)):
-        raise ComparisonError(f"--finetune-update {settings.finetune_update}: {why}")
+    for what, updates, applies in (
+            (f"--max-update auto: its budgets are multiples of {BUDGET_STEP},", BUDGET_STEP, auto),
+            (f"--provisional-update {settings.provisional_update}:", settings.provisional_update, auto),
+            (f"--max-update {settings.max_update}:", settings.max_update, not auto),
+            (f"--finetune-update {settings.finetune_update}:", settings.finetune_update,
+             any(method.init for method in resolve_methods(settings.methods)))):
+        if applies and updates % every:
+            raise ComparisonError(f"{what} not a multiple of --eval-every {every}, the only updates with a checkpoint")
 
 
 def _cuda_available() -> bool:
