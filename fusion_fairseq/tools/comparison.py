@@ -18,6 +18,7 @@ finished and it is never retrained. A run whose stored fairseq-train arguments d
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -279,16 +280,6 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
             raise ValueError(f"{method.name}: {method.match} not matched yet")
         flags += [method.match, str(matched)]
     return flags
-
-
-def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
-               total: Optional[int] = None, init: Optional[str] = None) -> List[str]:
-    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_run`);
-    ``total``: the run's budget, which the polynomial schedule anneals to; ``init``: the checkpoint it starts from."""
-    return [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
-            *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"], total),
-            "--seed", str(seed), *(["--finetune-from-model", init] if init else []),
-            *shlex.split(settings.train_args or "")]
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -569,14 +560,6 @@ def _set_aside_unreadable(last: str, last_updates: Optional[int]) -> None:
         print(f"[compare] {last} is unreadable (kept as {aside})", flush=True)
 
 
-def installed_packages() -> List[str]:
-    """name==version of every installed distribution, sorted: what a run ran with."""
-    import importlib.metadata
-
-    return sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-                   if d.metadata["Name"]}, key=str.lower)
-
-
 def code_commit() -> Optional[str]:
     """The commit of the code that runs (``+modified`` when tracked files differ from it); None outside git."""
     def git(*args):
@@ -597,19 +580,16 @@ def device_flags(device: str) -> List[str]:
     return ["--cpu"] if device == "cpu" else []
 
 
-def device_description(device: str, threads: Optional[int]) -> str:
-    import torch
-
-    if device == "cuda" and torch.cuda.is_available():
-        return f"{device_name(device)} (CUDA)"
-    return f"CPU {cpu_name()}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads"
-
-
 def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
                total: Optional[int] = None, init: Optional[str] = None) -> dict:
     return {
         "method": method.name, "seed": seed, "arch": method.arch, "params": plan_entry["params"],
-        "train_argv": train_argv(method, plan_entry, settings, data_bin, recipe, seed, total, init),
+        # fairseq-train's argv without the budget, the save dir and the device (see train_run); the polynomial
+        # schedule anneals to ``total``, the run's budget; ``init``: the checkpoint it starts from
+        "train_argv": [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
+                       *(method.criterion or DEFAULT_CRITERION),
+                       *common_train_flags(settings, recipe["SRC"], recipe["TGT"], total), "--seed", str(seed),
+                       *(["--finetune-from-model", init] if init else []), *shlex.split(settings.train_args or "")],
         "data_bin": data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": recipe,
         "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints,
     }
@@ -652,11 +632,14 @@ def train_run(rdir: str, target: int) -> None:
     starts, an unfinished one resumes from its ``checkpoint_last.pt`` (fairseq's default ``--restore-file`` in
     the same ``--save-dir``). The plugin is the one beside this file (``--user-dir``, and first on the path),
     and ``-m`` imports from the working directory first: the run directory, never another checkout."""
+    import torch
+
     config = _read_json(os.path.join(rdir, "config.json"))
     save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
     resume_from_newest_intact(save_dir)
     start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
-             "device": device_description(config["device"], config["threads"])}
+             "device": f"{device_name('cuda')} (CUDA)" if config["device"] == "cuda" and torch.cuda.is_available() else
+             f"CPU {cpu_name()}, {os.cpu_count()} cores, {config['threads'] or torch.get_num_threads()} torch threads"}
     argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir, *device_flags(config["device"])]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
@@ -793,7 +776,8 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
         "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
         "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-        "packages": installed_packages(),
+        "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                            if d.metadata["Name"]}, key=str.lower),  # what the run ran with
     }
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
     if not config.get("keep_checkpoints"):
@@ -846,29 +830,24 @@ def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str)
                       "tok_ref": os.path.join(where, f"tok.{tgt}")}
         if os.path.isfile(os.path.join(where, "bin", "done")):
             continue
-        raw_dir = raw
-        needed = [os.path.join(raw_dir or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
+        needed = [os.path.join(raw or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
         missing = [path for path in needed if not os.path.isfile(path)]
         if missing:
             raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw DIR "
                                   "with the Multi30k test files, and data made by corpus prepare multi30k)")
         log(f"preparing the test set {name}")
-        _binarise_test_set(os.path.join(raw_dir, name), where, codes, data_bin, recipe)
+        for lang in (src, tgt):
+            lines = {"raw": corpus.read_lines(os.path.join(raw, f"{name}.{lang}"))}
+            tokeniser = (lang, corpus.CORPORA["multi30k"].steps, recipe.get("LOWERCASE", "0") == "1")
+            lines["tok"] = corpus.parallel_map(corpus.Tokeniser, tokeniser, lines["raw"], 1)
+            lines["test"] = corpus.parallel_map(corpus.Segmenter, (codes,), lines["tok"], 1)
+            for kind, text in lines.items():
+                corpus.write_lines(os.path.join(where, f"{kind}.{lang}"), text)
+        corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
+            os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
+        with open(os.path.join(where, "bin", "done"), "w", encoding="utf-8") as f:
+            f.write("\n")
     return sets
-
-
-def _binarise_test_set(raw_prefix: str, where: str, codes: str, data_bin: str, recipe: dict) -> None:
-    src, tgt = recipe["SRC"], recipe["TGT"]
-    for lang in (src, tgt):
-        raw = corpus.read_lines(f"{raw_prefix}.{lang}")
-        tokeniser = (lang, corpus.CORPORA["multi30k"].steps, recipe.get("LOWERCASE", "0") == "1")
-        tok = corpus.parallel_map(corpus.Tokeniser, tokeniser, raw, 1)
-        for name, lines in (("raw", raw), ("tok", tok), ("test", corpus.parallel_map(corpus.Segmenter, (codes,), tok, 1))):
-            corpus.write_lines(os.path.join(where, f"{name}.{lang}"), lines)
-    corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
-        os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
-    with open(os.path.join(where, "bin", "done"), "w", encoding="utf-8") as f:
-        f.write("\n")
 
 
 # ------------------------------------------------------------------------------------------ the runs
@@ -1089,10 +1068,6 @@ class Experiment:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def _budget(text):
-    return "auto" if text == "auto" else positive_int(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compare_methods.py",
@@ -1122,7 +1097,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=_budget, default=800,
+    g.add_argument("--max-update", type=lambda text: text if text == "auto" else positive_int(text), default=800,
                    help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
                    BUDGET_RULE + ")")
     g.add_argument("--provisional-update", type=positive_int, default=4000,
@@ -1174,7 +1149,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     check_method_choice(settings, [m.name for m in methods])
     check_checkpoint_alignment(settings)
     if settings.device is None:
-        settings.device = "cuda" if _cuda_available() else "cpu"
+        import torch
+
+        settings.device = "cuda" if torch.cuda.is_available() else "cpu"
     if settings.threads is None and settings.device == "cpu" and settings.jobs > 1:
         settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)  # the cores shared out
     if settings.threads:
@@ -1253,15 +1230,6 @@ def check_checkpoint_alignment(settings) -> None:
              any(method.init for method in resolve_methods(settings.methods)))):
         if applies and updates % every:
             raise ComparisonError(f"{what} not a multiple of --eval-every {every}, the only updates with a checkpoint")
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 if __name__ == "__main__":
