@@ -307,6 +307,13 @@ def _duration(seconds: Optional[float]) -> str:
     return "–" if seconds is None else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
+def _table(title: str, intro: str, columns: Sequence[str], rows: List[List[str]]) -> List[str]:
+    """A markdown section: its title, its intro and one table; a column named "-NAME" is left-aligned."""
+    return ["", f"## {title}", "", *([intro, ""] if intro else []), "| " + " | ".join(c.lstrip("-") for c in columns) + " |",
+            "|" + "".join("---|" if c.startswith("-") or c == columns[0] else "---:|" for c in columns),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
+
+
 def markdown(results: dict) -> str:
     return "\n".join([*header(results), *summary_table(results), *test_set_table(results["methods"]),
                       *runs_table(results), *checks(results), *methods_table(results["methods"]),
@@ -344,12 +351,7 @@ def summary_table(results: dict) -> List[str]:
     reference's; their mean; Δ to the baseline with its 95% interval and the verdict."""
     rows, seeds = results["methods"], results["settings"]["seeds"]
     base_params = next((r["params"] for r in rows if r["method"] == "transformer"), None)
-    lines = ["", "## Summary", "", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the "
-             f"output's length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: "
-             f"{VERDICT_RULE}.", "",
-             "| method | params | vs Transformer | " + " | ".join(f"seed {seed}" for seed in seeds)
-             + " | mean ± std | baseline | Δ [95% interval] | verdict |",
-             "|---|---:|---:|" + "---:|" * (len(seeds) + 1) + "---|---:|---|"]
+    table = []
     for r in rows:
         by_seed = {run["seed"]: run for run in r["runs"]}
         cells = []
@@ -360,40 +362,35 @@ def summary_table(results: dict) -> List[str]:
                 flag = " ⚠" if abs(run["length_ratio"] - 1) > LENGTH_TOLERANCE else ""
                 cells.append(f"{run['test']['all']:.2f} ({run['length_ratio']:.2f}{flag})")
         params = r["params"]
-        versus = f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–"
         own = r["method"] == r["baseline"]
-        verdict = "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"
-        lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | {versus} | " + " | ".join(cells)
-                     + f" | {_mean_std(r['test']['all'])} | {'–' if own else r['baseline']} | {_interval(r.get('verdict'))}"
-                     f" | {verdict} |")
-    return lines
+        table.append([r["title"], f"{params:,}" if params else "–",
+                      f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–", *cells,
+                      _mean_std(r["test"]["all"]), "–" if own else r["baseline"], _interval(r.get("verdict")),
+                      "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"])
+    return _table("Summary", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the output's "
+                  f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: {VERDICT_RULE}.",
+                  ["method", "params", "vs Transformer", *(f"seed {seed}" for seed in seeds), "mean ± std",
+                   "-baseline", "Δ [95% interval]", "-verdict"], table)
 
 
 def test_set_table(rows: List[dict]) -> List[str]:
-    lines = ["", "## Every test set", "", "sacreBLEU, mean ± sample std over the finished seeds; tokenised BLEU on "
-             f"{TEST_SETS[0]}.", "",
-             "| method | " + " | ".join(name.replace("test_", "") for name in TEST_SETS) + " | all four | tokenised |",
-             "|---|" + "---:|" * (len(TEST_SETS) + 2)]
-    for r in rows:
-        cells = [_mean_std(r["test"][name]) for name in (*TEST_SETS, "all")] + [_mean_std(r["tokenized_bleu"])]
-        lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
-    return lines
+    return _table("Every test set", f"sacreBLEU, mean ± sample std over the finished seeds; tokenised BLEU on "
+                  f"{TEST_SETS[0]}.", ["method", *(name.replace("test_", "") for name in TEST_SETS), "all four",
+                                       "tokenised"],
+                  [[r["title"], *(_mean_std(r["test"][name]) for name in (*TEST_SETS, "all")),
+                    _mean_std(r["tokenized_bleu"])] for r in rows])
 
 
 def runs_table(results: dict) -> List[str]:
-    lines = ["", "## Runs", "", "Paired: sacreBLEU's paired bootstrap against the baseline of the same seed "
-             f"({BOOTSTRAP_SAMPLES} resamples of the four test sets together; Δ [95% interval], p). Times are "
-             "wall-clock under whatever else the machine ran: they do not compare speed.", "",
-             "| method | seed | status | updates | paired | training | updates/s | decoding | device |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in results["methods"]:
-        for run in r["runs"]:
-            paired = run.get("paired")
-            lines.append(f"| {r['method']} | {run['seed']} | {run['status']} | {run.get('updates', 0)} | "
-                         + (f"{_interval(paired)}, p {paired['p_value']:.3f}" if paired else "–")
-                         + f" | {_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
-                         f"{_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} |")
-    return lines
+    return _table("Runs", f"Paired: sacreBLEU's paired bootstrap against the baseline of the same seed "
+                  f"({BOOTSTRAP_SAMPLES} resamples of the four test sets together; Δ [95% interval], p). Times are "
+                  "wall-clock under whatever else the machine ran: they do not compare speed.",
+                  ["method", "seed", "-status", "updates", "paired", "training", "updates/s", "decoding", "-device"],
+                  [[r["method"], run["seed"], run["status"], run.get("updates", 0),
+                    f"{_interval(run['paired'])}, p {run['paired']['p_value']:.3f}" if run.get("paired") else "–",
+                    _duration(run.get("train_seconds")), run.get("updates_per_second", "–"),
+                    _duration(run.get("generate_seconds")), "; ".join(run.get("devices", [])) or "–"]
+                   for r in results["methods"] for run in r["runs"]])
 
 
 def checks(results: dict) -> List[str]:
@@ -414,17 +411,16 @@ def checks(results: dict) -> List[str]:
 
 
 def methods_table(rows: List[dict]) -> List[str]:
-    lines = ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | paper's gap | note |",
-             "|---|---|---|---|---|---|"]
+    table = []
     for r in rows:
         flags = [f"--arch {r['arch']}", " ".join(r["method_flags"])]
         if r.get("matched"):
             (flag, value), = r["matched"].items()
             flags.append(f"{flag} {value} (matched)")
-        gap = f"{r['paper_gap'][0]:+.2f} ({r['paper_gap'][1]})" if r.get("paper_gap") else "–"
-        lines.append(f"| {r['title']} | {r['paper']} | `{' '.join(f for f in flags if f)}` | "
-                     f"`{' '.join(r['criterion'][1:2])}` | {gap} | {r['note']} |")
-    return lines
+        table.append([r["title"], r["paper"], f"`{' '.join(f for f in flags if f)}`", f"`{' '.join(r['criterion'][1:2])}`",
+                      f"{r['paper_gap'][0]:+.2f} ({r['paper_gap'][1]})" if r.get("paper_gap") else "–", r["note"]])
+    return _table("Methods", "", ["-method", "-paper", "-flags (besides the common width)", "-criterion",
+                                  "-paper's gap", "-note"], table)
 
 
 def plot_curves(results: dict, path: str) -> None:
