@@ -17,6 +17,7 @@ finished and it is never retrained. A run whose stored fairseq-train arguments d
 """
 
 import argparse
+import bisect
 import contextlib
 import importlib.metadata
 import json
@@ -48,8 +49,6 @@ def log(message: str = "") -> None:
 
 
 class ComparisonError(SystemExit):
-    """A user-facing error (exits with status 1, printing the message)."""
-
     def __init__(self, message: str):
         super().__init__(f"compare_methods: error: {message}")
 
@@ -77,6 +76,8 @@ class Method:
     baseline: str = "transformer"
 
 
+DIVERSITY_CRITERION = ("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
+                       "--diversity-lambda", "1.0")
 #: One headline configuration per paper, at the common width. Order = table order.
 METHODS: Dict[str, Method] = {m.name: m for m in (
     Method("transformer", "Transformer (baseline)", "fairseq's vanilla Transformer", "transformer",
@@ -87,8 +88,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            paper_gap=(+0.92, "IWSLT14 De-En, Table 2: 33.59 vs the 3-layer Transformer with restarted Adam, 32.67")),
     Method("deeprep", "Deep representations: hierarchical + diversity", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
-           criterion=("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
-                      "--diversity-lambda", "1.0"),
+           criterion=DIVERSITY_CRITERION,
            note="hierarchical layer aggregation on both sides + layer-diversity regulariser, lambda 1.0 (the "
                 "paper's final system); trained from scratch like every row (the paper fine-tunes from the vanilla model)",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
@@ -126,8 +126,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
                 "schedule: the baseline of deeprep_finetuned"),
     Method("deeprep_finetuned", "Deep representations, fine-tuned from the Transformer", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
-           criterion=("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
-                      "--diversity-lambda", "1.0"), init="transformer", baseline="transformer_continued",
+           criterion=DIVERSITY_CRITERION, init="transformer", baseline="transformer_continued",
            note="as deeprep, but starting from the Transformer's final averaged checkpoint of the same seed and "
                 "trained --finetune-update more updates with the same schedule, as the paper trains it",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
@@ -218,24 +217,12 @@ def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int,
     seen: Dict[int, int] = {}
 
     def at(i):
-        value = candidates[i]
-        if value not in seen:
-            seen[value] = count(value)
-        return seen[value]
+        if candidates[i] not in seen:
+            seen[candidates[i]] = count(candidates[i])
+        return seen[candidates[i]]
 
-    lo, hi = 0, len(candidates) - 1
-    if at(hi) < target:
-        lo = hi
-    else:
-        while lo < hi:  # first index with count >= target
-            mid = (lo + hi) // 2
-            if at(mid) >= target:
-                hi = mid
-            else:
-                lo = mid + 1
-    best = lo
-    if lo > 0 and abs(at(lo - 1) - target) <= abs(at(lo) - target):
-        best = lo - 1
+    lo = min(bisect.bisect_left(range(len(candidates)), target, key=at), len(candidates) - 1)  # first count >= target
+    best = lo - 1 if lo > 0 and abs(at(lo - 1) - target) <= abs(at(lo) - target) else lo
     return candidates[best], at(best), seen
 
 
@@ -251,8 +238,7 @@ def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) ->
 
 
 def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: Optional[int] = None) -> List[str]:
-    """Everything but the model, the criterion, the seed, the budget, the device and the paths: identical for all
-    (``total``: the updates the schedule anneals to, see :func:`schedule_flags`)."""
+    """The flags identical for all runs (``total``: see :func:`schedule_flags`)."""
     return [
         "--task", "translation", "--source-lang", src, "--target-lang", tgt,
         "--dropout", str(settings.dropout),
@@ -362,8 +348,7 @@ def _build_counter(data_bin: str, settings, recipe: dict):
 
 
 def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
-    """Model flags and parameter counts of every method, the matched sizes solved here; recorded in
-    ``OUT/plan.json``."""
+    """Model flags and parameter counts of every method (the matched sizes solved), into ``OUT/plan.json``."""
     log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
     count = _build_counter(data_bin, settings, recipe)
     baseline = METHODS["transformer"]
@@ -450,7 +435,6 @@ def calibrated_budget(plateau: int) -> int:
 
 
 def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
-    """(update, NLL) of the best validation at or before ``budget``."""
     update = min((u for u in curve if u <= budget), key=lambda u: (curve[u], u))
     return update, curve[update]
 
@@ -517,7 +501,7 @@ def saved_updates(save_dir: str) -> int:
 
 
 def checkpoint_updates(path: str) -> Optional[int]:
-    """The update count stored in checkpoint ``path``; None when it cannot be read (truncated, empty)."""
+    """None when the file cannot be read (truncated, empty)."""
     import torch
 
     import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
@@ -611,7 +595,6 @@ def check_config(rdir: str, config: dict) -> None:
 
 
 def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
-    """{flag: the values after it} of an argv (positional arguments under "")."""
     values: Dict[str, List[str]] = {"": []}
     flag = ""
     for item in argv:
@@ -702,8 +685,7 @@ VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
 
 
 def learning_curve(log_path: str) -> Dict[int, float]:
-    """{update: validation NLL (base 2)} from fairseq's json log lines (a resumed run's repeated
-    updates: the latest value)."""
+    """{update: validation NLL (bits)}; a resumed run's repeated updates: the latest value."""
     curve: Dict[int, float] = {}
     for m in filter(None, map(VALID_LINE.search, _log_lines(log_path))):
         try:
@@ -715,7 +697,6 @@ def learning_curve(log_path: str) -> Dict[int, float]:
 
 
 def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
-    """The first validated update whose NLL is at most ``target`` (None: never, so far)."""
     return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
 
 
@@ -739,8 +720,8 @@ def final_average(save_dir: str, budget: int, interval: int) -> str:
 
 
 def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) -> List[int]:
-    """The updates of the last :data:`AVERAGED` checkpoints every ``interval`` updates up to ``budget``
-    (fewer only when the budget holds fewer intervals); an error when one of them is missing."""
+    """The updates of the last :data:`AVERAGED` interval checkpoints up to ``budget`` (fewer only when
+    the budget holds fewer); an error when one is missing."""
     wanted = list(range(budget - budget % interval, 0, -interval))[:AVERAGED][::-1]
     missing = [u for u in wanted if u not in checkpoints]
     if missing:
@@ -750,8 +731,8 @@ def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) ->
 
 
 def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
-    """Translate every test set with the average of the run's last checkpoints up to ``budget``, score it,
-    and write ``done.json`` last; then remove the checkpoints that only served resuming."""
+    """Score the average of the last checkpoints up to ``budget`` on every test set, write ``done.json``
+    last, then remove the checkpoints that only served resuming."""
     from fusion_fairseq.tools.comparison_report import concatenated_bleu, write_sentence_statistics
 
     config = _read_json(os.path.join(rdir, "config.json"))
@@ -790,8 +771,7 @@ GENERATING = threading.Lock()
 
 
 def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:
-    """fairseq-generate (beam, --remove-bpe) on one binarised test set, then detokenised sacreBLEU and
-    tokenised BLEU as ``fusion_fairseq.tools.corpus evaluate`` computes them. Returns the scores (and the hypothesis file)."""
+    """fairseq-generate on one binarised test set, scored as ``corpus evaluate`` scores."""
     from fairseq import options
     import fairseq_cli.generate as fairseq_generate
     recipe = config["recipe"]
@@ -867,8 +847,7 @@ class Experiment:
         return prepare_test_sets(self.data_bin, self.recipe, self.settings.raw, self.out)
 
     def runs(self) -> List[Tuple[str, int]]:
-        """(method, seed) in training order: seed-major, so the first pieces are a full one-seed table; the
-        third seed of the 6+6 comparison last."""
+        """(method, seed), seed-major: the first runs make a full one-seed table; the third seed last."""
         third = _read_json(os.path.join(self.out, "third_seed.json")) or {"seed": None, "methods": []}
         return ([(method.name, seed) for seed in self.settings.seeds for method in self.methods] +
                 [(method.name, third["seed"]) for method in self.methods if method.name in third["methods"]])
@@ -877,7 +856,6 @@ class Experiment:
         return [seed for method, seed in self.runs() if method == name]
 
     def method(self, name: str) -> Optional[Method]:
-        """The method of that name; the composition only once it is chosen."""
         if name != COMPOSITION:
             return METHODS[name]
         chosen = _read_json(os.path.join(self.out, "composition.json"))
@@ -901,7 +879,6 @@ class Experiment:
         return known["budget"] if known else None
 
     def run_budget(self, name: str) -> Optional[int]:
-        """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
         method = self.method(name)
         return self.settings.finetune_update if method and method.init else self.budget()
 
@@ -916,8 +893,7 @@ class Experiment:
             _write_json(path, {"max_update": asked, "budget": asked})
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
-        """Whether a run has reached ``budget``: an interval checkpoint there, or evaluated (the evaluation
-        removes the checkpoints)."""
+        """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
 
     def calibrate(self) -> None:
@@ -1027,7 +1003,7 @@ class Experiment:
         log(f"{name} seed {seed}: {step} finished in {time.time() - started:.0f}s")
 
     def run(self) -> List[str]:
-        """Train and evaluate, --jobs runs at a time, until nothing is left that can go on; returns the failed runs."""
+        """Train and evaluate, --jobs runs at a time, while any can go on; returns the failed runs."""
         failed, running = set(), {}
         if self.settings.stage != "train":
             self.test_sets()  # once, before the runs read them
@@ -1135,7 +1111,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line, with the defaults that depend on --deep, the device and --jobs filled in."""
     settings = build_parser().parse_args(argv)
     settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep else DEFAULT_WIDTH)
     settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep else "inverse_sqrt")
