@@ -21,9 +21,8 @@ BOOTSTRAP_SEED = 12345  # sacrebleu's default
 
 
 def paired_bootstrap(references: List[str], baseline: List[str], system: List[str], lowercase: bool) -> dict:
-    """sacreBLEU's paired bootstrap resampling (``--paired-bs``, 1000 samples, its seed): the system's
-    and the baseline's BLEU, the p-value sacrebleu reports and the 95% confidence interval of the
-    difference system - baseline over the same resampled test sets (sacrebleu draws them as below)."""
+    """sacreBLEU's paired bootstrap (``--paired-bs``): both BLEUs, its p-value, and the 95% interval of the
+    difference over the test sets it resamples (drawn as sacrebleu draws them)."""
     import numpy as np
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
@@ -44,9 +43,8 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
 
 
 def sentence_statistics(hypotheses: List[str], references: List[str], lowercase: bool):
-    """Per sentence, sacreBLEU's sufficient statistics (n-gram matches and totals for n = 1..4, the
-    hypothesis' and the reference's length) from its public ``BLEU.sentence_score``: summed over any
-    set of sentences they give that set's corpus BLEU (:func:`corpus_bleu`)."""
+    """Per sentence, sacreBLEU's n-gram matches and totals (n = 1..4) and both lengths: summed over any
+    set of sentences they give its corpus BLEU (:func:`corpus_bleu`)."""
     import numpy as np
     from sacrebleu.metrics import BLEU
 
@@ -59,7 +57,6 @@ def sentence_statistics(hypotheses: List[str], references: List[str], lowercase:
 
 
 def corpus_bleu(statistics_sum) -> float:
-    """Corpus BLEU (sacreBLEU's default exponential smoothing) from summed :func:`sentence_statistics`."""
     from sacrebleu.metrics import BLEU
 
     c = [int(x) for x in statistics_sum]
@@ -67,9 +64,8 @@ def corpus_bleu(statistics_sum) -> float:
 
 
 def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
-    """Detokenised sacreBLEU of the test sets together (one corpus), and the output's length over the
-    reference's, tokenised as sacreBLEU does: its brevity penalty sees only short output, while long
-    output (a model looping until the length limit) costs precision."""
+    """sacreBLEU of the test sets together, and the output's length over the reference's: the brevity
+    penalty sees only short output, while long output (a model looping to the length limit) costs precision."""
     from sacrebleu.metrics import BLEU
 
     bleu = BLEU(lowercase=lowercase)
@@ -88,14 +84,12 @@ def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
 
 
 def write_sentence_statistics(rdir: str, scores: Dict[str, dict], lowercase: bool):
-    """:func:`sentence_statistics` of a run on the four test sets together, into the run directory."""
     found = sentence_statistics(read_concatenated(scores, "hyp_detok"), read_concatenated(scores, "raw_ref"), lowercase)
     _write_json(os.path.join(rdir, "sentence-statistics.json"), {"statistics": found.tolist()})
     return found
 
 
 def run_statistics(rdir: str):
-    """The :func:`sentence_statistics` of a scored run (made from its hypotheses when it has none)."""
     import numpy as np
 
     stored = _read_json(os.path.join(rdir, "sentence-statistics.json"))
@@ -123,7 +117,7 @@ THIRD_SEED_RULE = ("once every run of the first seeds is scored: one more seed f
 
 
 def seed_sentence_bootstrap(system: List, baseline: List, samples: int = VERDICT_SAMPLES, seed: int = VERDICT_SEED) -> dict:
-    """:data:`VERDICT_RULE` for the :func:`sentence_statistics` of a method's runs (one per seed) and its baseline's."""
+    """:data:`VERDICT_RULE` on the sentence statistics of a method's runs (one per seed) and its baseline's."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -154,9 +148,8 @@ CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by
 
 
 def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
-    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget``: per seed the NLL at the window
-    ends and the changes; "passed" when every seed's changes are below CHECK_DELTA (None: no run reached it, or
-    the budget does not hold the windows)."""
+    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget`` (None: none did, or the budget
+    does not hold the windows)."""
     if baseline_row is None or not isinstance(budget, int) or budget <= CHECK_WINDOWS * CHECK_WINDOW:
         return None
     ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
@@ -188,8 +181,7 @@ def summarise(values: Sequence[float]) -> Optional[dict]:
 
 
 def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
-    """The mean of the curves at the updates every one of them reached: the same seeds at every point,
-    so that no step appears where a shorter curve ends."""
+    """The mean at the updates every curve reached: no step where a shorter curve ends."""
     if not curves:
         return {}
     common = sorted(set.intersection(*(set(c) for c in curves)))
@@ -197,13 +189,12 @@ def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
 
 
 def run_curve(run: dict) -> Dict[int, float]:
-    """A run's validation curve with integer updates (the results keep them as JSON strings)."""
     return {int(u): v for u, v in run["curve"].items()}
 
 
 def paired_with_baseline(out: str, method: str, seed: int, baseline: str, lowercase: bool) -> Optional[dict]:
-    """The paired bootstrap against the baseline of the same seed on the four test sets together, once both
-    runs are scored (kept in the run's paired.json while neither is scored anew); None for the Transformer."""
+    """:func:`paired_bootstrap` against the baseline of the same seed once both are scored (kept in
+    paired.json while neither is scored anew); None for the Transformer."""
     rdir = run_dir(out, method, seed)
     system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))
     if method == "transformer" or not (system and base):
@@ -220,8 +211,7 @@ def paired_with_baseline(out: str, method: str, seed: int, baseline: str, lowerc
 
 
 def collect_run(out: str, method: str, seed: int, lowercase: bool, budget, baseline: str = "transformer") -> dict:
-    """One run's entry of the report: its scores once done, else its progress so far; its validation
-    curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
+    """A run's scores once done, else its progress; its curve up to ``budget`` (all while uncalibrated)."""
     rdir = run_dir(out, method, seed)
     log_path = os.path.join(rdir, "run.log")
     done = finished_run(rdir)
@@ -241,7 +231,6 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget, basel
 
 
 def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
-    """A method's entry of the report: its runs and their summaries over the finished seeds."""
     finished = [r for r in runs if r["status"] == "done"]
     # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
     curves = [run_curve(r) for r in (finished or runs) if r["curve"]]
@@ -260,7 +249,6 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
 
 
 def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: dict, settings, data_bin: str) -> dict:
-    """The report's data; ``seeds``: the seeds of each method."""
     lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
     budget = settings.max_update
     rows = [method_row(method, [collect_run(out, method.name, seed, lowercase,
@@ -347,8 +335,6 @@ def header(results: dict) -> List[str]:
 
 
 def summary_table(results: dict) -> List[str]:
-    """Per method and seed, sacreBLEU on the four test sets together with the output's length over the
-    reference's; their mean; Δ to the baseline with its 95% interval and the verdict."""
     rows, seeds = results["methods"], results["settings"]["seeds"]
     base_params = next((r["params"] for r in rows if r["method"] == "transformer"), None)
     table = []
@@ -394,7 +380,6 @@ def runs_table(results: dict) -> List[str]:
 
 
 def checks(results: dict) -> List[str]:
-    """The budget check, the third seed (--deep) and the CPU-hours."""
     check, third, hours = results["budget_check"], results["third_seed"], results["cpu_hours"]
     lines = ["", "## Budget check", "", f"Rule ({CHECK_RULE}): " + (
         "not checked (no Transformer run has reached the budget, or the budget is shorter than the windows)."
@@ -424,11 +409,8 @@ def methods_table(rows: List[dict]) -> List[str]:
 
 
 def plot_curves(results: dict, path: str) -> None:
-    import logging
-
     import matplotlib
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
