@@ -53,7 +53,6 @@ class ComparisonError(SystemExit):
         super().__init__(f"compare_methods: error: {message}")
 
 
-# ---------------------------------------------------------------------------------------------- methods
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -150,7 +149,6 @@ def resolve_methods(names: Sequence[str]) -> List[Method]:
     return [known[n] for n in dict.fromkeys(wanted)]
 
 
-# ----------------------------------------------------------------------------------------------- width
 @dataclass(frozen=True)
 class Width:
     encoder_layers: int
@@ -226,7 +224,6 @@ def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int,
     return candidates[best], at(best), seen
 
 
-# ------------------------------------------------------------------------------------------- settings
 def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) -> List[str]:
     """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
     fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
@@ -268,7 +265,6 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
     return flags
 
 
-# --------------------------------------------------------------------------------------------- data
 def prepare_data(args) -> str:
     """The binarised data: ``--data-bin`` as given, else ``OUT/data/data-bin`` made (once) by
     ``fusion_fairseq.tools.corpus prepare multi30k --from RAW`` (joint BPE, joined dictionary)."""
@@ -293,17 +289,15 @@ def prepare_data(args) -> str:
             "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
     log(f"preparing the data: python -m fusion_fairseq.tools.corpus {' '.join(shlex.quote(a) for a in argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
+    failed = False
     with open(log_path, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         try:
             corpus.main(argv)
         except SystemExit as error:
             print(error.code, file=f)
-            failed = error.code
-        else:
-            failed = None
-    if failed is not None or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
-        with open(log_path, encoding="utf-8") as f:
-            tail = f.read()[-3000:]
+            failed = True
+    if failed or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
+        tail = "\n".join(corpus.read_lines(log_path))[-3000:]
         raise ComparisonError(f"preparing the data failed; log {log_path}:\n{tail}")
     return data_bin
 
@@ -317,7 +311,6 @@ def dictionary_size(data_bin: str, recipe: dict) -> int:
     return 4 + sum(1 for line in texts[0] if line.strip())
 
 
-# --------------------------------------------------------------------------------------------- plan
 def _build_counter(data_bin: str, settings, recipe: dict):
     """count(method, extra_flags) -> parameters of the model fairseq-train would build (args parsed by
     fairseq's own training parser, the joined dictionary of the data)."""
@@ -403,7 +396,6 @@ def finished_run(rdir: str) -> Optional[dict]:
     return done
 
 
-# ---------------------------------------------------------------------------------------------- budget
 #: ``--max-update auto``: the Transformer of the first seed trains in chunks of PLATEAU_WINDOW updates
 #: until its best validation NLL (fairseq's ``valid_nll_loss``, bits per target token) improves by less
 #: than PLATEAU_DELTA over PLATEAU_WINDOW updates; that update, rounded up to a multiple of BUDGET_STEP,
@@ -439,7 +431,6 @@ def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
     return update, curve[update]
 
 
-# ----------------------------------------------------------------------------------------- composition
 #: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
 #: any run of the comparison has been scored.
 #: Hard SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, not a likelihood,
@@ -480,7 +471,6 @@ COMPOSITION_PLACEHOLDER = Method(COMPOSITION, "Composition (chosen after the fir
                                  "composed", "fusion_transformer", note=f"chosen by rule: {COMPOSITION_RULE}")
 
 
-# ----------------------------------------------------------------------------------------- checkpoints
 INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
 
 
@@ -555,7 +545,6 @@ def code_commit() -> Optional[str]:
         return None
 
 
-# ---------------------------------------------------------------------------------------------- runs
 def run_dir(out: str, method: str, seed: int) -> str:
     return os.path.join(out, "runs", method, f"seed{seed}")
 
@@ -791,7 +780,6 @@ def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: 
             "raw_ref": test_set["raw_ref"]}
 
 
-# ------------------------------------------------------------------------------------------- test sets
 #: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follow do
@@ -830,7 +818,6 @@ def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str)
     return sets
 
 
-# ------------------------------------------------------------------------------------------ the runs
 class Experiment:
     """The runs of one ``--out``: which step each needs next, in which order, and the report.
 
@@ -873,7 +860,6 @@ class Experiment:
     def save_dir(self, name: str, seed: int) -> str:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
-    # ---- the budget, the composition and the third seed, decided from the runs
     def budget(self) -> Optional[int]:
         known = _read_json(os.path.join(self.out, "budget.json"))
         return known["budget"] if known else None
@@ -964,7 +950,6 @@ class Experiment:
                            "methods": [m.name for m in self.methods if m.name in methods]})
         log(f"third seed for: {', '.join(m.name for m in self.methods if m.name in methods)}")
 
-    # ---- the next step of a run
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
         """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
         composition or the run it starts from."""
@@ -1043,7 +1028,6 @@ class Experiment:
             return {}
 
 
-# ---------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compare_methods.py",

@@ -15,7 +15,6 @@ from fusion_fairseq.tools.comparison import (
     AVERAGED, DEFAULT_CRITERION, TEST_SETS, Method, _read_json, _write_json, common_train_flags,
     finished_run, last_logged_update, learning_curve, read_recipe_env, run_dir, training_record)
 
-# ------------------------------------------------------------------------------------------ scores
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default
 
@@ -99,7 +98,6 @@ def run_statistics(rdir: str):
     return write_sentence_statistics(rdir, scores, "case:lc" in scores["all"]["sacrebleu_signature"])
 
 
-# ------------------------------------------------------------------------------------------ verdict
 #: The verdict, fixed before any of the 6+6 comparison's test scores existed: a method's Δ is its mean
 #: corpus BLEU over its seeds minus its baseline's, on the four test sets together (the average of the
 #: last checkpoints); its 95% interval comes from VERDICT_SAMPLES bootstrap replicates, each drawing the
@@ -170,7 +168,6 @@ def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
             "passed": all(found.get("passed", False) for found in seeds.values())}
 
 
-# ------------------------------------------------------------------------------------------ results.json
 def summarise(values: Sequence[float]) -> Optional[dict]:
     values = [float(v) for v in values]
     if not values:
@@ -277,7 +274,6 @@ def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: 
     }
 
 
-# ------------------------------------------------------------------------------------------ results.md
 LENGTH_TOLERANCE = 0.05  # an output length ratio further from 1 is flagged
 
 
