@@ -60,19 +60,15 @@ class Method:
     paper: str
     arch: str
     flags: Tuple[str, ...] = ()
-    #: "encdec": --encoder-*/--decoder-* width flags + --share-all-embeddings;
-    #: "shared": one stack (--embed-dim/--ffn-embed-dim/--attention-heads), one embedding by construction
-    style: str = "encdec"
+    style: str = "encdec"  # or "shared": one stack, one embedding by construction (see width_flags)
     criterion: Tuple[str, ...] = ()  # replaces the common criterion flags
     match: Optional[str] = None  # flag chosen to match the vanilla Transformer's parameter count
     note: str = ""
-    #: the BLEU difference to its Transformer baseline that the paper reports for this configuration, and where
+    #: the BLEU difference to its baseline that the paper reports for this configuration, and where
     paper_gap: Optional[Tuple[float, str]] = None
-    #: a method that starts from the final averaged checkpoint of this method's run of the same seed
-    #: (fairseq's --finetune-from-model) and trains --finetune-update more updates
+    #: starts from the final averaged checkpoint of this method's run of the same seed (--finetune-from-model)
     init: Optional[str] = None
-    #: the row its difference and verdict are taken against
-    baseline: str = "transformer"
+    baseline: str = "transformer"  # the row its difference and verdict are taken against
 
 
 DIVERSITY_CRITERION = ("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
@@ -477,13 +473,9 @@ INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
 def interval_checkpoints(save_dir: str) -> Dict[int, str]:
     """{update: path} of fairseq's interval checkpoints, which it writes atomically (a temporary
     file renamed), so one that exists is complete."""
-    found = {}
-    if os.path.isdir(save_dir):
-        for name in os.listdir(save_dir):
-            m = INTERVAL_CHECKPOINT.fullmatch(name)
-            if m:
-                found[int(m.group(1))] = os.path.join(save_dir, name)
-    return dict(sorted(found.items()))
+    names = os.listdir(save_dir) if os.path.isdir(save_dir) else []
+    return dict(sorted((int(m.group(1)), os.path.join(save_dir, m.group(0)))
+                       for m in map(INTERVAL_CHECKPOINT.fullmatch, names) if m))
 
 
 def saved_updates(save_dir: str) -> int:
@@ -551,21 +543,6 @@ def run_dir(out: str, method: str, seed: int) -> str:
 
 def device_flags(device: str) -> List[str]:
     return ["--cpu"] if device == "cpu" else []
-
-
-def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
-               total: Optional[int] = None, init: Optional[str] = None) -> dict:
-    return {
-        "method": method.name, "seed": seed, "arch": method.arch, "params": plan_entry["params"],
-        # fairseq-train's argv without the budget, the save dir and the device (see train_run); the polynomial
-        # schedule anneals to ``total``, the run's budget; ``init``: the checkpoint it starts from
-        "train_argv": [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
-                       *(method.criterion or DEFAULT_CRITERION),
-                       *common_train_flags(settings, recipe["SRC"], recipe["TGT"], total), "--seed", str(seed),
-                       *(["--finetune-from-model", init] if init else []), *shlex.split(settings.train_args or "")],
-        "data_bin": data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": recipe,
-        "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints,
-    }
 
 
 def check_config(rdir: str, config: dict) -> None:
@@ -887,16 +864,16 @@ class Experiment:
         if self.budget() is not None:
             return
         name, seed = "transformer", self.settings.seeds[0]
-        curve = learning_curve(os.path.join(self.rdir(name, seed), "run.log"))
         saved = saved_updates(self.save_dir(name, seed))
-        plateau = plateau_update({u: v for u, v in curve.items() if u <= saved}, PLATEAU_DELTA, PLATEAU_WINDOW)
+        curve = {u: v for u, v in learning_curve(os.path.join(self.rdir(name, seed), "run.log")).items() if u <= saved}
+        plateau = plateau_update(curve, PLATEAU_DELTA, PLATEAU_WINDOW)
         if plateau is None:
             return
         budget = calibrated_budget(plateau)
         _write_json(os.path.join(self.out, "budget.json"), {
             "max_update": "auto", "budget": budget, "plateau_update": plateau, "rule": BUDGET_RULE,
             "calibration_run": os.path.relpath(self.rdir(name, seed), self.out),
-            "curve": {str(u): v for u, v in curve.items() if u <= saved}})
+            "curve": {str(u): v for u, v in curve.items()}})
         log(f"budget calibrated: {budget} updates (validation NLL flat at update {plateau})")
 
     def choose_composition(self) -> None:
@@ -979,8 +956,15 @@ class Experiment:
         else:
             init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
                     if method.init else None)
-            config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed,
-                                self.run_budget(name), init)
+            settings, src, tgt = self.settings, self.recipe["SRC"], self.recipe["TGT"]
+            config = {  # fairseq-train's argv without the budget, the save dir and the device (see train_run)
+                "method": name, "seed": seed, "arch": method.arch, "params": self.plan[name]["params"],
+                "train_argv": [self.data_bin, "--user-dir", PLUGIN_DIR, *self.plan[name]["model_flags"],
+                               *(method.criterion or DEFAULT_CRITERION),
+                               *common_train_flags(settings, src, tgt, self.run_budget(name)), "--seed", str(seed),
+                               *(["--finetune-from-model", init] if init else []), *shlex.split(settings.train_args)],
+                "data_bin": self.data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": self.recipe,
+                "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints}
             check_config(rdir, config)
             os.makedirs(rdir, exist_ok=True)
             _write_json(os.path.join(rdir, "config.json"), config)
