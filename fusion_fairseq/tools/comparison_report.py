@@ -48,11 +48,8 @@ def sentence_statistics(hypotheses: List[str], references: List[str], lowercase:
     from sacrebleu.metrics import BLEU
 
     bleu = BLEU(lowercase=lowercase, effective_order=True)  # only its n-gram counts are read: the same either way
-    rows = []
-    for hypothesis, reference in zip(hypotheses, references):
-        score = bleu.sentence_score(hypothesis, [reference])
-        rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
-    return np.array(rows, dtype=np.int64)
+    scores = (bleu.sentence_score(hypothesis, [reference]) for hypothesis, reference in zip(hypotheses, references))
+    return np.array([[*s.counts, *s.totals, s.sys_len, s.ref_len] for s in scores], dtype=np.int64)
 
 
 def corpus_bleu(statistics_sum) -> float:
@@ -282,9 +279,7 @@ def _interval(found: Optional[dict]) -> str:
 
 
 def _mean_std(stats: Optional[dict]) -> str:
-    if not stats:
-        return "–"
-    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "")
+    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "") if stats else "–"
 
 
 def _duration(seconds: Optional[float]) -> str:
