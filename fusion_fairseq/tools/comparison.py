@@ -1132,10 +1132,8 @@ def claim_out_dir(out: str, force: bool) -> None:
     """--out is this tool's working directory, rewritten on every run: one it stamped is continued;
     one holding files of its names that it did not stamp is refused without --force."""
     stamp = os.path.join(out, OUT_STAMP)
-    if os.path.isfile(stamp):
-        with open(stamp, encoding="utf-8", errors="replace") as f:
-            if f.read() == STAMP_TEXT:
-                return
+    if os.path.isfile(stamp) and corpus.read_lines(stamp) == STAMP_TEXT.splitlines():
+        return
     found = [name for name in OUT_NAMES if os.path.exists(os.path.join(out, name))]
     if found and not force:
         raise ComparisonError(f"--out {out} holds {', '.join(found)}, not written by compare_methods.py; pass --force "
