@@ -7,23 +7,19 @@ dictionary), optimiser, learning-rate schedule, batch size, update budget and se
 run and writes the report (``results.md``, ``results.json``, ``learning_curves.png``; see
 :mod:`fusion_fairseq.tools.comparison_report`).
 
-The runner plans and leaves the rest to fairseq. It plans the rows (:data:`METHODS`, ``--methods``),
-the common width (``--width``; ``--small``), the free size parameter of the two models without an N+M
-encoder-decoder depth, chosen so that their parameter count is closest to the vanilla Transformer's
-(:func:`match_parameter`), and the budget (``--max-update N``, or ``auto``: :data:`BUDGET_RULE`). Every
-(method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``; an unfinished run is
-resumed by fairseq itself from ``checkpoints/checkpoint_last.pt`` (the runner first makes that file
-the newest checkpoint that reads: :func:`resume_from_newest_intact`). A trained run is scored with the
-average of its last :data:`AVERAGED` checkpoints: ``fairseq-generate`` (beam 5, ``--remove-bpe``) on
-every test set, then the data pipeline's hyps / detok / bleu steps (``fusion_fairseq.tools.corpus``:
-detokenised sacreBLEU against the raw reference, tokenised BLEU against the Moses-tokenised one).
-Its ``done.json`` is written last and marks it as finished: it is never retrained. A run whose stored
-fairseq-train arguments differ from the ones asked for is refused (use another ``--out``). Run the
-same command again to continue.
+The runner plans (the rows, the common ``--width``, the matched size of the two models without an N+M
+depth: :func:`match_parameter`, and the budget: ``--max-update N`` or ``auto``, :data:`BUDGET_RULE`) and
+leaves the rest to fairseq: every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
+resumed by fairseq from ``checkpoint_last.pt`` (:func:`resume_from_newest_intact` first makes that the
+newest checkpoint that reads). A trained run is scored with the average of its last :data:`AVERAGED`
+checkpoints (``fairseq-generate``, then ``corpus.score``); its ``done.json``, written last, marks it as
+finished and it is never retrained. A run whose stored fairseq-train arguments differ is refused.
 """
 
 import argparse
+import bisect
 import contextlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -40,7 +36,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_fairseq.tools.common import cpu_name, device_name, positive_int
+from fusion_fairseq.tools.common import cpu_name, device_name, positive_int, replace_atomically
+from fusion_fairseq.tools import corpus
+from fusion_fairseq.tools.corpus import read_recipe_env
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -51,13 +49,10 @@ def log(message: str = "") -> None:
 
 
 class ComparisonError(SystemExit):
-    """A user-facing error (exits with status 1, printing the message)."""
-
     def __init__(self, message: str):
         super().__init__(f"compare_methods: error: {message}")
 
 
-# ---------------------------------------------------------------------------------------------- methods
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -65,21 +60,19 @@ class Method:
     paper: str
     arch: str
     flags: Tuple[str, ...] = ()
-    #: "encdec": --encoder-*/--decoder-* width flags + --share-all-embeddings;
-    #: "shared": one stack (--embed-dim/--ffn-embed-dim/--attention-heads), one embedding by construction
-    style: str = "encdec"
+    style: str = "encdec"  # or "shared": one stack, one embedding by construction (see width_flags)
     criterion: Tuple[str, ...] = ()  # replaces the common criterion flags
     match: Optional[str] = None  # flag chosen to match the vanilla Transformer's parameter count
     note: str = ""
-    #: the BLEU difference to its Transformer baseline that the paper reports for this configuration, and where
+    #: the BLEU difference to its baseline that the paper reports for this configuration, and where
     paper_gap: Optional[Tuple[float, str]] = None
-    #: a method that starts from the final averaged checkpoint of this method's run of the same seed
-    #: (fairseq's --finetune-from-model) and trains --finetune-update more updates
+    #: starts from the final averaged checkpoint of this method's run of the same seed (--finetune-from-model)
     init: Optional[str] = None
-    #: the row its difference and verdict are taken against
-    baseline: str = "transformer"
+    baseline: str = "transformer"  # the row its difference and verdict are taken against
 
 
+DIVERSITY_CRITERION = ("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
+                       "--diversity-lambda", "1.0")
 #: One headline configuration per paper, at the common width. Order = table order.
 METHODS: Dict[str, Method] = {m.name: m for m in (
     Method("transformer", "Transformer (baseline)", "fairseq's vanilla Transformer", "transformer",
@@ -90,8 +83,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            paper_gap=(+0.92, "IWSLT14 De-En, Table 2: 33.59 vs the 3-layer Transformer with restarted Adam, 32.67")),
     Method("deeprep", "Deep representations: hierarchical + diversity", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
-           criterion=("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
-                      "--diversity-lambda", "1.0"),
+           criterion=DIVERSITY_CRITERION,
            note="hierarchical layer aggregation on both sides + layer-diversity regulariser, lambda 1.0 (the "
                 "paper's final system); trained from scratch like every row (the paper fine-tunes from the vanilla model)",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
@@ -129,8 +121,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
                 "schedule: the baseline of deeprep_finetuned"),
     Method("deeprep_finetuned", "Deep representations, fine-tuned from the Transformer", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
-           criterion=("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
-                      "--diversity-lambda", "1.0"), init="transformer", baseline="transformer_continued",
+           criterion=DIVERSITY_CRITERION, init="transformer", baseline="transformer_continued",
            note="as deeprep, but starting from the Transformer's final averaged checkpoint of the same seed and "
                 "trained --finetune-update more updates with the same schedule, as the paper trains it",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
@@ -154,7 +145,6 @@ def resolve_methods(names: Sequence[str]) -> List[Method]:
     return [known[n] for n in dict.fromkeys(wanted)]
 
 
-# ----------------------------------------------------------------------------------------------- width
 @dataclass(frozen=True)
 class Width:
     encoder_layers: int
@@ -221,28 +211,15 @@ def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int,
     seen: Dict[int, int] = {}
 
     def at(i):
-        value = candidates[i]
-        if value not in seen:
-            seen[value] = count(value)
-        return seen[value]
+        if candidates[i] not in seen:
+            seen[candidates[i]] = count(candidates[i])
+        return seen[candidates[i]]
 
-    lo, hi = 0, len(candidates) - 1
-    if at(hi) < target:
-        lo = hi
-    else:
-        while lo < hi:  # first index with count >= target
-            mid = (lo + hi) // 2
-            if at(mid) >= target:
-                hi = mid
-            else:
-                lo = mid + 1
-    best = lo
-    if lo > 0 and abs(at(lo - 1) - target) <= abs(at(lo) - target):
-        best = lo - 1
+    lo = min(bisect.bisect_left(range(len(candidates)), target, key=at), len(candidates) - 1)  # first count >= target
+    best = lo - 1 if lo > 0 and abs(at(lo - 1) - target) <= abs(at(lo) - target) else lo
     return candidates[best], at(best), seen
 
 
-# ------------------------------------------------------------------------------------------- settings
 def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) -> List[str]:
     """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
     fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
@@ -254,8 +231,7 @@ def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) ->
 
 
 def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: Optional[int] = None) -> List[str]:
-    """Everything but the model, the criterion, the seed, the budget, the device and the paths: identical for all
-    (``total``: the updates the schedule anneals to, see :func:`schedule_flags`)."""
+    """The flags identical for all runs (``total``: see :func:`schedule_flags`)."""
     return [
         "--task", "translation", "--source-lang", src, "--target-lang", tgt,
         "--dropout", str(settings.dropout),
@@ -285,28 +261,9 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
     return flags
 
 
-def train_argv(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
-               total: Optional[int] = None, init: Optional[str] = None) -> List[str]:
-    """fairseq-train's argv of one run, without the budget, the save dir and the device (see :func:`train_run`);
-    ``total``: the run's budget, which the polynomial schedule anneals to; ``init``: the checkpoint it starts from."""
-    return [data_bin, "--user-dir", PLUGIN_DIR, *plan_entry["model_flags"],
-            *(method.criterion or DEFAULT_CRITERION), *common_train_flags(settings, recipe["SRC"], recipe["TGT"], total),
-            "--seed", str(seed), *(["--finetune-from-model", init] if init else []),
-            *shlex.split(settings.train_args or "")]
-
-
-# --------------------------------------------------------------------------------------------- data
-def read_recipe_env(data_bin: str) -> dict:
-    from fusion_fairseq.tools import corpus
-
-    return corpus.read_recipe_env(data_bin)
-
-
 def prepare_data(args) -> str:
     """The binarised data: ``--data-bin`` as given, else ``OUT/data/data-bin`` made (once) by
     ``fusion_fairseq.tools.corpus prepare multi30k --from RAW`` (joint BPE, joined dictionary)."""
-    from fusion_fairseq.tools import corpus
-
     if args.data_bin:
         data_bin = os.path.abspath(args.data_bin)
         if not os.path.isfile(os.path.join(data_bin, "recipe.env")):
@@ -328,35 +285,28 @@ def prepare_data(args) -> str:
             "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
     log(f"preparing the data: python -m fusion_fairseq.tools.corpus {' '.join(shlex.quote(a) for a in argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
+    failed = False
     with open(log_path, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         try:
             corpus.main(argv)
         except SystemExit as error:
             print(error.code, file=f)
-            failed = error.code
-        else:
-            failed = None
-    if failed is not None or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
-        with open(log_path, encoding="utf-8") as f:
-            tail = f.read()[-3000:]
+            failed = True
+    if failed or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
+        tail = "\n".join(corpus.read_lines(log_path))[-3000:]
         raise ComparisonError(f"preparing the data failed; log {log_path}:\n{tail}")
     return data_bin
 
 
 def dictionary_size(data_bin: str, recipe: dict) -> int:
     src, tgt = recipe["SRC"], recipe["TGT"]
-    paths = [os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)]
-    texts = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            texts.append(f.read())
+    texts = [corpus.read_lines(os.path.join(data_bin, f"dict.{lang}.txt")) for lang in (src, tgt)]
     if texts[0] != texts[1]:
         raise ComparisonError(f"{data_bin}: the dictionaries of {src} and {tgt} differ; every method shares one joint "
                               "vocabulary (binarise with --joined-dictionary)")
-    return 4 + sum(1 for line in texts[0].splitlines() if line.strip())
+    return 4 + sum(1 for line in texts[0] if line.strip())
 
 
-# --------------------------------------------------------------------------------------------- plan
 def _build_counter(data_bin: str, settings, recipe: dict):
     """count(method, extra_flags) -> parameters of the model fairseq-train would build (args parsed by
     fairseq's own training parser, the joined dictionary of the data)."""
@@ -387,8 +337,7 @@ def _build_counter(data_bin: str, settings, recipe: dict):
 
 
 def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
-    """Model flags and parameter counts of every method, the matched sizes solved here; recorded in
-    ``OUT/plan.json``."""
+    """Model flags and parameter counts of every method (the matched sizes solved), into ``OUT/plan.json``."""
     log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
     count = _build_counter(data_bin, settings, recipe)
     baseline = METHODS["transformer"]
@@ -413,11 +362,7 @@ def make_plan(methods: List[Method], width: Width, settings, data_bin: str, reci
 
 
 def _write_json(path: str, data) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    replace_atomically(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
 
 
 def _read_json(path: str):
@@ -447,7 +392,6 @@ def finished_run(rdir: str) -> Optional[dict]:
     return done
 
 
-# ---------------------------------------------------------------------------------------------- budget
 #: ``--max-update auto``: the Transformer of the first seed trains in chunks of PLATEAU_WINDOW updates
 #: until its best validation NLL (fairseq's ``valid_nll_loss``, bits per target token) improves by less
 #: than PLATEAU_DELTA over PLATEAU_WINDOW updates; that update, rounded up to a multiple of BUDGET_STEP,
@@ -479,12 +423,10 @@ def calibrated_budget(plateau: int) -> int:
 
 
 def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
-    """(update, NLL) of the best validation at or before ``budget``."""
     update = min((u for u in curve if u <= budget), key=lambda u: (curve[u], u))
     return update, curve[update]
 
 
-# ----------------------------------------------------------------------------------------- composition
 #: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
 #: any run of the comparison has been scored.
 #: Hard SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, not a likelihood,
@@ -525,20 +467,15 @@ COMPOSITION_PLACEHOLDER = Method(COMPOSITION, "Composition (chosen after the fir
                                  "composed", "fusion_transformer", note=f"chosen by rule: {COMPOSITION_RULE}")
 
 
-# ----------------------------------------------------------------------------------------- checkpoints
 INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
 
 
 def interval_checkpoints(save_dir: str) -> Dict[int, str]:
     """{update: path} of fairseq's interval checkpoints, which it writes atomically (a temporary
     file renamed), so one that exists is complete."""
-    found = {}
-    if os.path.isdir(save_dir):
-        for name in os.listdir(save_dir):
-            m = INTERVAL_CHECKPOINT.fullmatch(name)
-            if m:
-                found[int(m.group(1))] = os.path.join(save_dir, name)
-    return dict(sorted(found.items()))
+    names = os.listdir(save_dir) if os.path.isdir(save_dir) else []
+    return dict(sorted((int(m.group(1)), os.path.join(save_dir, m.group(0)))
+                       for m in map(INTERVAL_CHECKPOINT.fullmatch, names) if m))
 
 
 def saved_updates(save_dir: str) -> int:
@@ -546,7 +483,7 @@ def saved_updates(save_dir: str) -> int:
 
 
 def checkpoint_updates(path: str) -> Optional[int]:
-    """The update count stored in checkpoint ``path``; None when it cannot be read (truncated, empty)."""
+    """None when the file cannot be read (truncated, empty)."""
     import torch
 
     import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
@@ -589,14 +526,6 @@ def _set_aside_unreadable(last: str, last_updates: Optional[int]) -> None:
         print(f"[compare] {last} is unreadable (kept as {aside})", flush=True)
 
 
-def installed_packages() -> List[str]:
-    """name==version of every installed distribution, sorted: what a run ran with."""
-    import importlib.metadata
-
-    return sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-                   if d.metadata["Name"]}, key=str.lower)
-
-
 def code_commit() -> Optional[str]:
     """The commit of the code that runs (``+modified`` when tracked files differ from it); None outside git."""
     def git(*args):
@@ -608,31 +537,12 @@ def code_commit() -> Optional[str]:
         return None
 
 
-# ---------------------------------------------------------------------------------------------- runs
 def run_dir(out: str, method: str, seed: int) -> str:
     return os.path.join(out, "runs", method, f"seed{seed}")
 
 
 def device_flags(device: str) -> List[str]:
     return ["--cpu"] if device == "cpu" else []
-
-
-def device_description(device: str, threads: Optional[int]) -> str:
-    import torch
-
-    if device == "cuda" and torch.cuda.is_available():
-        return f"{device_name(device)} (CUDA)"
-    return f"CPU {cpu_name()}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads"
-
-
-def run_config(method: Method, plan_entry: dict, settings, data_bin: str, recipe: dict, seed: int,
-               total: Optional[int] = None, init: Optional[str] = None) -> dict:
-    return {
-        "method": method.name, "seed": seed, "arch": method.arch, "params": plan_entry["params"],
-        "train_argv": train_argv(method, plan_entry, settings, data_bin, recipe, seed, total, init),
-        "data_bin": data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": recipe,
-        "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints,
-    }
 
 
 def check_config(rdir: str, config: dict) -> None:
@@ -651,7 +561,6 @@ def check_config(rdir: str, config: dict) -> None:
 
 
 def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
-    """{flag: the values after it} of an argv (positional arguments under "")."""
     values: Dict[str, List[str]] = {"": []}
     flag = ""
     for item in argv:
@@ -672,11 +581,14 @@ def train_run(rdir: str, target: int) -> None:
     starts, an unfinished one resumes from its ``checkpoint_last.pt`` (fairseq's default ``--restore-file`` in
     the same ``--save-dir``). The plugin is the one beside this file (``--user-dir``, and first on the path),
     and ``-m`` imports from the working directory first: the run directory, never another checkout."""
+    import torch
+
     config = _read_json(os.path.join(rdir, "config.json"))
     save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
     resume_from_newest_intact(save_dir)
     start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
-             "device": device_description(config["device"], config["threads"])}
+             "device": f"{device_name('cuda')} (CUDA)" if config["device"] == "cuda" and torch.cuda.is_available() else
+             f"CPU {cpu_name()}, {os.cpu_count()} cores, {config['threads'] or torch.get_num_threads()} torch threads"}
     argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir, *device_flags(config["device"])]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
@@ -703,17 +615,15 @@ def training_record(log_path: str) -> dict:
     """Training time, speed, devices and code commits of a run, from its log: every fairseq-train the runner
     started (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
     starts = []
-    if os.path.isfile(log_path):
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(TRAINING_MARK):
-                    starts.append(dict(json.loads(line[len(TRAINING_MARK):]), end=None, reached=None))
-                elif starts:
-                    stamp, update = FAIRSEQ_TIME.match(line), LOGGED_UPDATE.search(line)
-                    if stamp:
-                        starts[-1]["end"] = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
-                    if update:
-                        starts[-1]["reached"] = int(update.group(1))
+    for line in _log_lines(log_path):
+        if line.startswith(TRAINING_MARK):
+            starts.append(dict(json.loads(line[len(TRAINING_MARK):]), end=None, reached=None))
+        elif starts:
+            stamp, update = FAIRSEQ_TIME.match(line), LOGGED_UPDATE.search(line)
+            if stamp:
+                starts[-1]["end"] = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
+            if update:
+                starts[-1]["reached"] = int(update.group(1))
     seconds = sum(max(0.0, (s["end"] or s["start"]) - s["start"]) for s in starts)
     updates = sum(max(0, (s["reached"] or s["from"]) - s["from"]) for s in starts)
     return {"train_seconds": round(seconds, 1), "updates_per_second": round(updates / max(1e-9, seconds), 3),
@@ -721,52 +631,43 @@ def training_record(log_path: str) -> dict:
             "trained_by": sorted({s.get("commit") or "unknown" for s in starts})}
 
 
+def _log_lines(log_path: str) -> List[str]:
+    if not os.path.isfile(log_path):
+        return []
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        return f.readlines()
+
+
+def _last_number(log_path: str, pattern) -> Optional[int]:
+    found = [m.group(1) for m in map(re.compile(pattern).search, _log_lines(log_path)) if m]
+    return int(found[-1].replace(",", "")) if found else None
+
+
 def last_logged_update(log_path: str) -> int:
-    last = 0
-    if os.path.isfile(log_path):
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                m = LOGGED_UPDATE.search(line)
-                if m:
-                    last = int(m.group(1))
-    return last
+    return _last_number(log_path, LOGGED_UPDATE) or 0
 
 
 VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
 
 
 def learning_curve(log_path: str) -> Dict[int, float]:
-    """{update: validation NLL (base 2)} from fairseq's json log lines (a resumed run's repeated
-    updates: the latest value)."""
+    """{update: validation NLL (bits)}; a resumed run's repeated updates: the latest value."""
     curve: Dict[int, float] = {}
-    if not os.path.isfile(log_path):
-        return curve
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = VALID_LINE.search(line)
-            if not m:
-                continue
-            try:
-                stats = json.loads(m.group(1))
-                curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
-            except (ValueError, KeyError):
-                continue
+    for m in filter(None, map(VALID_LINE.search, _log_lines(log_path))):
+        try:
+            stats = json.loads(m.group(1))
+            curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
+        except (ValueError, KeyError):
+            continue
     return dict(sorted(curve.items()))
 
 
 def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
-    """The first validated update whose NLL is at most ``target`` (None: never, so far)."""
     return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
 
 
 def logged_parameters(log_path: str) -> Optional[int]:
-    found = None
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
-            if m:
-                found = int(m.group(1).replace(",", ""))
-    return found
+    return _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)")
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
@@ -785,8 +686,8 @@ def final_average(save_dir: str, budget: int, interval: int) -> str:
 
 
 def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) -> List[int]:
-    """The updates of the last :data:`AVERAGED` checkpoints every ``interval`` updates up to ``budget``
-    (fewer only when the budget holds fewer intervals); an error when one of them is missing."""
+    """The updates of the last :data:`AVERAGED` interval checkpoints up to ``budget`` (fewer only when
+    the budget holds fewer); an error when one is missing."""
     wanted = list(range(budget - budget % interval, 0, -interval))[:AVERAGED][::-1]
     missing = [u for u in wanted if u not in checkpoints]
     if missing:
@@ -796,8 +697,8 @@ def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) ->
 
 
 def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
-    """Translate every test set with the average of the run's last checkpoints up to ``budget``, score it,
-    and write ``done.json`` last; then remove the checkpoints that only served resuming."""
+    """Score the average of the last checkpoints up to ``budget`` on every test set, write ``done.json``
+    last, then remove the checkpoints that only served resuming."""
     from fusion_fairseq.tools.comparison_report import concatenated_bleu, write_sentence_statistics
 
     config = _read_json(os.path.join(rdir, "config.json"))
@@ -822,7 +723,8 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
         "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
         "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-        "packages": installed_packages(),
+        "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                            if d.metadata["Name"]}, key=str.lower),  # what the run ran with
     }
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
     if not config.get("keep_checkpoints"):
@@ -835,12 +737,9 @@ GENERATING = threading.Lock()
 
 
 def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:
-    """fairseq-generate (beam, --remove-bpe) on one binarised test set, then detokenised sacreBLEU and
-    tokenised BLEU as ``fusion_fairseq.tools.corpus evaluate`` computes them. Returns the scores (and the hypothesis file)."""
+    """fairseq-generate on one binarised test set, scored as ``corpus evaluate`` scores."""
     from fairseq import options
     import fairseq_cli.generate as fairseq_generate
-    from fusion_fairseq.tools import corpus
-
     recipe = config["recipe"]
     os.makedirs(out_dir, exist_ok=True)
     gen_argv = [test_set["data"], "--path", checkpoint, "--gen-subset", "test",
@@ -851,25 +750,13 @@ def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: 
     print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
     with GENERATING:  # fairseq-generate's own code, in this process (no start-up cost per test set), one at a time
         fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
-    hyp_tok, hyp_detok = os.path.join(out_dir, "hyp.tok"), os.path.join(out_dir, "hyp.detok")
-    with open(test_set["raw_ref"], encoding="utf-8") as f:
-        n_ref = sum(1 for _ in f)
-    corpus.main(["hyps", os.path.join(out_dir, "generate-test.txt"), "--hyp", hyp_tok,
-               "--ref", os.path.join(out_dir, "ref.fairseq.tok"), "--expect", str(n_ref)])
-    corpus.main(["detok", "--lang", recipe["TGT"], "-i", hyp_tok, "-o", hyp_detok])
-    bleu_argv = ["bleu", "--hyp-detok", hyp_detok, "--ref", test_set["raw_ref"], "--hyp-tok", hyp_tok,
-                 "--tok-ref", test_set["tok_ref"], "--json", os.path.join(out_dir, "scores.json")]
-    if recipe.get("LOWERCASE", "0") == "1":
-        bleu_argv.append("--lowercase")
-    if recipe.get("COMPOUND_SPLIT", "0") == "1":
-        bleu_argv.append("--compound-split")
-    corpus.main(bleu_argv)
-    scores = _read_json(os.path.join(out_dir, "scores.json"))
+    scores = corpus.score(os.path.join(out_dir, "generate-test.txt"), out_dir, recipe["TGT"], test_set["raw_ref"],
+                          test_set["tok_ref"], recipe.get("LOWERCASE", "0") == "1", recipe.get("COMPOUND_SPLIT", "0") == "1")
     keys = ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")
-    return {**{key: scores[key] for key in keys}, "hyp_detok": hyp_detok, "raw_ref": test_set["raw_ref"]}
+    return {**{key: scores[key] for key in keys}, "hyp_detok": os.path.join(out_dir, "hyp.detok"),
+            "raw_ref": test_set["raw_ref"]}
 
 
-# ------------------------------------------------------------------------------------------- test sets
 #: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follow do
@@ -888,34 +775,26 @@ def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str)
                       "tok_ref": os.path.join(where, f"tok.{tgt}")}
         if os.path.isfile(os.path.join(where, "bin", "done")):
             continue
-        raw_dir = raw
-        needed = [os.path.join(raw_dir or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
+        needed = [os.path.join(raw or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
         missing = [path for path in needed if not os.path.isfile(path)]
         if missing:
             raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw DIR "
                                   "with the Multi30k test files, and data made by corpus prepare multi30k)")
         log(f"preparing the test set {name}")
-        _binarise_test_set(os.path.join(raw_dir, name), where, codes, data_bin, recipe)
+        for lang in (src, tgt):
+            lines = {"raw": corpus.read_lines(os.path.join(raw, f"{name}.{lang}"))}
+            tokeniser = (lang, corpus.CORPORA["multi30k"].steps, recipe.get("LOWERCASE", "0") == "1")
+            lines["tok"] = corpus.parallel_map(corpus.Tokeniser, tokeniser, lines["raw"], 1)
+            lines["test"] = corpus.parallel_map(corpus.Segmenter, (codes,), lines["tok"], 1)
+            for kind, text in lines.items():
+                corpus.write_lines(os.path.join(where, f"{kind}.{lang}"), text)
+        corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
+            os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
+        with open(os.path.join(where, "bin", "done"), "w", encoding="utf-8") as f:
+            f.write("\n")
     return sets
 
 
-def _binarise_test_set(raw_prefix: str, where: str, codes: str, data_bin: str, recipe: dict) -> None:
-    from fusion_fairseq.tools import corpus
-
-    src, tgt = recipe["SRC"], recipe["TGT"]
-    for lang in (src, tgt):
-        raw = corpus.read_lines(f"{raw_prefix}.{lang}")
-        tokeniser = (lang, corpus.CORPORA["multi30k"].steps, recipe.get("LOWERCASE", "0") == "1")
-        tok = corpus.parallel_map(corpus.Tokeniser, tokeniser, raw, 1)
-        for name, lines in (("raw", raw), ("tok", tok), ("test", corpus.parallel_map(corpus.Segmenter, (codes,), tok, 1))):
-            corpus.write_lines(os.path.join(where, f"{name}.{lang}"), lines)
-    corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
-        os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
-    with open(os.path.join(where, "bin", "done"), "w", encoding="utf-8") as f:
-        f.write("\n")
-
-
-# ------------------------------------------------------------------------------------------ the runs
 class Experiment:
     """The runs of one ``--out``: which step each needs next, in which order, and the report.
 
@@ -932,8 +811,7 @@ class Experiment:
         return prepare_test_sets(self.data_bin, self.recipe, self.settings.raw, self.out)
 
     def runs(self) -> List[Tuple[str, int]]:
-        """(method, seed) in training order: seed-major, so the first pieces are a full one-seed table; the
-        third seed of the 6+6 comparison last."""
+        """(method, seed), seed-major: the first runs make a full one-seed table; the third seed last."""
         third = _read_json(os.path.join(self.out, "third_seed.json")) or {"seed": None, "methods": []}
         return ([(method.name, seed) for seed in self.settings.seeds for method in self.methods] +
                 [(method.name, third["seed"]) for method in self.methods if method.name in third["methods"]])
@@ -942,7 +820,6 @@ class Experiment:
         return [seed for method, seed in self.runs() if method == name]
 
     def method(self, name: str) -> Optional[Method]:
-        """The method of that name; the composition only once it is chosen."""
         if name != COMPOSITION:
             return METHODS[name]
         chosen = _read_json(os.path.join(self.out, "composition.json"))
@@ -960,13 +837,11 @@ class Experiment:
     def save_dir(self, name: str, seed: int) -> str:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
-    # ---- the budget, the composition and the third seed, decided from the runs
     def budget(self) -> Optional[int]:
         known = _read_json(os.path.join(self.out, "budget.json"))
         return known["budget"] if known else None
 
     def run_budget(self, name: str) -> Optional[int]:
-        """The updates a run trains: the budget, or --finetune-update for one that starts from a trained model."""
         method = self.method(name)
         return self.settings.finetune_update if method and method.init else self.budget()
 
@@ -981,8 +856,7 @@ class Experiment:
             _write_json(path, {"max_update": asked, "budget": asked})
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
-        """Whether a run has reached ``budget``: an interval checkpoint there, or evaluated (the evaluation
-        removes the checkpoints)."""
+        """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
 
     def calibrate(self) -> None:
@@ -990,16 +864,16 @@ class Experiment:
         if self.budget() is not None:
             return
         name, seed = "transformer", self.settings.seeds[0]
-        curve = learning_curve(os.path.join(self.rdir(name, seed), "run.log"))
         saved = saved_updates(self.save_dir(name, seed))
-        plateau = plateau_update({u: v for u, v in curve.items() if u <= saved}, PLATEAU_DELTA, PLATEAU_WINDOW)
+        curve = {u: v for u, v in learning_curve(os.path.join(self.rdir(name, seed), "run.log")).items() if u <= saved}
+        plateau = plateau_update(curve, PLATEAU_DELTA, PLATEAU_WINDOW)
         if plateau is None:
             return
         budget = calibrated_budget(plateau)
         _write_json(os.path.join(self.out, "budget.json"), {
             "max_update": "auto", "budget": budget, "plateau_update": plateau, "rule": BUDGET_RULE,
             "calibration_run": os.path.relpath(self.rdir(name, seed), self.out),
-            "curve": {str(u): v for u, v in curve.items() if u <= saved}})
+            "curve": {str(u): v for u, v in curve.items()}})
         log(f"budget calibrated: {budget} updates (validation NLL flat at update {plateau})")
 
     def choose_composition(self) -> None:
@@ -1053,7 +927,6 @@ class Experiment:
                            "methods": [m.name for m in self.methods if m.name in methods]})
         log(f"third seed for: {', '.join(m.name for m in self.methods if m.name in methods)}")
 
-    # ---- the next step of a run
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
         """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
         composition or the run it starts from."""
@@ -1083,8 +956,15 @@ class Experiment:
         else:
             init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
                     if method.init else None)
-            config = run_config(method, self.plan[name], self.settings, self.data_bin, self.recipe, seed,
-                                self.run_budget(name), init)
+            settings, src, tgt = self.settings, self.recipe["SRC"], self.recipe["TGT"]
+            config = {  # fairseq-train's argv without the budget, the save dir and the device (see train_run)
+                "method": name, "seed": seed, "arch": method.arch, "params": self.plan[name]["params"],
+                "train_argv": [self.data_bin, "--user-dir", PLUGIN_DIR, *self.plan[name]["model_flags"],
+                               *(method.criterion or DEFAULT_CRITERION),
+                               *common_train_flags(settings, src, tgt, self.run_budget(name)), "--seed", str(seed),
+                               *(["--finetune-from-model", init] if init else []), *shlex.split(settings.train_args)],
+                "data_bin": self.data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": self.recipe,
+                "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints}
             check_config(rdir, config)
             os.makedirs(rdir, exist_ok=True)
             _write_json(os.path.join(rdir, "config.json"), config)
@@ -1092,7 +972,7 @@ class Experiment:
         log(f"{name} seed {seed}: {step} finished in {time.time() - started:.0f}s")
 
     def run(self) -> List[str]:
-        """Train and evaluate, --jobs runs at a time, until nothing is left that can go on; returns the failed runs."""
+        """Train and evaluate, --jobs runs at a time, while any can go on; returns the failed runs."""
         failed, running = set(), {}
         if self.settings.stage != "train":
             self.test_sets()  # once, before the runs read them
@@ -1132,11 +1012,6 @@ class Experiment:
             return {}
 
 
-# ---------------------------------------------------------------------------------------------- CLI
-def _budget(text):
-    return "auto" if text == "auto" else positive_int(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compare_methods.py",
@@ -1166,7 +1041,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=_budget, default=800,
+    g.add_argument("--max-update", type=lambda text: text if text == "auto" else positive_int(text), default=800,
                    help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
                    BUDGET_RULE + ")")
     g.add_argument("--provisional-update", type=positive_int, default=4000,
@@ -1204,7 +1079,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """The command line, with the defaults that depend on --deep, the device and --jobs filled in."""
     settings = build_parser().parse_args(argv)
     settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep else DEFAULT_WIDTH)
     settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep else "inverse_sqrt")
@@ -1218,7 +1092,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     check_method_choice(settings, [m.name for m in methods])
     check_checkpoint_alignment(settings)
     if settings.device is None:
-        settings.device = "cuda" if _cuda_available() else "cpu"
+        import torch
+
+        settings.device = "cuda" if torch.cuda.is_available() else "cpu"
     if settings.threads is None and settings.device == "cpu" and settings.jobs > 1:
         settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)  # the cores shared out
     if settings.threads:
@@ -1256,10 +1132,8 @@ def claim_out_dir(out: str, force: bool) -> None:
     """--out is this tool's working directory, rewritten on every run: one it stamped is continued;
     one holding files of its names that it did not stamp is refused without --force."""
     stamp = os.path.join(out, OUT_STAMP)
-    if os.path.isfile(stamp):
-        with open(stamp, encoding="utf-8", errors="replace") as f:
-            if f.read() == STAMP_TEXT:
-                return
+    if os.path.isfile(stamp) and corpus.read_lines(stamp) == STAMP_TEXT.splitlines():
+        return
     found = [name for name in OUT_NAMES if os.path.exists(os.path.join(out, name))]
     if found and not force:
         raise ComparisonError(f"--out {out} holds {', '.join(found)}, not written by compare_methods.py; pass --force "
@@ -1285,29 +1159,18 @@ def check_method_choice(settings, names: List[str]) -> None:
 def check_checkpoint_alignment(settings) -> None:
     """Every update a run stops at is a multiple of --eval-every: fairseq writes the interval checkpoints
     (the resume points and the averaged ones) only there."""
-    every = settings.eval_every
-    why = f"not a multiple of --eval-every {every}, the only updates with a checkpoint"
-    if settings.max_update == "auto" and settings.lr_schedule == "polynomial":
+    every, auto = settings.eval_every, settings.max_update == "auto"
+    if auto and settings.lr_schedule == "polynomial":
         raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
                               "training; give --max-update N")
-    if settings.max_update == "auto":
-        if BUDGET_STEP % every:
-            raise ComparisonError(f"--max-update auto: its budgets are multiples of {BUDGET_STEP}, {why}")
-        if settings.provisional_update % every:
-            raise ComparisonError(f"--provisional-update {settings.provisional_update}: {why}")
-    elif settings.max_update % every:
-        raise ComparisonError(f"--max-update {settings.max_update}: {why}")
-    if settings.finetune_update % every and any(method.init for method in resolve_methods(settings.methods)):
-        raise ComparisonError(f"--finetune-update {settings.finetune_update}: {why}")
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    for what, updates, applies in (
+            (f"--max-update auto: its budgets are multiples of {BUDGET_STEP},", BUDGET_STEP, auto),
+            (f"--provisional-update {settings.provisional_update}:", settings.provisional_update, auto),
+            (f"--max-update {settings.max_update}:", settings.max_update, not auto),
+            (f"--finetune-update {settings.finetune_update}:", settings.finetune_update,
+             any(method.init for method in resolve_methods(settings.methods)))):
+        if applies and updates % every:
+            raise ComparisonError(f"{what} not a multiple of --eval-every {every}, the only updates with a checkpoint")
 
 
 if __name__ == "__main__":

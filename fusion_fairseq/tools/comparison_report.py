@@ -15,15 +15,13 @@ from fusion_fairseq.tools.comparison import (
     AVERAGED, DEFAULT_CRITERION, TEST_SETS, Method, _read_json, _write_json, common_train_flags,
     finished_run, last_logged_update, learning_curve, read_recipe_env, run_dir, training_record)
 
-# ------------------------------------------------------------------------------------------ scores
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default
 
 
 def paired_bootstrap(references: List[str], baseline: List[str], system: List[str], lowercase: bool) -> dict:
-    """sacreBLEU's paired bootstrap resampling (``--paired-bs``, 1000 samples, its seed): the system's
-    and the baseline's BLEU, the p-value sacrebleu reports and the 95% confidence interval of the
-    difference system - baseline over the same resampled test sets (sacrebleu draws them as below)."""
+    """sacreBLEU's paired bootstrap (``--paired-bs``): both BLEUs, its p-value, and the 95% interval of the
+    difference over the test sets it resamples (drawn as sacrebleu draws them)."""
     import numpy as np
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
@@ -44,22 +42,17 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
 
 
 def sentence_statistics(hypotheses: List[str], references: List[str], lowercase: bool):
-    """Per sentence, sacreBLEU's sufficient statistics (n-gram matches and totals for n = 1..4, the
-    hypothesis' and the reference's length) from its public ``BLEU.sentence_score``: summed over any
-    set of sentences they give that set's corpus BLEU (:func:`corpus_bleu`)."""
+    """Per sentence, sacreBLEU's n-gram matches and totals (n = 1..4) and both lengths: summed over any
+    set of sentences they give its corpus BLEU (:func:`corpus_bleu`)."""
     import numpy as np
     from sacrebleu.metrics import BLEU
 
     bleu = BLEU(lowercase=lowercase, effective_order=True)  # only its n-gram counts are read: the same either way
-    rows = []
-    for hypothesis, reference in zip(hypotheses, references):
-        score = bleu.sentence_score(hypothesis, [reference])
-        rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
-    return np.array(rows, dtype=np.int64)
+    scores = (bleu.sentence_score(hypothesis, [reference]) for hypothesis, reference in zip(hypotheses, references))
+    return np.array([[*s.counts, *s.totals, s.sys_len, s.ref_len] for s in scores], dtype=np.int64)
 
 
 def corpus_bleu(statistics_sum) -> float:
-    """Corpus BLEU (sacreBLEU's default exponential smoothing) from summed :func:`sentence_statistics`."""
     from sacrebleu.metrics import BLEU
 
     c = [int(x) for x in statistics_sum]
@@ -67,9 +60,8 @@ def corpus_bleu(statistics_sum) -> float:
 
 
 def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
-    """Detokenised sacreBLEU of the test sets together (one corpus), and the output's length over the
-    reference's, tokenised as sacreBLEU does: its brevity penalty sees only short output, while long
-    output (a model looping until the length limit) costs precision."""
+    """sacreBLEU of the test sets together, and the output's length over the reference's: the brevity
+    penalty sees only short output, while long output (a model looping to the length limit) costs precision."""
     from sacrebleu.metrics import BLEU
 
     bleu = BLEU(lowercase=lowercase)
@@ -88,14 +80,12 @@ def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
 
 
 def write_sentence_statistics(rdir: str, scores: Dict[str, dict], lowercase: bool):
-    """:func:`sentence_statistics` of a run on the four test sets together, into the run directory."""
     found = sentence_statistics(read_concatenated(scores, "hyp_detok"), read_concatenated(scores, "raw_ref"), lowercase)
     _write_json(os.path.join(rdir, "sentence-statistics.json"), {"statistics": found.tolist()})
     return found
 
 
 def run_statistics(rdir: str):
-    """The :func:`sentence_statistics` of a scored run (made from its hypotheses when it has none)."""
     import numpy as np
 
     stored = _read_json(os.path.join(rdir, "sentence-statistics.json"))
@@ -105,7 +95,6 @@ def run_statistics(rdir: str):
     return write_sentence_statistics(rdir, scores, "case:lc" in scores["all"]["sacrebleu_signature"])
 
 
-# ------------------------------------------------------------------------------------------ verdict
 #: The verdict, fixed before any of the 6+6 comparison's test scores existed: a method's Δ is its mean
 #: corpus BLEU over its seeds minus its baseline's, on the four test sets together (the average of the
 #: last checkpoints); its 95% interval comes from VERDICT_SAMPLES bootstrap replicates, each drawing the
@@ -123,7 +112,7 @@ THIRD_SEED_RULE = ("once every run of the first seeds is scored: one more seed f
 
 
 def seed_sentence_bootstrap(system: List, baseline: List, samples: int = VERDICT_SAMPLES, seed: int = VERDICT_SEED) -> dict:
-    """:data:`VERDICT_RULE` for the :func:`sentence_statistics` of a method's runs (one per seed) and its baseline's."""
+    """:data:`VERDICT_RULE` on the sentence statistics of a method's runs (one per seed) and its baseline's."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -154,9 +143,8 @@ CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by
 
 
 def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
-    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget``: per seed the NLL at the window
-    ends and the changes; "passed" when every seed's changes are below CHECK_DELTA (None: no run reached it, or
-    the budget does not hold the windows)."""
+    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget`` (None: none did, or the budget
+    does not hold the windows)."""
     if baseline_row is None or not isinstance(budget, int) or budget <= CHECK_WINDOWS * CHECK_WINDOW:
         return None
     ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
@@ -177,7 +165,6 @@ def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
             "passed": all(found.get("passed", False) for found in seeds.values())}
 
 
-# ------------------------------------------------------------------------------------------ results.json
 def summarise(values: Sequence[float]) -> Optional[dict]:
     values = [float(v) for v in values]
     if not values:
@@ -188,8 +175,7 @@ def summarise(values: Sequence[float]) -> Optional[dict]:
 
 
 def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
-    """The mean of the curves at the updates every one of them reached: the same seeds at every point,
-    so that no step appears where a shorter curve ends."""
+    """The mean at the updates every curve reached: no step where a shorter curve ends."""
     if not curves:
         return {}
     common = sorted(set.intersection(*(set(c) for c in curves)))
@@ -197,13 +183,12 @@ def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
 
 
 def run_curve(run: dict) -> Dict[int, float]:
-    """A run's validation curve with integer updates (the results keep them as JSON strings)."""
     return {int(u): v for u, v in run["curve"].items()}
 
 
 def paired_with_baseline(out: str, method: str, seed: int, baseline: str, lowercase: bool) -> Optional[dict]:
-    """The paired bootstrap against the baseline of the same seed on the four test sets together, once both
-    runs are scored (kept in the run's paired.json while neither is scored anew); None for the Transformer."""
+    """:func:`paired_bootstrap` against the baseline of the same seed once both are scored (kept in
+    paired.json while neither is scored anew); None for the Transformer."""
     rdir = run_dir(out, method, seed)
     system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))
     if method == "transformer" or not (system and base):
@@ -220,8 +205,7 @@ def paired_with_baseline(out: str, method: str, seed: int, baseline: str, lowerc
 
 
 def collect_run(out: str, method: str, seed: int, lowercase: bool, budget, baseline: str = "transformer") -> dict:
-    """One run's entry of the report: its scores once done, else its progress so far; its validation
-    curve up to ``budget`` (all of it while the budget is not yet calibrated)."""
+    """A run's scores once done, else its progress; its curve up to ``budget`` (all while uncalibrated)."""
     rdir = run_dir(out, method, seed)
     log_path = os.path.join(rdir, "run.log")
     done = finished_run(rdir)
@@ -241,7 +225,6 @@ def collect_run(out: str, method: str, seed: int, lowercase: bool, budget, basel
 
 
 def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
-    """A method's entry of the report: its runs and their summaries over the finished seeds."""
     finished = [r for r in runs if r["status"] == "done"]
     # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
     curves = [run_curve(r) for r in (finished or runs) if r["curve"]]
@@ -260,7 +243,6 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
 
 
 def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: dict, settings, data_bin: str) -> dict:
-    """The report's data; ``seeds``: the seeds of each method."""
     lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
     budget = settings.max_update
     rows = [method_row(method, [collect_run(out, method.name, seed, lowercase,
@@ -289,7 +271,6 @@ def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: 
     }
 
 
-# ------------------------------------------------------------------------------------------ results.md
 LENGTH_TOLERANCE = 0.05  # an output length ratio further from 1 is flagged
 
 
@@ -298,13 +279,18 @@ def _interval(found: Optional[dict]) -> str:
 
 
 def _mean_std(stats: Optional[dict]) -> str:
-    if not stats:
-        return "–"
-    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "")
+    return f"{stats['mean']:.2f}" + (f" ± {stats['std']:.2f}" if stats["n"] > 1 else "") if stats else "–"
 
 
 def _duration(seconds: Optional[float]) -> str:
     return "–" if seconds is None else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _table(title: str, intro: str, columns: Sequence[str], rows: List[List[str]]) -> List[str]:
+    """A markdown section: its title, its intro and one table; a column named "-NAME" is left-aligned."""
+    return ["", f"## {title}", "", *([intro, ""] if intro else []), "| " + " | ".join(c.lstrip("-") for c in columns) + " |",
+            "|" + "".join("---|" if c.startswith("-") or c == columns[0] else "---:|" for c in columns),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
 
 
 def markdown(results: dict) -> str:
@@ -340,16 +326,9 @@ def header(results: dict) -> List[str]:
 
 
 def summary_table(results: dict) -> List[str]:
-    """Per method and seed, sacreBLEU on the four test sets together with the output's length over the
-    reference's; their mean; Δ to the baseline with its 95% interval and the verdict."""
     rows, seeds = results["methods"], results["settings"]["seeds"]
     base_params = next((r["params"] for r in rows if r["method"] == "transformer"), None)
-    lines = ["", "## Summary", "", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the "
-             f"output's length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: "
-             f"{VERDICT_RULE}.", "",
-             "| method | params | vs Transformer | " + " | ".join(f"seed {seed}" for seed in seeds)
-             + " | mean ± std | baseline | Δ [95% interval] | verdict |",
-             "|---|---:|---:|" + "---:|" * (len(seeds) + 1) + "---|---:|---|"]
+    table = []
     for r in rows:
         by_seed = {run["seed"]: run for run in r["runs"]}
         cells = []
@@ -360,44 +339,38 @@ def summary_table(results: dict) -> List[str]:
                 flag = " ⚠" if abs(run["length_ratio"] - 1) > LENGTH_TOLERANCE else ""
                 cells.append(f"{run['test']['all']:.2f} ({run['length_ratio']:.2f}{flag})")
         params = r["params"]
-        versus = f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–"
         own = r["method"] == r["baseline"]
-        verdict = "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"
-        lines.append(f"| {r['title']} | {f'{params:,}' if params else '–'} | {versus} | " + " | ".join(cells)
-                     + f" | {_mean_std(r['test']['all'])} | {'–' if own else r['baseline']} | {_interval(r.get('verdict'))}"
-                     f" | {verdict} |")
-    return lines
+        table.append([r["title"], f"{params:,}" if params else "–",
+                      f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–", *cells,
+                      _mean_std(r["test"]["all"]), "–" if own else r["baseline"], _interval(r.get("verdict")),
+                      "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"])
+    return _table("Summary", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the output's "
+                  f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: {VERDICT_RULE}.",
+                  ["method", "params", "vs Transformer", *(f"seed {seed}" for seed in seeds), "mean ± std",
+                   "-baseline", "Δ [95% interval]", "-verdict"], table)
 
 
 def test_set_table(rows: List[dict]) -> List[str]:
-    lines = ["", "## Every test set", "", "sacreBLEU, mean ± sample std over the finished seeds; tokenised BLEU on "
-             f"{TEST_SETS[0]}.", "",
-             "| method | " + " | ".join(name.replace("test_", "") for name in TEST_SETS) + " | all four | tokenised |",
-             "|---|" + "---:|" * (len(TEST_SETS) + 2)]
-    for r in rows:
-        cells = [_mean_std(r["test"][name]) for name in (*TEST_SETS, "all")] + [_mean_std(r["tokenized_bleu"])]
-        lines.append(f"| {r['title']} | " + " | ".join(cells) + " |")
-    return lines
+    return _table("Every test set", f"sacreBLEU, mean ± sample std over the finished seeds; tokenised BLEU on "
+                  f"{TEST_SETS[0]}.", ["method", *(name.replace("test_", "") for name in TEST_SETS), "all four",
+                                       "tokenised"],
+                  [[r["title"], *(_mean_std(r["test"][name]) for name in (*TEST_SETS, "all")),
+                    _mean_std(r["tokenized_bleu"])] for r in rows])
 
 
 def runs_table(results: dict) -> List[str]:
-    lines = ["", "## Runs", "", "Paired: sacreBLEU's paired bootstrap against the baseline of the same seed "
-             f"({BOOTSTRAP_SAMPLES} resamples of the four test sets together; Δ [95% interval], p). Times are "
-             "wall-clock under whatever else the machine ran: they do not compare speed.", "",
-             "| method | seed | status | updates | paired | training | updates/s | decoding | device |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in results["methods"]:
-        for run in r["runs"]:
-            paired = run.get("paired")
-            lines.append(f"| {r['method']} | {run['seed']} | {run['status']} | {run.get('updates', 0)} | "
-                         + (f"{_interval(paired)}, p {paired['p_value']:.3f}" if paired else "–")
-                         + f" | {_duration(run.get('train_seconds'))} | {run.get('updates_per_second', '–')} | "
-                         f"{_duration(run.get('generate_seconds'))} | {'; '.join(run.get('devices', [])) or '–'} |")
-    return lines
+    return _table("Runs", f"Paired: sacreBLEU's paired bootstrap against the baseline of the same seed "
+                  f"({BOOTSTRAP_SAMPLES} resamples of the four test sets together; Δ [95% interval], p). Times are "
+                  "wall-clock under whatever else the machine ran: they do not compare speed.",
+                  ["method", "seed", "-status", "updates", "paired", "training", "updates/s", "decoding", "-device"],
+                  [[r["method"], run["seed"], run["status"], run.get("updates", 0),
+                    f"{_interval(run['paired'])}, p {run['paired']['p_value']:.3f}" if run.get("paired") else "–",
+                    _duration(run.get("train_seconds")), run.get("updates_per_second", "–"),
+                    _duration(run.get("generate_seconds")), "; ".join(run.get("devices", [])) or "–"]
+                   for r in results["methods"] for run in r["runs"]])
 
 
 def checks(results: dict) -> List[str]:
-    """The budget check, the third seed (--deep) and the CPU-hours."""
     check, third, hours = results["budget_check"], results["third_seed"], results["cpu_hours"]
     lines = ["", "## Budget check", "", f"Rule ({CHECK_RULE}): " + (
         "not checked (no Transformer run has reached the budget, or the budget is shorter than the windows)."
@@ -414,25 +387,21 @@ def checks(results: dict) -> List[str]:
 
 
 def methods_table(rows: List[dict]) -> List[str]:
-    lines = ["", "## Methods", "", "| method | paper | flags (besides the common width) | criterion | paper's gap | note |",
-             "|---|---|---|---|---|---|"]
+    table = []
     for r in rows:
         flags = [f"--arch {r['arch']}", " ".join(r["method_flags"])]
         if r.get("matched"):
             (flag, value), = r["matched"].items()
             flags.append(f"{flag} {value} (matched)")
-        gap = f"{r['paper_gap'][0]:+.2f} ({r['paper_gap'][1]})" if r.get("paper_gap") else "–"
-        lines.append(f"| {r['title']} | {r['paper']} | `{' '.join(f for f in flags if f)}` | "
-                     f"`{' '.join(r['criterion'][1:2])}` | {gap} | {r['note']} |")
-    return lines
+        table.append([r["title"], r["paper"], f"`{' '.join(f for f in flags if f)}`", f"`{' '.join(r['criterion'][1:2])}`",
+                      f"{r['paper_gap'][0]:+.2f} ({r['paper_gap'][1]})" if r.get("paper_gap") else "–", r["note"]])
+    return _table("Methods", "", ["-method", "-paper", "-flags (besides the common width)", "-criterion",
+                                  "-paper's gap", "-note"], table)
 
 
 def plot_curves(results: dict, path: str) -> None:
-    import logging
-
     import matplotlib
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
