@@ -760,6 +760,55 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     assert "not exported (not a regular file in EXP): results.md" in result.stdout  # runs/ lists regular files only
 
 
+def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
+    """launch.sh restore: a new EXP receives the exported evaluated runs that were evaluated at its path,
+    their hypotheses included; nothing in EXP is overwritten; a Transformer run comes back only with the
+    runs of its seed that start from its final model (that model is not exported)."""
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "--quiet", REPO_ROOT, str(clone)], check=True)
+    exp, elsewhere = tmp_path / "exp", tmp_path / "other-exp"
+    source = clone / "examples" / "comparison" / "deep"
+    shutil.rmtree(source, ignore_errors=True)
+
+    def exported(run, evaluated_in=exp):
+        rdir = source / run
+        (rdir / "eval-beam5" / "average" / "test_2016_flickr").mkdir(parents=True)
+        hyp = f"{evaluated_in}/{run}/eval-beam5/average/test_2016_flickr/hyp.detok"
+        (rdir / "done.json").write_text(json.dumps({"scores": {"average": {"test_2016_flickr": {"hyp_detok": hyp}}}},
+                                                   indent=2))
+        (rdir / "eval-beam5" / "average" / "test_2016_flickr" / "hyp.detok").write_text("a hypothesis\n")
+        (rdir / "run.log").write_text("exported\n")
+
+    for run in ("runs/mlrf/seed1", "runs/transformer/seed1", "runs/transformer/seed2",
+                "runs/transformer_continued/seed2", "runs/deeprep_finetuned/seed2", "runs/fgla/seed1"):
+        exported(run)
+    exported("runs/denseformer/seed1", evaluated_in=elsewhere)
+    (source / "composition.json").write_text('{"components": ["fgla"]}')
+    (source / "third_seed.json").write_text('{"seed": 3}')
+    script = clone / "examples" / "comparison" / "deep.sh"
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    script.write_text(re.sub(r"^PIN=\S*", f"PIN={head}", script.read_text(), count=1, flags=re.MULTILINE))
+
+    first = subprocess.run(["bash", str(script), "restore", str(exp)], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert (exp / ".created_by_deep_sh").read_text() == f"{exp}\n"
+    for run in ("runs/mlrf/seed1", "runs/transformer/seed2", "runs/transformer_continued/seed2", "runs/fgla/seed1"):
+        assert f"restored: {run}" in first.stdout
+        assert (exp / run / "eval-beam5" / "average" / "test_2016_flickr" / "hyp.detok").read_text() == "a hypothesis\n"
+    assert "not restored (deeprep_finetuned seed1 starts from its model): runs/transformer/seed1" in first.stdout
+    assert "not restored (evaluated in another EXP than" in first.stdout
+    assert not (exp / "runs" / "transformer" / "seed1").exists() and not (exp / "runs" / "denseformer").exists()
+    assert (exp / "composition.json").read_text() == '{"components": ["fgla"]}'
+
+    (exp / "runs" / "mlrf" / "seed1" / "run.log").write_text("trained here\n")
+    (source / "composition.json").write_text('{"components": ["mlrf"]}')
+    again = subprocess.run(["bash", str(script), "restore", str(exp)], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "not restored (already in EXP): runs/mlrf/seed1" in again.stdout
+    assert (exp / "runs" / "mlrf" / "seed1" / "run.log").read_text() == "trained here\n"
+    assert (exp / "composition.json").read_text() == '{"components": ["fgla"]}'  # a decision is never retaken
+
+
 @pytest.mark.parametrize("content", ['{"method": "transformer", "sc', "[1, 2, 3]", '{"method": "transformer"}', ""])
 def test_an_unusable_done_json_stops_every_reader_in_one_line(tmp_path, content):
     """A truncated or foreign done.json is neither counted as done in one place and as not done in

@@ -18,4 +18,5 @@ NAME=converged
 PIN=ac30f16cdfe7b83a8c5f4da3396ed6e6f6c7e22d
 COMPARISON_ARGS=(--small --max-update auto --eval-every 250 --seeds 1 2 --jobs 2 --threads 1
                  --methods transformer,mlrf,deeprep,surface_fusion,fgla,layerwise_coordination,dense_transformer,composition)
+STARTED_FROM_TRANSFORMER=()
 source "$(dirname "${BASH_SOURCE[0]}")/launch.sh"

@@ -14,6 +14,8 @@
 #   bash examples/comparison/deep.sh evaluate EXP RAW   score the runs that reached their budget
 #   bash examples/comparison/deep.sh export   EXP       copy the report and every run's small results
 #                                                        into examples/comparison/deep/
+#   bash examples/comparison/deep.sh restore  EXP       copy the exported evaluated runs back into an EXP
+#                                                        that was lost (same path), before 'train'
 #
 # EXP: a folder this script creates (a new path), kept between working sessions, never in the repository.
 # RAW: the Multi30k task-1 raw files (train/val/test_*.de/.en). The order: train until every run of seeds
@@ -24,4 +26,5 @@ NAME=deep
 PIN=5a7244477998b0354e1aa66b8248b32c67e6ac30  # the commit every step runs
 COMPARISON_ARGS=(--deep --max-update 3000 --finetune-update 1000 --eval-every 250 --seeds 1 2 --jobs 2 --threads 1
                  --planned-cpu-hours 72)
+STARTED_FROM_TRANSFORMER=(transformer_continued deeprep_finetuned)
 source "$(dirname "${BASH_SOURCE[0]}")/launch.sh"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The steps of a comparison, shared by examples/comparison/deep.sh and converged.sh, which set NAME
 # (the script's name and the folder under examples/comparison/ that export fills), PIN (the commit
-# every step runs) and COMPARISON_ARGS (scripts/compare_methods.py's arguments but --out and --raw),
-# then source this file with their own command line: STEP EXP [RAW].
+# every step runs), COMPARISON_ARGS (scripts/compare_methods.py's arguments but --out and --raw) and
+# STARTED_FROM_TRANSFORMER (the methods whose runs start from the Transformer's final model of their
+# seed), then source this file with their own command line: STEP EXP [RAW].
 #
 # Every step runs the code of PIN from a checkout of it in EXP/code, with EXP/venv, an environment
 # made here where that checkout is the installed plugin: work on main cannot change a run halfway.
@@ -11,11 +12,11 @@
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STEP=${1:-}
 die() { echo "$NAME.sh: error: $*" >&2; exit 1; }
-[[ -n "$STEP" && -n "${2:-}" ]] || { echo "usage: $0 train|status|evaluate|export EXP [RAW]" >&2; exit 2; }
+[[ -n "$STEP" && -n "${2:-}" ]] || { echo "usage: $0 train|status|evaluate|export|restore EXP [RAW]" >&2; exit 2; }
 [[ -n "$PIN" ]] || die "PIN is empty: set it to the commit the comparison runs before any step"
 OWNED=.created_by_${NAME}_sh
 if [[ ! -e "$2" ]]; then
-    [[ "$STEP" == train ]] || die "EXP $2 does not exist; 'train' creates it"
+    [[ "$STEP" == train || "$STEP" == restore ]] || die "EXP $2 does not exist; 'train' or 'restore' creates it"
     mkdir -p "$2"
     EXP=$(cd "$2" && pwd)
     printf '%s\n' "$EXP" > "$EXP/$OWNED"
@@ -90,7 +91,8 @@ case "$STEP" in
         ls -d results.md results.json learning_curves.png budget.json composition.json third_seed.json plan.json \
             2>/dev/null > "$EXP/logs/export.list" || true
         find runs -type f \( -name config.json -o -name sessions.json -o -name done.json -o -name paired.json \
-                -o -name run.log -o \( -path '*/eval-*' -name scores.json \) \) >> "$EXP/logs/export.list" 2>/dev/null || true
+                -o -name run.log -o \( -path '*/eval-*' \( -name scores.json -o -name hyp.detok \) \) \) \
+            >> "$EXP/logs/export.list" 2>/dev/null || true
         while IFS= read -r f; do
             real=$(realpath -e -- "$f" 2>/dev/null) || continue
             [[ -f "$f" && ! -L "$f" && "$real" == "$EXP"/* ]] || { echo "not exported (not a regular file in EXP): $f"; continue; }
@@ -98,6 +100,37 @@ case "$STEP" in
             cp -- "$real" "$DEST/$f"
         done < "$EXP/logs/export.list"
         echo "exported to $DEST" ;;
+    restore)
+        # the evaluated runs of an export (examples/comparison/NAME/) copied back into EXP, for an EXP that
+        # was lost with its machine: the runner counts them as done and trains only what is missing. A run
+        # is restored only into the EXP path it was evaluated in (done.json names its outputs by that
+        # path), never over anything in EXP, and a Transformer run only with every run of its seed that
+        # starts from its final model (that model is not exported: without them, it trains again)
+        if training; then die "training (pid $(cat "$PIDFILE")) in $EXP: restore before 'train', not beside it"; fi
+        SOURCE=$REPO/examples/comparison/$NAME
+        for done in "$SOURCE"/runs/*/seed*/done.json; do
+            [[ -f "$done" ]] || continue
+            run=${done#"$SOURCE/"}; run=${run%/done.json}; seed=${run##*/}
+            if [[ -e "$EXP/$run" ]]; then echo "not restored (already in EXP): $run"; continue; fi
+            if ! grep -qF "\"hyp_detok\": \"$EXP/$run/" "$done"; then
+                echo "not restored (evaluated in another EXP than $EXP): $run"; continue
+            fi
+            missing=""
+            if [[ "$run" == runs/transformer/* ]]; then
+                for child in "${STARTED_FROM_TRANSFORMER[@]}"; do
+                    [[ -f "$SOURCE/runs/$child/$seed/done.json" ]] || missing=$child
+                done
+            fi
+            if [[ -n "$missing" ]]; then echo "not restored ($missing $seed starts from its model): $run"; continue; fi
+            (cd "$SOURCE" && find "$run" -type f) | while IFS= read -r f; do
+                mkdir -p "$EXP/$(dirname "$f")"
+                cp -- "$SOURCE/$f" "$EXP/$f"
+            done
+            echo "restored: $run"
+        done
+        for decision in composition.json third_seed.json; do  # decisions taken once, never retaken
+            if [[ -f "$SOURCE/$decision" && ! -e "$EXP/$decision" ]]; then cp -- "$SOURCE/$decision" "$EXP/"; fi
+        done ;;
     *)
-        echo "usage: $0 train|status|evaluate|export EXP [RAW]" >&2; exit 2 ;;
+        echo "usage: $0 train|status|evaluate|export|restore EXP [RAW]" >&2; exit 2 ;;
 esac
