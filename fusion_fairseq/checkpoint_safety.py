@@ -1,12 +1,8 @@
-"""Loading untrusted checkpoints and configurations safely (what holds, and why: docs/safety.md).
+"""Loading untrusted checkpoints and configurations safely; what holds, and why: docs/safety.md.
 
-torch >= 2.6 loads weights only and refuses the ``argparse.Namespace`` / omegaconf objects every
-fairseq checkpoint stores: the plugin allow-lists exactly those types (found with
-``torch.serialization.get_unsafe_globals_in_checkpoint``) and makes fairseq's reader read weights
-only, so any other global is still refused. Stored strings fairseq would ``eval()`` are parsed as
-literals first; a checkpoint's pretrained-embedding paths are forgotten; hub models fetch no file
-only the checkpoint names; only --finetune-from-model may start parameters a checkpoint lacks, and
-no load or resumed training may change the structure it was trained with.
+fairseq's checkpoint types join torch's safe globals and its reader reads weights only; strings fairseq
+would ``eval()`` are parsed as literals first; a checkpoint's embedding paths are forgotten; hub models
+fetch no file only the checkpoint names; no load may change the structure a checkpoint was trained with.
 """
 
 import argparse

@@ -224,23 +224,20 @@ class Tokeniser:
         import regex
         from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-        # Romanian: comma-below letters (and diacritics removed on request), on the Romanian side only
-        self.steps = steps if lang == "ro" else tuple(s for s in steps if s not in ("romanian", "no_diacritics"))
-        self.lowercase = lowercase
-        self.tokenizer = MosesTokenizer(lang=lang)
-        self.normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
-        self.non_printing = regex.compile(r"\p{C}")
+        non_printing = regex.compile(r"\p{C}")
+        known = {"normalize": MosesPunctNormalizer(lang=lang, perl_parity=True).normalize,
+                 "romanian": lambda line: line.translate(RO_COMMA_BELOW),
+                 "no_diacritics": lambda line: line.translate(RO_STRIP),
+                 "non_printing": lambda line: non_printing.sub(" ", line)}
+        # in this order; the Romanian letters (and diacritics) are changed on the Romanian side only
+        self.steps = [known[name] for name in known
+                      if name in steps and (lang == "ro" or name not in ("romanian", "no_diacritics"))]
+        self.tokenizer, self.aggressive, self.lowercase = MosesTokenizer(lang=lang), "aggressive" in steps, lowercase
 
     def __call__(self, line):
-        if "normalize" in self.steps:
-            line = self.normalizer.normalize(line)
-        if "romanian" in self.steps:
-            line = line.translate(RO_COMMA_BELOW)
-        if "no_diacritics" in self.steps:
-            line = line.translate(RO_STRIP)
-        if "non_printing" in self.steps:
-            line = self.non_printing.sub(" ", line)
-        line = self.tokenizer.tokenize(line, aggressive_dash_splits="aggressive" in self.steps, escape=True, return_str=True)
+        for step in self.steps:
+            line = step(line)
+        line = self.tokenizer.tokenize(line, aggressive_dash_splits=self.aggressive, escape=True, return_str=True)
         return line.lower() if self.lowercase else line
 
 
