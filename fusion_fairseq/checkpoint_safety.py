@@ -441,9 +441,9 @@ def _hub_file_setting_errors(load, loaded, filenames, arg_overrides=None, *args,
     (``arg_overrides``) do not give."""
     from fairseq.registry import REGISTRIES
 
-    cfg, overrides, found = loaded[1], arg_overrides or {}, []
     if not load.hub:
         return []
+    cfg, overrides, found = loaded[1], arg_overrides or {}, []
     bpe = stored_value(cfg, "bpe")
     if bpe not in (_ABSENT, None):
         name = stored_value(bpe, "_name")

@@ -190,8 +190,9 @@ class RawFiles:
             self.unpacked = True
             unpacked = os.path.join(self.work, "unpacked")
             for entry in sorted(os.listdir(self.roots[0])):
-                if entry.endswith((".tgz", ".tar.gz", ".tar", ".zip")) and os.path.isfile(os.path.join(self.roots[0], entry)):
-                    extract(os.path.join(self.roots[0], entry), os.path.join(unpacked, entry + ".d"))
+                path = os.path.join(self.roots[0], entry)
+                if entry.endswith((".tgz", ".tar.gz", ".tar", ".zip")) and os.path.isfile(path):
+                    extract(path, os.path.join(unpacked, entry + ".d"))
             self.roots.append(unpacked)
             return self.find(names)
         raise SystemExit(f"corpus: error: cannot find {names.replace('|', ' or ')} under {self.roots[0]}")
