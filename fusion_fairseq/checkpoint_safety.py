@@ -350,9 +350,8 @@ def may_start_parameters_fresh() -> bool:
 def starts_from_pretrained_model(cfg, trainer) -> bool:
     """fairseq's rule (``load_checkpoint``): --finetune-from-model is read only on a first launch: the default
     --restore-file, no --continue-once, no checkpoint_last.pt in --save-dir."""
-    if cfg.finetune_from_model is None or cfg.restore_file != "checkpoint_last.pt":
-        return False
-    if getattr(cfg, "continue_once", None) is not None:
+    if cfg.finetune_from_model is None or cfg.restore_file != "checkpoint_last.pt" \
+            or getattr(cfg, "continue_once", None) is not None:
         return False
     return not os.path.exists(os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt"))
 
