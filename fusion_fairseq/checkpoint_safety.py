@@ -1,20 +1,8 @@
-"""Loading untrusted checkpoints and configurations safely.
+"""Loading untrusted checkpoints and configurations safely; what holds, and why: docs/safety.md.
 
-Since torch 2.6, ``torch.load`` defaults to ``weights_only=True`` and refuses every global that is
-not allow-listed, so ``fairseq-generate`` could load no fairseq checkpoint: they store their
-configuration as an ``argparse.Namespace`` (legacy ``args`` / ``cfg.model``) or, in older files, as
-omegaconf containers. The plugin allow-lists exactly the types found in such files (listed by
-``torch.serialization.get_unsafe_globals_in_checkpoint`` on checkpoints of fairseq-train and on
-omegaconf-configured ones) and makes fairseq's reader read weights only; any other global, e.g. a
-callable smuggled in a crafted pickle, is still refused. Beyond that:
-
-* configuration strings fairseq would ``eval()`` are parsed as literals first, those of a
-  checkpoint's stored task and criterion when the file is read;
-* the pretrained-embedding files a checkpoint's model configuration names are forgotten;
-* hub models read or fetch no file that only the checkpoint names;
-* only fairseq-train's --finetune-from-model may start parameters a checkpoint lacks, and neither
-  --model-overrides nor a resumed training may change the structure a checkpoint was trained with;
-* the plugin's configuration errors print as one line.
+fairseq's checkpoint types join torch's safe globals and its reader reads weights only; strings fairseq
+would ``eval()`` are parsed as literals first; a checkpoint's embedding paths are forgotten; hub models
+fetch no file only the checkpoint names; no load may change the structure a checkpoint was trained with.
 """
 
 import argparse
@@ -35,8 +23,7 @@ from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, String
 
 from .errors import ConfigurationError
 
-# types, not callables with side effects: configuration containers and the plain type objects that
-# omegaconf metadata refers to as ``ref_type`` / ``object_type`` / ``element_type``
+# types, no callables: configuration containers and the types omegaconf metadata names (``ref_type`` ...)
 FAIRSEQ_CHECKPOINT_TYPES = (argparse.Namespace, collections.defaultdict, typing.Any, dict, list, int, float, bool,
                             str, DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode, BooleanNode,
                             FloatNode, IntegerNode, StringNode)
@@ -47,10 +34,8 @@ class CheckpointContentError(ConfigurationError):
 
 
 class _TorchReadingWeightsOnly:
-    """torch as fairseq's ``checkpoint_utils`` sees it, except that ``load`` always unpickles with
-    ``weights_only=True``: fairseq's main branch passes ``weights_only=False`` (since "Pt2.6
-    compatibility", #5611), which would run a crafted pickle; ve-fairseq 0.12.3 passes nothing.
-    A refused global, and a state fairseq cannot use, fail in one line naming the file."""
+    """torch for fairseq's ``checkpoint_utils``, whose ``load`` always passes ``weights_only=True``: fairseq's
+    main branch passes False (#5611), which would run a crafted pickle."""
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -66,22 +51,17 @@ class _TorchReadingWeightsOnly:
                 raise
             raise CheckpointContentError(f"{path}: cannot read the checkpoint safely ({refused.group(0)}): a fairseq "
                                          "checkpoint holds tensors and configuration types only") from None
-        require_model_parameters(state, path)
+        if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint: it has no 'model' entry of parameters "
+                                         "(not a fairseq checkpoint of a model)")
+        for name, tensor in state["model"].items():
+            what = (type(tensor).__name__ if not isinstance(tensor, torch.Tensor)
+                    else "a meta tensor, without data" if tensor.is_meta
+                    else f"a complex tensor ({tensor.dtype})" if tensor.is_complex() else None)
+            if what:
+                raise CheckpointContentError(f"{path}: cannot read the checkpoint: parameter {name} is {what}; a "
+                                             "model's parameters are real tensors with data")
         return state
-
-
-def require_model_parameters(state, path):
-    """Refuse a state without a ``model`` dict of real tensors that hold data."""
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise CheckpointContentError(f"{path}: cannot read the checkpoint: it has no 'model' entry of parameters "
-                                     "(not a fairseq checkpoint of a model)")
-    for name, tensor in state["model"].items():
-        what = (type(tensor).__name__ if not isinstance(tensor, torch.Tensor)
-                else "a meta tensor, without data" if tensor.is_meta
-                else f"a complex tensor ({tensor.dtype})" if tensor.is_complex() else None)
-        if what:
-            raise CheckpointContentError(f"{path}: cannot read the checkpoint: parameter {name} is {what}; a "
-                                         "model's parameters are real tensors with data")
 
 
 def read_checkpoints_safely():
@@ -94,14 +74,9 @@ def read_checkpoints_safely():
 
 
 # --- configuration strings are parsed, never evaluated ----------------------------------------
-# fairseq eval()s some configuration strings while building a model: the ConvS2S layer specs
-# (``fconv``), ``adaptive_softmax_cutoff`` (``utils.eval_str_list``) and ``xformers_att_config``
-# (``utils.eval_str_dict`` in every ``MultiheadAttention``). A checkpoint stores them, so a
-# crafted one would run code on load: the plugin parses them first and refuses non-literals.
-
-# A layer spec such as "[(128, 3)] * 9 + [(256, 3)] * 4" repeats lists: this bounds the items of the
-# whole value (nested ones, each repetition and concatenation counted), so that a crafted count
-# cannot exhaust memory or time.
+# fairseq eval()s the ConvS2S layer specs, ``adaptive_softmax_cutoff`` and ``xformers_att_config``
+# while building a model. Items are bounded over the whole value (each repetition and concatenation
+# counted), so that a crafted "[0] * 10**12" cannot exhaust memory.
 MAX_LIST_LENGTH = 10_000
 _LITERAL_CONSTANTS = (int, float, str, bool, type(None))
 _TOO_MANY = f"only list + list and list * N giving at most {MAX_LIST_LENGTH} items are allowed"
@@ -112,10 +87,8 @@ class ConfigLiteralError(ConfigurationError):
 
 
 def parse_config_literal(text, flag: str):
-    """The value of configuration string ``text`` (the value of ``flag``), read without running
-    code: numbers, strings, booleans, ``None``, tuples, lists and dicts of them, a leading sign, and
-    fairseq's list arithmetic ``[...] * N`` and ``[...] + [...]``, at most :data:`MAX_LIST_LENGTH`
-    items in all; anything else raises :class:`ConfigLiteralError`. Non-strings are returned as is."""
+    """The value of configuration string ``text`` (of ``flag``), read without running code: literals, a
+    leading sign and fairseq's ``[...] * N + [...]``; else :class:`ConfigLiteralError`. Non-strings as they are."""
     if not isinstance(text, str):
         return text
 
@@ -189,18 +162,9 @@ def require_literal_transformer_config(args):
 
 
 # --- a checkpoint's task and criterion configuration is checked when it is read ---------------
-# Loading a checkpoint without a task (fairseq-validate, hub models, the analysis scripts) builds
-# the task stored in it, and fairseq-validate its stored criterion, whose code eval()s some strings
-# whatever the architecture:
-#   left_pad_source, left_pad_target   ``utils.eval_bool`` in multilingual_translation (and
-#                                      semisupervised_translation), online_backtranslation and
-#                                      translation_multi_simple_epoch (MultilingualDatasetManager)
-#   feature_encoder_spec               ``eval`` in audio_pretraining's RawAudioDataset
-#   wer_args                           ``eval`` in the ctc criterion
-# ``checkpoint_utils.load_checkpoint_to_cpu`` is fairseq's one reader of checkpoint files, so each
-# of these fields in the stored ``cfg.task`` / ``cfg.criterion`` and in a legacy flat ``args`` must be
-# a literal (True or False for the booleans) in every state it returns, even in a task that does not
-# have the field: an honest configuration holds literals there.
+# A load without a task builds the stored task (and fairseq-validate the stored criterion), which
+# eval() these fields: left_pad_* (multilingual tasks' ``utils.eval_bool``), feature_encoder_spec
+# (audio_pretraining) and wer_args (the ctc criterion); any task's field must hold a literal.
 
 EVALUATED_FIELDS = {
     "task": {"left_pad_source": bool, "left_pad_target": bool, "feature_encoder_spec": object},
@@ -210,9 +174,8 @@ _ABSENT = object()
 
 
 def stored_value(section, field: str):
-    """``field`` of a stored configuration section (a Namespace, an omegaconf node or a dict);
-    ``_ABSENT`` when it has no such field or its interpolation does not resolve (then fairseq
-    cannot read it either)."""
+    """``field`` of a stored Namespace, omegaconf node or dict; ``_ABSENT`` when it has none or its
+    interpolation does not resolve (then fairseq cannot read it either)."""
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(section, argparse.Namespace):
@@ -226,8 +189,7 @@ def stored_value(section, field: str):
 
 
 def require_literal_task_and_criterion(state, path):
-    """Refuse, naming ``path`` and the field, any field of :data:`EVALUATED_FIELDS` in ``state``
-    that fairseq would evaluate to anything but a literal."""
+    """Refuse, naming ``path`` and the field, a field of :data:`EVALUATED_FIELDS` that is not a literal."""
     args = state.get("args")
     sections = [("task", args), ("criterion", args)] if isinstance(args, argparse.Namespace) else []
     sections += [(name, stored_value(state.get("cfg"), name)) for name in EVALUATED_FIELDS]
@@ -248,16 +210,13 @@ def require_literal_task_and_criterion(state, path):
                 raise ConfigLiteralError(f"{value}; {evaluated}")
 
 
-# A model built from a checkpoint's configuration (every load but fairseq-train's) would read the
-# pretrained embeddings it names (fairseq's ``parse_embedding`` in the Transformer's and ConvS2S's
-# build_model): any file, a FIFO that blocks for ever, /dev/zero that fills memory. The
-# checkpoint's own weights replace them, so the reader forgets those paths first.
+# A model built from a checkpoint would read the pretrained embeddings it names (any file, a FIFO,
+# /dev/zero), which its own weights replace anyway: the reader forgets those paths.
 EMBEDDING_FILE_FIELDS = ("encoder_embed_path", "decoder_embed_path")
 
 
 def forget_embedding_files(state):
-    """Set the pretrained-embedding paths of the flat ``args`` / ``cfg.model`` and of their nested
-    encoder/decoder configs to None."""
+    """The embedding paths of ``args`` / ``cfg.model`` and of their nested encoder/decoder set to None."""
     for config in (state.get("args"), stored_value(state.get("cfg"), "model")):
         places = [(config, field) for field in EMBEDDING_FILE_FIELDS]
         places += [(stored_value(config, side), "embed_path") for side in ("encoder", "decoder")]
@@ -270,16 +229,11 @@ def forget_embedding_files(state):
 
 
 # --- the structure a checkpoint was trained with ---------------------------------------------
-# Several flags change the model without changing any parameter's name or shape (a dense
-# connection with its LayerNorm, the aggregation residuals, attention heads, ...): fairseq's strict
-# load passes and the model computes another function. So a load through
-# ``load_model_ensemble_and_task`` (fairseq-generate, -interactive, -validate, hub models, the
-# analysis scripts) may override a structural field only where the checkpoint's stored model
-# configuration lacks it (saved before the flag existed: the model's own checks then name the
-# value it needs) or holds the same value, and fairseq-train may resume only with the structure
-# it was trained with. Tuning flags (dropouts, SurfaceFusion's lambda and tau, DropConnect) and
-# the analysis flag ``mask_encoder_layer`` stay free. The refusal comes after the load itself,
-# so an override that needs parameters the checkpoint lacks still fails naming them.
+# Structural flags (attention heads, a dense connection, ...) may change no parameter's name or shape,
+# so fairseq's strict load passes and the model computes another function: an override or a resumed
+# training may give one only the stored value, or where the stored configuration lacks the field
+# (saved before the flag existed). The refusal comes after the load, so that missing parameters are
+# named first.
 
 class StructuralOverrideError(ConfigurationError):
     """--model-overrides or a resumed training changes a structural flag against the checkpoint."""
@@ -304,8 +258,7 @@ def architecture(model_config):
 
 
 def structural_flags(model_config):
-    """The fields the registered dataclass of a plugin architecture marks ``structural`` (see
-    ``fusion_fairseq.config_fields``); none for fairseq's own models."""
+    """The fields a plugin architecture's dataclass marks ``structural`` (``config_fields``); none for fairseq's."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_DATACLASS_REGISTRY
     from fusion_fairseq.config_fields import structural_fields
 
@@ -313,9 +266,7 @@ def structural_flags(model_config):
     return structural_fields(config) if config is not None else ()
 
 
-# fairseq's own flags that fix the function a trained model computes, for every architecture: its
-# sizes, and heads, activation, LayerNorm placement, embedding scale and sharing, which change no
-# parameter's name or shape.
+# fairseq's own flags that fix the function a trained model computes, for every architecture
 FAIRSEQ_STRUCTURAL_FIELDS = tuple(f"{side}_{name}" for side in ("encoder", "decoder") for name in (
     "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "learned_pos")) + (
     "decoder_output_dim", "decoder_input_dim", "decoder_out_embed_dim", "activation_fn", "no_scale_embedding",
@@ -324,8 +275,7 @@ FAIRSEQ_STRUCTURAL_FIELDS = tuple(f"{side}_{name}" for side in ("encoder", "deco
 
 
 def structure(model_config):
-    """``{"arch": architecture, field: value}`` for :data:`FAIRSEQ_STRUCTURAL_FIELDS` and the
-    model's :func:`structural_flags` (``_ABSENT`` where the configuration lacks the field)."""
+    """``{"arch": architecture, field: value or _ABSENT}`` of the fairseq and plugin structural fields."""
     return {"arch": architecture(model_config),
             **{flag: stored_value(model_config, flag)
                for flag in (*FAIRSEQ_STRUCTURAL_FIELDS, *structural_flags(model_config))}}
@@ -344,8 +294,8 @@ def structural_differences(config, other):
 
 
 def structural_override_errors(path, stored_config, overrides):
-    """A :class:`StructuralOverrideError` for each override of a structural field (the architecture
-    included) that the stored configuration holds with another value."""
+    """A :class:`StructuralOverrideError` for each override of a structural field (or the architecture)
+    that the stored configuration holds with another value."""
     trained = structure(stored_config)
     fields = {flag: "arch" if flag in ARCHITECTURE_FIELDS else flag for flag in overrides}
     return [StructuralOverrideError(
@@ -357,18 +307,9 @@ def structural_override_errors(path, stored_config, overrides):
         if trained.get(fields[flag], _ABSENT) is not _ABSENT and not _same_value(value, trained[fields[flag]])]
 
 
-def structural_resume_errors(path, stored_config, command_line_config):
-    return [StructuralOverrideError(
-        f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
-        f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
-        "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
-    ) for flag, trained, given in structural_differences(stored_config, command_line_config)]
-
-
 def require_known_architecture(state, path):
-    """Refuse an architecture fairseq does not know (it fails deep in its registries otherwise) and,
-    for the plugin's, LayerDrop pruning (``*_layers_to_keep``), which fairseq applies to the
-    parameters but the plugin's models do not build."""
+    """Refuse an architecture fairseq does not know (it fails deep in its registries otherwise) and, for
+    the plugin's, LayerDrop pruning (``*_layers_to_keep``), which their models do not build."""
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
     config = stored_model_config(state)
@@ -384,14 +325,11 @@ def require_known_architecture(state, path):
 
 
 # --- why fairseq loads a checkpoint ------------------------------------------------------------
-# fairseq loads checkpoint files through two entry points: ``checkpoint_utils.load_checkpoint``
-# (fairseq-train: fine-tuning, or resuming from checkpoint_last.pt) and
-# ``load_model_ensemble_and_task`` (everything else); both call the reader
-# ``load_checkpoint_to_cpu``, and the model hook ``upgrade_state_dict_named``, which cannot see why
-# it loads. So each entry point records its load while it runs. Only fine-tuning may start the
-# parameters a checkpoint lacks fresh (Dou et al. initialise their aggregation models from a
-# trained vanilla model); so may a ``model.load_state_dict(...)`` called in code, which is the
-# caller's own initialisation.
+# fairseq's two entry points, ``load_checkpoint`` (fairseq-train) and ``load_model_ensemble_and_task``
+# (everything else), both call the reader ``load_checkpoint_to_cpu`` and the model hook
+# ``upgrade_state_dict_named``, which cannot see why it loads: each entry point records its load.
+# Only fine-tuning (Dou et al. start aggregation from a vanilla model) may start missing parameters
+# fresh; so may a ``model.load_state_dict(...)`` in code, the caller's own initialisation.
 
 class _Load:
     def __init__(self, fine_tuning=False, overrides_checked=False, resumed_with=None, hub=False):
@@ -410,12 +348,10 @@ def may_start_parameters_fresh() -> bool:
 
 
 def starts_from_pretrained_model(cfg, trainer) -> bool:
-    """fairseq's own rule (``checkpoint_utils.load_checkpoint``): --finetune-from-model is read
-    only on a first launch, i.e. with the default --restore-file, no --continue-once and no
-    checkpoint_last.pt in --save-dir; otherwise training resumes from that checkpoint."""
-    if cfg.finetune_from_model is None or cfg.restore_file != "checkpoint_last.pt":
-        return False
-    if getattr(cfg, "continue_once", None) is not None:
+    """fairseq's rule (``load_checkpoint``): --finetune-from-model is read only on a first launch: the default
+    --restore-file, no --continue-once, no checkpoint_last.pt in --save-dir."""
+    if cfg.finetune_from_model is None or cfg.restore_file != "checkpoint_last.pt" \
+            or getattr(cfg, "continue_once", None) is not None:
         return False
     return not os.path.exists(os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt"))
 
@@ -448,7 +384,11 @@ def _checked_reader(read):
             stored = stored_model_config(read(path, None, load_on_all_ranks))
             load.conflicts.extend(structural_override_errors(path, stored, arg_overrides))
         if load and load.resumed_with is not None:
-            load.conflicts.extend(structural_resume_errors(path, stored_model_config(state), load.resumed_with))
+            load.conflicts.extend(StructuralOverrideError(
+                f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
+                f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
+                "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
+            ) for flag, trained, given in structural_differences(stored_model_config(state), load.resumed_with))
         return state
 
     load_checkpoint_to_cpu.checks_loaded_configurations = True
@@ -456,9 +396,8 @@ def _checked_reader(read):
 
 
 def _recording(entry_point, describe, after=None):
-    """``entry_point`` run with the :class:`_Load` ``describe(*args, **kwargs)`` recorded; then the
-    first structural change found is raised, instead of the error of a load that failed because of
-    it (e.g. fairseq's strict load of the parameters of another fusion function), unless that
+    """``entry_point`` run with the :class:`_Load` ``describe(*args, **kwargs)`` recorded; the first
+    structural change found is raised, also instead of the error of a load it made fail, unless that
     error is the plugin's own (:class:`MissingParametersError` names the parameters)."""
     @functools.wraps(entry_point)
     def wrapper(*args, **kwargs):
@@ -482,30 +421,28 @@ def _recording(entry_point, describe, after=None):
 
 
 def _training_load(cfg, trainer, **passthrough_args):
-    """fairseq-train's model is built from its command line: fine-tuning starts a new configuration
-    on purpose, but resuming with another structure would change the model silently."""
+    """fine-tuning starts a new configuration on purpose; resuming compares the command line's."""
     fine_tuning = starts_from_pretrained_model(cfg, trainer)
     return _Load(fine_tuning=fine_tuning, resumed_with=None if fine_tuning else trainer.cfg.model)
 
 
 # --- hub models read and fetch only the files the user names ----------------------------------
-# ``from_pretrained`` loads the checkpoint's configuration with its keyword arguments as overrides,
-# then builds the BPE of that configuration, which reads or downloads the files it names (gpt2's
-# are URLs), and reads the alignment dictionary of ``generation.replace_unk``. So in a hub load a
-# BPE is built only when the keywords name it, each of its settings comes from the keywords or is
-# that BPE's default, and a replace_unk path comes from the keywords; a setting that only the
-# checkpoint gives is refused before anything is read. (fairseq's tokenizers read no files.)
+# ``from_pretrained`` builds the loaded configuration's BPE, which reads or downloads its files, and
+# reads the ``generation.replace_unk`` dictionary: such a setting must come from the keywords (or be
+# the BPE's default). fairseq's tokenizers read no files.
 
 class CheckpointFileSettingError(ConfigurationError):
     """A hub load would read or fetch a file that the checkpoint, not the user, names."""
 
 
-def checkpoint_file_settings(cfg, overrides):
-    """The settings of the loaded ``cfg`` that read or fetch files and that ``overrides`` (the
-    keywords of ``from_pretrained``) do not give."""
+def _hub_file_setting_errors(load, loaded, filenames, arg_overrides=None, *args, **kwargs):
+    """An error for each setting of the loaded configuration that reads or fetches files and that the keywords
+    (``arg_overrides``) do not give."""
     from fairseq.registry import REGISTRIES
 
-    found = []
+    if not load.hub:
+        return []
+    cfg, overrides, found = loaded[1], arg_overrides or {}, []
     bpe = stored_value(cfg, "bpe")
     if bpe not in (_ABSENT, None):
         name = stored_value(bpe, "_name")
@@ -519,48 +456,36 @@ def checkpoint_file_settings(cfg, overrides):
     replace_unk = stored_value(stored_value(cfg, "generation"), "replace_unk")
     if isinstance(replace_unk, str) and replace_unk and "replace_unk" not in overrides:
         found.append(f"generation replace_unk {replace_unk!r}")
-    return found
-
-
-def _ensemble_load(*args, **kwargs):
-    outer = _load.get()
-    return _Load(overrides_checked=True, hub=outer is not None and outer.hub)
-
-
-def _hub_file_setting_errors(load, loaded, filenames, arg_overrides=None, *args, **kwargs):
-    return [] if not load.hub else [CheckpointFileSettingError(
+    return [CheckpointFileSettingError(
         f"from_pretrained: checkpoint {filenames[0]} sets {setting}, which would read or fetch a file the checkpoint "
         "names; pass the BPE and its files yourself (e.g. bpe='subword_nmt', bpe_codes=PATH) and replace_unk=PATH if "
         "you want one, or load a checkpoint without them"
-    ) for setting in checkpoint_file_settings(loaded[1], arg_overrides or {})]
+    ) for setting in found]
 
 
 def check_loaded_configurations():
-    """Wrap fairseq's reader, its two loading entry points and ``hub_utils.from_pretrained`` as
-    described above (idempotent; honest checkpoints load as before). ``load_model_ensemble`` and
-    the CLIs look the functions up in ``checkpoint_utils`` when they call them."""
+    """Wrap fairseq's reader, its two entry points and ``from_pretrained`` (idempotent). ``load_model_ensemble``
+    and the CLIs look the functions up in ``checkpoint_utils`` when they call them."""
     from fairseq import checkpoint_utils, hub_utils
 
     if getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_loaded_configurations", False):
         return
     checkpoint_utils.load_checkpoint_to_cpu = _checked_reader(checkpoint_utils.load_checkpoint_to_cpu)
     checkpoint_utils.load_model_ensemble_and_task = _recording(
-        checkpoint_utils.load_model_ensemble_and_task, _ensemble_load, after=_hub_file_setting_errors)
+        checkpoint_utils.load_model_ensemble_and_task,
+        lambda *args, **kwargs: _Load(overrides_checked=True, hub=getattr(_load.get(), "hub", False)),  # in a hub load?
+        after=_hub_file_setting_errors)
     checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, _training_load)
     hub_utils.from_pretrained = _recording(hub_utils.from_pretrained, lambda *args, **kwargs: _Load(hub=True))
 
 
 # --- configuration errors print as one line ---------------------------------------------------
-# Values argparse cannot check alone (combinations, values read from a checkpoint or from
-# --model-overrides) are checked while the model is built, after fairseq's parser is done. An
-# uncaught ConfigurationError, also one fairseq re-raised as another exception, prints as
-# argparse's errors do: "PROG: error: MESSAGE", exit status 1. Every other exception, a ValueError
-# of the plugin's own code included, keeps Python's traceback.
+# Values checked while the model is built (after fairseq's parser) fail as argparse's do: an uncaught
+# ConfigurationError, also one fairseq re-raised, prints "PROG: error: MESSAGE"; others keep their traceback.
 
 def configuration_error(error):
-    """``error`` or the exception it was raised while handling (fairseq's trainer re-raises a
-    failed load as "Cannot load model parameters from checkpoint ..."), whichever is a
-    :class:`ConfigurationError`; None if neither is."""
+    """``error`` or the one it was raised while handling (fairseq's trainer re-raises a failed load),
+    whichever is a :class:`ConfigurationError`; else None."""
     for candidate in (error, error.__cause__ or error.__context__):
         if isinstance(candidate, ConfigurationError):
             return candidate

@@ -2,7 +2,5 @@
 
 
 class ConfigurationError(ValueError):
-    """A flag, override or stored configuration value the plugin refuses. Its message names the
-    flag, the value and what is allowed; a command line that ends in one prints only that line
-    (``global_changes``), where any other exception keeps its traceback. A ``ValueError``, so that
-    code catching fairseq's own configuration errors catches it too."""
+    """A flag, override or stored value the plugin refuses, named with what is allowed; it prints as one line
+    (``checkpoint_safety``). A ``ValueError``, so that code catching fairseq's configuration errors catches it."""

@@ -1,51 +1,24 @@
-"""Narrow fixes of upstream fairseq (main branch and ve-fairseq 0.12.3), applied on import (``global_changes``).
+"""Narrow fixes of upstream fairseq (main branch and ve-fairseq 0.12.3), applied on import (``global_changes``);
+what holds, and why, in docs/models.md ("fairseq features") and docs/safety.md.
 
-``keep_last_partial_batch`` (fairseq issue #5036): ``data_utils.batch_by_size`` builds batches of
-every index with its compiled helpers, then removes the last batch when its size is not a multiple
-of ``--required-batch-size-multiple`` (default 8): fairseq-generate translates, fairseq-validate
-scores and every training epoch sees 24 of 30 sentences. The multiple is a speed hint for the
-other batches, never a reason to lose sentences: the removed indices come back as a last, smaller
-batch; batch order, sizes and fixed shapes stay fairseq's.
+``keep_last_partial_batch`` (fairseq #5036): ``batch_by_size`` drops a last batch whose size is not a
+multiple of ``--required-batch-size-multiple``, a speed hint: its sentences come back as a last batch.
 
-``train_in_cpu_processes``: fairseq's multi-process training (``distributed/utils.py``'s
-``call_main`` and ``infer_init_method``; ``models/distributed_fairseq_model.py``) counts processes
-in CUDA devices. Without a GPU, ``fairseq-train --cpu --distributed-world-size 2`` stops at "world
-size is 2 but have 0 available devices"; with ``--distributed-init-method`` it spawns min(GPUs,
-world size) = 0 processes and exits 0 having trained nothing; under ``torchrun`` every process
-trains alone (fairseq never reads torchrun's ``WORLD_SIZE``); and ``--ddp-backend c10d`` gives DDP
-the device id ``[0]``, which torch refuses for a CPU module. So, training on the CPU, the wrapper
-of ``call_main`` takes gloo for the default NCCL (which moves CUDA tensors only), joins torchrun's
-world or spawns ``--distributed-world-size`` ranks meeting at ``--distributed-init-method`` or
-``tcp://127.0.0.1:<--distributed-port, else a free port>``, and DDP gets no device id for a CPU
-module. At a loopback address the store listens there only (torch's listens on every interface,
-for anyone to join), gloo uses Linux's ``lo``, and the ranks wait ``RENDEZVOUS_SECONDS`` for each
-other, not 30 minutes, then fail in one line. A spawned rank ends with its parent, so a killed
-``fairseq-train`` leaves no rank training on, and ranks leave their process group when training
-ends. A port in use, torchrun variables that are no numbers or name a rank outside the world, and
-``--distributed-world-size`` below 1 (also on a GPU: fairseq spawns nothing and exits 0) are
-refused in one line. On a GPU, training otherwise takes fairseq's own path. Resuming on several
-ranks, rank 0 broadcasts the checkpoint with its tensors pickled as ``_TensorPlaceholder``, which
-the other ranks' ``torch.load`` (weights only since torch 2.6) refuses, on GPUs too: it joins
-torch's safe globals.
+``train_in_cpu_processes``: fairseq counts processes in CUDA devices, so ``--cpu
+--distributed-world-size 2`` fails or trains nothing, torchrun ranks train alone and DDP gets a device
+id for a CPU module. On the CPU the ranks take gloo and meet, on a loopback address, at a store that
+listens there only, wait ``RENDEZVOUS_SECONDS`` for each other, end with their parent and leave
+their group; bad world sizes, ports, ranks and torchrun variables fail in one line. Resuming on
+several ranks broadcasts ``_TensorPlaceholder``, which joins torch's safe globals.
 
-``train_bf16_without_tpu`` (fairseq issue #4696): ``options.parse_args_and_arch`` sets ``--tpu`` for
-every ``--bf16`` run, and the Trainer then asks torch_xla for a TPU: ``fairseq-train --bf16`` stops
-at "'NoneType' object has no attribute 'xla_device'". Where torch_xla is not installed no TPU can
-be meant, so the flag is cleared and fairseq's own bfloat16 path trains on the GPU or CPU (bfloat16
-model and criterion, float32 master weights in ``FP16Optimizer``, no loss scaling).
+``train_bf16_without_tpu`` (fairseq #4696): every ``--bf16`` run sets ``--tpu``; without torch_xla
+no TPU can be meant, so it is cleared and fairseq's own bfloat16 path trains.
 
-``resume_with_the_batches_of_an_unbroken_run``: ``FairseqTask.get_batch_iterator`` orders the
-examples under the numpy seed ``--seed`` + the epoch the iterator is created at, and batches them
-once for every later epoch (only their order changes per epoch). An unbroken run creates it at
-epoch 1, a run resumed from a checkpoint of epoch E (``checkpoint_utils.load_checkpoint``) at E;
-``LanguagePairDataset.ordered_indices`` sorts a random permutation by length with a stable sort, so
-sentences of equal lengths (most of a corpus) fall into other batches of the same sizes, and the
-resumed epoch trains some sentences twice and others not at all. When the iterator is kept across
-epochs, the wrapper builds its batches as at epoch 1 and starts it at the epoch asked for;
-iterators built anew each epoch stay fairseq's.
+``resume_with_the_batches_of_an_unbroken_run``: the batches kept across epochs are ordered under
+``--seed`` + the epoch the iterator is made at, so a resumed run would batch sentences of equal
+length otherwise than the unbroken run: they are built as at epoch 1.
 """
 
-import contextlib
 import ctypes
 import datetime
 import functools
@@ -74,8 +47,7 @@ logger = logging.getLogger(__name__)
 
 
 def _wrap_once(owner, name, wrap, mark):
-    """Replace ``owner.name`` by ``wrap(owner.name)`` marked ``mark``, once: the plugin may be
-    imported under two names, as a package and through ``--user-dir``."""
+    """Replace ``owner.name`` by ``wrap(owner.name)`` marked ``mark``, once (the plugin may be imported twice)."""
     if not getattr(getattr(owner, name), mark, False):
         wrapper = wrap(getattr(owner, name))
         setattr(wrapper, mark, True)
@@ -91,8 +63,7 @@ def with_last_partial_batch(batch_by_size):
         batches = batch_by_size(indices, num_tokens_fn, num_tokens_vec, max_tokens, max_sentences,
                                 required_batch_size_multiple, fixed_shapes)
         covered = sum(len(batch) for batch in batches)
-        # the batches are consecutive runs of ``indices``: what is left out is their tail (with
-        # fixed shapes only batches of those shapes, by design)
+        # the batches are consecutive runs of ``indices``: what is left out is their tail (fixed shapes: by design)
         if fixed_shapes is None and covered < len(indices):
             batches = list(batches) + [indices[covered:]]
         return batches
@@ -105,7 +76,7 @@ def keep_last_partial_batch():
 
 
 def with_batches_of_the_first_epoch(get_batch_iterator):
-    """``FairseqTask.get_batch_iterator`` whose batches kept across epochs are epoch 1's, whatever epoch it starts at."""
+    """``get_batch_iterator`` whose batches kept across epochs are epoch 1's, whatever epoch it starts at."""
     signature = inspect.signature(get_batch_iterator)
 
     @functools.wraps(get_batch_iterator)
@@ -158,8 +129,7 @@ def environment_number(name, lowest, highest=None):
 
 
 def environment_world():
-    """``(host, port, world size, rank)`` from torchrun's variables when all four are set (else
-    None), checked before anything waits on them."""
+    """``(host, port, world size, rank)`` from torchrun's variables when all four are set, checked; else None."""
     if not all(name in os.environ for name in TORCHRUN_VARIABLES):
         return None
     world_size, rank = environment_number("WORLD_SIZE", 1), environment_number("RANK", 0)
@@ -197,8 +167,7 @@ def loopback_tcp_address(init_method):
 
 
 def listen_on_loopback(host, port, what):
-    """A socket listening on ``host`` (a loopback address) only; ``port`` 0 takes a free one. A port
-    that is taken is refused in one line starting with ``what`` (the flag and value that chose it)."""
+    """A socket listening on loopback ``host`` only (``port`` 0: a free one); a taken port fails naming ``what``."""
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does
     try:
@@ -219,8 +188,7 @@ def loopback_store(listener, world_size, timeout, wait_for_workers):
 
 
 def wait_for_listener(host, port, deadline):
-    """Wait quietly until something listens at host:port (torch's store client logs each failed
-    try with a C++ backtrace)."""
+    """Wait quietly for a listener at host:port (torch's client logs each failed try with a backtrace)."""
     while True:
         try:
             return socket.create_connection((host, port), timeout=5).close()
@@ -231,12 +199,9 @@ def wait_for_listener(host, port, deadline):
 
 
 def meet(backend, host, port, rank, world_size, hosts_store, origin, advice=""):
-    """The process group of ``rank``, made before fairseq's ``distributed_init`` (which keeps a group
-    it finds): rank 0 serves the store where ``hosts_store`` (else the launcher or torchrun's agent
-    does), on the loopback interface only for a loopback ``host``, where gloo's connections use
-    ``lo`` too (by default they listen on the address the host name resolves to). The ranks wait
-    :data:`RENDEZVOUS_SECONDS` for each other, not torch's 30 minutes, then fail in one line
-    starting with ``origin`` (what chose the address); collectives keep torch's timeout."""
+    """The process group of ``rank``, made before fairseq's ``distributed_init`` (which keeps it): with
+    ``hosts_store`` this rank serves the store, on a loopback ``host`` there only, where gloo uses ``lo``
+    too. A rendezvous that fails within :data:`RENDEZVOUS_SECONDS` is one line starting with ``origin``."""
     if torch.distributed.is_initialized():
         return  # fairseq keeps using its first group in an interpreter that trains again
     loopback = is_loopback(host)
@@ -260,28 +225,18 @@ def meet(backend, host, port, rank, world_size, hosts_store, origin, advice=""):
         raise ConfigurationError(f"{origin}: the {world_size} ranks did not all meet at {host}:{port} within "
                                  f"{RENDEZVOUS_SECONDS} s (rank {rank}: {reason}){advice}") from None
     store.set_timeout(torch.distributed.default_pg_timeout)  # torch's, for the groups fairseq makes later
+    warnings.filterwarnings("ignore", message=re.escape(_GROUP_EXISTS))  # fairseq's, finding this group
     logger.info(f"initialized host {socket.gethostname()} as rank {rank}")
 
 
-@contextlib.contextmanager
-def group_made_by_the_plugin():
-    """fairseq's ``distributed_init`` warns when it finds a process group: :func:`meet` made it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=re.escape(_GROUP_EXISTS))
-        yield
-
-
 def leave_process_group():
-    """torch's orderly end of a process group started for one training: a gloo rank that exits with
-    the group open can abort (SIGABRT) as the other closes its connections."""
+    """End the group of one training: a gloo rank exiting with it open can abort as the others close."""
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
 def die_with_parent(parent):
-    """End (SIGTERM) when the process that spawned this one ends, however it ends (SIGKILL too), or
-    at once if it has ended already: no rank trains on alone, writing checkpoints (Linux's
-    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing changes)."""
+    """SIGTERM when the parent ends, however (or at once if it has): no rank trains on alone (Linux only)."""
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -293,9 +248,8 @@ def die_with_parent(parent):
 
 
 def spawn_cpu_processes(cfg, main, kwargs):
-    """One process per rank, each running fairseq's ``distributed_main``. At a loopback address
-    (``--distributed-port``, a free port without it, or a loopback ``tcp://`` init method) this
-    process serves the store there only, as torchrun's agent does, so a port in use fails at once."""
+    """One process per rank running fairseq's ``distributed_main``; at a loopback address this process
+    serves the store there only, as torchrun's agent does, so a port in use fails at once."""
     distributed = cfg.distributed_training
     world_size, init_method = distributed.distributed_world_size, distributed.distributed_init_method
     if distributed.distributed_rank not in (0, None):
@@ -329,8 +283,7 @@ def run_rank(index, main, cfg, kwargs, parent, meets_at_parent):
         meet(distributed.distributed_backend, *loopback_tcp_address(distributed.distributed_init_method), index,
              distributed.distributed_world_size, hosts_store=False,
              origin=f"--distributed-world-size {distributed.distributed_world_size}")
-    with group_made_by_the_plugin():
-        distributed_utils.distributed_main(index, main, cfg, kwargs)
+    distributed_utils.distributed_main(index, main, cfg, kwargs)
     leave_process_group()
 
 
@@ -357,8 +310,7 @@ def with_cpu_processes(call_main):
             meet(distributed.distributed_backend, host, port, rank, world_size,
                  hosts_store=rank == 0 and not agent_store, origin=f"the environment's {variables}",
                  advice=f"; the variables are {_LEFT_OVER}")
-            with group_made_by_the_plugin():
-                call_main(cfg, main, **kwargs)
+            call_main(cfg, main, **kwargs)
             return leave_process_group()
         if world_size > 1 and not distributed.distributed_no_spawn:
             return spawn_cpu_processes(cfg, main, kwargs)
@@ -370,8 +322,6 @@ def with_cpu_processes(call_main):
                                          f"with --distributed-world-size {world_size}")
             meet(distributed.distributed_backend, *address, rank, world_size, hosts_store=rank == 0,
                  origin=f"--distributed-init-method {init_method}")
-            with group_made_by_the_plugin():
-                return call_main(cfg, main, **kwargs)
         return call_main(cfg, main, **kwargs)
 
     return wrapper
@@ -381,12 +331,9 @@ _FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.Di
 
 
 class DistributedDataParallelOnCpu(torch.nn.parallel.DistributedDataParallel):
-    """torch's DDP, given no device ids for a module on the CPU (torch refuses them there, and fairseq
-    passes ``[--device-id]`` whatever the device). fairseq's ``--broadcast-buffers`` reaches it as
-    ``broadcast_buffers``, which torch >= 2.13 deprecates with a FutureWarning in every run: it is
-    passed as its replacement, ``forward_sync_buffers``. The one difference: without
-    ``--broadcast-buffers`` (fairseq's default) torch now also broadcasts the buffers once when DDP
-    is built, where every rank holds those of the same model built from the same seed."""
+    """torch's DDP without device ids for a CPU module (fairseq passes ``[--device-id]`` anyway), and with
+    ``broadcast_buffers`` passed as torch >= 2.13's ``forward_sync_buffers`` (no FutureWarning each run;
+    torch then broadcasts the buffers once at build, which every rank holds the same)."""
 
     def __init__(self, module, device_ids=None, output_device=None, **kwargs):
         if all(parameter.device.type == "cpu" for parameter in module.parameters()):

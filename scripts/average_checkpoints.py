@@ -1,8 +1,5 @@
 #!/usr/bin/env python3
-"""Average the parameters of fairseq checkpoints (fusion_fairseq/tools/averaging.py).
-
-    python scripts/average_checkpoints.py --dir checkpoints/vanilla --last 5 --output averaged.pt
-"""
+"""Average the parameters of fairseq checkpoints: fusion_fairseq/tools/averaging.py."""
 
 import os
 import sys

@@ -4,12 +4,9 @@
 #   bash scripts/wheelhouse.sh DIR [--python 3.11|3.12] [--glibc 2.28] [--exclude torch,...]
 #   # then, on the offline machine, beside the torch it already has:
 #   pip install --no-index --find-links DIR fusion-fairseq
-#
-# torch is left out (the target keeps its own, CPU or CUDA), and so is everything that only
-# torch pulls in (CUDA libraries, triton, sympy, ...). Run it from a clone of this repository,
-# with internet access and any Python >= 3.11: the wheels are chosen for the target Python
-# (--python, default this interpreter's), CPython, manylinux up to glibc --glibc (default 2.28,
-# the oldest glibc the torch and ve-fairseq wheels themselves support), never built for this host.
+# torch and what only it pulls in (CUDA libraries, triton, ...) stay the target's own. Run from a clone,
+# online, with Python >= 3.11; wheels are for CPython --python (default this one's), manylinux up to
+# --glibc (default 2.28, the oldest the torch and ve-fairseq wheels support), never built for this host.
 set -euo pipefail
 
 usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -46,8 +43,7 @@ DEST="$(cd "$DEST" && pwd)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-# pip matches manylinux_2_N tags literally, so every glibc from 2.17 (manylinux2014) up is named;
-# manylinux2014 also admits manylinux2010 and manylinux1.
+# pip matches manylinux_2_N tags literally: every glibc from 2.17 (manylinux2014) up is named
 PLATFORMS=(--platform manylinux2014_x86_64)
 for minor in $(seq 17 "$GLIBC_MINOR"); do PLATFORMS+=(--platform "manylinux_2_${minor}_x86_64"); done
 TARGET=(--only-binary=:all: "${PLATFORMS[@]}" --python-version "$TARGET_PYTHON" --implementation cp)
@@ -55,14 +51,12 @@ TARGET=(--only-binary=:all: "${PLATFORMS[@]}" --python-version "$TARGET_PYTHON" 
 echo "== the plugin's own wheel"
 $PY -m pip wheel --quiet --no-deps --wheel-dir "$DEST" "$REPO"
 
-# hydra-core (fairseq's configuration) needs antlr4-python3-runtime 4.9.*, published as a source
-# archive only; it is pure Python, so a wheel built here installs on any target.
+# hydra-core needs antlr4-python3-runtime 4.9.*, a pure-Python source archive only: built here, it installs anywhere
 echo "== source-only pure-Python dependencies, built into wheels"
 $PY -m pip wheel --quiet --no-deps --wheel-dir "$DEST" "antlr4-python3-runtime==4.9.3"
 
 echo "== resolving the dependencies for CPython $TARGET_PYTHON, manylinux (glibc <= $GLIBC) x86-64"
-# A dry run resolves the whole tree from the indexes' metadata (torch's wheels are not downloaded);
-# the report then tells which packages are reachable without going through an excluded one.
+# a dry run resolves the tree from the indexes' metadata (no torch download); its report gives what is needed
 $PY -m pip install --quiet --dry-run --ignore-installed --target "$WORK/none" --report "$WORK/report.json" \
     "${TARGET[@]}" --find-links "$DEST" "$(ls "$DEST"/fusion_fairseq-*.whl)"
 $PY "$REPO/scripts/wheelhouse_needs.py" "$WORK/report.json" \

@@ -1,10 +1,6 @@
-"""From a ``pip install --dry-run --report`` resolution, print ``name==version`` for every package
-the requested ones need, directly or not, without passing through an excluded package (torch by
-default). The requested packages themselves are not printed (their wheels are already built).
-
-Used by ``scripts/wheelhouse.sh``: the excluded package stays the target's own, and so do the
-packages only it needs (CUDA libraries, triton, sympy, ...). Markers are evaluated for the target
-(CPython on Linux x86-64 at ``--python``), not for the machine that resolves.
+"""From a ``pip install --dry-run --report`` resolution, print ``name==version`` of every package the
+requested ones need without passing through an excluded one (torch and what only it needs stay the
+target's), markers evaluated for the target (CPython, Linux x86-64, ``--python``). Used by wheelhouse.sh.
 """
 
 import argparse

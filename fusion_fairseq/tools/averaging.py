@@ -17,9 +17,8 @@ EPOCH_CHECKPOINT, UPDATE_CHECKPOINT = r"checkpoint(\d+)\.pt", r"checkpoint_\d+_(
 
 
 def average_checkpoints(paths: Sequence[str], out: str) -> str:
-    """Write to ``out`` (atomically) the last of ``paths`` with its parameters replaced by the mean of
-    all of theirs (in float64, stored in each parameter's own dtype) and without the optimizer
-    state, which no decoder reads. Returns ``out``."""
+    """Write to ``out`` (atomically) the last of ``paths`` with the mean of their parameters (in float64,
+    stored in each one's dtype) and no optimizer state, which no decoder reads. Returns ``out``."""
     import torch
 
     import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
@@ -36,10 +35,8 @@ def average_checkpoints(paths: Sequence[str], out: str) -> str:
 
 
 def require_same_model(path, state, reference_path, reference):
-    """A ValueError naming ``path`` and the field or parameter unless ``state`` is a checkpoint of
-    the model of ``reference``: the same structural configuration (``checkpoint_safety.structure``:
-    architecture, sizes, heads, activation, LayerNorm placement, the plugin's structural flags) and
-    parameters of the same names and shapes. A mean over two models would be a third, silently."""
+    """A ValueError naming ``path`` and the field or parameter unless ``state`` is of ``reference``'s model:
+    the same structural configuration and parameter names and shapes (a mean of two models is a third)."""
     from fusion_fairseq.checkpoint_safety import stored_model_config, structural_differences
 
     for field, value, expected in structural_differences(stored_model_config(state), stored_model_config(reference)):
@@ -80,6 +77,7 @@ def fail(message: str):
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
     args = build_parser().parse_args(argv)
+    inputs = args.inputs
     if args.dir is not None:
         if args.last < 1:
             fail(f"--last must be at least 1, got {args.last}")
@@ -89,8 +87,6 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         if len(inputs) < args.last:
             fail(f"--dir {args.dir}: {len(inputs)} {'interval' if args.by_update else 'epoch'} checkpoint(s), "
                  f"--last asks for {args.last}")
-    else:
-        inputs = args.inputs
     missing = [path for path in inputs if not os.path.isfile(path)]
     if missing:
         fail(f"--inputs: no such file: {', '.join(missing)}")
@@ -100,17 +96,10 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         fail(f"--output {args.output} is a directory; give the name of the checkpoint file to write")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         fail(f"--output {args.output}: its directory does not exist")
-    try:
-        refuse_existing_output("--output", args.output, args.force)
-    except FileExistsError as error:
-        fail(str(error))
+    refuse_existing_output("--output", args.output, args.force, error=fail)  # fail exits itself
     try:
         average_checkpoints(inputs, args.output)
     except Exception as error:  # noqa: BLE001 - a damaged or foreign file: one line naming them
         fail(f"cannot average {', '.join(inputs)}: {type(error).__name__}: {' '.join(str(error).split())[:300]}")
     print(f"averaged {len(inputs)} checkpoints ({', '.join(os.path.basename(p) for p in inputs)}) -> {args.output}")
     return args.output
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

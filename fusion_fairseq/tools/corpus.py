@@ -1,22 +1,17 @@
 """One data pipeline: prepare a parallel corpus for fairseq, and evaluate a model on it.
 
-Prepare: raw text (downloaded, or found in ``--from``: a folder or an archive) -> Moses-style
-tokenisation with sacremoses -> length / ratio cleaning (Moses' clean-corpus-n.perl) -> joint BPE
-learnt and applied with subword-nmt -> ``fairseq-preprocess``. Each corpus is a :class:`Corpus`
-in :data:`CORPORA`: where its files are, how its splits are made, which steps and sizes it uses.
-Evaluate: ``fairseq-generate`` -> BPE-free hypotheses in the original order -> sacremoses
-detokenisation -> sacreBLEU against the raw reference (with its signature), and tokenised BLEU
-against the Moses-tokenised reference (``--tokenize none``, as multi-bleu.perl), case-insensitive
-when the data were lowercased, compound-split for WMT14 En-De (fairseq's get_compound_split_bleu.sh).
+Prepare: raw text (downloaded, or found in ``--from``: a folder or an archive) -> sacremoses' Moses
+tokenisation -> clean-corpus-n cleaning -> joint subword-nmt BPE -> ``fairseq-preprocess``; each
+corpus is data (a :class:`Corpus` in :data:`CORPORA`). Evaluate: ``fairseq-generate`` -> BPE-free
+hypotheses in order -> sacremoses detokenisation -> sacreBLEU against the raw reference, and
+tokenised BLEU (``--tokenize none``, as multi-bleu.perl; compound-split for WMT14 En-De).
 
-    python -m fusion_fairseq.tools.corpus prepare multi30k --dest data/multi30k.de-en
-    python -m fusion_fairseq.tools.corpus prepare iwslt14 --from ~/Downloads/de-en.tgz --dest data/iwslt14.tokenized.de-en
-    python -m fusion_fairseq.tools.corpus evaluate data/multi30k.de-en/data-bin checkpoints/mlrf/checkpoint_best.pt
+    python -m fusion_fairseq.tools.corpus prepare iwslt14 --from ~/Downloads/de-en.tgz --dest data/iwslt14.de-en
+    python -m fusion_fairseq.tools.corpus evaluate data/iwslt14.de-en/data-bin checkpoints/mlrf/checkpoint_best.pt
 
-A prepared ``--dest`` holds ``raw/`` and ``tok/`` (every split, untokenised and tokenised), the BPE
-codes ``code``, the BPE'd ``{train,valid,test}.{SRC,TGT}`` and ``data-bin/`` (fairseq's binarised
-data and ``recipe.env``, the references and settings that ``evaluate`` reads). Nothing is written
-through a link, and outputs that exist already are replaced only with ``--force``.
+``--dest`` gets ``raw/`` and ``tok/`` (every split), the BPE ``code``, the BPE'd ``{train,valid,test}.{SRC,TGT}``
+and ``data-bin/`` (with ``recipe.env``, what ``evaluate`` reads). Nothing is written through a link, and
+existing outputs are replaced only with ``--force``.
 """
 
 import argparse
@@ -67,8 +62,9 @@ WMT16 = "http://data.statmt.org/wmt16/translation-task/"
 
 
 def wmt16_sgm(name):
-    """The SGML file of one side of a WMT16 dev/test set: this direction's first (enro for en->ro), either side."""
-    return "|".join(f"{name}-{pair}-{side}.{{lang}}.sgm" for pair in ("{src}{tgt}", "{tgt}{src}") for side in ("src", "ref"))
+    """One side of a WMT16 SGML dev/test set: this direction's file first (enro for en->ro)."""
+    return "|".join(f"{name}-{pair}-{side}.{{lang}}.sgm" for pair in ("{src}{tgt}", "{tgt}{src}")
+                    for side in ("src", "ref"))
 
 
 CORPORA = {
@@ -165,20 +161,15 @@ def download(url, directory, timeout):
 
 
 def extract(archive, destination):
-    """Unpack a .tgz/.tar/.zip (or gunzip a .gz) into ``destination``; members may not leave it."""
+    """Unpack a .tgz/.tar/.zip into ``destination``; no member leaves it (zipfile drops '..' and leading '/'
+    from member names, tarfile's data filter refuses them)."""
     os.makedirs(destination, exist_ok=True)
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as z:
-            root = os.path.realpath(destination) + os.sep
-            if any(not os.path.realpath(os.path.join(destination, m)).startswith(root) for m in z.namelist()):
-                raise SystemExit(f"corpus: error: {archive}: a member would be written outside {destination}")
             z.extractall(destination)
     elif tarfile.is_tarfile(archive):
         with tarfile.open(archive) as t:
             t.extractall(destination, filter="data")
-    elif archive.endswith(".gz"):
-        with gzip.open(archive, "rb") as src, open(os.path.join(destination, os.path.basename(archive)[:-3]), "wb") as dst:
-            shutil.copyfileobj(src, dst)
     else:
         raise SystemExit(f"corpus: error: --from: cannot unpack '{archive}' (expected a .tgz/.tar.gz/.tar/.zip)")
 
@@ -199,8 +190,9 @@ class RawFiles:
             self.unpacked = True
             unpacked = os.path.join(self.work, "unpacked")
             for entry in sorted(os.listdir(self.roots[0])):
-                if re.search(r"\.(tgz|tar|zip|gz)$", entry) and os.path.isfile(os.path.join(self.roots[0], entry)):
-                    extract(os.path.join(self.roots[0], entry), os.path.join(unpacked, entry + ".d"))
+                path = os.path.join(self.roots[0], entry)
+                if entry.endswith((".tgz", ".tar.gz", ".tar", ".zip")) and os.path.isfile(path):
+                    extract(path, os.path.join(unpacked, entry + ".d"))
             self.roots.append(unpacked)
             return self.find(names)
         raise SystemExit(f"corpus: error: cannot find {names.replace('|', ' or ')} under {self.roots[0]}")
@@ -233,23 +225,20 @@ class Tokeniser:
         import regex
         from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-        # Romanian: comma-below letters (and diacritics removed on request), on the Romanian side only
-        self.steps = steps if lang == "ro" else tuple(s for s in steps if s not in ("romanian", "no_diacritics"))
-        self.lowercase = lowercase
-        self.tokenizer = MosesTokenizer(lang=lang)
-        self.normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
-        self.non_printing = regex.compile(r"\p{C}")
+        non_printing = regex.compile(r"\p{C}")
+        known = {"normalize": MosesPunctNormalizer(lang=lang, perl_parity=True).normalize,
+                 "romanian": lambda line: line.translate(RO_COMMA_BELOW),
+                 "no_diacritics": lambda line: line.translate(RO_STRIP),
+                 "non_printing": lambda line: non_printing.sub(" ", line)}
+        # in this order; the Romanian letters (and diacritics) are changed on the Romanian side only
+        self.steps = [known[name] for name in known
+                      if name in steps and (lang == "ro" or name not in ("romanian", "no_diacritics"))]
+        self.tokenizer, self.aggressive, self.lowercase = MosesTokenizer(lang=lang), "aggressive" in steps, lowercase
 
     def __call__(self, line):
-        if "normalize" in self.steps:
-            line = self.normalizer.normalize(line)
-        if "romanian" in self.steps:
-            line = line.translate(RO_COMMA_BELOW)
-        if "no_diacritics" in self.steps:
-            line = line.translate(RO_STRIP)
-        if "non_printing" in self.steps:
-            line = self.non_printing.sub(" ", line)
-        line = self.tokenizer.tokenize(line, aggressive_dash_splits="aggressive" in self.steps, escape=True, return_str=True)
+        for step in self.steps:
+            line = step(line)
+        line = self.tokenizer.tokenize(line, aggressive_dash_splits=self.aggressive, escape=True, return_str=True)
         return line.lower() if self.lowercase else line
 
 
@@ -271,18 +260,16 @@ def _start(factory, args):
     _worker = factory(*args)
 
 
-def _run(lines):
-    return [_worker(line) for line in lines]
+def _run(line):
+    return _worker(line)
 
 
 def parallel_map(factory, args, lines, workers):
-    """``factory(*args)`` applied to every line, in chunks over ``workers`` processes."""
-    chunks = [lines[i:i + 2000] for i in range(0, len(lines), 2000)]
-    if workers <= 1 or len(chunks) <= 1:
-        _start(factory, args)
-        return [x for chunk in chunks for x in _run(chunk)]
+    """``factory(*args)`` applied to every line, in chunks of 2000 lines over ``workers`` processes."""
+    if workers <= 1 or len(lines) <= 2000:
+        return list(map(factory(*args), lines))
     with Pool(workers, initializer=_start, initargs=(factory, args)) as pool:
-        return [x for chunk in pool.imap(_run, chunks) for x in chunk]
+        return pool.map(_run, lines, chunksize=2000)
 
 
 def clean(columns, max_len, ratio, min_len=1, max_word_length=1000):
@@ -374,23 +361,10 @@ def check_outputs(args, langs):
     unlink_if_linked(os.path.join(args.databin, "recipe.env"))
 
 
-def gather(corpus, files, src, tgt, test_set):
-    """{split: {lang: raw lines}} of the corpus (valid missing when it is held out from train)."""
-    names = {"src": src, "tgt": tgt, "test": test_set}
-    text = {"train": corpus.train, "test": corpus.tests[test_set]}
-    if not isinstance(corpus.valid, int):
-        text["valid"] = corpus.valid
-    for split, patterns in text.items():
-        text[split] = {lang: [x for p in patterns for x in files.read(p.format(lang=lang, **names))] for lang in (src, tgt)}
-        counts = {lang: len(lines) for lang, lines in text[split].items()}
-        if counts[src] != counts[tgt]:
-            raise SystemExit(f"corpus: error: the {split} split has {counts[src]} {src} lines but {counts[tgt]} {tgt} lines")
-    return text
-
-
 def read_raw(corpus, args):
-    """The corpus's raw text, from --from (a folder, or an archive unpacked into a scratch folder) or
-    from its downloads (kept in DEST/orig for later runs)."""
+    """{split: {lang: raw lines}} of the corpus (no valid when it is held out from train), from --from (a
+    folder, or an archive unpacked into a scratch folder) or from its downloads (kept in DEST/orig)."""
+    src, tgt = args.src, args.tgt
     with tempfile.TemporaryDirectory(prefix=".work.", dir=args.dest) as work:
         root = args.from_
         if args.from_ and os.path.isfile(args.from_):
@@ -399,17 +373,21 @@ def read_raw(corpus, args):
         elif not args.from_:
             root = os.path.join(args.dest, "orig")
             for pattern in corpus.urls:
-                for lang in (args.src, args.tgt) if "{lang}" in pattern else (None,):
+                for lang in (src, tgt) if "{lang}" in pattern else (None,):
                     url = pattern.format(lang=lang, test=args.test_set)
-                    download(f"{args.mirror.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if args.mirror else url, root, args.timeout)
-        return gather(corpus, RawFiles(root, work), args.src, args.tgt, args.test_set)
-
-
-def hold_out_valid(text, every, langs):
-    """valid = every ``every``-th training pair, train = the rest (each kind of text alike)."""
-    for kind in text.values():
-        kind["valid"] = {lang: kind["train"][lang][every - 1::every] for lang in langs}
-        kind["train"] = {lang: [x for i, x in enumerate(kind["train"][lang], 1) if i % every] for lang in langs}
+                    download(f"{args.mirror.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if args.mirror else url, root,
+                             args.timeout)
+        files, names = RawFiles(root, work), {"src": src, "tgt": tgt, "test": args.test_set}
+        text = {"train": corpus.train, "test": corpus.tests[args.test_set]}
+        if not isinstance(corpus.valid, int):
+            text["valid"] = corpus.valid
+        for split, patterns in text.items():
+            text[split] = {lang: [x for p in patterns for x in files.read(p.format(lang=lang, **names))]
+                           for lang in (src, tgt)}
+            if len(text[split][src]) != len(text[split][tgt]):
+                raise SystemExit(f"corpus: error: the {split} split has {len(text[split][src])} {src} lines but "
+                                 f"{len(text[split][tgt])} {tgt} lines")
+        return text
 
 
 def prepare(corpus, args):
@@ -423,8 +401,10 @@ def prepare(corpus, args):
     max_len = args.max_len or max_len
     if stage == "tok":
         keep_pairs(text, ["train"], ("tok", "raw"), langs, max_len, ratio)
-    if isinstance(corpus.valid, int):
-        hold_out_valid(text, args.valid_every or corpus.valid, langs)
+    every = args.valid_every or corpus.valid
+    for kind in text.values() if isinstance(corpus.valid, int) else ():  # valid = every N-th pair, train the rest
+        kind["valid"] = {lang: kind["train"][lang][every - 1::every] for lang in langs}
+        kind["train"] = {lang: [x for i, x in enumerate(kind["train"][lang], 1) if i % every] for lang in langs}
     log(f"learning {args.bpe_merges} joint BPE merges (subword-nmt) on train.{{{src},{tgt}}} and applying them")
     text["bpe"] = learn_and_apply_bpe(text["tok"], src, tgt, args.bpe_merges, os.path.join(args.dest, "code"), args.workers)
     held_out = ["train", "valid"] if isinstance(corpus.valid, int) else ["train"]
@@ -487,13 +467,6 @@ def hypotheses(generate_output, expect=None):
         raise SystemExit(f"corpus: error: {generate_output}: the hypotheses' sentence ids are not 0..{len(ids) - 1}")
     unbpe = lambda text: re.sub(r"(@@ )|(@@ ?$)", "", text)
     return [unbpe(found["H"][i]) for i in ids], [unbpe(found["T"].get(i, "")) for i in ids]
-
-
-def detokenise(lines, lang):
-    from sacremoses import MosesDetokenizer
-
-    detokenizer = MosesDetokenizer(lang=lang)
-    return [detokenizer.detokenize(line.split(), unescape=True) for line in lines]
 
 
 def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_split=False):
@@ -591,18 +564,20 @@ def check_own_outputs(out, names, stamp, force):
 
 def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_split=False):
     """hyp.tok, ref.fairseq.tok, hyp.detok, bleu.txt and scores.json in ``out`` from fairseq-generate's output."""
+    from sacremoses import MosesDetokenizer
+
     hyps, targets = hypotheses(generated, expect=len(read_lines(ref)))
-    paths = {name: os.path.join(out, name) for name in ("hyp.tok", "ref.fairseq.tok", "hyp.detok", "bleu.txt", "scores.json")}
-    write_lines(paths["hyp.tok"], hyps)
-    write_lines(paths["ref.fairseq.tok"], targets)
-    write_lines(paths["hyp.detok"], detokenise(hyps, tgt))
+    detokenizer = MosesDetokenizer(lang=tgt)
+    path = {name: os.path.join(out, name) for name in ("hyp.tok", "ref.fairseq.tok", "hyp.detok")}
+    for name, text in zip(path, (hyps, targets, [detokenizer.detokenize(h.split(), unescape=True) for h in hyps])):
+        write_lines(path[name], text)
     if not tok_ref:
         log("no tokenised reference given or recorded: tokenised BLEU uses fairseq's T- lines (may contain <unk>)")
-    report, scores = bleu_scores(paths["hyp.detok"], ref, paths["hyp.tok"], tok_ref or paths["ref.fairseq.tok"], lowercase,
-                                 compound_split)
+    report, scores = bleu_scores(path["hyp.detok"], ref, path["hyp.tok"], tok_ref or path["ref.fairseq.tok"],
+                                 lowercase, compound_split)
     print(report)
-    write_lines(paths["bleu.txt"], [report])
-    write_lines(paths["scores.json"], [json.dumps(scores, indent=2)])
+    write_lines(os.path.join(out, "bleu.txt"), [report])
+    write_lines(os.path.join(out, "scores.json"), [json.dumps(scores, indent=2)])
     return scores
 
 
@@ -652,14 +627,6 @@ def build_parser():
     e.add_argument("--no-user-dir", action="store_true")
     e.add_argument("--out", help="default: CHECKPOINT_DIR/eval-SUBSET-beamN")
     e.add_argument("--force", action="store_true", help="replace files in --out that evaluate did not write")
-    h = sub.add_parser("hyps", help="BPE-free hypotheses of a fairseq-generate output, in order")
-    h.add_argument("generate_output")
-    h.add_argument("--hyp", required=True)
-    h.add_argument("--ref", help="also write the T- lines here")
-    h.add_argument("--expect", type=int)
-    d = sub.add_parser("detok", help="sacremoses detokenisation")
-    for flags in (["--lang"], ["-i", "--input"], ["-o", "--output"]):
-        d.add_argument(*flags, required=True)
     b = sub.add_parser("bleu", help="detokenised sacreBLEU and tokenised BLEU")
     for flag in ("--hyp-detok", "--ref", "--hyp-tok", "--tok-ref"):
         b.add_argument(flag, required=True)
@@ -706,13 +673,6 @@ def main(argv=None):
     elif args.command == "evaluate":
         args.extra = argv[cut + 1:]
         evaluate(args)
-    elif args.command == "hyps":
-        hyps, targets = hypotheses(args.generate_output, args.expect)
-        write_lines(args.hyp, hyps)
-        if args.ref:
-            write_lines(args.ref, targets)
-    elif args.command == "detok":
-        write_lines(args.output, detokenise(read_lines(args.input), args.lang))
     else:
         report, scores = bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase, args.compound_split)
         print(report)
