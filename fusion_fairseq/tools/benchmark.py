@@ -175,7 +175,6 @@ def build_model(arch: str, flags: List[str], dictionary, criterion_flags=(), nam
         raise BenchmarkError(f"configuration {name or arch!r} ({arch}): building the model failed: {exc}") from exc
 
 
-# --- measurement -----------------------------------------------------------------------------
 class _Runner:
     """One configuration: its model, optimiser, criterion, generators and the shared batches."""
 
@@ -479,7 +478,6 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
             "timing_seconds": timing_seconds, "configs": results}
 
 
-# --- reporting -------------------------------------------------------------------------------
 def _number(value, spec):
     return "n/a" if value is None else format(value, spec)
 
@@ -537,7 +535,6 @@ def step_cost_table(result: Dict) -> List[str]:
     return lines
 
 
-# --- time to the same loss -------------------------------------------------------------------
 TRAIN_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
 
 
@@ -592,7 +589,6 @@ def time_to_loss_table(result: Dict) -> str:
                          ["best NLL", "updates", "ratio", "train s", "ratio"], cell=str, corner="log")
 
 
-# --- command line ----------------------------------------------------------------------------
 def one_of(flag: str, allowed) -> Callable[[str], str]:
     return checked(flag, str, lambda value: value in allowed, f"one of {', '.join(allowed)}")
 

@@ -19,6 +19,7 @@ stays on a language-model plateau (valid loss ~4.2) for hundreds of updates; at 
 """
 
 import argparse
+import contextlib
 import glob
 import itertools
 import json
@@ -63,7 +64,6 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
-# ---- data -------------------------------------------------------------------------------------
 def detect_split(directory, src, tgt, kind, requested=None):
     """The prefix P of a split with both P.src and P.tgt in ``directory``: ``requested`` if given, else
     the first conventional name (valid: valid, val, dev...), else the first starting with one (test_2016_flickr)."""
@@ -138,7 +138,6 @@ def check_line_lengths(bpe):
                                      f"{MAX_POSITIONS - 1} (shorten or remove that line)")
 
 
-# ---- fairseq ----------------------------------------------------------------------------------
 def run_logged(command, log_path, env, on_line=None):
     """Run ``command`` with its output in ``log_path``, each line handed to ``on_line``; the CPU
     seconds it used (its own, also when several run at once). Fails with the log's tail."""
@@ -191,8 +190,9 @@ class TrainProgress:
                 log(f"  [{self.name}] {line}")
             return
         tag, message = match.groups()
-        if "num. shared model params" in message or "num. model params" in message:
-            self.params = int(re.search(r"params:\s*([\d,]+)", message).group(1).replace(",", ""))
+        params = re.search(r"num\. (?:shared )?model params:\s*([\d,]+)", message)
+        if params:
+            self.params = int(params.group(1).replace(",", ""))
             log(f"  [{self.name}] {self.params:,} parameters")
         if not message.startswith("{"):
             return
@@ -227,7 +227,7 @@ def train(args, name, dirs, env):
     save_dir = os.path.join(dirs.checkpoints, name)
     os.makedirs(save_dir, exist_ok=True)
     for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files of an earlier run: start afresh
-        if os.path.isfile(os.path.join(save_dir, stale)):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(save_dir, stale))
     command = [
         sys.executable, "-m", "fairseq_cli.train", dirs.bin, *model_flags(args, name),
@@ -246,9 +246,8 @@ def train(args, name, dirs, env):
     cpu = run_logged(command, os.path.join(dirs.logs, f"train-{name}.log"), env, progress)
     wall = time.time() - progress.start
     log(f"  [{name}] trained in {wall:.0f}s (CPU time {cpu:.0f}s) -> {save_dir}")
-    checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
-    if not os.path.isfile(checkpoint):
-        checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    best, last = (os.path.join(save_dir, f"checkpoint_{which}.pt") for which in ("best", "last"))
+    checkpoint = best if os.path.isfile(best) else last
     return {"checkpoint": checkpoint, "params": progress.params, "train_wps": progress.train_tokens_per_second(),
             "train_seconds": wall, "train_cpu_seconds": cpu}
 
@@ -292,7 +291,6 @@ def run_jobs(jobs, names, function):
             pool.shutdown(cancel_futures=True)
 
 
-# ---- table -------------------------------------------------------------------------------------
 TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sent/s")
 
 
@@ -309,7 +307,6 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-# ---- driver ------------------------------------------------------------------------------------
 def build_parser():
     p = argparse.ArgumentParser(
         prog="fusion-fairseq-quickstart", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -435,11 +432,8 @@ def train_and_test(args, models, jobs, dirs, env):
         results, decode_sps = generated[name]
         score = bleu(results, os.path.join(dirs.raw, f"test.{args.tgt}"))
         log(f"  [{name}] {score}")
-        row = trained[name]
         rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1], "bleu": score.score,
-                     "params": row["params"], "train_wps": row["train_wps"], "decode_sps": decode_sps,
-                     "train_seconds": row["train_seconds"], "train_cpu_seconds": row["train_cpu_seconds"],
-                     "checkpoint": row["checkpoint"], "sacrebleu": str(score)})
+                     **trained[name], "decode_sps": decode_sps, "sacrebleu": str(score)})
     return rows
 
 
@@ -465,8 +459,7 @@ def run_quickstart(argv=None):
     log(f"\n=== results on {'the synthetic' if synthetic else args.data} test set ({args.src} -> {args.tgt}), "
         f"{args.max_update} updates each, total wall time {wall:.0f}s\n")
     log(table)
-    with open(os.path.join(dirs.out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(table + "\n")
+    corpus.write_lines(os.path.join(dirs.out, "results.md"), [table])
     with open(os.path.join(dirs.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
     log(f"\nwritten: {dirs.out}/results.md, {dirs.out}/results.json (logs and hypotheses in {dirs.logs})")

@@ -95,7 +95,6 @@ class Lexicon:
         return pairs + sorted(PREPOSITIONS.items()) + sorted(CONJUNCTIONS.items())
 
 
-# ---- inflection ------------------------------------------------------------------------------
 def src_noun(entry: Entry, number: str) -> str:
     return entry.src + ("s" if number == "pl" else "")
 
@@ -124,7 +123,6 @@ def inflections(category, entry):
             {tgt_verb(entry, t, g, n): (t, g, n) for t in TENSES for g, n in AGREEMENT})
 
 
-# ---- lexicon ---------------------------------------------------------------------------------
 def _stem(rng: random.Random, syllables) -> str:
     onsets, vowels, codas = syllables
     count = rng.choice((1, 2, 2, 3))
@@ -152,7 +150,6 @@ def build_lexicon(seed: int = 0) -> Lexicon:
     return Lexicon(categories["noun"], categories["adj"], categories["verb"], tgt_forms, src_forms)
 
 
-# ---- sentence structure ----------------------------------------------------------------------
 @dataclass
 class NounPhrase:
     noun: Entry
