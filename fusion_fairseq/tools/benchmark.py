@@ -446,9 +446,9 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
                   log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
     """Measure every configuration (the baseline among them) and return the JSON-ready results."""
     check_settings(settings)
-    baselines = [c for c in configs if c.baseline]
-    if len(baselines) != 1:
-        raise BenchmarkError(f"exactly one baseline configuration is needed, got {len(baselines)}")
+    baselines = sum(config.baseline for config in configs)
+    if baselines != 1:
+        raise BenchmarkError(f"exactly one baseline configuration is needed, got {baselines}")
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     device = torch.device(settings.device)
