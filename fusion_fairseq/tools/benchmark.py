@@ -13,6 +13,7 @@ round, min / median / max across rounds. The method and its choices: docs/measur
 
 import argparse
 import contextlib
+import functools
 import io
 import itertools
 import json
@@ -346,26 +347,23 @@ MEMORY_METHOD = {
 
 
 def synthetic_samples(settings: argparse.Namespace, dictionary, device):
+    """One training batch, one decode batch and one decode batch per ``--source-lengths`` length:
+    random symbols of ``dictionary``, EOS last, no padding."""
     generator = torch.Generator().manual_seed(settings.seed)
-    low, high, eos = dictionary.nspecial, len(dictionary), dictionary.eos()
 
     def tokens(rows, length):
-        t = torch.randint(low, high, (rows, length), generator=generator)
-        t[:, -1] = eos
-        return t
+        t = torch.randint(dictionary.nspecial, len(dictionary), (rows, length), generator=generator)
+        t[:, -1] = dictionary.eos()
+        return t.to(device)
 
-    batch, decode_batch = settings.batch_size, settings.decode_batch_size
-    src, tgt = tokens(batch, settings.src_len), tokens(batch, settings.tgt_len)
-    prev = torch.cat([torch.full((batch, 1), eos), tgt[:, :-1]], dim=1)
-    train = {"id": torch.arange(batch), "nsentences": batch, "ntokens": tgt.numel(), "target": tgt.to(device),
-             "net_input": {"src_tokens": src.to(device), "prev_output_tokens": prev.to(device),
-                           "src_lengths": torch.full((batch,), settings.src_len).to(device)}}
+    def batch(rows, length):
+        return {"id": torch.arange(rows).to(device), "nsentences": rows, "net_input": {
+            "src_tokens": tokens(rows, length), "src_lengths": torch.full((rows,), length).to(device)}}
 
-    def decode(length):
-        return {"id": torch.arange(decode_batch).to(device), "nsentences": decode_batch,
-                "net_input": {"src_tokens": tokens(decode_batch, length).to(device),
-                              "src_lengths": torch.full((decode_batch,), length).to(device)}}
-
+    train, target = batch(settings.batch_size, settings.src_len), tokens(settings.batch_size, settings.tgt_len)
+    train.update(target=target, ntokens=target.numel())
+    train["net_input"]["prev_output_tokens"] = torch.cat([target[:, -1:], target[:, :-1]], dim=1)  # EOS first
+    decode = functools.partial(batch, settings.decode_batch_size)
     return train, decode(settings.src_len), {length: decode(length) for length in settings.source_lengths}
 
 
@@ -682,21 +680,20 @@ def settings(argv=(), **changes) -> argparse.Namespace:
 
 def main(argv: Optional[Iterable[str]] = None) -> Dict:
     """Console entry point ``fusion-fairseq-benchmark``. Exit status 2 with a message on bad input."""
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    logs = args.time_to_loss or []
     try:  # the outputs are checked before any measurement
+        args = settings(argv)
+        logs = args.time_to_loss or []
         check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)],
                       [("--time-to-loss", log) for log in logs])
         if logs:
             result = time_to_loss(logs[0], logs[1:])
             table = time_to_loss_table(result)
         else:
-            result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), settings(argv))
+            result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), args)
             table = markdown_table(result)
     except (UsageError, BenchmarkError) as exc:
-        parser.error(str(exc))
+        build_parser().error(str(exc))
     result["command"] = shlex.join([PROG, *argv])
     print(table)
     if args.json:
