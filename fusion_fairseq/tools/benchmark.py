@@ -294,9 +294,9 @@ class _Runner:
         train_peak = transient_peak(self.train_step)
         self.model.eval()
         decode_peak = transient_peak(self.decode_batch)
-        adam = [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
-        parameters, train_state = (sum(t.numel() * t.element_size() for t in tensors) for tensors in
-                                   (list(self.model.parameters()), list(self.model.parameters()) + adam))
+        parameters = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        train_state = parameters + sum(v.numel() * v.element_size() for state in self.optimizer.state.values()
+                                       for v in state.values() if torch.is_tensor(v))  # + Adam's moments
         self.memory = {"train_peak_bytes": None if train_peak is None else train_state + train_peak,
                        "decode_peak_bytes": None if decode_peak is None else parameters + decode_peak,
                        "parameter_bytes": parameters, "train_state_bytes": train_state}
