@@ -9,8 +9,6 @@
 #
 # PYTHON selects the interpreter (default: python3, else python) that has fusion-fairseq installed.
 set -euo pipefail
-if [[ -z "${PYTHON:-}" ]]; then
-  if command -v python3 >/dev/null 2>&1; then PYTHON=python3; else PYTHON=python; fi
-fi
+PYTHON="${PYTHON:-$(command -v python3 || echo python)}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 exec "$PYTHON" -m fusion_fairseq.tools.quickstart "$@"

@@ -1,6 +1,5 @@
 #!/usr/bin/env python
-"""``fusion-fairseq-benchmark`` run from a checkout: the speed tool of fusion_fairseq.tools.benchmark
-(method and figures: docs/measurements.md; flags: ``--help``)."""
+"""``fusion-fairseq-benchmark`` run from a checkout (method and figures: docs/measurements.md; flags: ``--help``)."""
 
 import os
 import sys

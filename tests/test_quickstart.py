@@ -330,8 +330,13 @@ def test_mlrf_flags_without_mlrf_are_warned_about_and_bad_values_refused(tmp_pat
 
 
 def test_mlrf_flags_reach_fairseq_with_their_defaults():
+    """A flag given reaches fairseq; those left out take fusion_transformer's defaults (4 hops, da = 4d)."""
+    from model_building import build_model
+
     args = quickstart.build_parser().parse_args(["--embed-dim", "32", "--fusion-ffn-dim", "40"])
     quickstart.check_args(args)
     flags = quickstart.model_flags(args, "mlrf")
-    assert flags[flags.index("--fusion-hops") + 1] == "4" and flags[flags.index("--fusion-attn-dim") + 1] == "128"
-    assert flags[flags.index("--fusion-ffn-dim") + 1] == "40"
+    assert flags[flags.index("--fusion-ffn-dim") + 1] == "40" and "--fusion-hops" not in flags
+    user_dir = flags.index("--user-dir")
+    model = build_model("fusion_transformer", *flags[2:user_dir], *flags[user_dir + 2:], src_vocab=50, joined=True)
+    assert (model.args.fusion_hops, model.args.fusion_attn_dim, model.args.fusion_ffn_dim) == (4, 128, 40)

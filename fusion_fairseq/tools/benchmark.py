@@ -6,18 +6,16 @@ Transformer, measured in one process, and the training time a model needs to rea
     fusion-fairseq-benchmark --source-lengths 8,16,32 ...   # also the decoding step cost as the source grows
     fusion-fairseq-benchmark --time-to-loss residual.log dense.log [--json t.json]   # from fairseq-train logs
 
-Every configuration is built at one matched width on one synthetic vocabulary and seed; the
-configurations are interleaved round by round (order rotated every round) and each figure is a
-ratio to the baseline within a round, min / median / max across rounds. Tokens/s of full training
-steps (forward, loss, backward, Adam), sentences/s of fairseq's ``SequenceGenerator`` at a forced
-output length, parameters, peak tensor memory and matrix-product FLOPs. The method, each choice
-and the figures measured with it: docs/measurements.md. ``--json``/``--markdown`` are checked
-before any measurement: an existing file is overwritten only with ``--force``.
+Every configuration is built at one matched width on one synthetic vocabulary and seed, and the
+configurations are interleaved round by round; each figure is a ratio to the baseline within a
+round, min / median / max across rounds. The method and its choices: docs/measurements.md.
 """
 
 import argparse
 import contextlib
+import functools
 import io
+import itertools
 import json
 import os
 import platform
@@ -39,15 +37,16 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
-from fusion_fairseq.tools.analysis import UsageError, add_force_argument, check_outputs, format_matrix, write_json, \
-    write_markdown
+from fusion_fairseq.tools.analysis import (
+    UsageError, add_force_argument, check_outputs, checked, format_matrix, write_json, write_markdown)
 from fusion_fairseq.tools.common import (
-    count_parameters, device_name, dictionary_of_size, load_average, plugin_architectures, non_negative_int, positive_int)
+    count_parameters, device_name, dictionary_of_size, load_average, non_negative_int, plugin_architectures,
+    positive_int)
+from fusion_fairseq.tools.corpus import read_lines
 
 PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
 BASELINE_NAME = "vanilla"
-DEFAULT_BASELINE_ARCH = "transformer"
-DTYPES = ("fp32", "fp16", "bf16")
+AUTOCAST = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICES = ("cpu", "cuda")
 CRITERIA = ("label_smoothed_cross_entropy", "cross_entropy")
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
@@ -79,7 +78,6 @@ class BenchmarkConfig:
     baseline: bool = False
 
 
-# --- configurations --------------------------------------------------------------------------
 def check_arch(arch: str, where: str) -> None:
     if arch not in ARCH_MODEL_REGISTRY:
         plugin = plugin_architectures()
@@ -108,7 +106,7 @@ def parse_variant(spec: str) -> BenchmarkConfig:
 
 
 def build_configs(archs: Optional[Sequence[str]] = None, variants: Sequence[str] = (),
-                  baseline_arch: str = DEFAULT_BASELINE_ARCH) -> List[BenchmarkConfig]:
+                  baseline_arch: str = "transformer") -> List[BenchmarkConfig]:
     """The baseline first, then ``archs`` (default: every plugin architecture), then the variants."""
     check_arch(baseline_arch, "--baseline-arch")
     configs = [BenchmarkConfig(BASELINE_NAME, baseline_arch, [], baseline=True)]
@@ -134,13 +132,12 @@ def model_option_actions(arch: str) -> Dict[str, argparse.Action]:
 def takes_number(action: argparse.Action, value) -> bool:
     """Whether the option parses ``value`` into a number (fconv's ``--encoder-layers`` is a str
     expression; flags with validating types such as ``positive_int`` qualify)."""
-    if action.type is None or action.nargs not in (None, 1) or action.const is not None:
+    if action.nargs not in (None, 1) or action.const is not None:
         return False
     try:
-        parsed = action.type(str(value))
-    except (argparse.ArgumentTypeError, TypeError, ValueError):
+        return type(action.type(str(value))) in (int, float)
+    except (argparse.ArgumentTypeError, TypeError, ValueError):  # TypeError: no type at all
         return False
-    return isinstance(parsed, (int, float)) and not isinstance(parsed, bool)
 
 
 def width_flags(arch: str, settings: argparse.Namespace):
@@ -149,16 +146,10 @@ def width_flags(arch: str, settings: argparse.Namespace):
     flags, skipped = [], []
     for setting, alternatives in WIDTH_FLAGS.items():
         value = getattr(settings, setting)
-        group = next((g for g in alternatives if any(flag in actions for flag in g)), None)
-        if group is None:
-            tried = "/".join(flag for g in alternatives for flag in g)
-            skipped.append(f"{tried} (not an option of {arch}; left to the architecture)")
-            continue
-        for flag in group:
-            action = actions.get(flag)
-            if action is None:
+        for flag in next((g for g in alternatives if any(flag in actions for flag in g)), alternatives[0]):
+            if flag not in actions:
                 skipped.append(f"{flag} (not an option of {arch}; left to the architecture)")
-            elif not takes_number(action, value):
+            elif not takes_number(actions[flag], value):
                 skipped.append(f"{flag} (does not take the number {value}; give it in a --variant's flags)")
             else:
                 flags += [flag, str(value)]
@@ -185,14 +176,12 @@ def build_model(arch: str, flags: List[str], dictionary, criterion_flags=(), nam
         raise BenchmarkError(f"configuration {name or arch!r} ({arch}): building the model failed: {exc}") from exc
 
 
-# --- measurement -----------------------------------------------------------------------------
 class _Runner:
-    """One configuration: its model, optimiser, criterion, generator and the shared batches."""
+    """One configuration: its model, optimiser, criterion, generators and the shared batches."""
 
-    def __init__(self, config, settings, dictionary, samples, device, autocast_dtype):
-        self.config, self.settings, self.device, self.autocast_dtype = config, settings, device, autocast_dtype
+    def __init__(self, config, settings, dictionary, samples, device):
+        self.config, self.settings, self.device = config, settings, device
         self.train_sample, self.decode_sample, self.sweep_samples = samples
-        self.clock = CLOCKS[settings.clock]
         self.width_flags, self.skipped_width_flags = width_flags(config.arch, settings)
         self.flags = self.width_flags + list(settings.common_flags) + list(config.flags)
         criterion_flags = ["--criterion", settings.criterion] + (
@@ -202,25 +191,21 @@ class _Runner:
         self.model.to(device)
         self.model_args = json.loads(json.dumps({action.dest: getattr(args, action.dest, None) for action in
                                                  model_option_actions(config.arch).values()}, default=str))
-        self.parameters = count_parameters(self.model)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.trainable_parameters = sum(p.numel() for p in trainable)
         self.optimizer = torch.optim.Adam(trainable, lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=autocast_dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=settings.dtype == "fp16")
         self.criterion = criterions.build_criterion(args, task)
         # min_len = max_len: every hypothesis has exactly that many tokens + EOS, whatever the untrained model
-        self.generator, self.half_generator = (
-            SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0, max_len_b=length,
-                              min_len=length) for length in (settings.decode_len, settings.decode_len // 2))
-        self.ms_per_step: Dict[int, List[float]] = {}
-        self.tokens_per_s: List[float] = []
-        self.sentences_per_s: List[float] = []
-        self.decoded_lengths: set = set()
-        self.memory: Dict[str, Optional[int]] = {}
-        self.flops: Dict[str, int] = {}
+        self.generators = {length: SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0,
+                                                     max_len_b=length, min_len=length)
+                           for length in (settings.decode_len, settings.decode_len // 2)}
+        self.tokens_per_s, self.sentences_per_s, self.ms_per_step = [], [], {}
+        self.decoded_lengths, self.memory, self.flops = set(), {}, {}
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+        dtype = AUTOCAST[self.settings.dtype]
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def where(self):
         return f"configuration {self.config.name!r} ({self.config.arch})"
@@ -235,15 +220,16 @@ class _Runner:
 
     def timed(self, step, warmup: int, repeats: int, sync, failed: str) -> float:
         """Seconds of ``repeats`` calls of ``step`` after ``warmup`` untimed ones."""
+        clock = CLOCKS[self.settings.clock]
         try:
             for _ in range(warmup):
                 step()
             sync()
-            start = self.clock()
+            start = clock()
             for _ in range(repeats):
                 step()
             sync()
-            return self.clock() - start
+            return clock() - start
         except BenchmarkError:
             raise
         except Exception as exc:
@@ -258,15 +244,14 @@ class _Runner:
 
     def decode_batch(self):
         with self.autocast():
-            hypos = self.generator.generate([self.model], self.decode_sample)
+            hypos = self.generators[self.settings.decode_len].generate([self.model], self.decode_sample)
         expected = self.settings.decode_len + 1
         lengths = {len(h["tokens"]) for sentence in hypos for h in sentence}
         if len(hypos) != self.decode_sample["nsentences"] or lengths != {expected}:
             raise BenchmarkError(
                 f"{self.where()}: decoding with min_len = max_len = {self.settings.decode_len} should give "
                 f"{self.decode_sample['nsentences']} sentences of exactly {expected} tokens (EOS included), "
-                f"got {len(hypos)} sentences with lengths {sorted(lengths)}"
-            )
+                f"got {len(hypos)} sentences with lengths {sorted(lengths)}")
         self.decoded_lengths |= lengths
 
     def measure_decoding(self, sync):
@@ -282,12 +267,12 @@ class _Runner:
         that what is paid once per sentence (the encoder, the first step's projection of the
         source, the generator's set-up) cancels."""
         self.model.eval()
-        sample, full, half = self.sweep_samples[length], self.settings.decode_len, self.settings.decode_len // 2
         times = {}
         with self.autocast(), torch.no_grad():
-            for steps, generator in ((full, self.generator), (half, self.half_generator)):
-                times[steps] = self.timed(lambda: generator.generate([self.model], sample), 1, 1, sync,
-                                          f"decoding a {length}-token source")  # one untimed call warms the caches
+            for steps, generator in self.generators.items():  # one untimed call warms the caches
+                times[steps] = self.timed(lambda: generator.generate([self.model], self.sweep_samples[length]), 1, 1,
+                                          sync, f"decoding a {length}-token source")
+        full, half = self.generators
         self.ms_per_step.setdefault(length, []).append(1000 * (times[full] - times[half]) / (full - half))
         return self.ms_per_step[length][-1]
 
@@ -302,13 +287,6 @@ class _Runner:
                 step()
             self.flops[kind] = counter.get_total_flops()
 
-    def state_bytes(self, with_optimizer: bool) -> int:
-        tensors = list(self.model.parameters())
-        if with_optimizer:
-            for state in self.optimizer.state.values():
-                tensors += [v for v in state.values() if torch.is_tensor(v)]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     def measure_memory(self, transient_peak: Callable[[Callable[[], None]], Optional[int]]):
         self.model.train()
         torch.manual_seed(self.settings.seed)
@@ -316,7 +294,9 @@ class _Runner:
         train_peak = transient_peak(self.train_step)
         self.model.eval()
         decode_peak = transient_peak(self.decode_batch)
-        parameters, train_state = self.state_bytes(False), self.state_bytes(True)
+        parameters = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        train_state = parameters + sum(v.numel() * v.element_size() for state in self.optimizer.state.values()
+                                       for v in state.values() if torch.is_tensor(v))  # + Adam's moments
         self.memory = {"train_peak_bytes": None if train_peak is None else train_state + train_peak,
                        "decode_peak_bytes": None if decode_peak is None else parameters + decode_peak,
                        "parameter_bytes": parameters, "train_state_bytes": train_state}
@@ -345,20 +325,16 @@ def cpu_transient_peak(fn) -> Optional[int]:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     try:
-        roots = prof.profiler.kineto_results.experimental_event_tree()
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
     except AttributeError:
         return None
-    events, stack = [], list(roots)
+    events = []
     while stack:
         node = stack.pop()
         if node.tag == _EventType.Allocation and str(node.extra_fields.device) == "cpu":
             events.append((node.start_time_ns, node.extra_fields.alloc_size))
         stack.extend(node.children)
-    peak = live = 0
-    for _, size in sorted(events):
-        live += size
-        peak = max(peak, live)
-    return peak
+    return max(itertools.accumulate((size for _, size in sorted(events)), initial=0))
 
 
 MEMORY_METHOD = {
@@ -371,34 +347,28 @@ MEMORY_METHOD = {
 
 
 def synthetic_samples(settings: argparse.Namespace, dictionary, device):
+    """One training batch, one decode batch and one decode batch per ``--source-lengths`` length:
+    random symbols of ``dictionary``, EOS last, no padding."""
     generator = torch.Generator().manual_seed(settings.seed)
-    low, high, eos = dictionary.nspecial, len(dictionary), dictionary.eos()
 
     def tokens(rows, length):
-        t = torch.randint(low, high, (rows, length), generator=generator)
-        t[:, -1] = eos
-        return t
+        t = torch.randint(dictionary.nspecial, len(dictionary), (rows, length), generator=generator)
+        t[:, -1] = dictionary.eos()
+        return t.to(device)
 
-    batch, decode_batch = settings.batch_size, settings.decode_batch_size
-    src, tgt = tokens(batch, settings.src_len), tokens(batch, settings.tgt_len)
-    prev = torch.cat([torch.full((batch, 1), eos), tgt[:, :-1]], dim=1)
-    train = {"id": torch.arange(batch), "nsentences": batch, "ntokens": tgt.numel(), "target": tgt.to(device),
-             "net_input": {"src_tokens": src.to(device), "prev_output_tokens": prev.to(device),
-                           "src_lengths": torch.full((batch,), settings.src_len).to(device)}}
+    def batch(rows, length):
+        return {"id": torch.arange(rows).to(device), "nsentences": rows, "net_input": {
+            "src_tokens": tokens(rows, length), "src_lengths": torch.full((rows,), length).to(device)}}
 
-    def decode(length):
-        return {"id": torch.arange(decode_batch).to(device), "nsentences": decode_batch,
-                "net_input": {"src_tokens": tokens(decode_batch, length).to(device),
-                              "src_lengths": torch.full((decode_batch,), length).to(device)}}
-
+    train, target = batch(settings.batch_size, settings.src_len), tokens(settings.batch_size, settings.tgt_len)
+    train.update(target=target, ntokens=target.numel())
+    train["net_input"]["prev_output_tokens"] = torch.cat([target[:, -1:], target[:, :-1]], dim=1)  # EOS first
+    decode = functools.partial(batch, settings.decode_batch_size)
     return train, decode(settings.src_len), {length: decode(length) for length in settings.source_lengths}
 
 
 def check_settings(settings: argparse.Namespace) -> None:
-    for flag, allowed in (("--device", DEVICES), ("--dtype", DTYPES), ("--clock", tuple(CLOCKS))):
-        value = getattr(settings, flag[2:])
-        if value not in allowed:
-            raise BenchmarkError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
+    """The settings that depend on each other (each alone is checked by its argparse type)."""
     if settings.dtype != "fp32" and settings.device != "cuda":
         raise BenchmarkError(f"--dtype {settings.dtype} is only supported with --device cuda (got --device "
                              f"{settings.device}); use --dtype fp32 on CPU")
@@ -417,8 +387,6 @@ def check_settings(settings: argparse.Namespace) -> None:
         raise BenchmarkError("--src-len and --tgt-len must be at least 2 (the last token is EOS)")
     if settings.vocab <= 4 + settings.beam:
         raise BenchmarkError(f"--vocab {settings.vocab} is too small for --beam {settings.beam} (4 special symbols)")
-    if not 0.0 <= settings.dropout < 1.0:
-        raise BenchmarkError(f"--dropout must be in [0, 1), got {settings.dropout!r}")
 
 
 def ratio_stats(values: List[float], baseline: List[float]) -> Dict[str, object]:
@@ -433,32 +401,17 @@ def environment(settings: argparse.Namespace, device: torch.device) -> Dict[str,
             "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
 
 
-def build_runners(configs: List[BenchmarkConfig], settings: argparse.Namespace, device,
-                  log: Callable[[str], None]) -> List[_Runner]:
-    """One :class:`_Runner` per configuration, on shared synthetic samples."""
-    autocast_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[settings.dtype]
-    dictionary = dictionary_of_size(settings.vocab)
-    samples = synthetic_samples(settings, dictionary, device)
-    runners = []
-    for config in configs:
-        log(f"building {config.name} ({config.arch})")
-        runners.append(_Runner(config, settings, dictionary, samples, device, autocast_dtype))
-        for skipped in runners[-1].skipped_width_flags:
-            log(f"  {config.name}: width flag {skipped} not applied")
-    return runners
-
-
 def measure_rounds(runners: List[_Runner], settings: argparse.Namespace, sync: Callable[[], None],
                    log: Callable[[str], None]) -> float:
     """Training and decoding speed of every runner, round-robin with the order rotated by one every
     round; returns the seconds it took."""
     started = time.perf_counter()
+    measures = [("train ", lambda r: r.measure_training(sync), "{:,.0f} tokens/s"),
+                ("decode", lambda r: r.measure_decoding(sync), "{:,.2f} sentences/s")]
+    measures += [("step  ", lambda r, n=n: r.measure_step_cost(n, sync), f"source {n}: {{:.2f}} ms")
+                 for n in settings.source_lengths]
     for repeat in range(settings.repeats):
         order = runners[repeat % len(runners):] + runners[:repeat % len(runners)]
-        measures = [("train ", lambda r: r.measure_training(sync), "{:,.0f} tokens/s"),
-                    ("decode", lambda r: r.measure_decoding(sync), "{:,.2f} sentences/s")]
-        measures += [("step  ", lambda r, n=n: r.measure_step_cost(n, sync), f"source {n}: {{:.2f}} ms")
-                     for n in settings.source_lengths]
         for what, measure, unit in measures:
             for runner in order:
                 value = unit.format(measure(runner))
@@ -474,7 +427,7 @@ def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) 
     return {
         "arch": runner.config.arch, "baseline": runner.config.baseline, "variant_flags": runner.config.flags,
         "flags": runner.flags, "skipped_width_flags": runner.skipped_width_flags, "model_args": runner.model_args,
-        "parameters": runner.parameters, "trainable_parameters": runner.trainable_parameters,
+        "parameters": count_parameters(runner.model), "trainable_parameters": runner.trainable_parameters,
         "train": speed(runner.tokens_per_s, base.tokens_per_s, "tokens_per_s"),
         "decode": {**speed(runner.sentences_per_s, base.sentences_per_s, "sentences_per_s"),
                    "decoder_steps": settings.decode_len + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
@@ -491,23 +444,28 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
                   log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
     """Measure every configuration (the baseline among them) and return the JSON-ready results."""
     check_settings(settings)
-    baselines = [c for c in configs if c.baseline]
-    if len(baselines) != 1:
-        raise BenchmarkError(f"exactly one baseline configuration is needed, got {len(baselines)}")
+    baselines = sum(config.baseline for config in configs)
+    if baselines != 1:
+        raise BenchmarkError(f"exactly one baseline configuration is needed, got {baselines}")
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     device = torch.device(settings.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     env = environment(settings, device)
-    runners = build_runners(configs, settings, device, log)
+    dictionary = dictionary_of_size(settings.vocab)
+    samples = synthetic_samples(settings, dictionary, device)
+    runners = []
+    for config in configs:
+        log(f"building {config.name} ({config.arch})")
+        runners.append(_Runner(config, settings, dictionary, samples, device))
+        for skipped in runners[-1].skipped_width_flags:
+            log(f"  {config.name}: width flag {skipped} not applied")
     timing_seconds = measure_rounds(runners, settings, sync, log)
-    if settings.flops:
-        for runner in runners:
+    for runner in runners:
+        if settings.flops:
             runner.measure_flops()
-    if settings.memory:
-        transient_peak = cuda_transient_peak if device.type == "cuda" else cpu_transient_peak
-        for runner in runners:
-            runner.measure_memory(transient_peak)
+        if settings.memory:
+            runner.measure_memory(cuda_transient_peak if device.type == "cuda" else cpu_transient_peak)
     base = next(r for r in runners if r.config.baseline)
     results = {runner.config.name: config_result(runner, base, settings) for runner in runners}
     env["load_average_end"] = load_average()
@@ -518,7 +476,6 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
             "timing_seconds": timing_seconds, "configs": results}
 
 
-# --- reporting -------------------------------------------------------------------------------
 def _number(value, spec):
     return "n/a" if value is None else format(value, spec)
 
@@ -576,22 +533,7 @@ def step_cost_table(result: Dict) -> List[str]:
     return lines
 
 
-# --- time to the same loss -------------------------------------------------------------------
 TRAIN_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
-
-
-def train_wall_at_updates(log_path: str) -> Dict[int, float]:
-    """{update: training seconds so far} from a json log's ``train_inner`` lines, whose
-    ``train_wall`` covers one log interval (validation excluded)."""
-    walls, total = {}, 0.0
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            match = TRAIN_LINE.search(line)
-            if match:
-                stats = json.loads(match.group(1))
-                total += float(stats["train_wall"])
-                walls[int(stats["num_updates"])] = total
-    return walls
 
 
 def seconds_at(walls: Dict[int, float], update: int) -> Optional[float]:
@@ -606,24 +548,26 @@ def time_to_loss(reference: str, logs: List[str]) -> Dict:
     """Per fairseq-train log (``--log-format json``, validation every N updates): the first validated
     update at or below the reference's best validation NLL and the training time up to it, and
     their ratios to the reference's (Shen et al., NAACL 2018: DenseNMT's "29% less time to the same
-    loss" beside 8.1% slower steps)."""
+    loss" beside 8.1% slower steps). The training time is the running sum of ``train_wall`` over the
+    ``train_inner`` lines, each covering one log interval, validation excluded."""
     from fusion_fairseq.tools.comparison import learning_curve, updates_to_reach
 
-    curves = {path: learning_curve(path) for path in [reference, *logs]}
-    for path, curve in curves.items():
+    rows = []
+    for path in [reference, *logs]:
+        curve = learning_curve(path)
         if not curve:
             raise BenchmarkError(f"--time-to-loss {path}: " + ("no validation lines (train with --log-format json "
                                  "and --validate-interval-updates N)" if os.path.isfile(path) else "no such file"))
-    target = min(curves[reference].values())
-    rows = []
-    for path, curve in curves.items():
-        reached = updates_to_reach(curve, target)
+        inner = [json.loads(m.group(1)) for m in map(TRAIN_LINE.search, read_lines(path)) if m]
+        walls = dict(zip([int(stats["num_updates"]) for stats in inner],
+                         itertools.accumulate(float(stats["train_wall"]) for stats in inner)))
         rows.append({"log": path, "reference": path == reference, "best_nll": min(curve.values()),
-                     "last_update": max(curve), "updates_to_target": reached,
-                     "train_seconds_to_target": None if reached is None else seconds_at(train_wall_at_updates(path),
-                                                                                         reached),
-                     "curve": curve})
+                     "last_update": max(curve), "walls": walls, "curve": curve})
+    target = rows[0]["best_nll"]
     for row in rows:
+        walls, reached = row.pop("walls"), updates_to_reach(row["curve"], target)
+        row.update(updates_to_target=reached,
+                   train_seconds_to_target=None if reached is None else seconds_at(walls, reached))
         for key, ratio in (("updates_to_target", "updates_ratio"), ("train_seconds_to_target", "time_ratio")):
             if row[key] and rows[0][key]:
                 row[ratio] = row[key] / rows[0][key]
@@ -643,7 +587,10 @@ def time_to_loss_table(result: Dict) -> str:
                          ["best NLL", "updates", "ratio", "train s", "ratio"], cell=str, corner="log")
 
 
-# --- command line ----------------------------------------------------------------------------
+def one_of(flag: str, allowed) -> Callable[[str], str]:
+    return checked(flag, str, lambda value: value in allowed, f"one of {', '.join(allowed)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -653,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "plugin; give --archs with no names to run only the variants)")
     group.add_argument("--variant", action="append", default=[], metavar="NAME=ARCH:FLAGS",
                        help=f"a named configuration, repeatable, e.g. {VARIANT_EXAMPLE}")
-    group.add_argument("--baseline-arch", default=DEFAULT_BASELINE_ARCH,
+    group.add_argument("--baseline-arch", default="transformer",
                        help=f"architecture of the baseline configuration {BASELINE_NAME!r}")
     group.add_argument("--common-flags", default="", metavar="FLAGS",
                        help="model flags for every configuration, the baseline included, e.g. '--share-all-embeddings'")
@@ -668,7 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
             ("--embed-dim", positive, 256, "--encoder-embed-dim and --decoder-embed-dim"),
             ("--ffn-dim", positive, 1024, "--encoder-ffn-embed-dim and --decoder-ffn-embed-dim"),
             ("--heads", positive, 4, "--encoder-attention-heads and --decoder-attention-heads"),
-            ("--dropout", float, 0.1, None), ("--vocab", positive, 8000, "size of the joined dictionary")],
+            ("--dropout", checked("--dropout", float, lambda value: 0 <= value < 1, "in [0, 1)"), 0.1, None),
+            ("--vocab", positive, 8000, "size of the joined dictionary")],
         "training measurement": [
             ("--batch-size", positive, 16, "sentences per batch"),
             ("--src-len", positive, 16, "source tokens per sentence (EOS included)"),
@@ -695,10 +643,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "He et al.'s point that layer-wise coordination attends to the source in every layer)")
 
     group = parser.add_argument_group("device and output")
-    group.add_argument("--device", default="cpu", help=" or ".join(DEVICES))
-    group.add_argument("--dtype", default="fp32", help="fp32, or fp16 / bf16 (autocast, CUDA only)")
+    group.add_argument("--device", type=one_of("--device", DEVICES), default="cpu", help=" or ".join(DEVICES))
+    group.add_argument("--dtype", type=one_of("--dtype", tuple(AUTOCAST)), default="fp32",
+                       help="fp32, or fp16 / bf16 (autocast, CUDA only)")
     group.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
-    group.add_argument("--clock", default="wall",
+    group.add_argument("--clock", type=one_of("--clock", tuple(CLOCKS)), default="wall",
                        help="wall: elapsed time; process: this process's CPU time (CPU only; less sensitive to "
                             "other work sharing the cores, but with several threads it sums their CPU time)")
     group.add_argument("--seed", type=int, default=1)
@@ -731,21 +680,20 @@ def settings(argv=(), **changes) -> argparse.Namespace:
 
 def main(argv: Optional[Iterable[str]] = None) -> Dict:
     """Console entry point ``fusion-fairseq-benchmark``. Exit status 2 with a message on bad input."""
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    logs = args.time_to_loss or []
     try:  # the outputs are checked before any measurement
+        args = settings(argv)
+        logs = args.time_to_loss or []
         check_outputs(args, [("--json", args.json), ("--markdown", args.markdown)],
                       [("--time-to-loss", log) for log in logs])
         if logs:
             result = time_to_loss(logs[0], logs[1:])
             table = time_to_loss_table(result)
         else:
-            result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), settings(argv))
+            result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), args)
             table = markdown_table(result)
     except (UsageError, BenchmarkError) as exc:
-        parser.error(str(exc))
+        build_parser().error(str(exc))
     result["command"] = shlex.join([PROG, *argv])
     print(table)
     if args.json:

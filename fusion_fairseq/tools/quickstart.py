@@ -4,18 +4,14 @@
                 parallel text given with ``--data DIR --src de --tgt en``
  2. BPE      -- one joint BPE learnt with subword-nmt (:func:`corpus.learn_and_apply_bpe`)
  3. binarise -- ``fairseq-preprocess --joined-dictionary`` (:func:`corpus.binarise`)
- 4. train    -- ``fairseq-train`` of ``transformer`` and ``fusion_transformer --fuse-encoder fnn
-                --fuse-decoder sa`` with the same dimensions, updates, batch and schedule. Without a
-                GPU they run side by side, one process per core with one thread each: two OpenMP
-                threads per process on a shared machine are many times slower than one.
+ 4. train    -- ``fairseq-train`` of each model with the same dimensions, updates, batch and
+                schedule. Without a GPU they run side by side, one process per core with one
+                thread each: two OpenMP threads per process on a shared machine are many times slower.
  5. test     -- ``fairseq-generate --beam 5 --remove-bpe``, BLEU by sacrebleu against the raw references
 
 and prints a table: model, BLEU, parameters, training target tokens/s (fairseq's ``wps``), decoding
-sentences/s. Everything goes under ``--out`` (``raw/ bpe/ data-bin/ checkpoints/ logs/``,
-``results.md``, ``results.json``); a re-run overwrites only the files it wrote, never a directory.
-
-    python -m fusion_fairseq.tools.quickstart                                   # synthetic, 242 s on 2 CPU cores
-    python -m fusion_fairseq.tools.quickstart --train-size 300 --max-update 20  # smoke run
+sentences/s. Everything goes under ``--out``; a re-run overwrites only the files it wrote. Stages,
+outputs and options: examples/README.md.
 
 Why a peak learning rate of 1e-3: at 2e-3 or 3e-3 the MLRF model's self-attention fusion over
 decoder layers puts ~99% of its weight on the two lowest layers (h0, h1) within ~200 updates and
@@ -23,6 +19,7 @@ stays on a language-model plateau (valid loss ~4.2) for hundreds of updates; at 
 """
 
 import argparse
+import contextlib
 import glob
 import itertools
 import json
@@ -36,6 +33,7 @@ from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools import corpus
+from fusion_fairseq.tools.common import non_negative_int, positive_int
 
 BPE_MERGES = {"synthetic": 1000, "data": 8000}
 SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev", "validation", "newsdev", "tst-dev"),
@@ -49,7 +47,7 @@ MODELS = {
     "surface_fusion": ("fusion_transformer", "SurfaceFusion (hard, lambda 0.8)",
                        ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"]),
 }
-MLRF_FLAGS = ("fusion_hops", "fusion_attn_dim", "fusion_ffn_dim")
+MLRF_FLAGS = ("fusion_hops", "fusion_attn_dim", "fusion_ffn_dim")  # left to fusion_transformer's defaults unless given
 # fairseq's default --max-source/target-positions, which the quickstart keeps; </s> takes one more.
 MAX_POSITIONS = 1024
 
@@ -66,7 +64,6 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
-# ---- data -------------------------------------------------------------------------------------
 def detect_split(directory, src, tgt, kind, requested=None):
     """The prefix P of a split with both P.src and P.tgt in ``directory``: ``requested`` if given, else
     the first conventional name (valid: valid, val, dev...), else the first starting with one (test_2016_flickr)."""
@@ -141,7 +138,6 @@ def check_line_lengths(bpe):
                                      f"{MAX_POSITIONS - 1} (shorten or remove that line)")
 
 
-# ---- fairseq ----------------------------------------------------------------------------------
 def run_logged(command, log_path, env, on_line=None):
     """Run ``command`` with its output in ``log_path``, each line handed to ``on_line``; the CPU
     seconds it used (its own, also when several run at once). Fails with the log's tail."""
@@ -172,8 +168,7 @@ def model_flags(args, name):
     if arch == "fusion_transformer":
         flags += ["--user-dir", user_dir(), *fusion]
     if name == "mlrf":
-        defaults = {"fusion_hops": 4, "fusion_attn_dim": 4 * args.embed_dim, "fusion_ffn_dim": 2 * args.embed_dim}
-        flags += [x for key in MLRF_FLAGS for x in (flag(key), defaults[key] if getattr(args, key) is None else getattr(args, key))]
+        flags += [x for key in MLRF_FLAGS if getattr(args, key) is not None for x in (flag(key), getattr(args, key))]
     return [str(f) for f in flags]
 
 
@@ -195,8 +190,9 @@ class TrainProgress:
                 log(f"  [{self.name}] {line}")
             return
         tag, message = match.groups()
-        if "num. shared model params" in message or "num. model params" in message:
-            self.params = int(re.search(r"params:\s*([\d,]+)", message).group(1).replace(",", ""))
+        params = re.search(r"num\. (?:shared )?model params:\s*([\d,]+)", message)
+        if params:
+            self.params = int(params.group(1).replace(",", ""))
             log(f"  [{self.name}] {self.params:,} parameters")
         if not message.startswith("{"):
             return
@@ -231,7 +227,7 @@ def train(args, name, dirs, env):
     save_dir = os.path.join(dirs.checkpoints, name)
     os.makedirs(save_dir, exist_ok=True)
     for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files of an earlier run: start afresh
-        if os.path.isfile(os.path.join(save_dir, stale)):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(save_dir, stale))
     command = [
         sys.executable, "-m", "fairseq_cli.train", dirs.bin, *model_flags(args, name),
@@ -250,9 +246,8 @@ def train(args, name, dirs, env):
     cpu = run_logged(command, os.path.join(dirs.logs, f"train-{name}.log"), env, progress)
     wall = time.time() - progress.start
     log(f"  [{name}] trained in {wall:.0f}s (CPU time {cpu:.0f}s) -> {save_dir}")
-    checkpoint = os.path.join(save_dir, "checkpoint_best.pt")
-    if not os.path.isfile(checkpoint):
-        checkpoint = os.path.join(save_dir, "checkpoint_last.pt")
+    best, last = (os.path.join(save_dir, f"checkpoint_{which}.pt") for which in ("best", "last"))
+    checkpoint = best if os.path.isfile(best) else last
     return {"checkpoint": checkpoint, "params": progress.params, "train_wps": progress.train_tokens_per_second(),
             "train_seconds": wall, "train_cpu_seconds": cpu}
 
@@ -296,7 +291,6 @@ def run_jobs(jobs, names, function):
             pool.shutdown(cancel_futures=True)
 
 
-# ---- table -------------------------------------------------------------------------------------
 TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sent/s")
 
 
@@ -313,50 +307,50 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-# ---- driver ------------------------------------------------------------------------------------
 def build_parser():
     p = argparse.ArgumentParser(
         prog="fusion-fairseq-quickstart", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
         "synthetic corpus (default) or on raw parallel text (--data), then compare BLEU and speed.")
-    p.add_argument("--out", default="quickstart_out", help="output directory (created; files of an earlier run are overwritten, nothing else)")
+    p.add_argument("--out", default="quickstart_out",
+                   help="output directory (created; files of an earlier run are overwritten, nothing else)")
     g = p.add_argument_group("data")
-    g.add_argument("--data", help="directory of raw (tokenised) parallel text with train.SRC/TGT, a validation and a test split; "
-                   "default: generate the synthetic corpus")
+    g.add_argument("--data", help="directory of raw (tokenised) parallel text with train.SRC/TGT, a validation and "
+                   "a test split; default: generate the synthetic corpus")
     g.add_argument("--src", help="source language suffix (synthetic: src)")
     g.add_argument("--tgt", help="target language suffix (synthetic: tgt)")
-    for split, default in (("train", "train"), ("valid", "first of valid, val, dev, ..."), ("test", "test, else the first test*/tst*...")):
+    for split, default in (("train", "train"), ("valid", "first of valid, val, dev, ..."),
+                           ("test", "test, else the first test*/tst*...")):
         g.add_argument(f"--{split}-split", help=f"prefix of the {split} split in --data (default: {default})")
-    for split in corpus.SPLITS:
-        g.add_argument(f"--{split}-lines", type=int, default=0, help=f"use only the first N {split} pairs of --data (0: all)")
+        g.add_argument(f"--{split}-lines", type=non_negative_int, default=0,
+                       help=f"use only the first N {split} pairs of --data (0: all)")
     for split, size in (("train", 12000), ("valid", 300), ("test", 300)):
         g.add_argument(f"--{split}-size", type=int, default=size, help=f"synthetic {split} pairs")
     g.add_argument("--lexicon-seed", type=int, default=0, help="seed of the synthetic vocabulary")
-    g.add_argument("--bpe-merges", type=int, help=f"joint BPE merges (default: {BPE_MERGES['synthetic']} synthetic, "
-                   f"{BPE_MERGES['data']} --data)")
+    g.add_argument("--bpe-merges", type=positive_int, help=f"joint BPE merges (default: {BPE_MERGES['synthetic']} "
+                   f"synthetic, {BPE_MERGES['data']} --data)")
     g = p.add_argument_group("models (the same for both)")
     g.add_argument("--models", default="transformer,mlrf", help="comma-separated subset of: " + ", ".join(MODELS))
-    g.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
-    g.add_argument("--embed-dim", type=int, default=128)
-    g.add_argument("--ffn-dim", type=int, default=512)
-    g.add_argument("--heads", type=int, default=4)
+    for name, default, text in (("--layers", 3, "encoder and decoder layers"), ("--embed-dim", 128, None),
+                                ("--ffn-dim", 512, None), ("--heads", 4, None)):
+        g.add_argument(name, type=positive_int, default=default, help=text)
     g.add_argument("--dropout", type=float, default=0.1)
     g.add_argument("--fusion-hops", type=int, help="MLRF hops (default: 4)")
     g.add_argument("--fusion-attn-dim", type=int, help="MLRF da (default: 4 x embed-dim)")
     g.add_argument("--fusion-ffn-dim", type=int, help="MLRF df (default: 2 x embed-dim)")
     g = p.add_argument_group("budget (the same for both)")
-    g.add_argument("--max-update", type=int, default=600)
-    g.add_argument("--max-tokens", type=int, default=2048, help="batch size in tokens")
+    g.add_argument("--max-update", type=positive_int, default=600)
+    g.add_argument("--max-tokens", type=positive_int, default=2048, help="batch size in tokens")
     g.add_argument("--lr", type=float, default=0.001, help="peak learning rate of the inverse-sqrt schedule")
     g.add_argument("--warmup-updates", type=int, default=150)
     g.add_argument("--seed", type=int, default=1, help="seed of the synthetic sentences and of training")
-    g.add_argument("--beam", type=int, default=5)
-    g.add_argument("--batch-size", type=int, default=128, help="sentences per batch in fairseq-generate")
+    g.add_argument("--beam", type=positive_int, default=5)
+    g.add_argument("--batch-size", type=positive_int, default=128, help="sentences per batch in fairseq-generate")
     g = p.add_argument_group("run")
-    g.add_argument("--jobs", type=int, default=0, help="models trained (and decoded) at the same time (0: one per CPU core "
-                   "without a GPU, else 1)")
-    g.add_argument("--threads", type=int, default=0, help="OMP/MKL threads of each fairseq process (0: cores / jobs when "
-                   "jobs > 1, else torch's default)")
+    g.add_argument("--jobs", type=non_negative_int, default=0, help="models trained (and decoded) at the same time "
+                   "(0: one per CPU core without a GPU, else 1)")
+    g.add_argument("--threads", type=non_negative_int, default=0, help="OMP/MKL threads of each fairseq process "
+                   "(0: cores / jobs when jobs > 1, else torch's default)")
     g.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     g.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq (default: GPU when there is one)")
     g.add_argument("--log-interval", type=int, default=0, help="updates between progress lines (0: max-update/10)")
@@ -380,14 +374,7 @@ def check_args(args):
         languages = sorted(os.path.basename(p)[6:] for p in glob.glob(os.path.join(glob.escape(args.data), "train.*")))
         raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
                          f"{', '.join(languages) or 'none'})")
-    if args.bpe_merges is None:
-        args.bpe_merges = BPE_MERGES["synthetic" if synthetic else "data"]
-    for name in ("max_update", "max_tokens", "layers", "embed_dim", "ffn_dim", "heads", "bpe_merges", "beam", "batch_size"):
-        if getattr(args, name) <= 0:
-            raise SystemExit(f"error: {flag(name)} must be positive")
-    for name in ("jobs", "threads", "train_lines", "valid_lines", "test_lines"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"error: {flag(name)} must be >= 0")
+    args.bpe_merges = args.bpe_merges or BPE_MERGES["synthetic" if synthetic else "data"]
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
     # MLRF's flags must be positive, and are read only by the mlrf model: warned about without it
@@ -445,11 +432,8 @@ def train_and_test(args, models, jobs, dirs, env):
         results, decode_sps = generated[name]
         score = bleu(results, os.path.join(dirs.raw, f"test.{args.tgt}"))
         log(f"  [{name}] {score}")
-        row = trained[name]
         rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1], "bleu": score.score,
-                     "params": row["params"], "train_wps": row["train_wps"], "decode_sps": decode_sps,
-                     "train_seconds": row["train_seconds"], "train_cpu_seconds": row["train_cpu_seconds"],
-                     "checkpoint": row["checkpoint"], "sacrebleu": str(score)})
+                     **trained[name], "decode_sps": decode_sps, "sacrebleu": str(score)})
     return rows
 
 
@@ -475,8 +459,7 @@ def run_quickstart(argv=None):
     log(f"\n=== results on {'the synthetic' if synthetic else args.data} test set ({args.src} -> {args.tgt}), "
         f"{args.max_update} updates each, total wall time {wall:.0f}s\n")
     log(table)
-    with open(os.path.join(dirs.out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(table + "\n")
+    corpus.write_lines(os.path.join(dirs.out, "results.md"), [table])
     with open(os.path.join(dirs.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
     log(f"\nwritten: {dirs.out}/results.md, {dirs.out}/results.json (logs and hypotheses in {dirs.logs})")

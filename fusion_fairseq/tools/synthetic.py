@@ -1,37 +1,9 @@
 """A deterministic synthetic language pair for smoke-testing and demonstrating layer fusion.
 
-The project generates this corpus itself (pure Python, no download), from two seeds: the
-*lexicon seed* draws the vocabulary (invented word stems and their genders) and the *corpus
-seed* draws the sentences. Same seeds, same files, byte for byte.
-
-Source language ``src`` (English-like: SVO, adjectives before the noun, little morphology)::
-
-    SENTENCE -> CLAUSE [CONJ CLAUSE] "."
-    CLAUSE   -> NP_subj VERB [NP_obj] [PREP NP]          (object only for transitive verbs)
-    NP       -> DET ADJ{0,2} NOUN
-    DET      -> "the" | "a" (indefinite singular) | "some" (indefinite plural)
-    NOUN     -> stem | stem+"s" (plural)
-    VERB     -> stem+"s" (present, singular subject) | stem (present, plural subject)
-              | stem+"ed" (past) | "will" stem (future)
-
-Target language ``tgt`` (verb-final with postpositions, adjectives after the noun, rich agreement)::
-
-    SENTENCE -> CLAUSE [CONJ' CLAUSE] "."
-    CLAUSE   -> NP_subj [NP POSTP] [NP_obj] VERB          (SOV: verb-final in every clause,
-                                                            main and subordinate)
-    NP       -> DET[g,n] NOUN[n] ADJ[g,n]{0,2}            (adjectives follow the noun, in mirror
-                                                            order: "the big red car" -> "DET car red big")
-    NOUN     -> stem | stem+{m:"en", f:"es", n:"ar"}      (plural suffix chosen by the noun's gender)
-    ADJ      -> stem+{m:"o"/"i", f:"a"/"e", n:"um"/"ia"}  (singular/plural, agreeing with the noun)
-    VERB     -> stem+TENSE+AGR                            TENSE: present "", past "et", future "ov"
-                                                          AGR: the subject's gender and number
-                                                               {m:"ak"/"aki", f:"ek"/"eki", n:"ok"/"oki"}
-    DET      -> definite {lo, li, la, le, lu, lia} | indefinite {un, uni, una, une, unu, unia}
-                (masculine/feminine/neuter x singular/plural)
-
-Every target noun has a lexical gender (m/f/n) that the source never shows. All words are an
-invented stem plus regular suffixes, so joint BPE learns the suffixes as subword units and splits
-the rarer inflected forms into stem + suffix.
+Pure Python, no download: a *lexicon seed* draws the vocabulary, a *corpus seed* the sentences;
+same seeds, same files, byte for byte. The source is English-like (SVO, adjectives before the
+noun), the target verb-final with postpositions, adjectives after the noun in mirror order and
+agreement suffixes; the grammar in full: examples/README.md, "The synthetic language pair".
 
 Why translating it needs the lower layers: the target's agreement suffixes (on determiners,
 adjectives and verbs) are decided by *lexical* features -- the gender of a noun stem and the
@@ -53,7 +25,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-SPLITS = ("train", "valid", "test")
+from fusion_fairseq.tools.common import non_negative_int
+from fusion_fairseq.tools.corpus import SPLITS, write_lines
+
 GENDERS = ("m", "f", "n")
 NUMBERS = ("sg", "pl")
 TENSES = ("pres", "past", "fut")
@@ -103,10 +77,9 @@ class Lexicon:
     nouns: List[Entry]
     adjectives: List[Entry]
     verbs: List[Entry]
-    seed: int = 0
     # inflected form -> ("noun"|"adj"|"verb", Entry, features), one table a language
-    tgt_analysis: Dict[str, Tuple[str, Entry, tuple]] = field(default_factory=dict, repr=False)
-    src_analysis: Dict[str, Tuple[str, Entry, tuple]] = field(default_factory=dict, repr=False)
+    tgt_analysis: Dict[str, Tuple[str, Entry, tuple]] = field(repr=False)
+    src_analysis: Dict[str, Tuple[str, Entry, tuple]] = field(repr=False)
 
     def src_types(self):
         return set(self.src_analysis) | SRC_FUNCTION_WORDS
@@ -122,7 +95,6 @@ class Lexicon:
         return pairs + sorted(PREPOSITIONS.items()) + sorted(CONJUNCTIONS.items())
 
 
-# ---- inflection ------------------------------------------------------------------------------
 def src_noun(entry: Entry, number: str) -> str:
     return entry.src + ("s" if number == "pl" else "")
 
@@ -151,7 +123,6 @@ def inflections(category, entry):
             {tgt_verb(entry, t, g, n): (t, g, n) for t in TENSES for g, n in AGREEMENT})
 
 
-# ---- lexicon ---------------------------------------------------------------------------------
 def _stem(rng: random.Random, syllables) -> str:
     onsets, vowels, codas = syllables
     count = rng.choice((1, 2, 2, 3))
@@ -176,10 +147,9 @@ def build_lexicon(seed: int = 0) -> Lexicon:
             src_forms.update({f: (category, entry, feats) for f, feats in src.items()})
             tgt_forms.update({f: (category, entry, feats) for f, feats in tgt.items()})
             categories[category].append(entry)
-    return Lexicon(categories["noun"], categories["adj"], categories["verb"], seed, tgt_forms, src_forms)
+    return Lexicon(categories["noun"], categories["adj"], categories["verb"], tgt_forms, src_forms)
 
 
-# ---- sentence structure ----------------------------------------------------------------------
 @dataclass
 class NounPhrase:
     noun: Entry
@@ -266,14 +236,12 @@ def generate_sentences(sizes: Sequence[Tuple[str, int]], seed: int = 1, lexicon:
     rng = random.Random(f"fusion-fairseq-synthetic-corpus-{seed}")
     seen, result = set(), {}
     for split, size in sizes:
-        sentences, own = [], set()
-        while len(sentences) < size:
+        result[split] = []
+        while len(result[split]) < size:
             sentence = sample_sentence(lexicon, rng)
             if sentence.src() not in seen:
-                sentences.append(sentence)
-                own.add(sentence.src())
-        seen |= own
-        result[split] = sentences
+                result[split].append(sentence)
+        seen |= {sentence.src() for sentence in result[split]}
     return result
 
 
@@ -288,9 +256,8 @@ def dictionary_path(out_dir: str, src_lang: str = "src", tgt_lang: str = "tgt") 
 def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, test_size: int = 300,
                  seed: int = 1, lexicon_seed: int = 0, src_lang: str = "src", tgt_lang: str = "tgt"):
     """Write ``{train,valid,test}.{src_lang,tgt_lang}`` and the bilingual dictionary (:meth:`Lexicon.word_pairs`,
-    one ``source target`` pair a line) into ``out_dir``; ``{split: (source_path, target_path)}``."""
-    from fusion_fairseq.tools.corpus import write_lines  # never writes through a link
-
+    one ``source target`` pair a line) into ``out_dir``, never through a link; returns
+    ``{split: (source_path, target_path)}``."""
     lexicon = build_lexicon(lexicon_seed)
     corpus = generate_sentences(list(zip(SPLITS, (train_size, valid_size, test_size))), seed, lexicon=lexicon)
     write_lines(dictionary_path(out_dir, src_lang, tgt_lang), [f"{src} {tgt}" for src, tgt in lexicon.word_pairs()])
@@ -309,14 +276,11 @@ def main(argv=None):
         "agreement morphology): OUT/{train,valid,test}.{src,tgt} and the bilingual dictionary OUT/dict.src-tgt.txt.")
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     for split, size in zip(SPLITS, (8000, 300, 300)):
-        parser.add_argument(f"--{split}-size", type=int, default=size)
+        parser.add_argument(f"--{split}-size", type=non_negative_int, default=size)
     parser.add_argument("--seed", type=int, default=1, help="seed of the sentences")
     parser.add_argument("--lexicon-seed", type=int, default=0, help="seed of the vocabulary")
     args = parser.parse_args(argv)
     sizes = [getattr(args, f"{split}_size") for split in SPLITS]
-    for split, size in zip(SPLITS, sizes):
-        if size < 0:
-            parser.error(f"--{split}-size must be >= 0")
     for split, (src_path, tgt_path) in write_corpus(args.out, *sizes, args.seed, args.lexicon_seed).items():
         print(f"{split}: {src_path} {tgt_path}")
     print(f"bilingual dictionary: {dictionary_path(args.out)}")
