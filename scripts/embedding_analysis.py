@@ -91,27 +91,22 @@ def embedding_matrices(model) -> Dict[str, torch.Tensor]:
     return {name: module.weight for name, module in modules.items() if getattr(module, "weight", None) is not None}
 
 
-def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (a.shape == b.shape and a.data_ptr() == b.data_ptr())
+def storage(tensor: torch.Tensor):
+    """What tied matrices share: one memory of one shape."""
+    return tensor.data_ptr(), tuple(tensor.shape)
 
 
 def group_tied(names: List[str], matrices: Dict[str, torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
     """[(name, tensor)] with tensors that are one parameter merged, e.g. ('encoder=decoder', E)."""
-    groups: List[Tuple[List[str], torch.Tensor]] = []
+    groups: Dict[tuple, List[str]] = {}
     for name in names:
-        for group in groups:
-            if same_tensor(group[1], matrices[name]):
-                group[0].append(name)
-                break
-        else:
-            groups.append(([name], matrices[name]))
-    return [("=".join(group_names), tensor) for group_names, tensor in groups]
+        groups.setdefault(storage(matrices[name]), []).append(name)
+    return [("=".join(group), matrices[group[0]]) for group in groups.values()]
 
 
 def normalised_singular_values(matrix: torch.Tensor) -> torch.Tensor:
-    """s_i / s_1, sorted from largest to smallest (float64)."""
-    values = torch.linalg.svdvals(matrix.detach().double().cpu())
-    values, _ = torch.sort(values, descending=True)
+    """s_i / s_1, from largest to smallest (float64)."""
+    values = torch.linalg.svdvals(matrix.detach().double().cpu())  # in descending order
     if values.numel() == 0 or values[0] <= 0:
         raise UsageError("the matrix is zero: its singular values cannot be normalised")
     return values / values[0]
@@ -261,7 +256,7 @@ def aligned_cosine(model, task, pairs: List[Tuple[str, str]], target_embedding: 
         tgt_rows = target.detach().float()[torch.tensor([u[3] for u in used])]
         cosines = F.cosine_similarity(src_rows, tgt_rows, dim=-1)
     non_shared = [i for i, u in enumerate(used) if u[0] != u[1]]
-    return {"shared_embeddings": same_tensor(source, target),
+    return {"shared_embeddings": storage(source) == storage(target),
             "joined_dictionary": src_dict is tgt_dict or src_dict.symbols == tgt_dict.symbols,
             "target_embedding": target_embedding, "pairs": len(pairs), "used": len(used),
             "skipped": len(pairs) - len(used), "source_oov": len(src_oov), "target_oov": len(tgt_oov),

@@ -98,7 +98,8 @@ def run(args) -> dict:
     bpe = build_bpe(args)
     model, _, task = load_model(args.path, args.data, args.user_dir)
     fusion = side_fusion(model, args.side)
-    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk)
+    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
+                                 max_tokens=model.encoder.max_positions())
     first = 0 if fusion.include_embedding_layer else 1
     result = {"checkpoint": args.path, "side": args.side,
               "source_tokens": token_strings(task.source_dictionary, src_tokens),
@@ -110,15 +111,10 @@ def run(args) -> dict:
             attn = model.encoder.fusion_weights(src_tokens.unsqueeze(0), lengths)[:, 0]
         x_labels, x_axis_label = result["source_tokens"], "source word at each position (EOS appended)"
     else:
-        tgt_tokens, result["target_from"], prev_output_tokens = teacher_forced_target(
+        result["target_from"], prev_output_tokens, predicted, fed = teacher_forced_target(
             model, task, src_tokens, args, bpe, beam=args.beam)
         with torch.no_grad():
-            _, extra = model(src_tokens.unsqueeze(0), lengths, prev_output_tokens)
-        if extra.get("fusion_attn") is None:
-            raise UsageError("--side decoder: the decoder's forward returned no extra['fusion_attn']")
-        attn = extra["fusion_attn"][0]
-        predicted = token_strings(task.target_dictionary, tgt_tokens)
-        fed = [task.target_dictionary[task.target_dictionary.eos()]] + predicted[:-1]
+            attn = model(src_tokens.unsqueeze(0), lengths, prev_output_tokens)[1]["fusion_attn"][0]
         result.update(target_tokens=predicted[:-1], predicted_tokens=predicted, fed_tokens=fed)
         x_labels = {"predicted": predicted, "fed": fed,
                     "both": [f"{f}->{p}" for f, p in zip(fed, predicted)]}[args.xlabels]

@@ -1,9 +1,6 @@
-"""What the analysis scripts in ``scripts/`` share, so that each keeps only its analysis: the
-command line (:func:`checkpoint_arguments`), checkpoint loading whose errors name the flag and the
-file, text tables and heat maps (:func:`format_matrix`, :func:`heatmap`), the output checks made
-before any work (nothing is overwritten without ``--force``), the writing of the figure and JSON (:func:`write_outputs`) and ``main()`` (:func:`script_main`: an
-error is one line ``PROG: error: MESSAGE``, exit status 2 for bad input).
-
+"""What the analysis scripts in ``scripts/`` share: the command line, checkpoint loading whose
+errors name the flag and the file, tables and heat maps, output checks before any work (nothing is
+overwritten without ``--force``) and ``main()`` (an error is one line ``PROG: error: MESSAGE``).
 Importing it imports the plugin, which registers its models, so a script needs no ``--user-dir``.
 """
 
@@ -70,10 +67,6 @@ def positive(kind: type, flag: str):
     return checked(flag, kind, lambda value: value > 0, f"a positive {'integer' if kind is int else 'number'}")
 
 
-def integer_in(flag: str, low: int, high: int):
-    return checked(flag, int, lambda value: low <= value <= high, f"an integer from {low} to {high}")
-
-
 def finite(flag: str):
     """A finite number: nan would be written as invalid JSON, and inf decodes nothing."""
     return checked(flag, float, math.isfinite, "a finite number")
@@ -98,7 +91,8 @@ def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1
         parser.add_argument("--user-dir", help="fairseq --user-dir to import (the plugin itself is always imported)")
     if out_required is not None:
         parser.add_argument("--out", required=out_required, help="PNG file to write")
-        parser.add_argument("--dpi", type=integer_in("--dpi", 1, MAX_DPI), default=150,
+        parser.add_argument("--dpi", type=checked("--dpi", int, lambda value: 1 <= value <= MAX_DPI,
+                                                             f"an integer from 1 to {MAX_DPI}"), default=150,
                             help=f"resolution of the figure in dots per inch, 1 to {MAX_DPI} (default: 150)")
     add_force_argument(parser)
     return parser
@@ -147,18 +141,15 @@ def check_outputs(args, outputs, inputs=()) -> None:
         refuse_existing_output(flag, path, getattr(args, "force", False), UsageError)
 
 
-def write_json(path: str, result: dict) -> None:
-    """Write ``result`` to ``path`` as indented JSON and say so on stdout."""
-    with open(path, "w") as handle:
-        json.dump(result, handle, indent=1)
-    print(f"wrote {path}")
-
-
 def write_markdown(path: str, text: str) -> None:
-    """Write the Markdown ``text`` to ``path`` and say so on stdout."""
+    """Write ``text`` to ``path`` and say so on stdout."""
     with open(path, "w") as handle:
         handle.write(text)
     print(f"wrote {path}")
+
+
+def write_json(path: str, result: dict) -> None:
+    write_markdown(path, json.dumps(result, indent=1))
 
 
 def write_outputs(args, result: dict, figure=None) -> dict:
@@ -238,14 +229,6 @@ def heatmap(ax, matrix, x_labels=None, y_labels=None, cmap="Blues", vmin=0.0, vm
 # checkpoint loading
 
 
-def import_user_dir(user_dir: Optional[str]) -> None:
-    """Import ``--user-dir`` as fairseq does, when given."""
-    if user_dir:
-        from fairseq import utils
-
-        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-
-
 def check_data_dir(data: str) -> None:
     if not os.path.isdir(data):
         raise UsageError(f"--data {data}: no such directory")
@@ -260,11 +243,13 @@ def model_args(state):
 
 def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--path"):
     """The state of checkpoint ``path`` (``overrides`` applied to its configuration). A file
-    that is missing, damaged (truncated, empty, random bytes), not a torch file (text) or not a
-    fairseq checkpoint is a one-line :class:`UsageError` naming the flag and the file."""
+    that is missing, damaged, not a torch file or not a fairseq checkpoint of a registered task and
+    architecture is a one-line :class:`UsageError` naming the flag and the file."""
     from fairseq import checkpoint_utils
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
 
-    from fusion_fairseq.checkpoint_safety import CheckpointContentError
+    from fusion_fairseq.checkpoint_safety import CheckpointContentError, architecture, stored_value
 
     if not os.path.isfile(path):
         raise UsageError(f"{flag} {path}: no such checkpoint file")
@@ -279,18 +264,7 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
     if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
         raise UsageError(f"{flag} {path}: cannot read the checkpoint, a torch file without a fairseq model "
                          "and configuration")
-    check_registered(state, path, flag)
-    return state
-
-
-def check_registered(state, path: str, flag: str = "--path") -> None:
-    """A :class:`UsageError` naming the file unless fairseq knows the checkpoint's task and
-    architecture (a plugin not imported, or a crafted name, fails deep inside fairseq otherwise)."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-    from fairseq.tasks import TASK_REGISTRY
-
-    from fusion_fairseq.checkpoint_safety import architecture, stored_value
-
+    # an unknown task or architecture (a plugin not imported, a crafted name) fails deep inside fairseq
     cfg = state.get("cfg")
     task = stored_value(stored_value(cfg, "task"), "_name") if cfg is not None else getattr(state["args"], "task", None)
     arch = architecture(model_args(state))
@@ -299,15 +273,17 @@ def check_registered(state, path: str, flag: str = "--path") -> None:
         if not isinstance(name, str) or name not in known:
             raise UsageError(f"{flag} {path}: the checkpoint's {kind} {name!r} is not one fairseq knows; pass the "
                              "--user-dir that registers it, or give a checkpoint of a registered one")
+    return state
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):
     """``(model in eval mode, cfg, task)`` of checkpoint ``path`` (``--path``) with ``overrides``
     and the task's data directory ``data`` (``--data``; None: the one stored in the checkpoint,
     which must exist). Errors name the flag."""
-    from fairseq import checkpoint_utils
+    from fairseq import checkpoint_utils, utils
 
-    import_user_dir(user_dir)
+    if user_dir:
+        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
     state = read_checkpoint(path, {**(overrides or {}), **({"data": data} if data is not None else {})})
     if data is not None:
         check_data_dir(data)
@@ -378,29 +354,25 @@ def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
     return [dictionary[int(i)] for i in ids]
 
 
-def beam_search(model, task, src_tokens: torch.Tensor, **generation) -> torch.Tensor:
-    """Best beam-search hypothesis of one source sentence (token ids ending with EOS);
-    ``generation`` are fields of fairseq's ``GenerationConfig`` (``beam``, ``lenpen``, ...)."""
+def teacher_forced_target(model, task, src_tokens, args, bpe, **generation):
+    """``(where the target came from, the tokens fed to the decoder [EOS] + target[:-1] as a batch
+    of 1, the target's tokens ending with EOS, the tokens fed)``: ``--target`` when given, else the
+    best beam-search hypothesis; ``generation`` are fields of fairseq's ``GenerationConfig``."""
     from fairseq.dataclass.configs import GenerationConfig
 
-    generator = task.build_generator([model], GenerationConfig(**generation))
-    sample = {"net_input": {"src_tokens": src_tokens.unsqueeze(0),
-                            "src_lengths": torch.tensor([src_tokens.numel()])}}
-    with torch.no_grad():
-        hypos = task.inference_step(generator, [model], sample)
-    return hypos[0][0]["tokens"].cpu()
-
-
-def teacher_forced_target(model, task, src_tokens, args, bpe, **generation):
-    """``(target ids ending with EOS, where they came from, the tokens fed to the decoder
-    [EOS] + target[:-1] as a batch of 1)``: ``--target`` when given, else the beam-search translation."""
     if args.target is not None:
         tgt_tokens = encode_sentence(args.target, task.target_dictionary, "--target", bpe, args.allow_unk,
                                      max_tokens=model.decoder.max_positions())
         origin = "--target"
     else:
-        tgt_tokens = beam_search(model, task, src_tokens, **generation)
+        generator = task.build_generator([model], GenerationConfig(**generation))
+        sample = {"net_input": {"src_tokens": src_tokens.unsqueeze(0),
+                                "src_lengths": torch.tensor([src_tokens.numel()])}}
+        with torch.no_grad():
+            tgt_tokens = task.inference_step(generator, [model], sample)[0][0]["tokens"].cpu()
         origin = "beam search (" + ", ".join(f"{key} {value}" for key, value in generation.items()
                                              if key in ("beam", "lenpen")) + ")"
-    eos = model.decoder.dictionary.eos()
-    return tgt_tokens, origin, torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
+    predicted = token_strings(task.target_dictionary, tgt_tokens)
+    eos = task.target_dictionary.eos()
+    fed = [task.target_dictionary[eos]] + predicted[:-1]
+    return origin, torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0), predicted, fed
