@@ -20,7 +20,6 @@ import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.modules import AverageFusion, FeedForwardFusion, MultiHopAttentionFusion  # noqa: E402
 from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, \
     format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, \
     token_strings, write_outputs  # noqa: E402
@@ -48,26 +47,17 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def fusion_kind(fusion) -> str:
-    """'none' / 'avg' / 'fnn' / 'sa' of a side's ``output_fusion`` (a LayerFusion or None)."""
-    function = getattr(fusion, "function", None)
-    for cls, kind in ((MultiHopAttentionFusion, "sa"), (FeedForwardFusion, "fnn"), (AverageFusion, "avg")):
-        if isinstance(function, cls):
-            return kind
-    return "none" if fusion is None else type(function).__name__
-
-
-def side_fusion(model, side: str):
+def side_fusion(model, cfg, side: str):
     """The side's self-attention fusion module, or an error saying what the checkpoint has."""
     module = getattr(model, side)
     if not hasattr(module, "output_fusion"):
         raise UsageError(f"--side {side}: the checkpoint's model ({type(model).__name__}) has no layer fusion; "
                          f"a fusion_transformer checkpoint trained with --fuse-{side} sa is needed")
-    kind = fusion_kind(module.output_fusion)
+    kind = getattr(cfg.model, f"fuse_{side}")
     if kind != "sa":
         other = "encoder" if side == "decoder" else "decoder"
-        other_kind = fusion_kind(getattr(getattr(model, other), "output_fusion", None))
-        hint = f"; its {other} has --fuse-{other} sa, try --side {other}" if other_kind == "sa" else ""
+        hint = f"; its {other} has --fuse-{other} sa, try --side {other}" if getattr(cfg.model, f"fuse_{other}") \
+            == "sa" else ""
         raise UsageError(f"--side {side}: the checkpoint's {side} uses --fuse-{side} {kind} "
                          f"({FUSION_NAMES.get(kind, kind)}), which has no layer attention to plot; "
                          f"a checkpoint trained with --fuse-{side} sa is needed{hint}")
@@ -96,8 +86,8 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
 
 def run(args) -> dict:
     bpe = build_bpe(args)
-    model, _, task = load_model(args.path, args.data, args.user_dir)
-    fusion = side_fusion(model, args.side)
+    model, cfg, task = load_model(args.path, args.data, args.user_dir)
+    fusion = side_fusion(model, cfg, args.side)
     src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
                                  max_tokens=model.encoder.max_positions())
     first = 0 if fusion.include_embedding_layer else 1
