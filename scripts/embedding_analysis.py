@@ -20,8 +20,8 @@ import sys
 from typing import Dict, List, Tuple
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, load_model, pyplot, \
-    script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, layer_attention_kind, \
+    load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import matplotlib.ticker  # noqa: E402
@@ -59,15 +59,14 @@ def parse_args(argv=None):
 
 
 def checkpoints(args):
-    """``(path, label, model, task)`` of each ``--path`` in turn; the label is ``--label``, else the file
+    """``(path, label, model, cfg, task)`` of each ``--path`` in turn; the label is ``--label``, else the file
     name, with its directory where two are alike (checkpoint_best.pt of two runs)."""
     labels = args.label or [os.path.basename(path) for path in args.path]
     if len(set(labels)) < len(labels) and not args.label:
         labels = [os.path.join(os.path.basename(os.path.dirname(os.path.abspath(p))), n)
                   for p, n in zip(args.path, labels)]
     for path, label in zip(args.path, labels):
-        model, _, task = load_model(path, args.data, args.user_dir)
-        yield path, label, model, task
+        yield (path, label, *load_model(path, args.data, args.user_dir))
 
 
 def embedding_matrices(model, path: str, needed) -> Dict[str, torch.Tensor]:
@@ -110,15 +109,12 @@ def spectrum_curve(matrix: torch.Tensor) -> Dict:
             "fraction_below": None if index is None else index / values.numel(), "min": float(values[-1])}
 
 
-def attention_split(model, path: str):
+def attention_split(model, cfg, path: str):
     """(M, more, less, random halves of the encoder embedding's dimensions), by w[M, 0, d] of the top
     decoder layer M; the random half is the same on every run."""
-    attention = getattr(model.decoder, "layer_attention", None)
-    if attention is None or attention.kind != "fine":
-        having = "no layer attention" if attention is None else f"--layer-attention {attention.kind}"
-        raise UsageError(f"--split-by-attention: {path} has {having}; the dimensions are ordered by the "
-                         "per-dimension weights of a checkpoint trained with --layer-attention fine")
-    attention.eval()
+    layer_attention_kind(cfg.model, "--split-by-attention: --path", path, ("fine",),
+                         "there are no per-dimension weights to order the dimensions by")
+    attention = model.decoder.layer_attention.eval()
     with torch.no_grad():
         weights = attention.weights().float()  # (M, N+1, D)
     order = torch.argsort(weights[-1, 0], descending=True, stable=True)
@@ -140,11 +136,11 @@ def run_spectrum(args) -> Dict:
         raise UsageError(f"--which {which!r}: no matrix to analyse")
 
     curves = []
-    for path, label, model, _ in checkpoints(args):
+    for path, label, model, cfg, _ in checkpoints(args):
         matrices = embedding_matrices(model, path, names + ["encoder"] * args.split_by_attention)
         entries = [(name, tensor, None) for name, tensor in group_tied(names, matrices)]
         if args.split_by_attention:
-            m, more, less, random = attention_split(model, path)
+            m, more, less, random = attention_split(model, cfg, path)
             for name, dims in ((f"more attended (w[{m},Emb,d])", more), (f"less attended (w[{m},Emb,d])", less),
                                ("random dims", random)):
                 entries.append((name, matrices["encoder"][:, dims], dims.tolist()))
@@ -241,7 +237,7 @@ def aligned_cosine(model, path: str, task, pairs: List[Tuple[str, str]], args) -
 def run_cosine(args) -> Dict:
     pairs, lines = read_bilingual_dict(args.dict)
     rows = [{"checkpoint": path, "label": label, **aligned_cosine(model, path, task, pairs, args)}
-            for path, label, model, task in checkpoints(args)]
+            for path, label, model, _, task in checkpoints(args)]
     target_rows = "decoder input embeddings" if args.target_embedding == "input" else "output projection"
     print(f"cosine similarity of aligned source/target word embeddings (source: encoder embeddings, target: "
           f"{target_rows}); --dict {args.dict}: {lines} pair lines, {len(pairs)} distinct pairs")

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, checkpoint_arguments, finite, \
-    format_matrix, model_args, positive, pyplot, read_checkpoint, script_main, write_outputs  # noqa: E402
+    format_matrix, layer_attention_kind, model_args, positive, pyplot, read_checkpoint, script_main, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -66,18 +66,6 @@ def parse_args(argv: Optional[List[str]] = None):
             parser.error(f"{name} cannot be passed to fairseq-generate here: {FORBIDDEN_FORWARDED[name]}")
     args.forwarded = forwarded
     return args
-
-
-def encoder_layer_range(path: str):
-    """``(layer-attention kind, number of encoder layers N)`` from the checkpoint's configuration."""
-    args = model_args(read_checkpoint(path))
-    kind = getattr(args, "layer_attention", None)
-    if kind not in ("coarse", "fine"):
-        having = "no layer attention" if kind is None else f"--layer-attention {kind}"
-        raise UsageError(f"--path {path}: the checkpoint (arch {getattr(args, 'arch', '?')}) has {having}, so there "
-                         "is no layer-attention weight to mask; a fusion_transformer checkpoint trained with "
-                         "--layer-attention coarse or fine is needed")
-    return kind, int(args.encoder_layers)
 
 
 def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
@@ -220,7 +208,9 @@ def run(args) -> Dict:
         for earlier in sorted(glob.glob(os.path.join(args.keep_outputs, "generate-*.txt"))):
             refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
     check_data_dir(args.data)
-    kind, num_encoder_layers = encoder_layer_range(args.path)
+    config = model_args(read_checkpoint(args.path))
+    kind = layer_attention_kind(config, "--path", args.path, lacking="there is no layer-attention weight to mask")
+    num_encoder_layers = int(config.encoder_layers)
     runs: List[Optional[int]] = [None] + layers_to_mask(args.layers, num_encoder_layers)
     if args.keep_outputs:
         os.makedirs(args.keep_outputs, exist_ok=True)

@@ -20,8 +20,8 @@ import sys
 import textwrap
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, load_model, \
-    pyplot, script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, \
+    layer_attention_kind, load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -38,21 +38,6 @@ def parse_args(argv=None):
                         help="rows-decoder: rows = decoder layers, columns = Emb,1..N; paper: the transpose, as in "
                         "Figure 1 (Emb at the bottom)")
     return parser.parse_args(argv)
-
-
-def layer_attention_of(model, margs, path: str):
-    """The decoder's LayerAttention, or an error saying what the checkpoint has."""
-    attention = getattr(model.decoder, "layer_attention", None)
-    if attention is not None:
-        return attention
-    kind = getattr(margs, "layer_attention", None)
-    if kind is None:
-        raise UsageError(f"--path {path}: the checkpoint's model ({type(model).__name__}, arch "
-                         f"{getattr(margs, 'arch', '?')}) has no layer attention; a fusion_transformer checkpoint "
-                         "trained with --layer-attention coarse or fine is needed")
-    raise UsageError(f"--path {path}: the checkpoint was trained with --layer-attention {kind}, so it has no "
-                     "layer-attention weights to plot; a checkpoint trained with --layer-attention coarse or fine is "
-                     "needed")
 
 
 def short_value(value: float) -> str:
@@ -82,7 +67,8 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
 def run(args) -> dict:
     # the stored weights, whatever the checkpoint was saved with
     model, cfg, _ = load_model(args.path, args.data, args.user_dir, {"mask_encoder_layer": None})
-    attention = layer_attention_of(model, cfg.model, args.path)
+    layer_attention_kind(cfg.model, "--path", args.path, lacking="there are no layer-attention weights to plot")
+    attention = model.decoder.layer_attention
     masked = args.mask_encoder_layer
     if masked is not None:
         num_encoder_layers = attention.num_inputs - 1

@@ -91,8 +91,8 @@ def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1
         parser.add_argument("--user-dir", help="fairseq --user-dir to import (the plugin itself is always imported)")
     if out_required is not None:
         parser.add_argument("--out", required=out_required, help="PNG file to write")
-        parser.add_argument("--dpi", type=checked("--dpi", int, lambda value: 1 <= value <= MAX_DPI,
-                                                             f"an integer from 1 to {MAX_DPI}"), default=150,
+        dpi = checked("--dpi", int, lambda value: 1 <= value <= MAX_DPI, f"an integer from 1 to {MAX_DPI}")
+        parser.add_argument("--dpi", type=dpi, default=150,
                             help=f"resolution of the figure in dots per inch, 1 to {MAX_DPI} (default: 150)")
     add_force_argument(parser)
     return parser
@@ -274,6 +274,18 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
             raise UsageError(f"{flag} {path}: the checkpoint's {kind} {name!r} is not one fairseq knows; pass the "
                              "--user-dir that registers it, or give a checkpoint of a registered one")
     return state
+
+
+def layer_attention_kind(model_config, flag: str, path: str, kinds=("coarse", "fine"),
+                         lacking="there are no layer-attention weights") -> str:
+    """The checkpoint's ``--layer-attention``, one of ``kinds``; otherwise an error saying what it has."""
+    kind = getattr(model_config, "layer_attention", None)
+    if kind not in kinds:
+        having = "no layer attention" if kind is None else f"--layer-attention {kind}"
+        raise UsageError(f"{flag} {path}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, "
+                         f"so {lacking}; a fusion_transformer checkpoint trained with --layer-attention "
+                         f"{' or '.join(kinds)} is needed")
+    return kind
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):
