@@ -20,9 +20,8 @@ import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, \
-    format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, \
-    token_strings, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, load_model, \
+    positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -84,30 +83,24 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
     return fig
 
 
+@torch.no_grad()
 def run(args) -> dict:
-    bpe = build_bpe(args)
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     fusion = side_fusion(model, cfg, args.side)
-    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
-                                 max_tokens=model.encoder.max_positions())
+    pair = sentence_pair(args, model, task, args.side == "decoder", beam=args.beam)
     first = 0 if fusion.include_embedding_layer else 1
-    result = {"checkpoint": args.path, "side": args.side,
-              "source_tokens": token_strings(task.source_dictionary, src_tokens),
+    result = {"checkpoint": args.path, "side": args.side, "source_tokens": pair.source,
               "layer_labels": [f"l{first + i}" for i in range(fusion.function.num_layers)],
               "include_embedding_layer": bool(fusion.include_embedding_layer)}
-    lengths = torch.tensor([src_tokens.numel()])
     if args.side == "encoder":
-        with torch.no_grad():
-            attn = model.encoder.fusion_weights(src_tokens.unsqueeze(0), lengths)[:, 0]
-        x_labels, x_axis_label = result["source_tokens"], "source word at each position (EOS appended)"
+        attn = model.encoder.fusion_weights(pair.src_tokens, pair.src_lengths)[:, 0]
+        x_labels, x_axis_label = pair.source, "source word at each position (EOS appended)"
     else:
-        result["target_from"], prev_output_tokens, predicted, fed = teacher_forced_target(
-            model, task, src_tokens, args, bpe, beam=args.beam)
-        with torch.no_grad():
-            attn = model(src_tokens.unsqueeze(0), lengths, prev_output_tokens)[1]["fusion_attn"][0]
-        result.update(target_tokens=predicted[:-1], predicted_tokens=predicted, fed_tokens=fed)
-        x_labels = {"predicted": predicted, "fed": fed,
-                    "both": [f"{f}->{p}" for f, p in zip(fed, predicted)]}[args.xlabels]
+        attn = model(pair.src_tokens, pair.src_lengths, pair.prev_output_tokens)[1]["fusion_attn"][0]
+        result.update(target_from=pair.target_from, target_tokens=pair.predicted[:-1],
+                      predicted_tokens=pair.predicted, fed_tokens=pair.fed)
+        x_labels = {"predicted": pair.predicted, "fed": pair.fed,
+                    "both": [f"{f}->{p}" for f, p in zip(pair.fed, pair.predicted)]}[args.xlabels]
         x_axis_label = X_AXIS[args.xlabels]
     weights = attn.permute(1, 2, 0).float()  # (length, nhop, L) -> (nhop, L, length)
     result.update(x_labels=x_labels, x_axis_label=x_axis_label, shape=list(weights.shape), weights=weights.tolist())

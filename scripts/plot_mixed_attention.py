@@ -18,9 +18,8 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, finite, \
-    format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, \
-    token_strings, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, finite, format_matrix, heatmap, \
+    load_model, positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
 
 plt = pyplot()
 import matplotlib  # noqa: E402
@@ -80,20 +79,15 @@ def plot(weights, mask, row_labels, column_labels, source_length: int, title: st
     return fig
 
 
+@torch.no_grad()
 def run(args) -> dict:
-    bpe = build_bpe(args)
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     num_layers, layer_index = check_model(model, cfg, args.path, args.layer), args.layer - 1
-    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
-                                 max_tokens=model.encoder.max_positions())
-    target_from, prev_output_tokens, predicted, fed = teacher_forced_target(
-        model, task, src_tokens, args, bpe, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len)
-    with torch.no_grad():
-        encoder_out = model.encoder(src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]))
-        _, extra = model.decoder(prev_output_tokens, encoder_out=encoder_out, alignment_layer=layer_index)
+    pair = sentence_pair(args, model, task, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len)
+    encoder_out = model.encoder(pair.src_tokens, src_lengths=pair.src_lengths)
+    _, extra = model.decoder(pair.prev_output_tokens, encoder_out=encoder_out, alignment_layer=layer_index)
     values = extra["mixed_attn"][0][0].float().numpy()
-
-    source = token_strings(task.source_dictionary, src_tokens)
+    source, predicted, fed = pair.source, pair.predicted, pair.fed
     row_labels = [f"{f}->{p}" for f, p in zip(fed, predicted)]
     mask = np.zeros(values.shape, dtype=bool)  # Eq. 3 masks target row i, target column j > i
     mask[:, len(source):] = np.triu(np.ones((len(fed), len(fed)), dtype=bool), k=1)
@@ -101,7 +95,7 @@ def run(args) -> dict:
         "checkpoint": args.path, "layer": args.layer, "layer_index": layer_index,
         "layer_numbering": "--layer is 1-based (1 = lowest layer); layer_index is the 0-based decoder alignment_layer",
         "num_layers": num_layers, "source_tokens": source, "target_tokens": predicted[:-1], "target_fed_tokens": fed,
-        "predicted_tokens": predicted, "target_from": target_from, "source_length": len(source),
+        "predicted_tokens": predicted, "target_from": pair.target_from, "source_length": len(source),
         "target_length": len(fed), "row_labels": row_labels, "column_labels": source + fed,
         "shape": list(values.shape), "weights": values.tolist(), "masked": mask.tolist(),
         "source_mass": values[:, :len(source)].sum(axis=1).tolist(),

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import sys
+from types import SimpleNamespace
 from typing import Callable, List, Optional
 
 import torch
@@ -320,20 +321,6 @@ def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, o
 # text -> tokens
 
 
-def build_bpe(args):
-    """fairseq's BPE encoder of ``--bpe``/``--bpe-codes`` (None without ``--bpe``)."""
-    if bool(args.bpe) != bool(args.bpe_codes):
-        raise UsageError("--bpe subword_nmt needs --bpe-codes FILE" if args.bpe else
-                         "--bpe-codes needs --bpe subword_nmt")
-    if not args.bpe:
-        return None
-    from fairseq.data import encoders
-
-    if not os.path.isfile(args.bpe_codes):
-        raise UsageError(f"--bpe-codes {args.bpe_codes}: no such file")
-    return encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes))
-
-
 def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False,
                     max_tokens: Optional[int] = None) -> torch.Tensor:
     """Token ids of ``text`` (the value of ``flag``, split on whitespace after ``bpe``) followed by
@@ -366,25 +353,40 @@ def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
     return [dictionary[int(i)] for i in ids]
 
 
-def teacher_forced_target(model, task, src_tokens, args, bpe, **generation):
-    """``(where the target came from, the tokens fed to the decoder [EOS] + target[:-1] as a batch
-    of 1, the target's tokens ending with EOS, the tokens fed)``: ``--target`` when given, else the
-    best beam-search hypothesis; ``generation`` are fields of fairseq's ``GenerationConfig``."""
+def sentence_pair(args, model, task, with_target: bool = True, **generation) -> SimpleNamespace:
+    """The sentences of an attention plot as the model reads them (after ``--bpe``): ``src_tokens``
+    and ``src_lengths`` (a batch of 1) and the ``source`` strings; ``with_target``, also the target's
+    strings ending with EOS (``predicted``), those fed to the decoder (``fed``, EOS first) as
+    ``prev_output_tokens`` and ``target_from``. The target is ``--target`` when given, else the best
+    beam-search hypothesis; ``generation`` are fields of fairseq's ``GenerationConfig``."""
+    from fairseq.data import encoders
     from fairseq.dataclass.configs import GenerationConfig
 
+    if bool(args.bpe) != bool(args.bpe_codes):
+        raise UsageError("--bpe subword_nmt needs --bpe-codes FILE" if args.bpe else
+                         "--bpe-codes needs --bpe subword_nmt")
+    if args.bpe and not os.path.isfile(args.bpe_codes):
+        raise UsageError(f"--bpe-codes {args.bpe_codes}: no such file")
+    bpe = encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes)) if args.bpe else None
+    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
+                                 max_tokens=model.encoder.max_positions())
+    pair = SimpleNamespace(src_tokens=src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]),
+                           source=token_strings(task.source_dictionary, src_tokens))
+    if not with_target:
+        return pair
     if args.target is not None:
         tgt_tokens = encode_sentence(args.target, task.target_dictionary, "--target", bpe, args.allow_unk,
                                      max_tokens=model.decoder.max_positions())
-        origin = "--target"
+        pair.target_from = "--target"
     else:
         generator = task.build_generator([model], GenerationConfig(**generation))
-        sample = {"net_input": {"src_tokens": src_tokens.unsqueeze(0),
-                                "src_lengths": torch.tensor([src_tokens.numel()])}}
+        sample = {"net_input": {"src_tokens": pair.src_tokens, "src_lengths": pair.src_lengths}}
         with torch.no_grad():
             tgt_tokens = task.inference_step(generator, [model], sample)[0][0]["tokens"].cpu()
-        origin = "beam search (" + ", ".join(f"{key} {value}" for key, value in generation.items()
-                                             if key in ("beam", "lenpen")) + ")"
-    predicted = token_strings(task.target_dictionary, tgt_tokens)
+        pair.target_from = "beam search (" + ", ".join(f"{key} {value}" for key, value in generation.items()
+                                                       if key in ("beam", "lenpen")) + ")"
     eos = task.target_dictionary.eos()
-    fed = [task.target_dictionary[eos]] + predicted[:-1]
-    return origin, torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0), predicted, fed
+    pair.prev_output_tokens = torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
+    pair.predicted = token_strings(task.target_dictionary, tgt_tokens)
+    pair.fed = [task.target_dictionary[eos]] + pair.predicted[:-1]
+    return pair
