@@ -6,13 +6,10 @@ embedding layer l0; white is probability 1, black 0.
     python scripts/plot_fusion_attention.py --path CKPT --data DATA_BIN \\
         --source "w3 w17 w5" [--target "W5 W17 W3"] [--side decoder|encoder] --out fig.png
 
-Decoder side (``--fuse-decoder sa``): the target is teacher-forced (EOS, then the target words) and
-``extra["fusion_attn"]`` of the decoder's forward is plotted, one column per decoder position,
-labelled with the word predicted there (``--xlabels fed|both`` changes that); without ``--target``
-the beam-search translation of the source is plotted. Encoder side (``--fuse-encoder sa``): one
-column per source word plus EOS, from the encoder's ``fusion_weights``. Rows are l0..lL, or l1..lL
-for a checkpoint trained with ``--fusion-no-embedding-layer``. ``--json``:
-``weights[hop][layer][position]``, layer 0 the lowest fused layer.
+Decoder side (``--fuse-decoder sa``): ``extra["fusion_attn"]`` of the teacher-forced forward, one
+column per decoder position; without ``--target``, of the beam-search translation. Encoder side
+(``--fuse-encoder sa``): the encoder's ``fusion_weights``, one column per source word plus EOS.
+Rows are l0..lL, or l1..lL for a checkpoint trained with ``--fusion-no-embedding-layer``.
 """
 
 import argparse

@@ -1,17 +1,11 @@
 #!/usr/bin/env python
-"""The learned layer-attention weights W of a checkpoint, as in Liu et al. (ICLR 2021) Figure 1.
+"""The learned layer-attention weights W of a checkpoint, as in Liu et al. (ICLR 2021) Figure 1
+(see examples/surface_fusion/README.md).
 
-    python scripts/plot_layer_attention.py --path CKPT [--data DATA_BIN] --out fig.png [--json w.json]
-
-Paper: Sec. 3.2, S_m = sum_n W_mn (x) X_n, decoder layer m's source memory over the encoder
-layers n = 0..N (0 = the word embeddings, "Emb"). The weights do not depend on the input: they are
-``decoder.layer_attention.weights()`` in eval mode (DropConnect off). One row per decoder layer,
-one column per encoder layer; each row sums to 1. ``fine`` has one weight per (m, n, d); as in the
-paper each cell is the mean over the D dimensions (still summing to 1 over n). ``--layout paper``
-draws the transpose, as printed. ``--mask-encoder-layer N`` shows the weights with layer N masked
-(Sec. 3.3: its weight zeroed, the others renormalised), what ``--model-overrides
-"{'mask_encoder_layer': N}"`` gives at generation time. ``--json``: ``weights[m][n]`` (m = decoder
-layer - 1, n = encoder layer); ``--per-dim`` adds ``weights_per_dim[m][n][d]`` for ``fine``.
+Sec. 3.2: S_m = sum_n W_mn (x) X_n, decoder layer m's source memory over the encoder layers
+n = 0..N (0 = the word embeddings, "Emb"). The weights do not depend on the input: they are
+``decoder.layer_attention.weights()`` in eval mode (DropConnect off). ``fine`` has one weight per
+(m, n, d); as in the paper each cell is the mean over the D dimensions (still summing to 1 over n).
 """
 
 import argparse
