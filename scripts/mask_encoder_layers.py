@@ -25,7 +25,8 @@ from typing import Dict, List, Optional
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, checkpoint_arguments, finite, \
-    format_matrix, layer_attention_kind, model_args, positive, pyplot, read_checkpoint, script_main, write_outputs  # noqa: E402
+    format_matrix, layer_attention_kind, model_args, positive, pyplot, read_checkpoint, script_main, \
+    write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()

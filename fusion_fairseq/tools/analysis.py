@@ -125,10 +125,9 @@ def same_file(a: str, b: str) -> bool:
 
 
 def check_outputs(args, outputs, inputs=()) -> None:
-    """Called before any work: each output (``(flag, path)``, path None when not asked for) must
-    go to an existing directory, be no directory itself, differ from the other outputs and from
-    every input (``(flag, path)``; not even --force replaces an input), and exist only with
-    ``args.force`` (:func:`refuse_existing_output`). A :class:`UsageError` naming the flag otherwise."""
+    """Before any work: each output ``(flag, path or None)`` goes to an existing directory, differs
+    from the other outputs and every input (not even --force replaces an input), and exists only
+    with ``args.force``; a :class:`UsageError` naming the flag otherwise."""
     given = [(flag, path) for flag, path in outputs if path]
     for index, (flag, path) in enumerate(given):
         parent = os.path.dirname(os.path.abspath(path))
@@ -166,10 +165,8 @@ def write_outputs(args, result: dict, figure=None) -> dict:
 
 
 def script_main(parse_args: Callable, run: Callable, prog):
-    """A script's ``main(argv)``: parse, check ``--out``/``--json`` against each other and the
-    ``--path`` (and ``--dict``) inputs before any work, then ``run(args)``; 0 on success, or a
-    :class:`ReportedError` printed as ``PROG: error: MESSAGE`` (``prog`` a name or a function of
-    the arguments) and its exit status."""
+    """A script's ``main(argv)``: parse, check the outputs against the inputs, ``run(args)``; 0, or
+    the exit status of a :class:`ReportedError` printed as ``PROG: error: MESSAGE``."""
     def main(argv: Optional[List[str]] = None) -> int:
         args = parse_args(argv)
         paths = args.path if isinstance(args.path, list) else [args.path]
@@ -191,9 +188,8 @@ def script_main(parse_args: Callable, run: Callable, prog):
 
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
                   top_first: bool = False, corner: str = "") -> str:
-    """``title``, then the column labels (after ``corner``) and one line per row of ``matrix``
-    (its label, then ``cell(value)`` of each value, right-aligned); ``top_first``: the last row first, as a figure drawn
-    with its origin below."""
+    """``title``, the column labels and one line per row of ``matrix``: its label, then ``cell(value)``
+    right-aligned; ``top_first``: the last row first, as a figure drawn with its origin below."""
     order = list(reversed(range(len(row_labels)))) if top_first else range(len(row_labels))
     rows = [[row_labels[i]] + [cell(value) for value in matrix[i]] for i in order]
     widths = [max(len(text) for text in column) for column in zip([corner] + list(column_labels), *rows)]
@@ -290,9 +286,8 @@ def layer_attention_kind(model_config, flag: str, path: str, kinds=("coarse", "f
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):
-    """``(model in eval mode, cfg, task)`` of checkpoint ``path`` (``--path``) with ``overrides``
-    and the task's data directory ``data`` (``--data``; None: the one stored in the checkpoint,
-    which must exist). Errors name the flag."""
+    """``(model in eval mode, cfg, task)`` of ``--path`` with ``overrides`` and ``--data`` (None: the
+    one stored in the checkpoint, which must exist)."""
     from fairseq import checkpoint_utils, utils
 
     if user_dir:
@@ -323,10 +318,8 @@ def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, o
 
 def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False,
                     max_tokens: Optional[int] = None) -> torch.Tensor:
-    """Token ids of ``text`` (the value of ``flag``, split on whitespace after ``bpe``) followed by
-    EOS, as fairseq binarises sentences. An unknown word is a :class:`UsageError` naming the flag
-    and the word (with ``allow_unk``: a warning and <unk>); so is a sentence longer than the
-    ``max_tokens`` positions the model reads."""
+    """Token ids of ``text`` (``flag``'s value) followed by EOS, as fairseq binarises sentences; an
+    unknown word (without ``allow_unk``) or more than ``max_tokens`` is a :class:`UsageError`."""
     if bpe is not None:
         text = bpe.encode(text)
     words = text.split()
