@@ -45,10 +45,6 @@ class UsageError(ReportedError):
     exit_status = 2
 
 
-# --------------------------------------------------------------------------------------------
-# the command line
-
-
 def checked(flag: str, convert: Callable, valid: Callable, allowed: str):
     """argparse type: ``convert(text)`` where ``valid``; otherwise an error naming the flag, what is
     allowed and the value."""
@@ -110,10 +106,6 @@ def sentence_arguments(parser):
     parser.add_argument("--allow-unk", action="store_true",
                         help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
     return parser
-
-
-# --------------------------------------------------------------------------------------------
-# outputs and main()
 
 
 def same_file(a: str, b: str) -> bool:
@@ -182,10 +174,6 @@ def script_main(parse_args: Callable, run: Callable, prog):
     return main
 
 
-# --------------------------------------------------------------------------------------------
-# tables and heat maps
-
-
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
                   top_first: bool = False, corner: str = "") -> str:
     """``title``, the column labels and one line per row of ``matrix``: its label, then ``cell(value)``
@@ -220,10 +208,6 @@ def heatmap(ax, matrix, x_labels=None, y_labels=None, cmap="Blues", vmin=0.0, vm
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.05, pad=0.03).set_label(colorbar, fontsize=8)
     return image
-
-
-# --------------------------------------------------------------------------------------------
-# checkpoint loading
 
 
 def check_data_dir(data: str) -> None:
@@ -310,10 +294,6 @@ def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, o
                          "--data DATA_BIN, the binarised data the model was trained on") from None
     models[0].eval()
     return models[0], cfg, task
-
-
-# --------------------------------------------------------------------------------------------
-# text -> tokens
 
 
 def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False,
