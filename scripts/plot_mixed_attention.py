@@ -43,8 +43,8 @@ def parse_args(argv=None):
     return args
 
 
-def check_model(model, cfg, path: str, layer: int) -> int:
-    """The number of layers N of a layer-wise coordination model with mixed attention, which has ``layer``."""
+def check_model(model, cfg, path: str, plotted: int) -> int:
+    """The number of layers N of a layer-wise coordination model with mixed attention, which has layer ``plotted``."""
     if not isinstance(model, LayerwiseCoordinationModel):
         arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None) or "unknown"
         raise UsageError(f"--path {path}: the checkpoint's model is {type(model).__name__} (--arch {arch}), not "
@@ -52,8 +52,8 @@ def check_model(model, cfg, path: str, layer: int) -> int:
     if not all(getattr(layer, "mixed", True) for layer in model.decoder.layers):
         raise UsageError(f"--path {path}: the checkpoint was trained with --no-mixed-attention (Table 3 ablation): its "
                          "target side has a separate self-attention and source attention, no mixed attention to plot")
-    if not 1 <= layer <= len(model.decoder.layers):
-        raise UsageError(f"--layer {layer}: out of range; the checkpoint has {len(model.decoder.layers)} layers, "
+    if not 1 <= plotted <= len(model.decoder.layers):
+        raise UsageError(f"--layer {plotted}: out of range; the checkpoint has {len(model.decoder.layers)} layers, "
                          f"allowed 1..{len(model.decoder.layers)} (1-based: 1 = the lowest layer)")
     return len(model.decoder.layers)
 
