@@ -23,6 +23,7 @@ import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.layer_aggregation import DENSE_CONNECTION_READINGS  # noqa: E402 (registers the models)
+from fusion_fairseq.tools.analysis import format_matrix  # noqa: E402
 from fusion_fairseq.tools.benchmark import build_model  # noqa: E402
 from fusion_fairseq.tools.common import dictionary_of_size  # noqa: E402
 
@@ -45,24 +46,14 @@ def measure(model, src_tokens, prev_output_tokens) -> dict:
     }
 
 
-def parse(argv):
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-flags", default="", help="extra fairseq model flags (default: Transformer-Base)")
-    parser.add_argument("--vocab", type=int, default=32000, help="joined vocabulary size (shared embeddings)")
-    parser.add_argument("--batch", type=int, default=16, help="sentences in the random batch")
-    parser.add_argument("--length", type=int, default=25, help="source and target length")
-    parser.add_argument("--seed", type=int, default=1)
-    return parser.parse_args(argv)
-
-
-def main(argv=None):
-    settings = parse(argv)
-    torch.manual_seed(settings.seed)
-    dictionary = dictionary_of_size(settings.vocab)
-    flags = ["--share-all-embeddings", *shlex.split(settings.model_flags)]
+    torch.manual_seed(1)
+    dictionary = dictionary_of_size(32000)  # joined, with shared embeddings
+    flags = ["--share-all-embeddings", *shlex.split(parser.parse_args(argv).model_flags)]
     vanilla = build_model(ARCH, flags, dictionary)[2].eval()
-    src = torch.randint(dictionary.nspecial, len(dictionary), (settings.batch, settings.length))
-    prev = torch.randint(dictionary.nspecial, len(dictionary), (settings.batch, settings.length))
+    src, prev = torch.randint(dictionary.nspecial, len(dictionary), (2, 16, 25))  # 16 sentences of 25 tokens
     prev[:, 0] = dictionary.eos()
     rows = [("vanilla", measure(vanilla, src, prev))]
     for reading in DENSE_CONNECTION_READINGS:
@@ -71,11 +62,11 @@ def main(argv=None):
         dense.load_state_dict(vanilla.state_dict())
         rows.append((f"dense {reading}", measure(dense, src, prev)))
     base_std = rows[0][1]["logit_std"]
-    print(f"{'model':<16} {'enc norm':>9} {'dec norm':>9} {'logit std / vanilla':>20} {'mean max p':>11} "
-          f"{'argmax = input':>15}")
-    for name, row in rows:
-        print(f"{name:<16} {row['encoder_norm']:9.1f} {row['decoder_norm']:9.1f} "
-              f"{row['logit_std'] / base_std:20.2f} {row['max_prob']:11.3f} {row['copies_input']:15.3f}")
+    table = [[f"{row['encoder_norm']:.1f}", f"{row['decoder_norm']:.1f}", f"{row['logit_std'] / base_std:.2f}",
+              f"{row['max_prob']:.3f}", f"{row['copies_input']:.3f}"] for _, row in rows]
+    print(format_matrix("scale of the top states and logits, all models with the vanilla weights", table,
+                        [name for name, _ in rows], ["enc norm", "dec norm", "logit std / vanilla", "mean max p",
+                                                     "argmax = input"], cell=str, corner="model"))
     return rows
 
 

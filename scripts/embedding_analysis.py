@@ -1,25 +1,16 @@
-#!/usr/bin/env python
 """Embedding analyses of Liu et al. (ICLR 2021): singular-value spectra (Figures 3 and 4) and the
-cosine similarity of aligned source/target word embeddings (Table 3).
-
-    python scripts/embedding_analysis.py spectrum --path A [--path B ...] [--label LA --label LB] \\
-        [--data DATA_BIN] [--which encoder,decoder,output] [--split-by-attention] --out fig.png [--json out.json]
-    python scripts/embedding_analysis.py cosine --path CKPT [--path B ...] --dict bilingual.txt [--json out.json]
+cosine similarity of aligned source/target word embeddings (Table 3); see
+examples/surface_fusion/README.md.
 
 spectrum: for each embedding matrix E (|V| x d, rows = words, every row included, no centring) the
-singular values s_i / s_1, i = 1..min(|V|, d), on a log scale as in the paper; a slowly decaying
-curve is a more expressive embedding. Matrices: ``encoder``, ``decoder`` (target input) and
-``output`` (projection); tied ones are analysed once (``encoder=decoder=output``).
-``--split-by-attention`` (Figure 3, ``--layer-attention fine``): the encoder embedding's dimensions
-ordered by the top decoder layer's weight w_{M,0,d} and split into the more and the less attended
-half, beside a random half (``--seed``). Summary: ``auc``, the mean of s_i / s_1 (1 for a flat
-spectrum); ``index_below``, the first i with s_i / s_1 < ``--threshold``; ``min``, s_k / s_1.
+singular values s_i / s_1 on a log scale as in the paper; a slowly decaying curve is a more
+expressive embedding. Tied matrices are analysed once (``encoder=decoder=output``).
+``--split-by-attention`` (Figure 3): the encoder embedding's dimensions ordered by the top decoder
+layer's weight w_{M,0,d} and split into the more and the less attended half, beside a random half.
 
-cosine (Table 3): ``--dict`` holds ``source_word target_word`` pairs (``#`` comments; repeated pairs
-count once). For each pair, the cosine of the source word's encoder embedding and the target word's
-decoder input embedding (``--target-embedding output``: the projection); pairs with a word outside
-its dictionary are skipped and counted. Printed: the mean over all pairs used ("All") and over the
-pairs whose two words differ ("Non-Shared"), as in Table 3.
+cosine (Table 3): for each ``--dict`` pair, the cosine of the source word's encoder embedding and
+the target word's decoder embedding; "All" is the mean over the pairs used, "Non-Shared" over the
+pairs whose two words differ.
 """
 
 import argparse
@@ -29,8 +20,8 @@ import sys
 from typing import Dict, List, Tuple
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, load_model, pyplot, \
-    script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, layer_attention_kind, \
+    load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import matplotlib.ticker  # noqa: E402
@@ -38,6 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 MATRICES = ("encoder", "decoder", "output")
+THRESHOLD = 0.1  # index_below: the first i with s_i / s_1 below it
 
 
 def parse_args(argv=None):
@@ -55,94 +47,80 @@ def parse_args(argv=None):
     spectrum.add_argument("--split-by-attention", action="store_true",
                           help="Figure 3: more / less attended halves of the encoder embedding dimensions by "
                           "w[M,0,d] of fine-grained layer attention, and a random half")
-    spectrum.add_argument("--attention-decoder-layer", type=int, metavar="M",
-                          help="decoder layer (1-based) whose weights order the dimensions (default: the top one)")
-    spectrum.add_argument("--seed", type=int, default=1, help="seed of the random half (default: 1)")
     spectrum.add_argument("--x-axis", choices=("index", "fraction"), default="index",
                           help="index: 1..k as in the paper (default); fraction: index / k")
-    spectrum.add_argument("--threshold", type=float, default=0.1,
-                          help="report the first index where s_i / s_1 falls below this (default: 0.1)")
     cosine.add_argument("--dict", required=True, help="bilingual dictionary: 'source_word target_word' per line")
     cosine.add_argument("--target-embedding", choices=("input", "output"), default="input",
                         help="target rows from the decoder input embeddings (default) or the output projection")
     args = parser.parse_args(argv)
     if args.label is not None and len(args.label) != len(args.path):
         parser.error(f"--label was given {len(args.label)} times for {len(args.path)} --path; give one per --path")
-    if args.command == "spectrum" and not 0.0 < args.threshold < 1.0:
-        parser.error(f"--threshold must be in (0, 1), got {args.threshold}")
     return args
 
 
-def labels_for(args) -> List[str]:
-    if args.label:
-        return list(args.label)
-    names = [os.path.basename(path) for path in args.path]
-    if len(set(names)) < len(names):  # checkpoint_best.pt of two runs: add the directory
-        names = [os.path.join(os.path.basename(os.path.dirname(os.path.abspath(p))), n)
-                 for p, n in zip(args.path, names)]
-    return names
+def checkpoints(args):
+    """``(path, label, model, cfg, task)`` of each ``--path`` in turn; the label is ``--label``, else the file
+    name, with its directory where two are alike (checkpoint_best.pt of two runs)."""
+    labels = args.label or [os.path.basename(path) for path in args.path]
+    if len(set(labels)) < len(labels) and not args.label:
+        labels = [os.path.join(os.path.basename(os.path.dirname(os.path.abspath(p))), n)
+                  for p, n in zip(args.path, labels)]
+    for path, label in zip(args.path, labels):
+        yield (path, label, *load_model(path, args.data, args.user_dir))
 
 
-def embedding_matrices(model) -> Dict[str, torch.Tensor]:
-    """encoder / decoder / output weight tensors of a fairseq encoder-decoder model (those it has)."""
+def embedding_matrices(model, path: str, needed) -> Dict[str, torch.Tensor]:
+    """The encoder / decoder / output weight tensors of a fairseq encoder-decoder model; an error
+    when one of ``needed`` is missing."""
     decoder = getattr(model, "decoder", None)
     modules = {"encoder": getattr(getattr(model, "encoder", None), "embed_tokens", None),
                "decoder": getattr(decoder, "embed_tokens", None), "output": getattr(decoder, "output_projection", None)}
-    return {name: module.weight for name, module in modules.items() if getattr(module, "weight", None) is not None}
+    matrices = {name: module.weight for name, module in modules.items() if getattr(module, "weight", None) is not None}
+    for name in needed:
+        if name not in matrices:
+            raise UsageError(f"--path {path}: the model ({type(model).__name__}) has no {name} embedding matrix")
+    return matrices
 
 
-def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (a.shape == b.shape and a.data_ptr() == b.data_ptr())
+def storage(tensor: torch.Tensor):
+    """What tied matrices share: one memory of one shape."""
+    return tensor.data_ptr(), tuple(tensor.shape)
 
 
 def group_tied(names: List[str], matrices: Dict[str, torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
     """[(name, tensor)] with tensors that are one parameter merged, e.g. ('encoder=decoder', E)."""
-    groups: List[Tuple[List[str], torch.Tensor]] = []
+    groups: Dict[tuple, List[str]] = {}
     for name in names:
-        for group in groups:
-            if same_tensor(group[1], matrices[name]):
-                group[0].append(name)
-                break
-        else:
-            groups.append(([name], matrices[name]))
-    return [("=".join(group_names), tensor) for group_names, tensor in groups]
+        groups.setdefault(storage(matrices[name]), []).append(name)
+    return [("=".join(group), matrices[group[0]]) for group in groups.values()]
 
 
-def normalised_singular_values(matrix: torch.Tensor) -> torch.Tensor:
-    """s_i / s_1, sorted from largest to smallest (float64)."""
-    values = torch.linalg.svdvals(matrix.detach().double().cpu())
-    values, _ = torch.sort(values, descending=True)
+def spectrum_curve(matrix: torch.Tensor) -> Dict:
+    """s_i / s_1 from largest to smallest (float64) and its summary: ``auc``, their mean (1 for a
+    flat spectrum); ``index_below``, the first i with s_i / s_1 < THRESHOLD; ``min``, s_k / s_1."""
+    values = torch.linalg.svdvals(matrix.detach().double().cpu())  # in descending order
     if values.numel() == 0 or values[0] <= 0:
         raise UsageError("the matrix is zero: its singular values cannot be normalised")
-    return values / values[0]
-
-
-def spectrum_summary(values: torch.Tensor, threshold: float) -> Dict:
-    below = (values < threshold).nonzero()
+    values = values / values[0]
+    below = (values < THRESHOLD).nonzero()
     index = int(below[0]) + 1 if below.numel() else None
-    return {"k": values.numel(), "auc": float(values.mean()), "index_below": index,
+    return {"shape": list(matrix.shape), "normalized": values.tolist(), "k": values.numel(),
+            "auc": float(values.mean()), "index_below": index,
             "fraction_below": None if index is None else index / values.numel(), "min": float(values[-1])}
 
 
-def attention_split(model, path: str, decoder_layer, seed: int):
-    """(more, less, random) dimension indices of the encoder embedding, by w[m, 0, d]."""
-    attention = getattr(model.decoder, "layer_attention", None)
-    if attention is None or attention.kind != "fine":
-        having = "no layer attention" if attention is None else f"--layer-attention {attention.kind}"
-        raise UsageError(f"--split-by-attention: {path} has {having}; the dimensions are ordered by the "
-                         "per-dimension weights of a checkpoint trained with --layer-attention fine")
-    attention.eval()
+def attention_split(model, cfg, path: str):
+    """(M, more, less, random halves of the encoder embedding's dimensions), by w[M, 0, d] of the top
+    decoder layer M; the random half is the same on every run."""
+    layer_attention_kind(cfg.model, "--split-by-attention: --path", path, ("fine",),
+                         "there are no per-dimension weights to order the dimensions by")
+    attention = model.decoder.layer_attention.eval()
     with torch.no_grad():
         weights = attention.weights().float()  # (M, N+1, D)
-    num_decoder_layers = weights.size(0)
-    m = num_decoder_layers if decoder_layer is None else decoder_layer
-    if not 1 <= m <= num_decoder_layers:
-        raise UsageError(f"--attention-decoder-layer {m} does not exist: the decoder has layers 1 to "
-                         f"{num_decoder_layers}")
-    order = torch.argsort(weights[m - 1, 0], descending=True, stable=True)
+    order = torch.argsort(weights[-1, 0], descending=True, stable=True)
     half = order.numel() // 2
-    random = torch.randperm(order.numel(), generator=torch.Generator().manual_seed(seed))[:half]
-    return m, order[:half], order[-half:], torch.sort(random).values
+    random = torch.randperm(order.numel(), generator=torch.Generator().manual_seed(1))[:half]
+    return weights.size(0), order[:half], order[-half:], torch.sort(random).values
 
 
 def run_spectrum(args) -> Dict:
@@ -158,36 +136,26 @@ def run_spectrum(args) -> Dict:
         raise UsageError(f"--which {which!r}: no matrix to analyse")
 
     curves = []
-    for path, label in zip(args.path, labels_for(args)):
-        model, _, _ = load_model(path, args.data, args.user_dir)
-        matrices = embedding_matrices(model)
-        for name in names:
-            if name not in matrices:
-                raise UsageError(f"--which {name}: {path} ({type(model).__name__}) has no {name} embedding matrix")
+    for path, label, model, cfg, _ in checkpoints(args):
+        matrices = embedding_matrices(model, path, names + ["encoder"] * args.split_by_attention)
         entries = [(name, tensor, None) for name, tensor in group_tied(names, matrices)]
         if args.split_by_attention:
-            m, more, less, random = attention_split(model, path, args.attention_decoder_layer, args.seed)
-            encoder = matrices["encoder"]
+            m, more, less, random = attention_split(model, cfg, path)
             for name, dims in ((f"more attended (w[{m},Emb,d])", more), (f"less attended (w[{m},Emb,d])", less),
                                ("random dims", random)):
-                entries.append((name, encoder[:, dims], dims.tolist()))
+                entries.append((name, matrices["encoder"][:, dims], dims.tolist()))
         for name, tensor, dims in entries:
-            values = normalised_singular_values(tensor)
-            curve = {"checkpoint": path, "label": label, "matrix": name, "shape": list(tensor.shape),
-                     "normalized": values.tolist(), **spectrum_summary(values, args.threshold)}
-            if dims is not None:
-                curve["dims"] = dims
-            curves.append(curve)
+            curves.append({"checkpoint": path, "label": label, "matrix": name, **spectrum_curve(tensor),
+                           **({} if dims is None else {"dims": dims})})
 
     title = (f"normalised singular values s_i/s_1 of the embedding matrices (rows = words); auc = mean of s_i/s_1 "
-             f"(area under the curve, index scaled to [0,1]); below{args.threshold:g} = first index i with "
-             f"s_i/s_1 < {args.threshold:g}")
+             f"(area under the curve, index scaled to [0,1]); below{THRESHOLD:g} = first index i with "
+             f"s_i/s_1 < {THRESHOLD:g}")
     print(format_matrix(title, [[c["matrix"], "x".join(map(str, c["shape"])), f"{c['auc']:.3f}", "none" if
                                  c["index_below"] is None else f"{c['index_below']}/{c['k']}", f"{c['min']:.2e}"]
                                 for c in curves], [c["label"] for c in curves],
-                        ["matrix", "shape", "auc", f"below{args.threshold:g}", "min"], cell=str, corner="checkpoint"))
-
-    return write_outputs(args, {"threshold": args.threshold, "x_axis": args.x_axis, "curves": curves},
+                        ["matrix", "shape", "auc", f"below{THRESHOLD:g}", "min"], cell=str, corner="checkpoint"))
+    return write_outputs(args, {"threshold": THRESHOLD, "x_axis": args.x_axis, "curves": curves},
                          plot_spectrum(curves, args.x_axis))
 
 
@@ -238,53 +206,45 @@ def read_bilingual_dict(path: str) -> Tuple[List[Tuple[str, str]], int]:
     return pairs, lines
 
 
-def aligned_cosine(model, task, pairs: List[Tuple[str, str]], target_embedding: str, dict_path: str) -> Dict:
-    matrices = embedding_matrices(model)
-    target_name = "decoder" if target_embedding == "input" else "output"
-    if "encoder" not in matrices or target_name not in matrices:
-        missing = "encoder" if "encoder" not in matrices else target_name
-        raise UsageError(f"--path: the model ({type(model).__name__}) has no {missing} embedding matrix")
+def aligned_cosine(model, path: str, task, pairs: List[Tuple[str, str]], args) -> Dict:
+    target_name = "decoder" if args.target_embedding == "input" else "output"
+    matrices = embedding_matrices(model, path, ["encoder", target_name])
     source, target = matrices["encoder"], matrices[target_name]
     if source.size(1) != target.size(1):
-        raise UsageError(f"--target-embedding {target_embedding}: source ({source.size(1)}) and target "
-                          f"({target.size(1)}) embeddings have different widths")
+        raise UsageError(f"--target-embedding {args.target_embedding}: source ({source.size(1)}) and target "
+                         f"({target.size(1)}) embeddings have different widths")
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-    src_oov = [s for s, _ in pairs if src_dict.index(s) == src_dict.unk()]
-    tgt_oov = [t for _, t in pairs if tgt_dict.index(t) == tgt_dict.unk()]
-    used = [(s, t, src_dict.index(s), tgt_dict.index(t)) for s, t in pairs
-            if src_dict.index(s) != src_dict.unk() and tgt_dict.index(t) != tgt_dict.unk()]
+    src_oov = [s for s, _ in pairs if s not in src_dict]
+    tgt_oov = [t for _, t in pairs if t not in tgt_dict]
+    used = [(s, t) for s, t in pairs if s in src_dict and t in tgt_dict]
     if not used:
-        raise UsageError(f"--dict {dict_path}: none of its {len(pairs)} pairs has both words in the dictionaries "
+        raise UsageError(f"--dict {args.dict}: none of its {len(pairs)} pairs has both words in the dictionaries "
                          f"(source: {len(src_dict)} types, target: {len(tgt_dict)} types)")
     with torch.no_grad():
-        src_rows = source.detach().float()[torch.tensor([u[2] for u in used])]
-        tgt_rows = target.detach().float()[torch.tensor([u[3] for u in used])]
-        cosines = F.cosine_similarity(src_rows, tgt_rows, dim=-1)
-    non_shared = [i for i, u in enumerate(used) if u[0] != u[1]]
-    return {"shared_embeddings": same_tensor(source, target),
+        cosines = F.cosine_similarity(source.detach().float()[[src_dict.index(s) for s, _ in used]],
+                                      target.detach().float()[[tgt_dict.index(t) for _, t in used]], dim=-1)
+    non_shared = [i for i, (s, t) in enumerate(used) if s != t]
+    return {"shared_embeddings": storage(source) == storage(target),
             "joined_dictionary": src_dict is tgt_dict or src_dict.symbols == tgt_dict.symbols,
-            "target_embedding": target_embedding, "pairs": len(pairs), "used": len(used),
+            "target_embedding": args.target_embedding, "pairs": len(pairs), "used": len(used),
             "skipped": len(pairs) - len(used), "source_oov": len(src_oov), "target_oov": len(tgt_oov),
             "oov_examples": (src_oov + tgt_oov)[:10], "all": float(cosines.mean()),
             "non_shared": float(cosines[non_shared].mean()) if non_shared else None,
             "non_shared_used": len(non_shared),
-            "per_pair": [{"source": u[0], "target": u[1], "cosine": float(c)} for u, c in zip(used, cosines)]}
+            "per_pair": [{"source": s, "target": t, "cosine": float(c)} for (s, t), c in zip(used, cosines)]}
 
 
 def run_cosine(args) -> Dict:
     pairs, lines = read_bilingual_dict(args.dict)
-    rows = []
-    for path, label in zip(args.path, labels_for(args)):
-        model, _, task = load_model(path, args.data, args.user_dir)
-        row = aligned_cosine(model, task, pairs, args.target_embedding, args.dict)
-        rows.append({"checkpoint": path, "label": label, **row})
-
+    rows = [{"checkpoint": path, "label": label, **aligned_cosine(model, path, task, pairs, args)}
+            for path, label, model, _, task in checkpoints(args)]
     target_rows = "decoder input embeddings" if args.target_embedding == "input" else "output projection"
     print(f"cosine similarity of aligned source/target word embeddings (source: encoder embeddings, target: "
           f"{target_rows}); --dict {args.dict}: {lines} pair lines, {len(pairs)} distinct pairs")
-    print(format_matrix("All = mean over the pairs used; Non-Shared = mean over the pairs whose two words differ", [[f"{r['all']:.3f}", "n/a" if r["non_shared"] is None else f"{r['non_shared']:.3f}",
-                              str(r["used"]), str(r["non_shared_used"]), str(r["skipped"]),
-                              "shared" if r["shared_embeddings"] else "separate"] for r in rows],
+    print(format_matrix("All = mean over the pairs used; Non-Shared = mean over the pairs whose two words differ",
+                        [[f"{r['all']:.3f}", "n/a" if r["non_shared"] is None else f"{r['non_shared']:.3f}",
+                          str(r["used"]), str(r["non_shared_used"]), str(r["skipped"]),
+                          "shared" if r["shared_embeddings"] else "separate"] for r in rows],
                         [r["label"] for r in rows], ["All", "Non-Shared", "used", "non-shared", "OOV skipped",
                                                      "embeddings"], cell=str, corner="checkpoint"))
     for r in rows:

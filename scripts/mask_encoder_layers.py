@@ -1,24 +1,14 @@
 #!/usr/bin/env python
 """Mask one encoder layer at a time in layer attention and measure the change in BLEU and output
-length, as in Liu et al. (ICLR 2021) Sec. 3.3, Figure 2.
-
-    python scripts/mask_encoder_layers.py --data DATA_BIN --path CKPT [--gen-subset test] [--beam 4] \\
-        [--lenpen 1.0] [--remove-bpe] [--layers 0,1,...] [--jobs 1] [--out fig.png] [--json out.json] \\
-        [--keep-outputs DIR] [any other fairseq-generate flag, e.g. --max-tokens 4096]
+length, as in Liu et al. (ICLR 2021) Sec. 3.3, Figure 2 (see examples/surface_fusion/README.md).
 
 For each encoder layer n = 0 ("Emb") .. N, and once unmasked, the real ``fairseq-generate`` runs
 with ``--model-overrides "{'mask_encoder_layer': n}"``, which zeroes layer n's layer-attention
-weight and renormalises the others (w / (1 - w_n), per dimension for ``fine``); the encoder is
-unchanged. Unknown flags go to every fairseq-generate run; ``--required-batch-size-multiple 1`` is
-added unless given (with a larger multiple this fairseq drops a last, smaller batch), and a warning
-says when fewer hypotheses come back than the subset has.
-
-Per run: ``bleu``, fairseq-generate's own ``BLEU4 = X`` line (the performance panel of
-``--metric bleu``); ``sacrebleu``, ``sacrebleu.corpus_bleu`` of the H- against the T- strings;
-``avg_len``, whitespace tokens per H- string (after ``--remove-bpe``); ``avg_score``, the mean
-hypothesis score, which tells masked and unmasked runs apart even when the strings coincide.
-Changes are 100 * (masked - unmasked) / unmasked percent (null when the unmasked value is 0). The
-figure has Figure 2's two panels, (a) model performance and (b) length of output. Exit status 1
+weight and renormalises the others; unknown flags go to every run. ``--required-batch-size-multiple
+1`` is added unless given: with a larger multiple this fairseq drops a last, smaller batch.
+Per run: fairseq-generate's own ``BLEU4`` line, sacreBLEU of the H- against the T- strings, tokens
+per H- string and the mean hypothesis score, which tells masked and unmasked runs apart even when
+the strings coincide; changes are 100 * (masked - unmasked) / unmasked percent. Exit status 1
 when a fairseq-generate run fails.
 """
 
@@ -35,7 +25,8 @@ from typing import Dict, List, Optional
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, checkpoint_arguments, finite, \
-    format_matrix, model_args, positive, pyplot, read_checkpoint, script_main, write_outputs  # noqa: E402
+    format_matrix, layer_attention_kind, model_args, positive, pyplot, read_checkpoint, script_main, \
+    write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -49,10 +40,6 @@ FORBIDDEN_FORWARDED = {
     "--results-path": "the script reads fairseq-generate's standard output",
     "--nbest": "the average length is over the best hypothesis only",
 }
-
-
-class GenerateError(ReportedError):
-    """A fairseq-generate run failed: exit status 1."""
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -82,18 +69,6 @@ def parse_args(argv: Optional[List[str]] = None):
     return args
 
 
-def encoder_layer_range(path: str):
-    """``(layer-attention kind, number of encoder layers N)`` from the checkpoint's configuration."""
-    args = model_args(read_checkpoint(path))
-    kind = getattr(args, "layer_attention", None)
-    if kind not in ("coarse", "fine"):
-        having = "no layer attention" if kind is None else f"--layer-attention {kind}"
-        raise UsageError(f"--path {path}: the checkpoint (arch {getattr(args, 'arch', '?')}) has {having}, so there "
-                         "is no layer-attention weight to mask; a fusion_transformer checkpoint trained with "
-                         "--layer-attention coarse or fine is needed")
-    return kind, int(args.encoder_layers)
-
-
 def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
     if spec is None:
         return list(range(num_encoder_layers + 1))
@@ -108,9 +83,8 @@ def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
         if not 0 <= layer <= num_encoder_layers:  # the model's own message (check_masked_encoder_layer)
             raise UsageError(f"--layers {spec}: --mask-encoder-layer {layer} does not exist: the encoder has layers "
                              f"0 (embedding) to {num_encoder_layers}")
-        if layer not in layers:
-            layers.append(layer)
-    return layers
+        layers.append(layer)
+    return list(dict.fromkeys(layers))
 
 
 def layer_label(layer: Optional[int]) -> str:
@@ -132,45 +106,39 @@ def run_generate(args, layer: Optional[int]) -> Dict:
     try:
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        raise GenerateError(f"fairseq-generate (mask {layer_label(layer)}) ran past --timeout {args.timeout}s")
+        raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) ran past --timeout {args.timeout}s")
     if args.keep_outputs:
         with open(os.path.join(args.keep_outputs, f"generate-{layer_label(layer)}.txt"), "w") as handle:
             handle.write(result.stdout)
     if result.returncode != 0:
-        raise GenerateError(f"fairseq-generate (mask {layer_label(layer)}) failed with exit status "
+        raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) failed with exit status "
                             f"{result.returncode}:\n  {' '.join(command)}\n{result.stderr[-3000:]}")
     return {**parse_generate_output(result.stdout, result.stderr, args.gen_subset), "command": command}
 
 
 def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
-    hypotheses, scores, targets = {}, {}, {}
+    hypotheses, targets = {}, {}  # sentence id -> (score, H- string) / T- string
     for line in stdout.splitlines():
-        fields = line.split("\t")
+        fields = line.split("\t") + [""]
         if line.startswith("H-"):
-            scores[int(fields[0][2:])] = float(fields[1])
-            hypotheses[int(fields[0][2:])] = fields[2] if len(fields) > 2 else ""
+            hypotheses[int(fields[0][2:])] = (float(fields[1]), fields[2])
         elif line.startswith("T-"):
-            targets[int(fields[0][2:])] = fields[1] if len(fields) > 1 else ""
-    match = BLEU_LINE.search(stdout)
-    expected = next((int(count.replace(",", "")) for count, path in LOADED_LINE.findall(stdout + "\n" + stderr)
-                     if os.path.basename(path).startswith(subset + ".")), None)
+            targets[int(fields[0][2:])] = fields[1]
     ids = sorted(hypotheses)
-    lengths = [len(hypotheses[i].split()) for i in ids]
+    strings = [hypotheses[i][1] for i in ids]
     sacrebleu_score = None
     if ids and all(i in targets for i in ids):
         import sacrebleu
 
-        sacrebleu_score = float(sacrebleu.corpus_bleu([hypotheses[i] for i in ids], [[targets[i] for i in ids]],
+        sacrebleu_score = float(sacrebleu.corpus_bleu(strings, [[targets[i] for i in ids]],
                                                     force=True).score)  # tokenised on purpose: no warning
-    return {
-        "bleu": float(match.group(1)) if match else None,
-        "sacrebleu": sacrebleu_score,
-        "avg_len": sum(lengths) / len(lengths) if lengths else 0.0,
-        "avg_score": sum(scores[i] for i in ids) / len(ids) if ids else None,
-        "sentences": len(ids),
-        "subset_size": expected,
-        "hypotheses": [hypotheses[i] for i in ids],
-    }
+    match = BLEU_LINE.search(stdout)
+    return {"bleu": float(match.group(1)) if match else None, "sacrebleu": sacrebleu_score,
+            "avg_len": sum(len(h.split()) for h in strings) / len(ids) if ids else 0.0,
+            "avg_score": sum(hypotheses[i][0] for i in ids) / len(ids) if ids else None, "sentences": len(ids),
+            "subset_size": next((int(count.replace(",", "")) for count, path in LOADED_LINE.findall(
+                stdout + "\n" + stderr) if os.path.basename(path).startswith(subset + ".")), None),
+            "hypotheses": strings}
 
 
 def relative_change(value: Optional[float], reference: Optional[float]) -> Optional[float]:
@@ -186,11 +154,6 @@ def fmt(value: Optional[float], spec: str) -> str:
 COLUMNS = {"BLEU": ("bleu", ".2f"), "dBLEU%": ("bleu_change_pct", "+.2f"), "sacreBLEU": ("sacrebleu", ".2f"),
            "dsacre%": ("sacrebleu_change_pct", "+.2f"), "avg len": ("avg_len", ".3f"),
            "dlen%": ("len_change_pct", "+.2f"), "avg score": ("avg_score", ".4f"), "sents": ("sentences", "d")}
-
-
-def format_table(rows: List[Dict], header: str) -> str:
-    return format_matrix(header, [[fmt(row[key], spec) for key, spec in COLUMNS.values()] for row in rows],
-                         [row["masked"] for row in rows], list(COLUMNS), cell=str, corner="masked")
 
 
 def plot(rows: List[Dict], metric: str, title: str):
@@ -246,7 +209,9 @@ def run(args) -> Dict:
         for earlier in sorted(glob.glob(os.path.join(args.keep_outputs, "generate-*.txt"))):
             refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
     check_data_dir(args.data)
-    kind, num_encoder_layers = encoder_layer_range(args.path)
+    config = model_args(read_checkpoint(args.path))
+    kind = layer_attention_kind(config, "--path", args.path, lacking="there is no layer-attention weight to mask")
+    num_encoder_layers = int(config.encoder_layers)
     runs: List[Optional[int]] = [None] + layers_to_mask(args.layers, num_encoder_layers)
     if args.keep_outputs:
         os.makedirs(args.keep_outputs, exist_ok=True)
@@ -260,19 +225,18 @@ def run(args) -> Dict:
                   f"avg len {results[layer]['avg_len']:.3f}", flush=True)
     rows = [table_row(layer, results[layer], results[None], args.gen_subset) for layer in runs]
     kind_name = "fine-grained" if kind == "fine" else "coarse-grained"
-    print(format_table(rows, f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb.."
-                             f"{num_encoder_layers}): {args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, "
-                             f"lenpen {args.lenpen}, remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 "
-                             "line, sacreBLEU = sacrebleu on the H-/T- lines;\navg len = mean tokens per H- line; "
-                             "d...% = relative change to the unmasked run"))
-    result = {
-        "checkpoint": args.path, "data": args.data, "gen_subset": args.gen_subset, "beam": args.beam,
-        "lenpen": args.lenpen, "remove_bpe": args.remove_bpe, "layer_attention": kind,
-        "encoder_layers": num_encoder_layers, "metric": args.metric,
-        "bleu_source": "fairseq-generate's final 'BLEU4 = ' line",
-        "sacrebleu_source": "sacrebleu.corpus_bleu on the H-/T- strings (13a tokenisation)",
-        "rows": rows,
-    }
+    print(format_matrix(f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb.."
+                        f"{num_encoder_layers}): {args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, "
+                        f"lenpen {args.lenpen}, remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 "
+                        "line, sacreBLEU = sacrebleu on the H-/T- lines;\navg len = mean tokens per H- line; "
+                        "d...% = relative change to the unmasked run",
+                        [[fmt(row[key], spec) for key, spec in COLUMNS.values()] for row in rows],
+                        [row["masked"] for row in rows], list(COLUMNS), cell=str, corner="masked"))
+    result = {"checkpoint": args.path, "data": args.data, "gen_subset": args.gen_subset, "beam": args.beam,
+              "lenpen": args.lenpen, "remove_bpe": args.remove_bpe, "layer_attention": kind,
+              "encoder_layers": num_encoder_layers, "metric": args.metric,
+              "bleu_source": "fairseq-generate's final 'BLEU4 = ' line",
+              "sacrebleu_source": "sacrebleu.corpus_bleu on the H-/T- strings (13a tokenisation)", "rows": rows}
     title = (f"Relative changes when masking one encoder layer: {os.path.basename(args.path)} ({kind_name} layer "
              f"attention), {args.gen_subset}, beam {args.beam}")
     return write_outputs(args, result, plot(rows, args.metric, title) if args.out else None)

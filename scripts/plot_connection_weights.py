@@ -1,8 +1,6 @@
 #!/usr/bin/env python
 """Plot the learned connection weights of DenseFormer and hyper-connections in a checkpoint.
 
-    python scripts/plot_connection_weights.py --path CKPT [--data DATA_BIN] --out fig.png [--json w.json]
-
 DenseFormer (``--denseformer-*``, Pagliardini et al. 2024, as the paper draws them): one row per
 depth-weighted average (after layer i), one column per output X_j it may read (j = 0 is the
 embedding); cells it does not read are blank. Hyper-connections (``--hyper-connections-*``, Zhu et

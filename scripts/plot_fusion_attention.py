@@ -6,13 +6,10 @@ embedding layer l0; white is probability 1, black 0.
     python scripts/plot_fusion_attention.py --path CKPT --data DATA_BIN \\
         --source "w3 w17 w5" [--target "W5 W17 W3"] [--side decoder|encoder] --out fig.png
 
-Decoder side (``--fuse-decoder sa``): the target is teacher-forced (EOS, then the target words) and
-``extra["fusion_attn"]`` of the decoder's forward is plotted, one column per decoder position,
-labelled with the word predicted there (``--xlabels fed|both`` changes that); without ``--target``
-the beam-search translation of the source is plotted. Encoder side (``--fuse-encoder sa``): one
-column per source word plus EOS, from the encoder's ``fusion_weights``. Rows are l0..lL, or l1..lL
-for a checkpoint trained with ``--fusion-no-embedding-layer``. ``--json``:
-``weights[hop][layer][position]``, layer 0 the lowest fused layer.
+Decoder side (``--fuse-decoder sa``): ``extra["fusion_attn"]`` of the teacher-forced forward, one
+column per decoder position; without ``--target``, of the beam-search translation. Encoder side
+(``--fuse-encoder sa``): the encoder's ``fusion_weights``, one column per source word plus EOS.
+Rows are l0..lL, or l1..lL for a checkpoint trained with ``--fusion-no-embedding-layer``.
 """
 
 import argparse
@@ -20,10 +17,8 @@ import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.modules import AverageFusion, FeedForwardFusion, MultiHopAttentionFusion  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, \
-    format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, \
-    token_strings, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, load_model, \
+    positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -48,26 +43,17 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def fusion_kind(fusion) -> str:
-    """'none' / 'avg' / 'fnn' / 'sa' of a side's ``output_fusion`` (a LayerFusion or None)."""
-    function = getattr(fusion, "function", None)
-    for cls, kind in ((MultiHopAttentionFusion, "sa"), (FeedForwardFusion, "fnn"), (AverageFusion, "avg")):
-        if isinstance(function, cls):
-            return kind
-    return "none" if fusion is None else type(function).__name__
-
-
-def side_fusion(model, side: str):
+def side_fusion(model, cfg, side: str):
     """The side's self-attention fusion module, or an error saying what the checkpoint has."""
     module = getattr(model, side)
     if not hasattr(module, "output_fusion"):
         raise UsageError(f"--side {side}: the checkpoint's model ({type(model).__name__}) has no layer fusion; "
                          f"a fusion_transformer checkpoint trained with --fuse-{side} sa is needed")
-    kind = fusion_kind(module.output_fusion)
+    kind = getattr(cfg.model, f"fuse_{side}")
     if kind != "sa":
         other = "encoder" if side == "decoder" else "decoder"
-        other_kind = fusion_kind(getattr(getattr(model, other), "output_fusion", None))
-        hint = f"; its {other} has --fuse-{other} sa, try --side {other}" if other_kind == "sa" else ""
+        hint = f"; its {other} has --fuse-{other} sa, try --side {other}" if getattr(cfg.model, f"fuse_{other}") \
+            == "sa" else ""
         raise UsageError(f"--side {side}: the checkpoint's {side} uses --fuse-{side} {kind} "
                          f"({FUSION_NAMES.get(kind, kind)}), which has no layer attention to plot; "
                          f"a checkpoint trained with --fuse-{side} sa is needed{hint}")
@@ -94,34 +80,24 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
     return fig
 
 
+@torch.no_grad()
 def run(args) -> dict:
-    bpe = build_bpe(args)
-    model, _, task = load_model(args.path, args.data, args.user_dir)
-    fusion = side_fusion(model, args.side)
-    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk)
+    model, cfg, task = load_model(args.path, args.data, args.user_dir)
+    fusion = side_fusion(model, cfg, args.side)
+    pair = sentence_pair(args, model, task, args.side == "decoder", beam=args.beam)
     first = 0 if fusion.include_embedding_layer else 1
-    result = {"checkpoint": args.path, "side": args.side,
-              "source_tokens": token_strings(task.source_dictionary, src_tokens),
+    result = {"checkpoint": args.path, "side": args.side, "source_tokens": pair.source,
               "layer_labels": [f"l{first + i}" for i in range(fusion.function.num_layers)],
               "include_embedding_layer": bool(fusion.include_embedding_layer)}
-    lengths = torch.tensor([src_tokens.numel()])
     if args.side == "encoder":
-        with torch.no_grad():
-            attn = model.encoder.fusion_weights(src_tokens.unsqueeze(0), lengths)[:, 0]
-        x_labels, x_axis_label = result["source_tokens"], "source word at each position (EOS appended)"
+        attn = model.encoder.fusion_weights(pair.src_tokens, pair.src_lengths)[:, 0]
+        x_labels, x_axis_label = pair.source, "source word at each position (EOS appended)"
     else:
-        tgt_tokens, result["target_from"], prev_output_tokens = teacher_forced_target(
-            model, task, src_tokens, args, bpe, beam=args.beam)
-        with torch.no_grad():
-            _, extra = model(src_tokens.unsqueeze(0), lengths, prev_output_tokens)
-        if extra.get("fusion_attn") is None:
-            raise UsageError("--side decoder: the decoder's forward returned no extra['fusion_attn']")
-        attn = extra["fusion_attn"][0]
-        predicted = token_strings(task.target_dictionary, tgt_tokens)
-        fed = [task.target_dictionary[task.target_dictionary.eos()]] + predicted[:-1]
-        result.update(target_tokens=predicted[:-1], predicted_tokens=predicted, fed_tokens=fed)
-        x_labels = {"predicted": predicted, "fed": fed,
-                    "both": [f"{f}->{p}" for f, p in zip(fed, predicted)]}[args.xlabels]
+        attn = model(pair.src_tokens, pair.src_lengths, pair.prev_output_tokens)[1]["fusion_attn"][0]
+        result.update(target_from=pair.target_from, target_tokens=pair.predicted[:-1],
+                      predicted_tokens=pair.predicted, fed_tokens=pair.fed)
+        x_labels = {"predicted": pair.predicted, "fed": pair.fed,
+                    "both": [f"{f}->{p}" for f, p in zip(pair.fed, pair.predicted)]}[args.xlabels]
         x_axis_label = X_AXIS[args.xlabels]
     weights = attn.permute(1, 2, 0).float()  # (length, nhop, L) -> (nhop, L, length)
     result.update(x_labels=x_labels, x_axis_label=x_axis_label, shape=list(weights.shape), weights=weights.tolist())

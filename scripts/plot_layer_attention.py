@@ -1,17 +1,11 @@
 #!/usr/bin/env python
-"""The learned layer-attention weights W of a checkpoint, as in Liu et al. (ICLR 2021) Figure 1.
+"""The learned layer-attention weights W of a checkpoint, as in Liu et al. (ICLR 2021) Figure 1
+(see examples/surface_fusion/README.md).
 
-    python scripts/plot_layer_attention.py --path CKPT [--data DATA_BIN] --out fig.png [--json w.json]
-
-Paper: Sec. 3.2, S_m = sum_n W_mn (x) X_n, decoder layer m's source memory over the encoder
-layers n = 0..N (0 = the word embeddings, "Emb"). The weights do not depend on the input: they are
-``decoder.layer_attention.weights()`` in eval mode (DropConnect off). One row per decoder layer,
-one column per encoder layer; each row sums to 1. ``fine`` has one weight per (m, n, d); as in the
-paper each cell is the mean over the D dimensions (still summing to 1 over n). ``--layout paper``
-draws the transpose, as printed. ``--mask-encoder-layer N`` shows the weights with layer N masked
-(Sec. 3.3: its weight zeroed, the others renormalised), what ``--model-overrides
-"{'mask_encoder_layer': N}"`` gives at generation time. ``--json``: ``weights[m][n]`` (m = decoder
-layer - 1, n = encoder layer); ``--per-dim`` adds ``weights_per_dim[m][n][d]`` for ``fine``.
+Sec. 3.2: S_m = sum_n W_mn (x) X_n, decoder layer m's source memory over the encoder layers
+n = 0..N (0 = the word embeddings, "Emb"). The weights do not depend on the input: they are
+``decoder.layer_attention.weights()`` in eval mode (DropConnect off). ``fine`` has one weight per
+(m, n, d); as in the paper each cell is the mean over the D dimensions (still summing to 1 over n).
 """
 
 import argparse
@@ -20,8 +14,8 @@ import sys
 import textwrap
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, load_model, \
-    pyplot, script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, \
+    layer_attention_kind, load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -38,21 +32,6 @@ def parse_args(argv=None):
                         help="rows-decoder: rows = decoder layers, columns = Emb,1..N; paper: the transpose, as in "
                         "Figure 1 (Emb at the bottom)")
     return parser.parse_args(argv)
-
-
-def layer_attention_of(model, margs, path: str):
-    """The decoder's LayerAttention, or an error saying what the checkpoint has."""
-    attention = getattr(model.decoder, "layer_attention", None)
-    if attention is not None:
-        return attention
-    kind = getattr(margs, "layer_attention", None)
-    if kind is None:
-        raise UsageError(f"--path {path}: the checkpoint's model ({type(model).__name__}, arch "
-                         f"{getattr(margs, 'arch', '?')}) has no layer attention; a fusion_transformer checkpoint "
-                         "trained with --layer-attention coarse or fine is needed")
-    raise UsageError(f"--path {path}: the checkpoint was trained with --layer-attention {kind}, so it has no "
-                     "layer-attention weights to plot; a checkpoint trained with --layer-attention coarse or fine is "
-                     "needed")
 
 
 def short_value(value: float) -> str:
@@ -82,7 +61,8 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
 def run(args) -> dict:
     # the stored weights, whatever the checkpoint was saved with
     model, cfg, _ = load_model(args.path, args.data, args.user_dir, {"mask_encoder_layer": None})
-    attention = layer_attention_of(model, cfg.model, args.path)
+    layer_attention_kind(cfg.model, "--path", args.path, lacking="there are no layer-attention weights to plot")
+    attention = model.decoder.layer_attention
     masked = args.mask_encoder_layer
     if masked is not None:
         num_encoder_layers = attention.num_inputs - 1

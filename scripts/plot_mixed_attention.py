@@ -4,15 +4,12 @@
     python scripts/plot_mixed_attention.py --path CKPT --data DATA_BIN \\
         --source "zwei minuten später ..." [--target "two minutes later ..."] --layer 1 [--out fig.png]
 
-``--layer I`` is 1-based; the paper's Figure 4 shows layer 1, the lowest. The target is
-teacher-forced (EOS as the start symbol, then the target words) and ``extra["mixed_attn"]`` of the
-decoder's forward with ``alignment_layer=I-1`` is plotted: the layer's mixed-attention weights
-(Paper: Eq. 3) averaged over heads. Without ``--target`` the beam-search translation is plotted
-(``--beam 6 --lenpen 1.1``, the paper's IWSLT setting). Rows: the target positions, labelled
-``fed->predicted``. Columns: the source words (EOS appended) | the target
-positions; each row sums to 1, and the future target positions, which Eq. 3 masks, are exactly 0:
-hatched in the figure, ``-`` in the text. ``--json``: ``weights[row][column]`` over
-``columns = source_tokens + target_fed_tokens``.
+``--layer I`` is 1-based; the paper's Figure 4 shows layer 1, the lowest. Plotted: the layer's
+mixed-attention weights (Eq. 3) averaged over heads, ``extra["mixed_attn"]`` of the decoder's
+teacher-forced forward with ``alignment_layer=I-1``; without ``--target``, of the beam-search
+translation (``--beam 6 --lenpen 1.1``, the paper's IWSLT setting). Rows: the target positions
+(``fed->predicted``); columns: the source words (EOS appended) | the target positions. The future
+target positions, which Eq. 3 masks, are exactly 0: hatched in the figure, ``-`` in the text.
 """
 
 import argparse
@@ -21,16 +18,13 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, build_bpe, checkpoint_arguments, encode_sentence, finite, \
-    format_matrix, heatmap, load_model, positive, pyplot, script_main, sentence_arguments, teacher_forced_target, token_strings, \
-    write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, finite, format_matrix, heatmap, \
+    load_model, positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
 
 plt = pyplot()
 import matplotlib  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-MASKED_TEXT = "-"
 
 
 def parse_args(argv=None):
@@ -49,8 +43,8 @@ def parse_args(argv=None):
     return args
 
 
-def check_model(model, cfg, path: str) -> int:
-    """The number of layers N of a layer-wise coordination model with mixed attention."""
+def check_model(model, cfg, path: str, plotted: int) -> int:
+    """The number of layers N of a layer-wise coordination model with mixed attention, which has layer ``plotted``."""
     if not isinstance(model, LayerwiseCoordinationModel):
         arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None) or "unknown"
         raise UsageError(f"--path {path}: the checkpoint's model is {type(model).__name__} (--arch {arch}), not "
@@ -58,6 +52,9 @@ def check_model(model, cfg, path: str) -> int:
     if not all(getattr(layer, "mixed", True) for layer in model.decoder.layers):
         raise UsageError(f"--path {path}: the checkpoint was trained with --no-mixed-attention (Table 3 ablation): its "
                          "target side has a separate self-attention and source attention, no mixed attention to plot")
+    if not 1 <= plotted <= len(model.decoder.layers):
+        raise UsageError(f"--layer {plotted}: out of range; the checkpoint has {len(model.decoder.layers)} layers, "
+                         f"allowed 1..{len(model.decoder.layers)} (1-based: 1 = the lowest layer)")
     return len(model.decoder.layers)
 
 
@@ -82,49 +79,32 @@ def plot(weights, mask, row_labels, column_labels, source_length: int, title: st
     return fig
 
 
+@torch.no_grad()
 def run(args) -> dict:
-    bpe = build_bpe(args)
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
-    num_layers = check_model(model, cfg, args.path)
-    if not 1 <= args.layer <= num_layers:
-        raise UsageError(f"--layer {args.layer}: out of range; the checkpoint has {num_layers} layers, allowed "
-                         f"1..{num_layers} (1-based: 1 = the lowest layer)")
-    layer_index = args.layer - 1
-    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
-                                 max_tokens=model.encoder.max_positions())
-    tgt_tokens, target_from, prev_output_tokens = teacher_forced_target(
-        model, task, src_tokens, args, bpe, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len)
-    with torch.no_grad():
-        encoder_out = model.encoder(src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]))
-        _, extra = model.decoder(prev_output_tokens, encoder_out=encoder_out, alignment_layer=layer_index)
-    weights = extra.get("mixed_attn", [None])[0]
-    expected = (1, tgt_tokens.numel(), src_tokens.numel() + tgt_tokens.numel())
-    if weights is None or tuple(weights.shape) != expected:
-        raise UsageError(f"--layer {args.layer}: the decoder's forward returned no extra['mixed_attn'] of shape "
-                         f"{expected}")
-    values = weights[0].float().numpy()
-
-    source = token_strings(task.source_dictionary, src_tokens)
-    predicted = token_strings(task.target_dictionary, tgt_tokens)
-    fed = [task.target_dictionary[task.target_dictionary.eos()]] + predicted[:-1]
+    num_layers, layer_index = check_model(model, cfg, args.path, args.layer), args.layer - 1
+    pair = sentence_pair(args, model, task, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len)
+    encoder_out = model.encoder(pair.src_tokens, src_lengths=pair.src_lengths)
+    _, extra = model.decoder(pair.prev_output_tokens, encoder_out=encoder_out, alignment_layer=layer_index)
+    values = extra["mixed_attn"][0][0].float().numpy()
+    source, predicted, fed = pair.source, pair.predicted, pair.fed
     row_labels = [f"{f}->{p}" for f, p in zip(fed, predicted)]
     mask = np.zeros(values.shape, dtype=bool)  # Eq. 3 masks target row i, target column j > i
-    for row in range(len(fed)):
-        mask[row, len(source) + row + 1:] = True
+    mask[:, len(source):] = np.triu(np.ones((len(fed), len(fed)), dtype=bool), k=1)
     result = {
         "checkpoint": args.path, "layer": args.layer, "layer_index": layer_index,
         "layer_numbering": "--layer is 1-based (1 = lowest layer); layer_index is the 0-based decoder alignment_layer",
         "num_layers": num_layers, "source_tokens": source, "target_tokens": predicted[:-1], "target_fed_tokens": fed,
-        "predicted_tokens": predicted, "target_from": target_from, "source_length": len(source),
+        "predicted_tokens": predicted, "target_from": pair.target_from, "source_length": len(source),
         "target_length": len(fed), "row_labels": row_labels, "column_labels": source + fed,
         "shape": list(values.shape), "weights": values.tolist(), "masked": mask.tolist(),
         "source_mass": values[:, :len(source)].sum(axis=1).tolist(),
     }
     title = (f"mixed attention, layer {args.layer} of {num_layers} (1-based), averaged over heads; "
              f"source: {' '.join(source[:-1])}")
-    cells = [[MASKED_TEXT if masked else f"{v:.3f}" for v, masked in zip(*row)] for row in zip(values, mask)]
+    cells = [["-" if masked else f"{v:.3f}" for v, masked in zip(*row)] for row in zip(values, mask)]
     print(format_matrix(f"{title}\nrows = target positions (token fed -> token predicted), columns = source words | "
-                        f"target positions; '{MASKED_TEXT}' = masked future position",
+                        "target positions; '-' = masked future position",
                         [row[:len(source)] + ["|"] + row[len(source):] for row in cells], row_labels,
                         source + ["|"] + fed, cell=str))
     return write_outputs(args, result, plot(

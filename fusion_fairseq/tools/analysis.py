@@ -1,9 +1,6 @@
-"""What the analysis scripts in ``scripts/`` share, so that each keeps only its analysis: the
-command line (:func:`checkpoint_arguments`), checkpoint loading whose errors name the flag and the
-file, text tables and heat maps (:func:`format_matrix`, :func:`heatmap`), the output checks made
-before any work (nothing is overwritten without ``--force``), the writing of the figure and JSON (:func:`write_outputs`) and ``main()`` (:func:`script_main`: an
-error is one line ``PROG: error: MESSAGE``, exit status 2 for bad input).
-
+"""What the analysis scripts in ``scripts/`` share: the command line, checkpoint loading whose
+errors name the flag and the file, tables and heat maps, output checks before any work (nothing is
+overwritten without ``--force``) and ``main()`` (an error is one line ``PROG: error: MESSAGE``).
 Importing it imports the plugin, which registers its models, so a script needs no ``--user-dir``.
 """
 
@@ -13,6 +10,7 @@ import logging
 import math
 import os
 import sys
+from types import SimpleNamespace
 from typing import Callable, List, Optional
 
 import torch
@@ -47,10 +45,6 @@ class UsageError(ReportedError):
     exit_status = 2
 
 
-# --------------------------------------------------------------------------------------------
-# the command line
-
-
 def checked(flag: str, convert: Callable, valid: Callable, allowed: str):
     """argparse type: ``convert(text)`` where ``valid``; otherwise an error naming the flag, what is
     allowed and the value."""
@@ -68,10 +62,6 @@ def checked(flag: str, convert: Callable, valid: Callable, allowed: str):
 
 def positive(kind: type, flag: str):
     return checked(flag, kind, lambda value: value > 0, f"a positive {'integer' if kind is int else 'number'}")
-
-
-def integer_in(flag: str, low: int, high: int):
-    return checked(flag, int, lambda value: low <= value <= high, f"an integer from {low} to {high}")
 
 
 def finite(flag: str):
@@ -98,7 +88,8 @@ def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1
         parser.add_argument("--user-dir", help="fairseq --user-dir to import (the plugin itself is always imported)")
     if out_required is not None:
         parser.add_argument("--out", required=out_required, help="PNG file to write")
-        parser.add_argument("--dpi", type=integer_in("--dpi", 1, MAX_DPI), default=150,
+        dpi = checked("--dpi", int, lambda value: 1 <= value <= MAX_DPI, f"an integer from 1 to {MAX_DPI}")
+        parser.add_argument("--dpi", type=dpi, default=150,
                             help=f"resolution of the figure in dots per inch, 1 to {MAX_DPI} (default: 150)")
     add_force_argument(parser)
     return parser
@@ -117,10 +108,6 @@ def sentence_arguments(parser):
     return parser
 
 
-# --------------------------------------------------------------------------------------------
-# outputs and main()
-
-
 def same_file(a: str, b: str) -> bool:
     """The same file, also under two names (a hard link): compared by device and inode when both exist."""
     try:
@@ -130,10 +117,9 @@ def same_file(a: str, b: str) -> bool:
 
 
 def check_outputs(args, outputs, inputs=()) -> None:
-    """Called before any work: each output (``(flag, path)``, path None when not asked for) must
-    go to an existing directory, be no directory itself, differ from the other outputs and from
-    every input (``(flag, path)``; not even --force replaces an input), and exist only with
-    ``args.force`` (:func:`refuse_existing_output`). A :class:`UsageError` naming the flag otherwise."""
+    """Before any work: each output ``(flag, path or None)`` goes to an existing directory, differs
+    from the other outputs and every input (not even --force replaces an input), and exists only
+    with ``args.force``; a :class:`UsageError` naming the flag otherwise."""
     given = [(flag, path) for flag, path in outputs if path]
     for index, (flag, path) in enumerate(given):
         parent = os.path.dirname(os.path.abspath(path))
@@ -147,18 +133,15 @@ def check_outputs(args, outputs, inputs=()) -> None:
         refuse_existing_output(flag, path, getattr(args, "force", False), UsageError)
 
 
-def write_json(path: str, result: dict) -> None:
-    """Write ``result`` to ``path`` as indented JSON and say so on stdout."""
-    with open(path, "w") as handle:
-        json.dump(result, handle, indent=1)
-    print(f"wrote {path}")
-
-
 def write_markdown(path: str, text: str) -> None:
-    """Write the Markdown ``text`` to ``path`` and say so on stdout."""
+    """Write ``text`` to ``path`` and say so on stdout."""
     with open(path, "w") as handle:
         handle.write(text)
     print(f"wrote {path}")
+
+
+def write_json(path: str, result: dict) -> None:
+    write_markdown(path, json.dumps(result, indent=1))
 
 
 def write_outputs(args, result: dict, figure=None) -> dict:
@@ -174,10 +157,8 @@ def write_outputs(args, result: dict, figure=None) -> dict:
 
 
 def script_main(parse_args: Callable, run: Callable, prog):
-    """A script's ``main(argv)``: parse, check ``--out``/``--json`` against each other and the
-    ``--path`` (and ``--dict``) inputs before any work, then ``run(args)``; 0 on success, or a
-    :class:`ReportedError` printed as ``PROG: error: MESSAGE`` (``prog`` a name or a function of
-    the arguments) and its exit status."""
+    """A script's ``main(argv)``: parse, check the outputs against the inputs, ``run(args)``; 0, or
+    the exit status of a :class:`ReportedError` printed as ``PROG: error: MESSAGE``."""
     def main(argv: Optional[List[str]] = None) -> int:
         args = parse_args(argv)
         paths = args.path if isinstance(args.path, list) else [args.path]
@@ -193,15 +174,10 @@ def script_main(parse_args: Callable, run: Callable, prog):
     return main
 
 
-# --------------------------------------------------------------------------------------------
-# tables and heat maps
-
-
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
                   top_first: bool = False, corner: str = "") -> str:
-    """``title``, then the column labels (after ``corner``) and one line per row of ``matrix``
-    (its label, then ``cell(value)`` of each value, right-aligned); ``top_first``: the last row first, as a figure drawn
-    with its origin below."""
+    """``title``, the column labels and one line per row of ``matrix``: its label, then ``cell(value)``
+    right-aligned; ``top_first``: the last row first, as a figure drawn with its origin below."""
     order = list(reversed(range(len(row_labels)))) if top_first else range(len(row_labels))
     rows = [[row_labels[i]] + [cell(value) for value in matrix[i]] for i in order]
     widths = [max(len(text) for text in column) for column in zip([corner] + list(column_labels), *rows)]
@@ -234,18 +210,6 @@ def heatmap(ax, matrix, x_labels=None, y_labels=None, cmap="Blues", vmin=0.0, vm
     return image
 
 
-# --------------------------------------------------------------------------------------------
-# checkpoint loading
-
-
-def import_user_dir(user_dir: Optional[str]) -> None:
-    """Import ``--user-dir`` as fairseq does, when given."""
-    if user_dir:
-        from fairseq import utils
-
-        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
-
-
 def check_data_dir(data: str) -> None:
     if not os.path.isdir(data):
         raise UsageError(f"--data {data}: no such directory")
@@ -260,11 +224,13 @@ def model_args(state):
 
 def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--path"):
     """The state of checkpoint ``path`` (``overrides`` applied to its configuration). A file
-    that is missing, damaged (truncated, empty, random bytes), not a torch file (text) or not a
-    fairseq checkpoint is a one-line :class:`UsageError` naming the flag and the file."""
+    that is missing, damaged, not a torch file or not a fairseq checkpoint of a registered task and
+    architecture is a one-line :class:`UsageError` naming the flag and the file."""
     from fairseq import checkpoint_utils
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
 
-    from fusion_fairseq.checkpoint_safety import CheckpointContentError
+    from fusion_fairseq.checkpoint_safety import CheckpointContentError, architecture, stored_value
 
     if not os.path.isfile(path):
         raise UsageError(f"{flag} {path}: no such checkpoint file")
@@ -279,18 +245,7 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
     if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
         raise UsageError(f"{flag} {path}: cannot read the checkpoint, a torch file without a fairseq model "
                          "and configuration")
-    check_registered(state, path, flag)
-    return state
-
-
-def check_registered(state, path: str, flag: str = "--path") -> None:
-    """A :class:`UsageError` naming the file unless fairseq knows the checkpoint's task and
-    architecture (a plugin not imported, or a crafted name, fails deep inside fairseq otherwise)."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-    from fairseq.tasks import TASK_REGISTRY
-
-    from fusion_fairseq.checkpoint_safety import architecture, stored_value
-
+    # an unknown task or architecture (a plugin not imported, a crafted name) fails deep inside fairseq
     cfg = state.get("cfg")
     task = stored_value(stored_value(cfg, "task"), "_name") if cfg is not None else getattr(state["args"], "task", None)
     arch = architecture(model_args(state))
@@ -299,15 +254,28 @@ def check_registered(state, path: str, flag: str = "--path") -> None:
         if not isinstance(name, str) or name not in known:
             raise UsageError(f"{flag} {path}: the checkpoint's {kind} {name!r} is not one fairseq knows; pass the "
                              "--user-dir that registers it, or give a checkpoint of a registered one")
+    return state
+
+
+def layer_attention_kind(model_config, flag: str, path: str, kinds=("coarse", "fine"),
+                         lacking="there are no layer-attention weights") -> str:
+    """The checkpoint's ``--layer-attention``, one of ``kinds``; otherwise an error saying what it has."""
+    kind = getattr(model_config, "layer_attention", None)
+    if kind not in kinds:
+        having = "no layer attention" if kind is None else f"--layer-attention {kind}"
+        raise UsageError(f"{flag} {path}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, "
+                         f"so {lacking}; a fusion_transformer checkpoint trained with --layer-attention "
+                         f"{' or '.join(kinds)} is needed")
+    return kind
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):
-    """``(model in eval mode, cfg, task)`` of checkpoint ``path`` (``--path``) with ``overrides``
-    and the task's data directory ``data`` (``--data``; None: the one stored in the checkpoint,
-    which must exist). Errors name the flag."""
-    from fairseq import checkpoint_utils
+    """``(model in eval mode, cfg, task)`` of ``--path`` with ``overrides`` and ``--data`` (None: the
+    one stored in the checkpoint, which must exist)."""
+    from fairseq import checkpoint_utils, utils
 
-    import_user_dir(user_dir)
+    if user_dir:
+        utils.import_user_module(argparse.Namespace(user_dir=user_dir))
     state = read_checkpoint(path, {**(overrides or {}), **({"data": data} if data is not None else {})})
     if data is not None:
         check_data_dir(data)
@@ -328,30 +296,10 @@ def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, o
     return models[0], cfg, task
 
 
-# --------------------------------------------------------------------------------------------
-# text -> tokens
-
-
-def build_bpe(args):
-    """fairseq's BPE encoder of ``--bpe``/``--bpe-codes`` (None without ``--bpe``)."""
-    if bool(args.bpe) != bool(args.bpe_codes):
-        raise UsageError("--bpe subword_nmt needs --bpe-codes FILE" if args.bpe else
-                         "--bpe-codes needs --bpe subword_nmt")
-    if not args.bpe:
-        return None
-    from fairseq.data import encoders
-
-    if not os.path.isfile(args.bpe_codes):
-        raise UsageError(f"--bpe-codes {args.bpe_codes}: no such file")
-    return encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes))
-
-
 def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False,
                     max_tokens: Optional[int] = None) -> torch.Tensor:
-    """Token ids of ``text`` (the value of ``flag``, split on whitespace after ``bpe``) followed by
-    EOS, as fairseq binarises sentences. An unknown word is a :class:`UsageError` naming the flag
-    and the word (with ``allow_unk``: a warning and <unk>); so is a sentence longer than the
-    ``max_tokens`` positions the model reads."""
+    """Token ids of ``text`` (``flag``'s value) followed by EOS, as fairseq binarises sentences; an
+    unknown word (without ``allow_unk``) or more than ``max_tokens`` is a :class:`UsageError`."""
     if bpe is not None:
         text = bpe.encode(text)
     words = text.split()
@@ -378,29 +326,40 @@ def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
     return [dictionary[int(i)] for i in ids]
 
 
-def beam_search(model, task, src_tokens: torch.Tensor, **generation) -> torch.Tensor:
-    """Best beam-search hypothesis of one source sentence (token ids ending with EOS);
-    ``generation`` are fields of fairseq's ``GenerationConfig`` (``beam``, ``lenpen``, ...)."""
+def sentence_pair(args, model, task, with_target: bool = True, **generation) -> SimpleNamespace:
+    """The sentences of an attention plot as the model reads them (after ``--bpe``): ``src_tokens``
+    and ``src_lengths`` (a batch of 1) and the ``source`` strings; ``with_target``, also the target's
+    strings ending with EOS (``predicted``), those fed to the decoder (``fed``, EOS first) as
+    ``prev_output_tokens`` and ``target_from``. The target is ``--target`` when given, else the best
+    beam-search hypothesis; ``generation`` are fields of fairseq's ``GenerationConfig``."""
+    from fairseq.data import encoders
     from fairseq.dataclass.configs import GenerationConfig
 
-    generator = task.build_generator([model], GenerationConfig(**generation))
-    sample = {"net_input": {"src_tokens": src_tokens.unsqueeze(0),
-                            "src_lengths": torch.tensor([src_tokens.numel()])}}
-    with torch.no_grad():
-        hypos = task.inference_step(generator, [model], sample)
-    return hypos[0][0]["tokens"].cpu()
-
-
-def teacher_forced_target(model, task, src_tokens, args, bpe, **generation):
-    """``(target ids ending with EOS, where they came from, the tokens fed to the decoder
-    [EOS] + target[:-1] as a batch of 1)``: ``--target`` when given, else the beam-search translation."""
+    if bool(args.bpe) != bool(args.bpe_codes):
+        raise UsageError("--bpe subword_nmt needs --bpe-codes FILE" if args.bpe else
+                         "--bpe-codes needs --bpe subword_nmt")
+    if args.bpe and not os.path.isfile(args.bpe_codes):
+        raise UsageError(f"--bpe-codes {args.bpe_codes}: no such file")
+    bpe = encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes)) if args.bpe else None
+    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
+                                 max_tokens=model.encoder.max_positions())
+    pair = SimpleNamespace(src_tokens=src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]),
+                           source=token_strings(task.source_dictionary, src_tokens))
+    if not with_target:
+        return pair
     if args.target is not None:
         tgt_tokens = encode_sentence(args.target, task.target_dictionary, "--target", bpe, args.allow_unk,
                                      max_tokens=model.decoder.max_positions())
-        origin = "--target"
+        pair.target_from = "--target"
     else:
-        tgt_tokens = beam_search(model, task, src_tokens, **generation)
-        origin = "beam search (" + ", ".join(f"{key} {value}" for key, value in generation.items()
-                                             if key in ("beam", "lenpen")) + ")"
-    eos = model.decoder.dictionary.eos()
-    return tgt_tokens, origin, torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
+        generator = task.build_generator([model], GenerationConfig(**generation))
+        sample = {"net_input": {"src_tokens": pair.src_tokens, "src_lengths": pair.src_lengths}}
+        with torch.no_grad():
+            tgt_tokens = task.inference_step(generator, [model], sample)[0][0]["tokens"].cpu()
+        pair.target_from = "beam search (" + ", ".join(f"{key} {value}" for key, value in generation.items()
+                                                       if key in ("beam", "lenpen")) + ")"
+    eos = task.target_dictionary.eos()
+    pair.prev_output_tokens = torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
+    pair.predicted = token_strings(task.target_dictionary, tgt_tokens)
+    pair.fed = [task.target_dictionary[eos]] + pair.predicted[:-1]
+    return pair
