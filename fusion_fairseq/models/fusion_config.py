@@ -214,8 +214,17 @@ class FusionTransformerConfig(TransformerDropouts):
 def check_fusion_args(args) -> None:
     """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
     check_values(args, FusionTransformerConfig)  # every value's type before any comparison
-    check_layers_are_kept(args)
-    check_mlrf_args(args)
+    reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
+                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder", "multi_layer_attention")
+    if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
+        raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
+                                 f"must be 0 with {' '.join(reads_every_layer)}")
+    with_layer_embedding = ("sa", "fnn")
+    if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
+            and not args.fusion_no_layer_embedding and args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigurationError(
+            f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
+            f"which needs {_equal_widths(args)}; or pass --fusion-no-layer-embedding")
     check_deep_representation_args(args)
     check_encoder_layer_fusion_args(args)
     check_todays_layer_fusion_args(args)
@@ -234,23 +243,6 @@ def chosen(args, *names) -> list:
 
 def _equal_widths(args) -> str:
     return f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
-
-
-def check_layers_are_kept(args):
-    reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
-                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder", "multi_layer_attention")
-    if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
-        raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
-                                 f"must be 0 with {' '.join(reads_every_layer)}")
-
-
-def check_mlrf_args(args):
-    with_layer_embedding = ("sa", "fnn")
-    if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
-            and not args.fusion_no_layer_embedding and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(
-            f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
-            f"which needs {_equal_widths(args)}; or pass --fusion-no-layer-embedding")
 
 
 def check_deep_representation_args(args):
@@ -313,20 +305,16 @@ def check_todays_layer_fusion_args(args):
         if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
             raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
                                      f"--{side}-layers is {layers}")
-        if getattr(args, f"hyper_connections_{side}") != "none":
-            check_hyper_connected_side(args, side, getattr(args, f"hyper_connections_{side}"))
-
-
-def check_hyper_connected_side(args, side: str, kind: str):
-    flag = f"--hyper-connections-{side} {kind}"
-    if args.multi_layer_attention > 1:
-        raise ConfigurationError(
-            f"{flag} and --multi-layer-attention {args.multi_layer_attention}: multi-layer attention reads "
-            "single lower-layer states, hyper-connected layers hold several streams; choose one of them")
-    if kind == "manifold" and args.hyper_connections_rate < 2:
-        raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing to "
-                                 f"mix), got {args.hyper_connections_rate}")
-    if side == "decoder" and getattr(args, "cross_self_attention", False):
-        raise ConfigurationError(
-            f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
-            "only, and does not support --cross-self-attention; drop one of them")
+        kind = getattr(args, f"hyper_connections_{side}")
+        flag = f"--hyper-connections-{side} {kind}"
+        if kind != "none" and args.multi_layer_attention > 1:
+            raise ConfigurationError(
+                f"{flag} and --multi-layer-attention {args.multi_layer_attention}: multi-layer attention reads "
+                "single lower-layer states, hyper-connected layers hold several streams; choose one of them")
+        if kind == "manifold" and args.hyper_connections_rate < 2:
+            raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing "
+                                     f"to mix), got {args.hyper_connections_rate}")
+        if kind != "none" and side == "decoder" and getattr(args, "cross_self_attention", False):
+            raise ConfigurationError(
+                f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
+                "only, and does not support --cross-self-attention; drop one of them")
