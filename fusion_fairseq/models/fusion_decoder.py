@@ -14,47 +14,6 @@ from .layer_stack import run_layer
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def embed_target(decoder: TransformerDecoder, prev_output_tokens, incremental_state: Optional[IncrementalState]):
-    """Token and position embeddings of the (new) target positions, ``T x B x C``, and the
-    self-attention padding mask, as fairseq's decoder computes them."""
-    positions = None
-    if decoder.embed_positions is not None:
-        positions = decoder.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-    if incremental_state is not None:
-        prev_output_tokens = prev_output_tokens[:, -1:]
-        if positions is not None:
-            positions = positions[:, -1:]
-    prev_output_tokens = prev_output_tokens.contiguous()
-    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
-    if decoder.quant_noise is not None:
-        x = decoder.quant_noise(x)
-    if decoder.project_in_dim is not None:
-        x = decoder.project_in_dim(x)
-    if positions is not None:
-        x += positions
-    if decoder.layernorm_embedding is not None:
-        x = decoder.layernorm_embedding(x)
-    x = decoder.dropout_module(x).transpose(0, 1)
-    self_attn_padding_mask: Optional[Tensor] = None
-    if decoder.cross_self_attention or prev_output_tokens.eq(decoder.padding_idx).any():
-        self_attn_padding_mask = prev_output_tokens.eq(decoder.padding_idx)
-    return x, self_attn_padding_mask
-
-
-def decoder_output(decoder: TransformerDecoder, x: Tensor, attn: Optional[Tensor], alignment_heads: Optional[int],
-                   inner_states: List[Tensor]):
-    """The end of fairseq's decoder: the alignment averaged over its heads, the final LayerNorm,
-    batch first, the output projection."""
-    if attn is not None:
-        attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-    if decoder.layer_norm is not None:
-        x = decoder.layer_norm(x)
-    x = x.transpose(0, 1)  # T x B x C -> B x T x C
-    if decoder.project_out_dim is not None:
-        x = decoder.project_out_dim(x)
-    return x, {"attn": [attn], "inner_states": inner_states}
-
-
 class FusionTransformerDecoder(TransformerDecoder):
     """fairseq's Transformer decoder, plus:
 
@@ -125,7 +84,27 @@ class FusionTransformerDecoder(TransformerDecoder):
                                if encoder_out and encoder_out["encoder_padding_mask"] else None)
         memories = self.layer_memories(encoder_out, incremental_state)
 
-        x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
+        positions = None  # the embeddings of the (new) target positions, as fairseq's decoder computes them
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+        prev_output_tokens = prev_output_tokens.contiguous()
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x += positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+        self_attn_padding_mask: Optional[Tensor] = None
+        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
         alignment: Dict[str, Tensor] = {}
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
@@ -142,7 +121,15 @@ class FusionTransformerDecoder(TransformerDecoder):
             return output
 
         x, inner_states = self.run_stack(x, apply_layer)
-        return decoder_output(self, x, alignment.get("attn"), alignment_heads, inner_states)
+        attn = alignment.get("attn")  # averaged over its heads
+        if attn is not None:
+            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
 
     def run_stack(self, x: Tensor, apply_layer) -> Tuple[Tensor, List[Tensor]]:
         """The stack's output and its states [H^0, ..., H^L]; ``apply_layer(index, layer_input, states)``."""
