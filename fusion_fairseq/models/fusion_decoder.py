@@ -64,19 +64,12 @@ class FusionTransformerDecoder(TransformerDecoder):
         fused_log_scores = net_output[0].float()
         return fused_log_scores if log_probs else fused_log_scores.exp()
 
-    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
-                         incremental_state: Optional[IncrementalState] = None, full_context_alignment: bool = False,
-                         alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        x, extra = self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
-                                                    full_context_alignment, alignment_layer, alignment_heads)
-        return (x, extra) if self.output_fusion is None else self.fuse_layer_stack(extra)
-
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state: Optional[IncrementalState] = None,
                                     full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
                                     alignment_heads: Optional[int] = None):
         """fairseq's decoder stack, wired by ``self.aggregation``, with a source memory chosen per
-        layer (:meth:`layer_memories`)."""
+        layer (:meth:`layer_memories`), its output fused by ``self.output_fusion``."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
         top_memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
@@ -124,12 +117,17 @@ class FusionTransformerDecoder(TransformerDecoder):
         attn = alignment.get("attn")  # averaged over its heads
         if attn is not None:
             attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-        if self.layer_norm is not None:
+        extra = {"attn": [attn], "inner_states": inner_states}
+        if self.output_fusion is not None:
+            top = self.layer_norm(inner_states[-1]) if self.layer_norm is not None else inner_states[-1]
+            x, weights = self.output_fusion(stack_with_normalised_top(inner_states, top), need_weights=True)
+            extra["fusion_attn"] = None if weights is None else weights.transpose(0, 1)
+        elif self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
-        return x, {"attn": [attn], "inner_states": inner_states}
+        return x, extra
 
     def run_stack(self, x: Tensor, apply_layer) -> Tuple[Tensor, List[Tensor]]:
         """The stack's output and its states [H^0, ..., H^L]; ``apply_layer(index, layer_input, states)``."""
@@ -154,13 +152,3 @@ class FusionTransformerDecoder(TransformerDecoder):
     def source_keys_cached(self, incremental_state: IncrementalState) -> bool:
         first_attention = self.layers[0].encoder_attn
         return first_attention is not None and "prev_key" in first_attention._get_input_buffer(incremental_state)
-
-    def fuse_layer_stack(self, extra: Dict[str, Any]):
-        states = extra["inner_states"]
-        top = self.layer_norm(states[-1]) if self.layer_norm is not None else states[-1]
-        fused, weights = self.output_fusion(stack_with_normalised_top(states, top), need_weights=True)
-        fused = fused.transpose(0, 1)  # T x B x C -> B x T x C
-        if self.project_out_dim is not None:
-            fused = self.project_out_dim(fused)
-        extra["fusion_attn"] = None if weights is None else weights.transpose(0, 1)
-        return fused, extra
