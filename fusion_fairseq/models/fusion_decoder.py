@@ -15,23 +15,19 @@ IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 class FusionTransformerDecoder(TransformerDecoder):
-    """fairseq's Transformer decoder, plus:
+    """fairseq's Transformer decoder, plus (the first two combine the states of one position, so
+    incremental decoding stays exact):
 
-    ``aggregation``: the wiring of the layer stack (see the encoder); every strategy combines
-    states of one position, so incremental decoding stays exact.
+    ``aggregation``: the wiring of the layer stack (see the encoder).
 
-    ``output_fusion``: prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3). Fusion is per target
-    position, so incremental decoding stays exact. With self-attention fusion
+    ``output_fusion``: prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3); with self-attention fusion
     ``extra["fusion_attn"]`` holds the hop-by-layer weights ``(batch, tgt_len, nhop, layers)``.
 
-    ``layer_attention``: decoder layer m attends to its own memory S_m instead of X_N. The
-    memories are built at the first decoding step only; fairseq's encoder-decoder attention then
-    caches its projected keys and values (static_kv), so later steps cost what they cost in the
-    vanilla model.
+    ``layer_attention``: decoder layer m attends to its own memory S_m instead of X_N, built at the
+    first decoding step only (fairseq's encoder-decoder attention then caches its keys and values).
 
-    ``surface_fusion``: the decoder's output is the fused log-score Phi over the vocabulary, and
-    :meth:`get_normalized_probs` returns it as is, so the criterion trains on and the generator
-    scores the fused distribution.
+    ``surface_fusion``: the output is the fused log-score Phi over the vocabulary, which
+    :meth:`get_normalized_probs` returns as is, for the criterion and the generator.
     """
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,

@@ -19,17 +19,10 @@ def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]
 
 
 class FusionTransformerEncoder(TransformerEncoder):
-    """fairseq's Transformer encoder, plus:
-
-    ``aggregation``: the wiring of the layer stack (Dou et al. 2018: dense, linear, iterative,
-    hierarchical; :class:`PlainStack` is fairseq's own), and multi-layer attention when the
-    layers' ``self_attn`` were replaced (see ``layer_stack.install_multi_layer_attention``).
-
-    ``output_fusion``: the memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b).
-
-    ``keep_layer_states``: always return every layer's output (``encoder_states``), which
-    per-decoder-layer memories (layer attention) read, also when the generator does not ask.
-    """
+    """fairseq's Transformer encoder, plus ``aggregation``, the wiring of the layer stack (Dou et al.
+    2018, DenseFormer, hyper-connections; :class:`PlainStack` is fairseq's own); ``output_fusion``: the
+    memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b); ``keep_layer_states``: always return
+    every layer's output (``encoder_states``, which layer attention reads)."""
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
                  keep_layer_states: bool = False, aggregation: Optional[PlainStack] = None):

@@ -43,11 +43,9 @@ def layer_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Te
                      encoder_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
                      self_attn_mask: Optional[Tensor] = None, self_attn_padding_mask: Optional[Tensor] = None,
                      need_attn: bool = False, need_head_weights: bool = False):
-    """fairseq's decoder layer, or an encoder layer (no cross-attention), over streams
-    ``T x B x n x C``; returns ``(streams, attention, None)`` as fairseq's decoder layer does.
-    ``--cross-self-attention`` is refused at build time (``fusion_config``); NormFormer's
-    rescalings inside a sublayer cannot be set for this model (fairseq's ``TransformerConfig``
-    does not carry them)."""
+    """fairseq's decoder layer, or an encoder layer (no cross-attention), over streams ``T x B x n x C``;
+    returns ``(streams, attention, None)`` as fairseq's decoder layer does. (``--cross-self-attention``
+    is refused at build time; NormFormer's rescalings cannot be set for this model.)"""
     connections = iter(layer.hyper_connections)
     pre = layer.normalize_before
     need_attn = need_attn or need_head_weights

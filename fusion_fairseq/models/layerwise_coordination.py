@@ -1,13 +1,11 @@
 """Layer-wise coordination between encoder and decoder (He et al., NeurIPS 2018).
 
-One stack of N layers serves both languages: source layer i is ``layers[i].encode`` over the
-source states of layer i-1; target layer i is ``layers[i].decode``, a mixed attention over the
-source states of layer i-1 and the target states of layer i-1 up to the position itself (Eq. 3).
-With sharing (the default) the two sides use the very same layer modules.
-Source and target are numbered from zero separately (resettable positions), and a learned
-language embedding marks each position's side. The source states of every layer are computed
-once per sentence by the encoder pass and projected to keys/values once (first decoding step);
-each new target token then costs one position through the stack.
+One stack of N layers serves both languages (with sharing, the default, the very same modules):
+source layer i is ``layers[i].encode`` over the source states of layer i-1; target layer i is
+``layers[i].decode``, a mixed attention over the source states of layer i-1 and the target states of
+layer i-1 up to the position itself (Eq. 3). Source and target are numbered from zero separately
+(resettable positions); a learned language embedding marks each position's side. The source states
+are projected to keys/values once per sentence; each new target token costs one position of the stack.
 """
 
 import math
