@@ -413,8 +413,7 @@ def side_layers(args, side: str) -> List[Tuple[int, int]]:
     ablations) has the residual BASE model's width (``--residual-dim``), not the growth size:
     "based on the residual connected BASE-4L model, DenseENC-4L only makes encoder side dense" and
     the 4-layer models have "roughly the same number of parameters"."""
-    flag = f"--{side}-layers"
-    layers = layer_spec(getattr(args, f"{side}_layers"), flag, args.growth_dim)
+    layers = layer_spec(getattr(args, f"{side}_layers"), f"--{side}-layers", args.growth_dim)
     if getattr(args, f"no_dense_{side}") and args.residual_dim is not None:
         layers = [(args.residual_dim, kernel) for _, kernel in layers]
     return layers

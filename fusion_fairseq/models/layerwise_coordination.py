@@ -133,7 +133,11 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
             alignment_layer = len(self.layers) - 1
         cache = self.get_incremental_state(incremental_state, "coordination") if incremental_state is not None else None
         source_allowed = ~encoder_out["encoder_padding_mask"][0][:, None, None, :]
-        source_memory = self.source_memory(encoder_out, cache)
+        if cache is not None and "source_keys_0" in cache:  # the source keys/values, projected at the first step
+            source_memory = [(cache[f"source_keys_{i}"], cache[f"source_values_{i}"]) for i in range(len(self.layers))]
+        else:
+            source_memory = [layer.project_memory(state)
+                             for layer, state in zip(self.layers, encoder_out["encoder_states"])]
         if incremental_state is None:
             x = self.embedding(prev_output_tokens, TARGET)
             length = prev_output_tokens.size(1)
@@ -165,14 +169,6 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
         source_length = source_allowed.size(-1)
         attn = None if mixed_attn is None else mixed_attn[:, :, :source_length]
         return x, {"attn": [attn], "mixed_attn": [mixed_attn], "inner_states": inner_states}
-
-    def source_memory(self, encoder_out, cache: Optional[Dict[str, Tensor]]):
-        """Projected keys/values of the source states each layer reads: from the cache after the
-        first decoding step, projected now otherwise."""
-        if cache is not None and "source_keys_0" in cache:
-            return [(cache[f"source_keys_{i}"], cache[f"source_values_{i}"]) for i in range(len(self.layers))]
-        states = encoder_out["encoder_states"]
-        return [layer.project_memory(state) for layer, state in zip(self.layers, states)]
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Follow beam search. As fairseq's encoder-decoder attention does with its cached source
