@@ -135,13 +135,8 @@ def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
         if getattr(args, name, None):
             raise ConfigurationError(f"{flag_of(name)} is not supported by {model}")
     warn_idle_flags(args, config)
-    warn_idle_summary_every(args)
-
-
-def warn_idle_summary_every(args):
-    """A warning, not an error (checkpoints trained with it keep loading), when --summary-every
-    builds no summary layer on any dense side: one follows every sumlen-1 layers below the top.
-    ``--{side}-layers`` is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)."""
+    # a warning, not an error (checkpoints trained with it keep loading), when --summary-every builds no
+    # summary layer; --{side}-layers is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)
     depths = {}
     for side in ("encoder", "decoder"):
         if not getattr(args, f"no_dense_{side}"):

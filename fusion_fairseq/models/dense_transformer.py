@@ -66,7 +66,7 @@ def build_dense_side(stack, args, side: str, new_features: int, make_layer):
         plan, lambda index, step: make_layer(layer_args, step.in_dim),
         lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
     stack.layers.extend(layers)
-    stack.summaries.update(summaries)
+    stack.summaries = nn.ModuleDict(summaries)
     stack.layer_norm = None
     stack.layer_input_widths = [step.in_dim for step in plan]
     return plan
@@ -144,7 +144,6 @@ class DenseTransformerEncoder(TransformerEncoder):
                     args.max_source_positions, d0, self.padding_idx, learned=args.encoder_learned_pos)
             if self.layernorm_embedding is not None:
                 self.layernorm_embedding = LayerNorm(d0)
-        self.summaries = nn.ModuleDict()
         if self.dense:
             plan = build_dense_side(self, args, "encoder", args.growth_dim, DenseTransformerEncoderLayer)
             top_block = block_sizes(plan)
@@ -221,7 +220,6 @@ class DenseTransformerDecoder(FusionTransformerDecoder):
         d0 = args.decoder_embed_dim
         self.dense = not args.no_dense_decoder
         self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_decoder_layer
-        self.summaries = nn.ModuleDict()
         if self.dense:  # Eq. 7: every layer adds z_l and a_l, d features each
             plan = build_dense_side(self, args, "decoder", 2 * args.growth_dim, lambda layer_args, in_dim:
                                     DenseTransformerDecoderLayer(layer_args, in_dim, source_groups, True))
