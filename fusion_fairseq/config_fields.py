@@ -280,12 +280,6 @@ def architecture_default(args, name: str, config):
     return getattr(probe, name)
 
 
-def on_command_line(flag: str) -> bool:
-    """Whether ``flag`` was typed on this process's command line: a value equal to the architecture's own
-    is then the user's choice too."""
-    return any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])
-
-
 def idle_flags(args, config) -> list:
     """The fields read by an absent feature that the user set (a value other than the architecture's own,
     or typed on the command line), each with the reason. A checkpoint's configuration holds every flag, at
@@ -296,7 +290,8 @@ def idle_flags(args, config) -> list:
         if feature is None or feature.present(args):
             continue
         value = getattr(args, field.name)
-        if value == architecture_default(args, field.name, config) and not on_command_line(flag):
+        typed = any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])  # then the user's choice
+        if value == architecture_default(args, field.name, config) and not typed:
             continue
         given = flag if isinstance(value, bool) else f"{flag} {value}"
         idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")
