@@ -277,24 +277,21 @@ class DenseFConvEncoder(FConvEncoder):
             x = F.pad(x, (0, 0, 0, 0, (kernel - 1) // 2, kernel // 2))
         return F.glu(conv(x), dim=2)
 
-    def layer_states(self, embedded: Tensor, padding_mask: Optional[Tensor]) -> List[Tensor]:
-        """The states the attention may read (``src_len x batch x C`` each): the top block."""
-        x = embedded.transpose(0, 1)
-        if self.dense:
-            return run_dense(
-                x, len(self.layer_convolutions),
-                lambda index, features: [self.convolve(self.layer_convolutions[index], features, padding_mask)],  # Eq. 6
-                self.summaries, lambda summary, features: self.convolve(summary, features, padding_mask),
-            ).top_block()
-        return run_residual(self.input_projection(x), self.residual_projections,
-                            lambda index, x: self.convolve(self.layer_convolutions[index], x, padding_mask))
-
     def forward(self, src_tokens, src_lengths=None, **unused):
         embedded = self.dropout_module(self.embed_tokens(src_tokens) + self.embed_positions(src_tokens))
         padding_mask = src_tokens.eq(self.padding_idx)
         if not padding_mask.any():
             padding_mask = None
-        states = self.layer_states(embedded, padding_mask)
+        x = embedded.transpose(0, 1)  # the states the attention may read, src_len x batch x C: the top block
+        if self.dense:
+            states = run_dense(
+                x, len(self.layer_convolutions),
+                lambda index, features: [self.convolve(self.layer_convolutions[index], features, padding_mask)],  # Eq. 6
+                self.summaries, lambda summary, features: self.convolve(summary, features, padding_mask),
+            ).top_block()
+        else:
+            states = run_residual(self.input_projection(x), self.residual_projections,
+                                  lambda index, x: self.convolve(self.layer_convolutions[index], x, padding_mask))
         if self.dense_attention == "none":
             states = states[-1:]
         keys = []
