@@ -8,7 +8,7 @@ a dense decoder (Eq. 7: ``[z_l, a_l, ..., z_1, a_1, z_0]``), dense attention ove
 block (Sec. 3.2: ``--dense-attention 1`` Eq. 9, ``2`` Eq. 10), summary layers (Sec. 3.3,
 ``--summary-every``) and small embeddings (Sec. 4.2, ``--embed-bottleneck-dim``).
 ``--no-dense-encoder`` / ``--no-dense-decoder`` give ConvS2S's residual stacks for the ablations of
-Table 2 (all three off: BASE, the ConvS2S model itself).
+Table 2 (both off with ``--dense-attention 2``: DenseAtt-4L; all three off: BASE, ConvS2S itself).
 
 Each ``(d, k)`` of ``--encoder-layers`` / ``--decoder-layers`` (fairseq's ConvS2S syntax) is a layer's
 hidden size d (a dense side's growth dimension, a residual side's width) and kernel width k;
