@@ -1,16 +1,12 @@
 """What fairseq's configuration dataclasses lack, as field metadata.
 
-Each plugin model's configuration is a ``FairseqDataclass`` registered with
-``register_model(name, dataclass=...)``: fairseq generates its flags, stores it in a checkpoint and
-checks a hydra config against it. A field made by :func:`option` adds to fairseq's ``help`` the
-values it accepts, the rule that derives its default from other flags, whether it changes the
-model's structure, and which part of the model reads it. From these come the parser's checks
-(:func:`add_flags`), the same checks for configurations built in code, read from a checkpoint or
-given by ``--model-overrides`` (:func:`check_values`), the derived defaults (:func:`fill_defaults`),
-the warnings for idle flags (:func:`warn_idle_flags`), the flags a checkpoint fixes
-(:func:`structural_fields`, read by ``checkpoint_safety`` without importing the models) and the
-refusal of a hydra model config with a field its model lacks (:func:`model_config_error`).
-Adding a flag is adding a field; checks that relate several flags stay in the model's module.
+Each plugin model's configuration is a ``FairseqDataclass`` registered with ``register_model(name,
+dataclass=...)``, from which fairseq generates its flags. A field made by :func:`option` adds the values it
+accepts, the rule that derives its default, whether it changes the model's structure and which part of the
+model reads it; from these come the parser's checks, the same checks for configurations from code,
+checkpoints or ``--model-overrides``, derived defaults, warnings for idle flags, the flags a checkpoint
+fixes, and the refusal of a hydra model config with a field its model lacks. Adding a flag is adding a
+field; checks that relate several flags stay in the model's module.
 """
 
 import argparse
@@ -50,25 +46,19 @@ def _naming(flag: str, message: str) -> str:
     return f"{flag} {message}" if flag else message
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
 class RealRange(Values):
     """A number in the range ``description`` names (e.g. "in [0, 1)"); text that is no number is told so."""
 
     def error(self, flag: str, value, shown: str) -> Optional[str]:
-        if not _is_number(value):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
             return _naming(flag, f"must be a number {self.description}, got {shown}")
         return None if self.accepts(value) else _naming(flag, f"must be {self.description}, got {shown}")
 
 
 def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> RealRange:
     def inside(value):
-        above = low < value or (low_included and value == low)
-        below = value < high or (high_included and value == high)
-        return above and below
+        return (low < value or low_included and value == low) and (value < high or high_included and value == high)
 
     if high == float("inf"):
         text = f">= {low:g}" if low_included else f"> {low:g}"
@@ -117,14 +107,10 @@ def option(default=None, help: str = "", values: Optional[Values] = None, *, met
            derive: Optional[Callable[[argparse.Namespace], Any]] = None,
            check: Optional[Callable[[Any], Optional[str]]] = None, structural: bool = False,
            read_by: Optional[Feature] = None, idle_reason: str = "", declared_by_fairseq: bool = False):
-    """A configuration field.
-
-    ``derive(args)`` gives the default from other flags; ``check(value)`` returns a message for an
-    accepted value that is still wrong; ``structural``: the field changes the model's function or
-    parameters, so a checkpoint fixes it; ``read_by`` and ``idle_reason`` make a warning when the
-    field is set and the feature is absent; ``declared_by_fairseq``: the flag and its default are
-    fairseq's own, the field only adds the check of its values.
-    """
+    """A configuration field. ``derive(args)``: its default from other flags; ``check(value)``: a message
+    for an accepted value that is still wrong; ``structural``: a checkpoint fixes it; ``read_by`` and
+    ``idle_reason``: a warning when it is set and the feature is absent; ``declared_by_fairseq``: the flag
+    and its default are fairseq's, the field only adds the check of its values."""
     metadata = dict(help=help, values=values, metavar=metavar, derive=derive, check=check, structural=structural,
                     read_by=read_by, idle_reason=idle_reason, declared_by_fairseq=declared_by_fairseq)
     return dataclasses.field(default=default, metadata=metadata)
@@ -139,13 +125,8 @@ def _options(config):
     return [field for field in dataclasses.fields(config) if "values" in field.metadata]
 
 
-def _own_fields(config):
-    return [field for field in _options(config) if not field.metadata["declared_by_fairseq"]]
-
-
 def argparse_type(values: Values, flag: str = "", check: Optional[Callable[[Any], Optional[str]]] = None):
-    """The argparse ``type`` that accepts ``values``; ``flag``, when given, is named in the message as
-    :func:`check_values` names it (argparse prefixes the flag in any case)."""
+    """The argparse ``type`` that accepts ``values``; ``flag`` is named in the message as :func:`check_values` does."""
 
     def parse(text):
         try:
@@ -161,13 +142,14 @@ def argparse_type(values: Values, flag: str = "", check: Optional[Callable[[Any]
 
 
 def add_flags(parser, config) -> None:
-    """fairseq's flags for ``config`` (``gen_parser_from_dataclass`` without defaults, as fairseq's
-    models: the architecture fills what the user leaves unset; a flag already declared stays as it
-    is), each own flag's text checked against its field's values."""
+    """fairseq's flags for ``config`` without defaults (the architecture fills what the user leaves unset),
+    each own flag's text checked against its field's values."""
     gen_parser_from_dataclass(parser, config(), delete_default=True)
     actions = {action.dest: action for action in parser._actions}
-    for field in _own_fields(config):
+    for field in _options(config):
         meta, action = field.metadata, actions[field.name]
+        if meta["declared_by_fairseq"]:
+            continue
         if meta["values"].choices:
             action.choices = meta["values"].choices
         elif meta["values"] is not SWITCH:
@@ -176,9 +158,8 @@ def add_flags(parser, config) -> None:
 
 
 def flat_fields(config) -> list:
-    """``(name, type, field)`` of fairseq's nested ``config`` (``TransformerConfig``) under its flat
-    legacy names, ``encoder.embed_dim`` as ``encoder_embed_dim`` (the flags ``TransformerModel.add_args``
-    generates from it), for ``dataclasses.make_dataclass``."""
+    """``(name, type, field)`` of fairseq's nested ``config`` (``TransformerConfig``) under its flat legacy
+    names (``encoder.embed_dim`` as ``encoder_embed_dim``), for ``dataclasses.make_dataclass``."""
     flat = []
     for field in dataclasses.fields(config):
         if field.name.startswith("_"):
@@ -194,8 +175,7 @@ def flat_fields(config) -> list:
 
 
 def as_namespace(cfg) -> argparse.Namespace:
-    """A model configuration as the plugin's models read it: the command line's Namespace itself, or
-    a Namespace of fairseq's DictConfig or dataclass (a hydra config, a checkpoint's ``cfg.model``)."""
+    """A model configuration (Namespace, fairseq's DictConfig or dataclass) as a Namespace."""
     if isinstance(cfg, argparse.Namespace):
         return cfg
     if OmegaConf.is_config(cfg):
@@ -205,9 +185,8 @@ def as_namespace(cfg) -> argparse.Namespace:
 
 def model_config_error(config, cfg) -> Optional[ConfigurationError]:
     """Why fairseq may not merge the plugin model dataclass ``config`` with ``cfg`` (a hydra config's
-    ``model``), or None: a field ``config`` lacks (a misspelt ``fuse_decodr``), or a preset's name
-    with fields left out, which fairseq's merge would fill with the model's defaults before the
-    preset could fill them with its own."""
+    ``model``), or None: a field ``config`` lacks, or a preset's name with fields left out, which fairseq's
+    merge would fill with the model's defaults before the preset could fill them with its own."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
     config = config if isinstance(config, type) else type(config)
@@ -231,11 +210,9 @@ def model_config_error(config, cfg) -> Optional[ConfigurationError]:
 
 
 def check_model_configs() -> None:
-    """Make fairseq's ``merge_with_parent`` (in ``dataclass.utils``, where ``add_defaults`` imports it
-    when it runs, and in ``models``, for ``build_model``) refuse first a plugin model configuration
-    that :func:`model_config_error` finds wrong, in one line (fairseq's own refusal of an unknown
-    field spans three; a preset it would apply by halves). A checkpoint's configuration
-    (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
+    """Make fairseq's ``merge_with_parent`` (in ``dataclass.utils`` and ``models``) refuse first, in one
+    line, a plugin model configuration that :func:`model_config_error` finds wrong. A checkpoint's
+    configuration (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
     from fairseq import models
     from fairseq.dataclass import utils
 
@@ -256,10 +233,10 @@ def check_model_configs() -> None:
 
 
 def fill_defaults(args, config) -> None:
-    """Give every own field the user left unset (absent or None) its default, derived ones last
-    in field order (they may read fields above them)."""
-    for field in _own_fields(config):
-        if getattr(args, field.name, None) is None:
+    """Give every own field the user left unset (absent or None) its default, in field order (a derived
+    default may read fields above it)."""
+    for field in _options(config):
+        if getattr(args, field.name, None) is None and not field.metadata["declared_by_fairseq"]:
             derive = field.metadata["derive"]
             setattr(args, field.name, derive(args) if derive else field.default)
 
@@ -272,8 +249,7 @@ def set_defaults(args, **defaults) -> None:
 
 
 def check_values(args, config) -> None:
-    """Raise :class:`ConfigurationError` for the first field whose value its flag does not accept,
-    in field order (values from code or ``--model-overrides`` arrive untyped)."""
+    """Raise :class:`ConfigurationError` for the first field (in field order) whose value its flag does not accept."""
     for field in _options(config):
         meta = field.metadata
         if meta["values"] is None or not hasattr(args, field.name):
@@ -292,11 +268,9 @@ def structural_fields(config) -> tuple:
 
 
 def architecture_default(args, name: str, config):
-    """The value the architecture gives ``name`` by itself (its function of fairseq's
-    ARCH_CONFIG_REGISTRY run on a copy of ``args`` without ``name``), so that a preset's own
-    value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's. The architecture
-    is ``_name`` (fairseq's DictConfig), else ``arch``, else (a dataclass fairseq read from a
-    Namespace keeps neither) the model that registered ``config``."""
+    """The value the architecture gives ``name`` by itself (run on a copy of ``args`` without ``name``), so
+    that a preset's own value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's. The
+    architecture is ``_name``, else ``arch``, else the model that registered ``config``."""
     from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
 
     arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
@@ -306,24 +280,18 @@ def architecture_default(args, name: str, config):
     return getattr(probe, name)
 
 
-def on_command_line(flag: str) -> bool:
-    """Whether ``flag`` was typed on this process's command line (fairseq-train's): a value
-    equal to the architecture's own is then the user's choice too."""
-    return any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])
-
-
 def idle_flags(args, config) -> list:
-    """The fields read by an absent feature that the user set, each with the reason: those holding a
-    value other than the architecture's own, and those typed on the command line. (A configuration
-    read from a checkpoint holds every flag, at the architecture's value where the user gave none:
-    no warning then.)"""
+    """The fields read by an absent feature that the user set (a value other than the architecture's own,
+    or typed on the command line), each with the reason. A checkpoint's configuration holds every flag, at
+    the architecture's value where the user gave none: no warning then."""
     idle = []
     for field in _options(config):
         feature, flag = field.metadata["read_by"], flag_of(field.name)
         if feature is None or feature.present(args):
             continue
         value = getattr(args, field.name)
-        if value == architecture_default(args, field.name, config) and not on_command_line(flag):
+        typed = any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])  # then the user's choice
+        if value == architecture_default(args, field.name, config) and not typed:
             continue
         given = flag if isinstance(value, bool) else f"{flag} {value}"
         idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")

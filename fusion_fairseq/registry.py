@@ -1,11 +1,9 @@
 """fairseq's registration decorators, tolerating the plugin imported twice.
 
-fairseq's ``--user-dir`` imports this package by its directory name, and a user may also ``import
-fusion_fairseq`` in the same process (tests, notebooks, an installed copy beside a checkout): one
-file executed under two module names, where fairseq's own decorators raise "Cannot register
-duplicate model". A name taken by the same definition (same qualified name, same module path
-inside the package) is skipped; a genuine clash with somebody else's raises (fairseq's main branch
-silently keeps the first model for a taken name).
+``--user-dir`` imports this package by its directory name, and a user may also ``import fusion_fairseq``
+in the same process: one file executed under two module names, where fairseq's decorators raise "Cannot
+register duplicate model". A name taken by the same definition (same qualified name and module path
+inside the package) is skipped; a clash with somebody else's raises.
 """
 
 from fairseq.criterions import CRITERION_REGISTRY, register_criterion as _fairseq_register_criterion

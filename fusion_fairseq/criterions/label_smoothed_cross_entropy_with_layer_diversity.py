@@ -13,29 +13,22 @@ layer pairs (H^l, H^{l+1}), l = 1..L-1, of the mean cosine-squared distance over
 positions, on the layer outputs only (the embedding output is not a layer).
 
 Readings:
-  * Sides (``--diversity-sides``, default ``both``): the encoder stack (source positions,
-    ``extra["encoder_states"]``) and the decoder stack (target positions,
-    ``extra["inner_states"]``) each get their own Eq. 10, and the two are *summed* by default
-    (L_div in [0, 2] with both sides). A side with fewer than 2 layers is skipped. So the
-    effective lambda is lambda per side: each side's diversity weighs as much as it would alone.
-    Eq. 9 has one L_diversity and does not say how the two stacks combine: ``--diversity-combine
-    mean`` averages them instead (L_div in [0, 1], an effective lambda of 1/2 per side).
-  * Scale: LS_NLL is a sum over tokens that fairseq divides by ``sample_size`` (ntokens, or
-    sentences under ``--sentence-avg``) before the update, while L_div is a per-position mean.
-    Multiplying L_div by ``sample_size`` makes the optimised per-token objective
-    ``LS_NLL / sample_size - lambda * L_div``, so lambda has the paper's meaning relative to the
-    per-token likelihood (lambda = 1.0 in the paper, the default here).
-  * Reported ``loss`` includes the regulariser (it may go below the NLL, and below 0); the
-    ``nll_loss``/``ppl`` columns do not. Select checkpoints with
-    ``--best-checkpoint-metric nll_loss`` if the regulariser should not influence it.
-    ``layer_diversity`` (and ``layer_diversity_encoder``/``_decoder``) report L_div itself, in
-    [0, 1] per side, averaged with the same ``sample_size`` weights as the loss.
-  * ``reduce=False`` (per-token losses): the regulariser has no per-token share, so the unreduced
-    label-smoothed loss is returned unchanged (the diversity is still logged).
+  * Sides (``--diversity-sides``, default ``both``): the encoder stack (``extra["encoder_states"]``)
+    and the decoder stack (``extra["inner_states"]``) each get their own Eq. 10 (a side with fewer than
+    2 layers is skipped), *summed* by default (L_div in [0, 2]): each side's diversity weighs as much
+    as it would alone. Eq. 9 has one L_diversity and does not say how the two stacks combine:
+    ``--diversity-combine mean`` averages them instead (an effective lambda of 1/2 per side).
+  * Scale: fairseq divides the summed LS_NLL by ``sample_size`` (ntokens, or sentences under
+    ``--sentence-avg``), while L_div is a per-position mean; multiplying L_div by ``sample_size``
+    makes the per-token objective ``LS_NLL / sample_size - lambda * L_div``, so lambda has the
+    paper's meaning (1.0 in the paper, the default here).
+  * Reported ``loss`` includes the regulariser (it may go below 0); ``nll_loss``/``ppl`` do not
+    (``--best-checkpoint-metric nll_loss`` keeps it out of checkpoint selection).
+    ``layer_diversity`` (and ``_encoder``/``_decoder``) report L_div itself, weighted as the loss.
+  * ``reduce=False``: the regulariser has no per-token share; the unreduced loss is returned unchanged.
 
-The model must return its layer states without a second forward pass: ``fusion_transformer`` and
-its presets (this plugin) put the encoder's [h0..hL] in ``extra["encoder_states"]`` with
-``extra["encoder_padding_mask"]`` next to the decoder's ``extra["inner_states"]``.
+The model returns its layer states without a second forward pass: ``fusion_transformer`` puts the
+encoder's [h0..hL] and ``encoder_padding_mask`` in ``extra`` beside the decoder's ``inner_states``.
 """
 
 import math
@@ -82,10 +75,8 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         diversity_lambda = float(diversity_lambda)
         if not math.isfinite(diversity_lambda) or diversity_lambda < 0:
-            raise ConfigurationError(
-                f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity reward, "
-                f"Dou et al. 2018 Eq. 9), got {diversity_lambda}"
-            )
+            raise ConfigurationError(f"--diversity-lambda must be a finite number >= 0 (the weight of a diversity "
+                                     f"reward, Dou et al. 2018 Eq. 9), got {diversity_lambda}")
         for flag, value, allowed in (("--diversity-sides", diversity_sides, DIVERSITY_SIDES),
                                      ("--diversity-combine", diversity_combine, DIVERSITY_COMBINATIONS)):
             if str(value) not in allowed:
@@ -96,8 +87,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
         self.diversity: Tuple[Tensor, Dict[str, Tensor]] = ()  # of the latest compute_loss
 
     def forward(self, model, sample, reduce=True):
-        """fairseq's forward, with L_div in the logs summed over the batch like the loss
-        (reduce_metrics divides by sample_size)."""
+        """fairseq's forward, with L_div in the logs summed over the batch like the loss."""
         loss, sample_size, logging_output = super().forward(model, sample, reduce)
         diversity, per_side = self.diversity
         logging_output["layer_diversity"] = diversity.data * sample_size

@@ -1,28 +1,18 @@
 """DenseNMT on ConvS2S: "Dense Information Flow for Neural Machine Translation" (Shen et al.,
 NAACL 2018), ``--arch dense_fconv`` and the paper's presets.
 
-Subclasses of fairseq's convolutional model (``fairseq.models.fconv``): the embeddings, positions,
-dropout, ``max_positions`` and the incremental machinery (``LinearizedConvolution`` input buffers,
-reordered by fairseq's ``reorder_incremental_state_scripting``) are fairseq's; the layer stacks are
-rebuilt with
-
-* a dense encoder (Eq. 6): layer l+1 reads ``[h_l, ..., h_0]`` and adds d new features;
-* a dense decoder (Eq. 7): layer l+1 reads ``[z_l, a_l, ..., z_1, a_1, z_0]`` and adds its hidden
-  state z (d features) and its attention value a (d features);
-* dense attention (Sec. 3.2): ``--dense-attention 1`` (Eq. 9) / ``2`` (Eq. 10) attend every encoder
-  layer of the top block instead of the top layer only;
-* summary layers (Sec. 3.3): ``--summary-every SUMLEN`` puts one summary layer after every
-  SUMLEN-1 layers, projecting back to the embedding size d0;
-* small embeddings (Sec. 4.2): ``--embed-bottleneck-dim E`` - source/target embeddings and the
-  softmax matrix of width E, each word projected back to d0 by a linear layer.
-
+Subclasses of fairseq's convolutional model (``fairseq.models.fconv``), which keeps the embeddings,
+positions, dropout, ``max_positions`` and the incremental machinery (``LinearizedConvolution`` input
+buffers); the layer stacks are rebuilt with a dense encoder (Eq. 6: layer l+1 reads ``[h_l, ..., h_0]``),
+a dense decoder (Eq. 7: ``[z_l, a_l, ..., z_1, a_1, z_0]``), dense attention over every layer of the top
+block (Sec. 3.2: ``--dense-attention 1`` Eq. 9, ``2`` Eq. 10), summary layers (Sec. 3.3,
+``--summary-every``) and small embeddings (Sec. 4.2, ``--embed-bottleneck-dim``).
 ``--no-dense-encoder`` / ``--no-dense-decoder`` give ConvS2S's residual stacks for the ablations of
-Table 2 (both off with ``--dense-attention 2``: DenseAtt-4L; all three off: BASE, the ConvS2S model
-itself, also with small embeddings).
+Table 2 (both off with ``--dense-attention 2``: DenseAtt-4L; all three off: BASE, ConvS2S itself).
 
-Widths: each entry ``(d, k)`` of ``--encoder-layers`` / ``--decoder-layers`` (fairseq's ConvS2S
-syntax) is a layer's hidden size d and kernel width k - for a dense side, d is its growth
-dimension; for a residual side, its width. ``--growth-dim`` replaces every d at once.
+Each ``(d, k)`` of ``--encoder-layers`` / ``--decoder-layers`` (fairseq's ConvS2S syntax) is a layer's
+hidden size d (a dense side's growth dimension, a residual side's width) and kernel width k;
+``--growth-dim`` replaces every d at once.
 """
 
 import logging
@@ -145,13 +135,8 @@ def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
         if getattr(args, name, None):
             raise ConfigurationError(f"{flag_of(name)} is not supported by {model}")
     warn_idle_flags(args, config)
-    warn_idle_summary_every(args)
-
-
-def warn_idle_summary_every(args):
-    """A warning, not an error (checkpoints trained with it keep loading), when --summary-every
-    builds no summary layer on any dense side: one follows every sumlen-1 layers below the top.
-    ``--{side}-layers`` is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)."""
+    # a warning, not an error (checkpoints trained with it keep loading), when --summary-every builds no
+    # summary layer; --{side}-layers is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)
     depths = {}
     for side in ("encoder", "decoder"):
         if not getattr(args, f"no_dense_{side}"):
@@ -213,16 +198,39 @@ def build_token_embedding(dictionary, embed_dim: int, bottleneck_dim: Optional[i
     return SmallEmbedding(len(dictionary), bottleneck_dim, embed_dim, dictionary.pad())
 
 
-def residual_stack(embed_dim: int, layers: List[Tuple[int, int]], dropout: float, make_layer):
-    """ConvS2S's residual stack: fc1 from the embedding to the first width, then per layer a
-    projection of the residual where the width changes and ``make_layer(in_dim, width, kernel)``."""
+def build_stack(args, dense: bool, embed_dim: int, layers: List[Tuple[int, int]], growth: int, make_layer,
+                make_conv):
+    """One side's ``(layers, summaries, input projection, residual projections, layer input widths, plan)``.
+    Dense: layer i adds ``growth`` times its width d (Eq. 6/7), a summary layer (Sec. 3.3) is
+    ``make_conv(in_dim, d0, kernel)`` with the kernel of the layer below it, or a linear one. Residual
+    (ConvS2S): fc1 from the embedding to the first width, then per layer a projection of the residual
+    where the width changes. Layers are ``make_layer(in_dim, width, kernel)``."""
+    dropout = args.dropout
+    if dense:
+        plan = dense_plan([growth * width for width, _ in layers], embed_dim, args.summary_every)
+        built, summaries = build_dense_stack(
+            plan, lambda index, step: make_layer(step.in_dim, *layers[index]),
+            lambda index, step: make_conv(step.in_dim, step.out_dim, layers[index][1])
+            if args.summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
+        return built, summaries, None, None, [step.in_dim for step in plan], plan
     input_projection = Linear(embed_dim, layers[0][0], dropout=dropout)  # ConvS2S's fc1
-    projections, built, previous = nn.ModuleList(), [], layers[0][0]
+    projections, built, input_widths, previous = nn.ModuleList(), [], [], layers[0][0]
     for width, kernel in layers:
         projections.append(Linear(previous, width) if previous != width else None)
         built.append(make_layer(previous, width, kernel))
+        input_widths.append(previous)
         previous = width
-    return input_projection, projections, built
+    return built, {}, input_projection, projections, input_widths, None
+
+
+def run_residual(x: Tensor, projections, apply_layer) -> List[Tensor]:
+    """ConvS2S's residual stack over ``x`` (after fc1): each layer's output, ``apply_layer(index, x)``."""
+    states = []
+    for index, projection in enumerate(projections):
+        residual = x if projection is None else projection(x)
+        x = (apply_layer(index, x) + residual) * math.sqrt(0.5)
+        states.append(x)
+    return states
 
 
 class DenseFConvEncoder(FConvEncoder):
@@ -240,39 +248,21 @@ class DenseFConvEncoder(FConvEncoder):
                          or 1024, convolutions=_PLACEHOLDER_SPEC, dropout=dropout)
         del self.fc1, self.fc2, self.projections, self.convolutions, self.residuals
         self.embed_tokens = build_token_embedding(dictionary, embed_dim, args.embed_bottleneck_dim)
-        dense, dense_attention = not args.no_dense_encoder, args.dense_attention
-        self.embed_dim, self.dense, self.dense_attention = embed_dim, dense, dense_attention
-        self.layer_convolutions = nn.ModuleList()
-        self.summaries = nn.ModuleDict()
-        if dense:
-            plan = dense_plan([width for width, _ in layers], embed_dim, args.summary_every)
-            convolutions, summaries = build_dense_stack(
-                plan, lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout),
-                lambda index, step: self.build_conv(step.in_dim, step.out_dim, layers[index][1], dropout)
-                if args.summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
-            self.layer_convolutions.extend(convolutions)
-            self.summaries.update(summaries)
-            self.input_projection = self.residual_projections = None
-            top_block = block_sizes(plan)
-            self.layer_input_widths = [step.in_dim for step in plan]
-        else:
-            self.input_projection, self.residual_projections, convolutions = residual_stack(
-                embed_dim, layers, dropout, lambda previous, width, kernel: self.build_conv(previous, width, kernel, dropout))
-            self.layer_convolutions.extend(convolutions)
-            top_block = [width for width, _ in layers]
-            self.layer_input_widths = [conv.in_channels for conv in convolutions]
+        self.embed_dim, self.dense, self.dense_attention = embed_dim, not args.no_dense_encoder, args.dense_attention
+
+        def conv(in_dim: int, out_dim: int, kernel: int):
+            return ConvTBC(in_dim, out_dim * 2, kernel, dropout=dropout, padding=kernel // 2 if kernel % 2 else 0)
+
+        convolutions, summaries, input_projection, residual_projections, self.layer_input_widths, plan = build_stack(
+            args, self.dense, embed_dim, layers, 1, conv, conv)
+        self.layer_convolutions = nn.ModuleList(convolutions)
+        self.summaries = nn.ModuleDict(summaries)
+        self.input_projection, self.residual_projections = input_projection, residual_projections
+        top_block = block_sizes(plan) if self.dense else [width for width, _ in layers]
         # L_i of Eq. 9/10 (ConvS2S's fc2 for the top layer when dense attention is off)
-        sources = top_block[-1:] if dense_attention == "none" else top_block
+        sources = top_block[-1:] if self.dense_attention == "none" else top_block
         self.source_projections = nn.ModuleList(Linear(width, embed_dim) for width in sources)
-        self.num_sources = len(sources) if dense_attention == "2" else 1
-
-    @staticmethod
-    def build_conv(in_dim: int, out_dim: int, kernel: int, dropout: float):
-        padding = kernel // 2 if kernel % 2 == 1 else 0
-        return ConvTBC(in_dim, out_dim * 2, kernel, dropout=dropout, padding=padding)
-
-    def embed(self, src_tokens: Tensor) -> Tensor:
-        return self.dropout_module(self.embed_tokens(src_tokens) + self.embed_positions(src_tokens))
+        self.num_sources = len(sources) if self.dense_attention == "2" else 1
 
     def convolve(self, conv, x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
         """Conv + GLU (Eq. 5) over ``src_len x batch x C``, padding zeroed first as ConvS2S does; a
@@ -287,29 +277,21 @@ class DenseFConvEncoder(FConvEncoder):
             x = F.pad(x, (0, 0, 0, 0, (kernel - 1) // 2, kernel // 2))
         return F.glu(conv(x), dim=2)
 
-    def layer_states(self, embedded: Tensor, padding_mask: Optional[Tensor]) -> List[Tensor]:
-        """The states the attention may read (``src_len x batch x C`` each): the top block."""
-        x = embedded.transpose(0, 1)
+    def forward(self, src_tokens, src_lengths=None, **unused):
+        embedded = self.dropout_module(self.embed_tokens(src_tokens) + self.embed_positions(src_tokens))
+        padding_mask = src_tokens.eq(self.padding_idx)
+        if not padding_mask.any():
+            padding_mask = None
+        x = embedded.transpose(0, 1)  # the states the attention may read, src_len x batch x C: the top block
         if self.dense:
-            return run_dense(
+            states = run_dense(
                 x, len(self.layer_convolutions),
                 lambda index, features: [self.convolve(self.layer_convolutions[index], features, padding_mask)],  # Eq. 6
                 self.summaries, lambda summary, features: self.convolve(summary, features, padding_mask),
             ).top_block()
-        x = self.input_projection(x)
-        states = []
-        for projection, conv in zip(self.residual_projections, self.layer_convolutions):
-            residual = x if projection is None else projection(x)
-            x = (self.convolve(conv, x, padding_mask) + residual) * math.sqrt(0.5)
-            states.append(x)
-        return states
-
-    def forward(self, src_tokens, src_lengths=None, **unused):
-        embedded = self.embed(src_tokens)
-        padding_mask = src_tokens.eq(self.padding_idx)
-        if not padding_mask.any():
-            padding_mask = None
-        states = self.layer_states(embedded, padding_mask)
+        else:
+            states = run_residual(self.input_projection(x), self.residual_projections,
+                                  lambda index, x: self.convolve(self.layer_convolutions[index], x, padding_mask))
         if self.dense_attention == "none":
             states = states[-1:]
         keys = []
@@ -333,11 +315,9 @@ class DenseFConvDecoder(FConvDecoder):
     """ConvS2S decoder with a dense (Eq. 7) or residual stack; every layer attends the encoder
     (multi-step / DenseAtt-1 / DenseAtt-2, whichever the encoder prepared).
 
-    Incremental decoding: each layer's ``LinearizedConvolution`` buffers its last k inputs - for a
-    dense layer the concatenation it reads - so one new position per step costs one position of
-    every layer; those buffers are reordered by fairseq's ``reorder_incremental_state_scripting``
-    (every sub-module's ``reorder_incremental_state``). The encoder's keys/values are not cached here:
-    fairseq reorders the encoder output itself.
+    Incremental decoding: each layer's ``LinearizedConvolution`` buffers its last k inputs (a dense
+    layer's: the concatenation it reads), reordered by fairseq with every sub-module's
+    ``reorder_incremental_state``; fairseq reorders the encoder's keys/values itself.
     """
 
     def __init__(self, args, dictionary):
@@ -348,35 +328,20 @@ class DenseFConvDecoder(FConvDecoder):
         del self.fc1, self.fc2, self.fc3, self.projections, self.convolutions, self.attention, self.residuals
         self.embed_tokens = build_token_embedding(dictionary, embed_dim, args.embed_bottleneck_dim)
         self.embed_dim, self.dense = embed_dim, not args.no_dense_decoder
-        self.convolutions = nn.ModuleList()
-        self.attention = nn.ModuleList()
-        self.summaries = nn.ModuleDict()
 
         def causal_conv(in_dim, out_dim, kernel):
             return LinearizedConv1d(in_dim, 2 * out_dim, kernel, padding=kernel - 1, dropout=dropout)
 
-        if self.dense:
-            # Eq. 7: each layer adds its hidden state z (d) and its attention value a (d)
-            plan = dense_plan([2 * width for width, _ in layers], embed_dim, args.summary_every)
-            built, summaries = build_dense_stack(
-                plan, lambda index, step: (causal_conv(step.in_dim, layers[index][0], layers[index][1]),
-                                           DenseConvAttention(layers[index][0], embed_dim, out_dim=layers[index][0],
-                                                              residual=False)),
-                lambda index, step: causal_conv(step.in_dim, step.out_dim, layers[index][1])
-                if args.summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
-            self.summaries.update(summaries)
-            self.input_projection = self.residual_projections = None
-            top_width = final_width(plan, embed_dim)
-            self.layer_input_widths = [step.in_dim for step in plan]
-        else:
-            self.input_projection, self.residual_projections, built = residual_stack(
-                embed_dim, layers, dropout, lambda previous, width, kernel: (
-                    causal_conv(previous, width, kernel), DenseConvAttention(width, embed_dim, residual=True)))
-            top_width = layers[-1][0]
-            self.layer_input_widths = [conv.in_channels for conv, _ in built]
-        for conv, attention in built:
-            self.convolutions.append(conv)
-            self.attention.append(attention)
+        def layer(in_dim, width, kernel):  # Eq. 7: a dense layer adds its hidden state z (d) and attention value a (d)
+            return causal_conv(in_dim, width, kernel), DenseConvAttention(width, embed_dim, residual=not self.dense)
+
+        built, summaries, input_projection, residual_projections, self.layer_input_widths, plan = build_stack(
+            args, self.dense, embed_dim, layers, 2, layer, causal_conv)
+        self.convolutions = nn.ModuleList(conv for conv, _ in built)
+        self.attention = nn.ModuleList(attention for _, attention in built)
+        self.summaries = nn.ModuleDict(summaries)
+        self.input_projection, self.residual_projections = input_projection, residual_projections
+        top_width = final_width(plan, embed_dim) if self.dense else layers[-1][0]
         # Sec. 3.1: "the output of the decoder is a linear transformation of the concatenation of
         # all layers" (of the top block with summary layers); ConvS2S's fc2 for a residual stack.
         self.fc2 = Linear(top_width, out_embed_dim)
@@ -428,11 +393,8 @@ class DenseFConvDecoder(FConvDecoder):
             x = run_dense(target_embedding, len(self.convolutions), apply_layer, self.summaries,
                           lambda summary, features: self.convolve(summary, features, incremental_state)).concat()
         else:
-            x = self.input_projection(target_embedding)
-            for index, (projection, conv) in enumerate(zip(self.residual_projections, self.convolutions)):
-                residual = x if projection is None else projection(x)
-                x = attend(index, self.convolve(conv, x, incremental_state))
-                x = (x + residual) * math.sqrt(0.5)
+            x = run_residual(self.input_projection(target_embedding), self.residual_projections, lambda index, x: attend(
+                index, self.convolve(self.convolutions[index], x, incremental_state)))[-1]
         x = self.fc3(self.dropout_module(self.fc2(x)))
         # as fairseq's Transformer decoder: fairseq's --print-alignment reads extra["attn"][0]
         return x, {"attn": [attention_sum]}
@@ -443,8 +405,7 @@ def side_layers(args, side: str) -> List[Tuple[int, int]]:
     ablations) has the residual BASE model's width (``--residual-dim``), not the growth size:
     "based on the residual connected BASE-4L model, DenseENC-4L only makes encoder side dense" and
     the 4-layer models have "roughly the same number of parameters"."""
-    flag = f"--{side}-layers"
-    layers = layer_spec(getattr(args, f"{side}_layers"), flag, args.growth_dim)
+    layers = layer_spec(getattr(args, f"{side}_layers"), f"--{side}-layers", args.growth_dim)
     if getattr(args, f"no_dense_{side}") and args.residual_dim is not None:
         layers = [(args.residual_dim, kernel) for _, kernel in layers]
     return layers

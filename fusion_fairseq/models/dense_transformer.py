@@ -55,6 +55,23 @@ def with_changes(args, **changes) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **changes})
 
 
+def build_dense_side(stack, args, side: str, new_features: int, make_layer):
+    """Fill ``stack.layers`` with a dense stack of ``--{side}-layers`` layers, each adding ``new_features``
+    (``make_layer(layer_args, in_dim)``, ``layer_args`` at the growth width), and its linear summary layers
+    (Sec. 3.3); the dense plan."""
+    plan = dense_plan([new_features] * getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
+                      args.summary_every)
+    layer_args = with_changes(args, **{f"{side}_embed_dim": args.growth_dim})
+    layers, summaries = build_dense_stack(
+        plan, lambda index, step: make_layer(layer_args, step.in_dim),
+        lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
+    stack.layers.extend(layers)
+    stack.summaries = nn.ModuleDict(summaries)
+    stack.layer_norm = None
+    stack.layer_input_widths = [step.in_dim for step in plan]
+    return plan
+
+
 class DenseTransformerEncoderLayer(TransformerEncoderLayer):
     """H of Eq. 6 for the Transformer: project the concatenated features to the layer width,
     then fairseq's encoder layer."""
@@ -127,18 +144,9 @@ class DenseTransformerEncoder(TransformerEncoder):
                     args.max_source_positions, d0, self.padding_idx, learned=args.encoder_learned_pos)
             if self.layernorm_embedding is not None:
                 self.layernorm_embedding = LayerNorm(d0)
-        self.summaries = nn.ModuleDict()
         if self.dense:
-            plan = dense_plan([args.growth_dim] * args.encoder_layers, d0, args.summary_every)
-            layer_args = with_changes(args, encoder_embed_dim=args.growth_dim)
-            layers, summaries = build_dense_stack(
-                plan, lambda index, step: DenseTransformerEncoderLayer(layer_args, step.in_dim),
-                lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
-            self.layers.extend(layers)
-            self.summaries.update(summaries)
-            self.layer_norm = None
+            plan = build_dense_side(self, args, "encoder", args.growth_dim, DenseTransformerEncoderLayer)
             top_block = block_sizes(plan)
-            self.layer_input_widths = [step.in_dim for step in plan]
         else:
             self.layers.extend(TransformerEncoderLayer(args) for _ in range(args.encoder_layers))
             top_block = [d0] * args.encoder_layers
@@ -212,19 +220,10 @@ class DenseTransformerDecoder(FusionTransformerDecoder):
         d0 = args.decoder_embed_dim
         self.dense = not args.no_dense_decoder
         self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_decoder_layer
-        self.summaries = nn.ModuleDict()
-        if self.dense:
-            # Eq. 7: every layer adds z_l and a_l, d features each
-            plan = dense_plan([2 * args.growth_dim] * args.decoder_layers, d0, args.summary_every)
-            layer_args = with_changes(args, decoder_embed_dim=args.growth_dim)
-            layers, summaries = build_dense_stack(
-                plan, lambda index, step: DenseTransformerDecoderLayer(layer_args, step.in_dim, source_groups, True),
-                lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
-            self.layers.extend(layers)
-            self.summaries.update(summaries)
-            self.layer_norm = None
+        if self.dense:  # Eq. 7: every layer adds z_l and a_l, d features each
+            plan = build_dense_side(self, args, "decoder", 2 * args.growth_dim, lambda layer_args, in_dim:
+                                    DenseTransformerDecoderLayer(layer_args, in_dim, source_groups, True))
             top = final_width(plan, d0)
-            self.layer_input_widths = [step.in_dim for step in plan]
         else:
             self.layers.extend(DenseTransformerDecoderLayer(args, None, source_groups, False)
                                for _ in range(args.decoder_layers))

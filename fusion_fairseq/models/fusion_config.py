@@ -50,25 +50,16 @@ DENSEFORMER = side_feature("denseformer")
 HYPER_CONNECTIONS = side_feature("hyper_connections")
 
 
-def _fuse_help(side):
-    return (f"fuse all {side} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
-            "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
-
-
-def _denseformer_help(side):
-    return (f"DenseFormer (Pagliardini et al. 2024): after each {side} layer, a learned depth-weighted average "
-            "of the embedding and every earlier layer output, starting as the identity")
-
-
-def _hyper_connections_help(side):
-    return (f"replace the {side}'s residual connections by hyper-connections over --hyper-connections-rate "
-            "streams: static or dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream mixing "
-            "(manifold: mHC, Xie et al. 2026)")
-
-
-def _aggregate_help(side):
-    return (f"wire the {side} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative (Eqs. 6-7) "
-            "or hierarchical aggregation (Fig. 2)")
+# help texts of the flags --NAME-encoder and --NAME-decoder, {} the side
+FUSE_HELP = ("fuse all {} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
+             "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
+DENSEFORMER_HELP = ("DenseFormer (Pagliardini et al. 2024): after each {} layer, a learned depth-weighted average "
+                    "of the embedding and every earlier layer output, starting as the identity")
+HYPER_CONNECTIONS_HELP = ("replace the {}'s residual connections by hyper-connections over --hyper-connections-rate "
+                          "streams: static or dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream "
+                          "mixing (manifold: mHC, Xie et al. 2026)")
+AGGREGATE_HELP = ("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative (Eqs. 6-7) "
+                  "or hierarchical aggregation (Fig. 2)")
 
 
 # fairseq's Transformer flags as one flat dataclass: the legacy TransformerModel reads them flat
@@ -109,8 +100,8 @@ class FusionTransformerConfig(TransformerDropouts):
     decoder_layerdrop: float = option(0.0, "LayerDrop probability", PROBABILITY, declared_by_fairseq=True)
 
     # --- MLRF (Wang et al., COLING 2018) ---------------------------------------------------------
-    fuse_encoder: str = option("none", _fuse_help("encoder"), choice(FUSION_FUNCTIONS), structural=True)
-    fuse_decoder: str = option("none", _fuse_help("decoder"), choice(FUSION_FUNCTIONS), structural=True)
+    fuse_encoder: str = option("none", FUSE_HELP.format("encoder"), choice(FUSION_FUNCTIONS), structural=True)
+    fuse_decoder: str = option("none", FUSE_HELP.format("decoder"), choice(FUSION_FUNCTIONS), structural=True)
     fusion_hops: int = option(
         4, "number of attention hops nhop of self-attention fusion (MLRF Eq. 5)", POSITIVE_INT, metavar="N",
         structural=True, read_by=SELF_ATTENTION_FUSION, idle_reason="only self-attention fusion "
@@ -141,8 +132,10 @@ class FusionTransformerConfig(TransformerDropouts):
         idle_reason="only FNN and self-attention fusion have a fusion FNN")
 
     # --- deep representations (Dou et al., EMNLP 2018) ---------------------------------------------
-    aggregate_encoder: str = option("none", _aggregate_help("encoder"), choice(AGGREGATION_STRATEGIES), structural=True)
-    aggregate_decoder: str = option("none", _aggregate_help("decoder"), choice(AGGREGATION_STRATEGIES), structural=True)
+    aggregate_encoder: str = option(
+        "none", AGGREGATE_HELP.format("encoder"), choice(AGGREGATION_STRATEGIES), structural=True)
+    aggregate_decoder: str = option(
+        "none", AGGREGATE_HELP.format("decoder"), choice(AGGREGATION_STRATEGIES), structural=True)
     dense_connection: str = option(
         "layernorm", "reading of Eq. 4 for --aggregate-* dense: Eq. 4 followed by a LayerNorm without parameters "
         "(default), Eq. 4 to the letter (the sum of the accumulated states, doubling every layer), or the sum or the "
@@ -190,10 +183,8 @@ class FusionTransformerConfig(TransformerDropouts):
         read_by=SURFACE_FUSION, idle_reason="it changes SurfaceFusion")
 
     # --- today's layer fusion ----------------------------------------------------------------------
-    denseformer_encoder: bool = option(
-        False, _denseformer_help("encoder"), SWITCH, structural=True)
-    denseformer_decoder: bool = option(
-        False, _denseformer_help("decoder"), SWITCH, structural=True)
+    denseformer_encoder: bool = option(False, DENSEFORMER_HELP.format("encoder"), SWITCH, structural=True)
+    denseformer_decoder: bool = option(False, DENSEFORMER_HELP.format("decoder"), SWITCH, structural=True)
     denseformer_dilation: int = option(
         1, "dilation k of DenseFormer: the average after layer i weighs only the outputs X_j with j = i mod k "
         "(Pagliardini et al. 2024, 'kxp-DenseFormer')", POSITIVE_INT, metavar="K", structural=True,
@@ -202,9 +193,9 @@ class FusionTransformerConfig(TransformerDropouts):
         1, "period p of DenseFormer: an average follows only layers p, 2p, ...", POSITIVE_INT, metavar="P",
         structural=True, read_by=DENSEFORMER, idle_reason="it thins DenseFormer's averages")
     hyper_connections_encoder: str = option(
-        "none", _hyper_connections_help("encoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
+        "none", HYPER_CONNECTIONS_HELP.format("encoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
     hyper_connections_decoder: str = option(
-        "none", _hyper_connections_help("decoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
+        "none", HYPER_CONNECTIONS_HELP.format("decoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
     hyper_connections_rate: int = option(
         4, "expansion rate n of hyper-connections: the number of residual streams (Zhu et al. 2025; paper: 4)",
         POSITIVE_INT, metavar="N", structural=True, read_by=HYPER_CONNECTIONS,
@@ -214,8 +205,17 @@ class FusionTransformerConfig(TransformerDropouts):
 def check_fusion_args(args) -> None:
     """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
     check_values(args, FusionTransformerConfig)  # every value's type before any comparison
-    check_layers_are_kept(args)
-    check_mlrf_args(args)
+    reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
+                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder", "multi_layer_attention")
+    if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
+        raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
+                                 f"must be 0 with {' '.join(reads_every_layer)}")
+    with_layer_embedding = ("sa", "fnn")
+    if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
+            and not args.fusion_no_layer_embedding and args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigurationError(
+            f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
+            f"which needs {_equal_widths(args)}; or pass --fusion-no-layer-embedding")
     check_deep_representation_args(args)
     check_encoder_layer_fusion_args(args)
     check_todays_layer_fusion_args(args)
@@ -234,23 +234,6 @@ def chosen(args, *names) -> list:
 
 def _equal_widths(args) -> str:
     return f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
-
-
-def check_layers_are_kept(args):
-    reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
-                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder", "multi_layer_attention")
-    if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
-        raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
-                                 f"must be 0 with {' '.join(reads_every_layer)}")
-
-
-def check_mlrf_args(args):
-    with_layer_embedding = ("sa", "fnn")
-    if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
-            and not args.fusion_no_layer_embedding and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(
-            f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
-            f"which needs {_equal_widths(args)}; or pass --fusion-no-layer-embedding")
 
 
 def check_deep_representation_args(args):
@@ -313,20 +296,16 @@ def check_todays_layer_fusion_args(args):
         if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
             raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
                                      f"--{side}-layers is {layers}")
-        if getattr(args, f"hyper_connections_{side}") != "none":
-            check_hyper_connected_side(args, side, getattr(args, f"hyper_connections_{side}"))
-
-
-def check_hyper_connected_side(args, side: str, kind: str):
-    flag = f"--hyper-connections-{side} {kind}"
-    if args.multi_layer_attention > 1:
-        raise ConfigurationError(
-            f"{flag} and --multi-layer-attention {args.multi_layer_attention}: multi-layer attention reads "
-            "single lower-layer states, hyper-connected layers hold several streams; choose one of them")
-    if kind == "manifold" and args.hyper_connections_rate < 2:
-        raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing to "
-                                 f"mix), got {args.hyper_connections_rate}")
-    if side == "decoder" and getattr(args, "cross_self_attention", False):
-        raise ConfigurationError(
-            f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
-            "only, and does not support --cross-self-attention; drop one of them")
+        kind = getattr(args, f"hyper_connections_{side}")
+        flag = f"--hyper-connections-{side} {kind}"
+        if kind != "none" and args.multi_layer_attention > 1:
+            raise ConfigurationError(
+                f"{flag} and --multi-layer-attention {args.multi_layer_attention}: multi-layer attention reads "
+                "single lower-layer states, hyper-connected layers hold several streams; choose one of them")
+        if kind == "manifold" and args.hyper_connections_rate < 2:
+            raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing "
+                                     f"to mix), got {args.hyper_connections_rate}")
+        if kind != "none" and side == "decoder" and getattr(args, "cross_self_attention", False):
+            raise ConfigurationError(
+                f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
+                "only, and does not support --cross-self-attention; drop one of them")

@@ -14,65 +14,20 @@ from .layer_stack import run_layer
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def embed_target(decoder: TransformerDecoder, prev_output_tokens, incremental_state: Optional[IncrementalState]):
-    """Token and position embeddings of the (new) target positions, ``T x B x C``, and the
-    self-attention padding mask, as fairseq's decoder computes them."""
-    positions = None
-    if decoder.embed_positions is not None:
-        positions = decoder.embed_positions(prev_output_tokens, incremental_state=incremental_state)
-    if incremental_state is not None:
-        prev_output_tokens = prev_output_tokens[:, -1:]
-        if positions is not None:
-            positions = positions[:, -1:]
-    prev_output_tokens = prev_output_tokens.contiguous()
-    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
-    if decoder.quant_noise is not None:
-        x = decoder.quant_noise(x)
-    if decoder.project_in_dim is not None:
-        x = decoder.project_in_dim(x)
-    if positions is not None:
-        x += positions
-    if decoder.layernorm_embedding is not None:
-        x = decoder.layernorm_embedding(x)
-    x = decoder.dropout_module(x).transpose(0, 1)
-    self_attn_padding_mask: Optional[Tensor] = None
-    if decoder.cross_self_attention or prev_output_tokens.eq(decoder.padding_idx).any():
-        self_attn_padding_mask = prev_output_tokens.eq(decoder.padding_idx)
-    return x, self_attn_padding_mask
-
-
-def decoder_output(decoder: TransformerDecoder, x: Tensor, attn: Optional[Tensor], alignment_heads: Optional[int],
-                   inner_states: List[Tensor]):
-    """The end of fairseq's decoder: the alignment averaged over its heads, the final LayerNorm,
-    batch first, the output projection."""
-    if attn is not None:
-        attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-    if decoder.layer_norm is not None:
-        x = decoder.layer_norm(x)
-    x = x.transpose(0, 1)  # T x B x C -> B x T x C
-    if decoder.project_out_dim is not None:
-        x = decoder.project_out_dim(x)
-    return x, {"attn": [attn], "inner_states": inner_states}
-
-
 class FusionTransformerDecoder(TransformerDecoder):
-    """fairseq's Transformer decoder, plus:
+    """fairseq's Transformer decoder, plus (the first two combine the states of one position, so
+    incremental decoding stays exact):
 
-    ``aggregation``: the wiring of the layer stack (see the encoder); every strategy combines
-    states of one position, so incremental decoding stays exact.
+    ``aggregation``: the wiring of the layer stack (see the encoder).
 
-    ``output_fusion``: prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3). Fusion is per target
-    position, so incremental decoding stays exact. With self-attention fusion
+    ``output_fusion``: prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3); with self-attention fusion
     ``extra["fusion_attn"]`` holds the hop-by-layer weights ``(batch, tgt_len, nhop, layers)``.
 
-    ``layer_attention``: decoder layer m attends to its own memory S_m instead of X_N. The
-    memories are built at the first decoding step only; fairseq's encoder-decoder attention then
-    caches its projected keys and values (static_kv), so later steps cost what they cost in the
-    vanilla model.
+    ``layer_attention``: decoder layer m attends to its own memory S_m instead of X_N, built at the
+    first decoding step only (fairseq's encoder-decoder attention then caches its keys and values).
 
-    ``surface_fusion``: the decoder's output is the fused log-score Phi over the vocabulary, and
-    :meth:`get_normalized_probs` returns it as is, so the criterion trains on and the generator
-    scores the fused distribution.
+    ``surface_fusion``: the output is the fused log-score Phi over the vocabulary, which
+    :meth:`get_normalized_probs` returns as is, for the criterion and the generator.
     """
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
@@ -105,19 +60,12 @@ class FusionTransformerDecoder(TransformerDecoder):
         fused_log_scores = net_output[0].float()
         return fused_log_scores if log_probs else fused_log_scores.exp()
 
-    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
-                         incremental_state: Optional[IncrementalState] = None, full_context_alignment: bool = False,
-                         alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        x, extra = self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
-                                                    full_context_alignment, alignment_layer, alignment_heads)
-        return (x, extra) if self.output_fusion is None else self.fuse_layer_stack(extra)
-
     def extract_features_scriptable(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                                     incremental_state: Optional[IncrementalState] = None,
                                     full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
                                     alignment_heads: Optional[int] = None):
         """fairseq's decoder stack, wired by ``self.aggregation``, with a source memory chosen per
-        layer (:meth:`layer_memories`)."""
+        layer (:meth:`layer_memories`), its output fused by ``self.output_fusion``."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
         top_memory = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
@@ -125,7 +73,27 @@ class FusionTransformerDecoder(TransformerDecoder):
                                if encoder_out and encoder_out["encoder_padding_mask"] else None)
         memories = self.layer_memories(encoder_out, incremental_state)
 
-        x, self_attn_padding_mask = embed_target(self, prev_output_tokens, incremental_state)
+        positions = None  # the embeddings of the (new) target positions, as fairseq's decoder computes them
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+        prev_output_tokens = prev_output_tokens.contiguous()
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x += positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+        self_attn_padding_mask: Optional[Tensor] = None
+        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
         alignment: Dict[str, Tensor] = {}
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
@@ -142,7 +110,20 @@ class FusionTransformerDecoder(TransformerDecoder):
             return output
 
         x, inner_states = self.run_stack(x, apply_layer)
-        return decoder_output(self, x, alignment.get("attn"), alignment_heads, inner_states)
+        attn = alignment.get("attn")  # averaged over its heads
+        if attn is not None:
+            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
+        extra = {"attn": [attn], "inner_states": inner_states}
+        if self.output_fusion is not None:
+            top = self.layer_norm(inner_states[-1]) if self.layer_norm is not None else inner_states[-1]
+            x, weights = self.output_fusion(stack_with_normalised_top(inner_states, top), need_weights=True)
+            extra["fusion_attn"] = None if weights is None else weights.transpose(0, 1)
+        elif self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, extra
 
     def run_stack(self, x: Tensor, apply_layer) -> Tuple[Tensor, List[Tensor]]:
         """The stack's output and its states [H^0, ..., H^L]; ``apply_layer(index, layer_input, states)``."""
@@ -167,13 +148,3 @@ class FusionTransformerDecoder(TransformerDecoder):
     def source_keys_cached(self, incremental_state: IncrementalState) -> bool:
         first_attention = self.layers[0].encoder_attn
         return first_attention is not None and "prev_key" in first_attention._get_input_buffer(incremental_state)
-
-    def fuse_layer_stack(self, extra: Dict[str, Any]):
-        states = extra["inner_states"]
-        top = self.layer_norm(states[-1]) if self.layer_norm is not None else states[-1]
-        fused, weights = self.output_fusion(stack_with_normalised_top(states, top), need_weights=True)
-        fused = fused.transpose(0, 1)  # T x B x C -> B x T x C
-        if self.project_out_dim is not None:
-            fused = self.project_out_dim(fused)
-        extra["fusion_attn"] = None if weights is None else weights.transpose(0, 1)
-        return fused, extra

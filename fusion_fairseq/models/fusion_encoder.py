@@ -19,17 +19,10 @@ def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]
 
 
 class FusionTransformerEncoder(TransformerEncoder):
-    """fairseq's Transformer encoder, plus:
-
-    ``aggregation``: the wiring of the layer stack (Dou et al. 2018: dense, linear, iterative,
-    hierarchical; :class:`PlainStack` is fairseq's own), and multi-layer attention when the
-    layers' ``self_attn`` were replaced (see ``layer_stack.install_multi_layer_attention``).
-
-    ``output_fusion``: the memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b).
-
-    ``keep_layer_states``: always return every layer's output (``encoder_states``), which
-    per-decoder-layer memories (layer attention) read, also when the generator does not ask.
-    """
+    """fairseq's Transformer encoder, plus ``aggregation``, the wiring of the layer stack (Dou et al.
+    2018, DenseFormer, hyper-connections; :class:`PlainStack` is fairseq's own); ``output_fusion``: the
+    memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b); ``keep_layer_states``: always return
+    every layer's output (``encoder_states``, which layer attention reads)."""
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
                  keep_layer_states: bool = False, aggregation: Optional[PlainStack] = None):
@@ -39,8 +32,9 @@ class FusionTransformerEncoder(TransformerEncoder):
         self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
-                           token_embeddings: Optional[Tensor] = None):
-        """fairseq's encoder, with the layer stack wired by ``self.aggregation``."""
+                           token_embeddings: Optional[Tensor] = None, fusion_weights: bool = False):
+        """fairseq's encoder, with the layer stack wired by ``self.aggregation`` and its output fused by
+        ``self.output_fusion``; ``fusion_weights``: also return the weights of self-attention fusion."""
         padding_mask = src_tokens.eq(self.padding_idx)
         has_pads = bool(padding_mask.any())
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
@@ -54,32 +48,20 @@ class FusionTransformerEncoder(TransformerEncoder):
         top, states = self.aggregation.run(x.transpose(0, 1), apply_layer)
         if self.layer_norm is not None:
             top = self.layer_norm(top)
-        return {
+        weights = None
+        if self.output_fusion is not None:
+            top, weights = self.output_fusion(stack_with_normalised_top(states, top), need_weights=fusion_weights)
+        out = {
             "encoder_out": [top],  # T x B x C
             "encoder_padding_mask": [padding_mask],  # B x T
             "encoder_embedding": [encoder_embedding],  # B x T x C, no positions
-            "encoder_states": states if return_all_hiddens else [],  # [h0, ..., hL], T x B x C
+            "encoder_states": states if return_all_hiddens or self.keep_layer_states else [],  # [h0, ..., hL]
             "fc_results": [],
             "src_tokens": [],
             "src_lengths": [src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)],
         }
-
-    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
-                token_embeddings: Optional[Tensor] = None):
-        return_all_hiddens = return_all_hiddens or self.keep_layer_states
-        if self.output_fusion is None:
-            return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
-        out = super().forward(src_tokens, src_lengths, True, token_embeddings)
-        fused, _ = self.output_fusion(stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0]))
-        out["encoder_out"] = [fused]
-        if not return_all_hiddens:
-            out["encoder_states"] = []
-        return out
+        return {**out, "fusion_weights": weights} if fusion_weights else out
 
     def fusion_weights(self, src_tokens, src_lengths: Optional[Tensor] = None) -> Optional[Tensor]:
         """Hop-by-layer attention of self-attention fusion, ``(src_len, batch, nhop, layers)``, for analysis."""
-        if self.output_fusion is None:
-            return None
-        out = super().forward(src_tokens, src_lengths, True)
-        return self.output_fusion(stack_with_normalised_top(out["encoder_states"], out["encoder_out"][0]),
-                                  need_weights=True)[1]
+        return self.forward_scriptable(src_tokens, src_lengths, fusion_weights=True)["fusion_weights"]

@@ -1,14 +1,11 @@
 """The composable layer-fusion Transformer (``--arch fusion_transformer`` and the paper presets).
 
-A subclass of fairseq's ``TransformerModel``: the encoder and decoder expose their whole layer
-stack, and fusion strategies plug in where the stack is read:
-  * the representation handed from encoder to decoder (MLRF ``--fuse-encoder``)
-  * the source memory of each decoder layer (``--layer-attention``, Liu et al. 2021)
-  * the decoder representation handed to the output projection (MLRF ``--fuse-decoder``)
-  * the output distribution (``--surface-fusion``, Liu et al. 2021)
-Any combination the maths allows can be set at once, e.g. MLRF's Both-FNN-SA, or fine-grained
-layer attention with decoder-side SA fusion and soft SurfaceFusion; combinations that define
-the same thing twice are refused with an error (see ``fusion_config.check_fusion_args``).
+A subclass of fairseq's ``TransformerModel`` whose encoder and decoder expose their whole layer stack;
+fusion plugs in where the stack is read: the encoder's output (MLRF ``--fuse-encoder``), each decoder
+layer's source memory (``--layer-attention``, Liu et al. 2021), the decoder's output (MLRF
+``--fuse-decoder``), the output distribution (``--surface-fusion``, Liu et al. 2021), and the wiring of
+the stacks (``--aggregate-*``, DenseFormer, hyper-connections). Any combination the maths allows can be
+set at once; combinations that define the same thing twice are refused (``fusion_config.check_fusion_args``).
 """
 
 import logging
@@ -177,14 +174,11 @@ class FusionTransformerModel(TransformerModel):
         return decoder_out
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al.
-        2018 do): from a checkpoint without any fusion parameter every shared parameter is loaded
-        (the names are the vanilla model's) and the fusion parameters keep their fresh
-        initialisation. Only fairseq-train's load of its --finetune-from-model checkpoint (or a
-        ``load_state_dict`` in code) may do that (:func:`checkpoint_safety.may_start_parameters_fresh`);
-        any other load (fusion switched on by --model-overrides, another configuration's
-        checkpoint_last.pt) names the missing parameters. A checkpoint with some fusion
-        parameters is left as it is: a mismatched configuration fails the strict load."""
+        """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al. 2018
+        do): from a checkpoint without any fusion parameter the shared parameters are loaded and the fusion
+        ones keep their fresh initialisation, where :func:`checkpoint_safety.may_start_parameters_fresh`
+        allows it; any other load names the missing parameters. A checkpoint with some fusion parameters
+        is left as it is: a mismatched configuration fails the strict load."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if any(is_fusion_parameter(key) for key in state_dict):

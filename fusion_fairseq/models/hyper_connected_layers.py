@@ -32,22 +32,17 @@ def feed_forward(layer: nn.Module, x: Tensor):
     return layer.dropout_module(layer.fc2(x)), None
 
 
-def forward_on_streams(layer: nn.Module, streams: Tensor, *args, **kwargs):
-    """fairseq's encoder or decoder layer over streams ``T x B x n x C``, with the arguments of its forward."""
-    if isinstance(layer, TransformerDecoderLayerBase):
-        return layer_on_streams(layer, streams, *args, **kwargs)
-    return layer_on_streams(layer, streams, self_attn_padding_mask=kwargs["encoder_padding_mask"])[0]
-
-
-def layer_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Tensor] = None,
-                     encoder_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
-                     self_attn_mask: Optional[Tensor] = None, self_attn_padding_mask: Optional[Tensor] = None,
-                     need_attn: bool = False, need_head_weights: bool = False):
-    """fairseq's decoder layer, or an encoder layer (no cross-attention), over streams
-    ``T x B x n x C``; returns ``(streams, attention, None)`` as fairseq's decoder layer does.
-    ``--cross-self-attention`` is refused at build time (``fusion_config``); NormFormer's
-    rescalings inside a sublayer cannot be set for this model (fairseq's ``TransformerConfig``
-    does not carry them)."""
+def forward_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Tensor] = None,
+                       encoder_padding_mask: Optional[Tensor] = None,
+                       incremental_state: Optional[IncrementalState] = None, self_attn_mask: Optional[Tensor] = None,
+                       self_attn_padding_mask: Optional[Tensor] = None, need_attn: bool = False,
+                       need_head_weights: bool = False):
+    """fairseq's encoder or decoder layer over streams ``T x B x n x C``, with the arguments of its forward
+    and what it returns. (``--cross-self-attention`` is refused at build time; NormFormer's rescalings
+    cannot be set for this model.)"""
+    decoder = isinstance(layer, TransformerDecoderLayerBase)
+    if not decoder:  # an encoder layer's padding mask is its self-attention's
+        self_attn_padding_mask, encoder_padding_mask = encoder_padding_mask, None
     connections = iter(layer.hyper_connections)
     pre = layer.normalize_before
     need_attn = need_attn or need_head_weights
@@ -71,4 +66,4 @@ def layer_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Te
         if encoder_out is not None:
             streams, attention = connect(cross, streams, cross_attention, layer.encoder_attn_layer_norm, pre)
     streams, _ = connect(next(connections), streams, lambda x: feed_forward(layer, x), layer.final_layer_norm, pre)
-    return streams, attention, None
+    return (streams, attention, None) if decoder else streams

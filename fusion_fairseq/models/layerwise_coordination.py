@@ -1,13 +1,11 @@
 """Layer-wise coordination between encoder and decoder (He et al., NeurIPS 2018).
 
-One stack of N layers serves both languages: source layer i is ``layers[i].encode`` over the
-source states of layer i-1; target layer i is ``layers[i].decode``, a mixed attention over the
-source states of layer i-1 and the target states of layer i-1 up to the position itself (Eq. 3).
-With sharing (the default) the two sides use the very same layer modules.
-Source and target are numbered from zero separately (resettable positions), and a learned
-language embedding marks each position's side. The source states of every layer are computed
-once per sentence by the encoder pass and projected to keys/values once (first decoding step);
-each new target token then costs one position through the stack.
+One stack of N layers serves both languages (with sharing, the default, the very same modules):
+source layer i is ``layers[i].encode`` over the source states of layer i-1; target layer i is
+``layers[i].decode``, a mixed attention over the source states of layer i-1 and the target states of
+layer i-1 up to the position itself (Eq. 3). Source and target are numbered from zero separately
+(resettable positions); a learned language embedding marks each position's side. The source states
+are projected to keys/values once per sentence; each new target token costs one position of the stack.
 """
 
 import math
@@ -135,7 +133,11 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
             alignment_layer = len(self.layers) - 1
         cache = self.get_incremental_state(incremental_state, "coordination") if incremental_state is not None else None
         source_allowed = ~encoder_out["encoder_padding_mask"][0][:, None, None, :]
-        source_memory = self.source_memory(encoder_out, cache)
+        if cache is not None and "source_keys_0" in cache:  # the source keys/values, projected at the first step
+            source_memory = [(cache[f"source_keys_{i}"], cache[f"source_values_{i}"]) for i in range(len(self.layers))]
+        else:
+            source_memory = [layer.project_memory(state)
+                             for layer, state in zip(self.layers, encoder_out["encoder_states"])]
         if incremental_state is None:
             x = self.embedding(prev_output_tokens, TARGET)
             length = prev_output_tokens.size(1)
@@ -167,14 +169,6 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
         source_length = source_allowed.size(-1)
         attn = None if mixed_attn is None else mixed_attn[:, :, :source_length]
         return x, {"attn": [attn], "mixed_attn": [mixed_attn], "inner_states": inner_states}
-
-    def source_memory(self, encoder_out, cache: Optional[Dict[str, Tensor]]):
-        """Projected keys/values of the source states each layer reads: from the cache after the
-        first decoding step, projected now otherwise."""
-        if cache is not None and "source_keys_0" in cache:
-            return [(cache[f"source_keys_{i}"], cache[f"source_values_{i}"]) for i in range(len(self.layers))]
-        states = encoder_out["encoder_states"]
-        return [layer.project_memory(state) for layer, state in zip(self.layers, states)]
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Follow beam search. As fairseq's encoder-decoder attention does with its cached source
