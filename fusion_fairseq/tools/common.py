@@ -24,6 +24,32 @@ def refuse_existing_output(flag: str, path: str, force: bool, error: type = File
         raise error(f"{flag} {path} exists; pass --force to overwrite it, or give another name")
 
 
+def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error) -> None:
+    """An --out folder is a tool's own when its stamp file ``.written_by`` (a regular file, not a link) holds
+    ``stamp``; one holding any of ``names`` without it is refused unless ``force`` (``raise error(message)``).
+    Outputs that are links to files or hard-linked files are removed, so that nothing is written through
+    them (a link to a folder is kept: it is written into, not replaced); then the folder is stamped."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise error(f"--out '{out}' is not a directory")
+    path = os.path.join(out, ".written_by")
+    own = os.path.isfile(path) and not os.path.islink(path)
+    if own:
+        with open(path, encoding="utf-8") as f:
+            own = f.read().splitlines() == [stamp]
+    found = [name for name in dict.fromkeys([*names, ".written_by"]) if os.path.lexists(os.path.join(out, name))]
+    if found and not own and not force:
+        raise error(f"--out '{out}' holds files that {tool} did not write: {' '.join(found)}; pass --force to "
+                    "replace them, or give another --out")
+    for name in dict.fromkeys([*names, ".written_by"]):
+        output = os.path.join(out, name)
+        if (os.path.islink(output) and not os.path.isdir(output)) or (os.path.isfile(output)
+                                                                       and os.stat(output).st_nlink > 1):
+            os.remove(output)
+    os.makedirs(out, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(stamp + "\n")
+
+
 def replace_atomically(path: str, write) -> None:
     """``write(file)`` into a new binary file created exclusively in ``path``'s directory, then
     ``os.replace`` it onto ``path``: no other file is written (not a ``PATH.tmp`` of the user's, not
