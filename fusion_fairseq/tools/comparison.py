@@ -284,15 +284,6 @@ def prepare_data(args) -> str:
     return data_bin
 
 
-def dictionary_size(data_bin: str, recipe: dict) -> int:
-    src, tgt = recipe["SRC"], recipe["TGT"]
-    texts = [corpus.read_lines(os.path.join(data_bin, f"dict.{lang}.txt")) for lang in (src, tgt)]
-    if texts[0] != texts[1]:
-        raise ComparisonError(f"{data_bin}: the dictionaries of {src} and {tgt} differ; every method shares one joint "
-                              "vocabulary (binarise with --joined-dictionary)")
-    return 4 + sum(1 for line in texts[0] if line.strip())
-
-
 def _build_counter(data_bin: str, settings, recipe: dict):
     """count(method, extra_flags) -> parameters of the model fairseq-train would build (args parsed by
     fairseq's own training parser, the joined dictionary of the data)."""
@@ -323,13 +314,18 @@ def _build_counter(data_bin: str, settings, recipe: dict):
 
 def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
     """Model flags and parameter counts of every method (the matched sizes solved), into ``OUT/plan.json``."""
+    src, tgt = recipe["SRC"], recipe["TGT"]
+    texts = [corpus.read_lines(os.path.join(data_bin, f"dict.{lang}.txt")) for lang in (src, tgt)]
+    if texts[0] != texts[1]:
+        raise ComparisonError(f"{data_bin}: the dictionaries of {src} and {tgt} differ; every method shares one joint "
+                              "vocabulary (binarise with --joined-dictionary)")
     log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
     count = _build_counter(data_bin, settings, recipe)
     baseline = METHODS["transformer"]
     target = count(baseline, model_flags(baseline, width))
     entries = {}
     for method in methods:
-        entry = {"vocab": dictionary_size(data_bin, recipe)}
+        entry = {"vocab": 4 + sum(1 for line in texts[0] if line.strip())}
         if method.match:
             value, params, tried = match_parameter(
                 lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
@@ -606,19 +602,12 @@ def training_record(log_path: str) -> dict:
 
 
 def _log_lines(log_path: str) -> List[str]:
-    if not os.path.isfile(log_path):
-        return []
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        return f.readlines()
+    return corpus.read_lines(log_path) if os.path.isfile(log_path) else []
 
 
 def _last_number(log_path: str, pattern) -> Optional[int]:
     found = [m.group(1) for m in map(re.compile(pattern).search, _log_lines(log_path)) if m]
     return int(found[-1].replace(",", "")) if found else None
-
-
-def last_logged_update(log_path: str) -> int:
-    return _last_number(log_path, LOGGED_UPDATE) or 0
 
 
 VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
@@ -638,10 +627,6 @@ def learning_curve(log_path: str) -> Dict[int, float]:
 
 def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
     return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
-
-
-def logged_parameters(log_path: str) -> Optional[int]:
-    return _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)")
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
@@ -670,27 +655,46 @@ def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) ->
     return wanted
 
 
+#: fairseq-generate's own code runs in this process (no start-up cost per test set), one test set at a time
+GENERATING = threading.Lock()
+
+
 def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
-    """Score the average of the last checkpoints up to ``budget`` on every test set, write ``done.json``
-    last, then remove the checkpoints that only served resuming."""
+    """fairseq-generate with the average of the last checkpoints up to ``budget`` on every test set, scored as
+    ``corpus evaluate`` scores; ``done.json`` is written last, then the checkpoints that only served resuming go."""
+    import fairseq_cli.generate as fairseq_generate
     import torch
+    from fairseq import options
 
     config = _read_json(os.path.join(rdir, "config.json"))
-    save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
+    recipe, save_dir, log_path = config["recipe"], os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
     interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
     average = final_average(save_dir, budget, interval)
-    started = time.time()
-    eval_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average")
-    scores = {name: translate_and_score(config, average, test_set, os.path.join(eval_dir, name))
-              for name, test_set in test_sets.items()}
-    scores["all"] = report.concatenated_bleu(scores, config["recipe"].get("LOWERCASE", "0") == "1")
+    started, scores = time.time(), {}
+    for name, test_set in test_sets.items():
+        out_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average", name)
+        os.makedirs(out_dir, exist_ok=True)
+        gen_argv = [test_set["data"], "--path", average, "--gen-subset", "test", "--source-lang", recipe["SRC"],
+                    "--target-lang", recipe["TGT"], "--beam", str(config["beam"]), "--lenpen", "1.0", "--remove-bpe",
+                    "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128", "--user-dir", PLUGIN_DIR,
+                    "--results-path", out_dir, *(["--cpu"] if config["device"] == "cpu" else []),
+                    *shlex.split(config.get("gen_args") or "")]
+        print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
+        with GENERATING:
+            fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
+        found = corpus.score(os.path.join(out_dir, "generate-test.txt"), out_dir, recipe["TGT"], test_set["raw_ref"],
+                             test_set["tok_ref"], recipe.get("LOWERCASE", "0") == "1",
+                             recipe.get("COMPOUND_SPLIT", "0") == "1")
+        scores[name] = {key: found[key] for key in ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")}
+        scores[name].update(hyp_detok=os.path.join(out_dir, "hyp.detok"), raw_ref=test_set["raw_ref"])
+    scores["all"] = report.concatenated_bleu(scores, recipe.get("LOWERCASE", "0") == "1")
     headline = scores[TEST_SETS[0]]
     done = {
         "method": config["method"], "seed": config["seed"], "arch": config["arch"],
         "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
         "sacrebleu_signature": headline["sacrebleu_signature"], "scores": {"average": scores},
-        "params": logged_parameters(log_path) or config["params"], "updates": budget,
-        "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
+        "params": _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)") or config["params"],
+        "updates": budget, "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
         "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
         "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
@@ -704,63 +708,7 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
                 os.remove(os.path.join(save_dir, name))
 
 
-GENERATING = threading.Lock()
-
-
-def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:
-    """fairseq-generate on one binarised test set, scored as ``corpus evaluate`` scores."""
-    from fairseq import options
-    import fairseq_cli.generate as fairseq_generate
-    recipe = config["recipe"]
-    os.makedirs(out_dir, exist_ok=True)
-    gen_argv = [test_set["data"], "--path", checkpoint, "--gen-subset", "test",
-                "--source-lang", recipe["SRC"], "--target-lang", recipe["TGT"], "--beam", str(config["beam"]),
-                "--lenpen", "1.0", "--remove-bpe", "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128",
-                "--user-dir", PLUGIN_DIR, "--results-path", out_dir, *(["--cpu"] if config["device"] == "cpu" else []),
-                *shlex.split(config.get("gen_args") or "")]
-    print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
-    with GENERATING:  # fairseq-generate's own code, in this process (no start-up cost per test set), one at a time
-        fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
-    scores = corpus.score(os.path.join(out_dir, "generate-test.txt"), out_dir, recipe["TGT"], test_set["raw_ref"],
-                          test_set["tok_ref"], recipe.get("LOWERCASE", "0") == "1", recipe.get("COMPOUND_SPLIT", "0") == "1")
-    keys = ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")
-    return {**{key: scores[key] for key in keys}, "hyp_detok": os.path.join(out_dir, "hyp.detok"),
-            "raw_ref": test_set["raw_ref"]}
-
-
 AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follow do
-
-
-def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str) -> Dict[str, dict]:
-    """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
-    dictionaries, exactly as ``corpus prepare multi30k`` prepares its one test set, under
-    ``OUT/test-sets/NAME``; made once. Returns {name: {"data", "raw_ref", "tok_ref"}}."""
-    codes = os.path.join(os.path.dirname(data_bin), "code")
-    src, tgt = recipe["SRC"], recipe["TGT"]
-    sets = {}
-    for name in TEST_SETS:
-        where = os.path.join(out, "test-sets", name)
-        sets[name] = {"data": os.path.join(where, "bin"), "raw_ref": os.path.join(where, f"raw.{tgt}"),
-                      "tok_ref": os.path.join(where, f"tok.{tgt}")}
-        if os.path.isfile(os.path.join(where, "bin", "done")):
-            continue
-        missing = [path for path in [os.path.join(raw or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
-                   if not os.path.isfile(path)]
-        if missing:
-            raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw DIR "
-                                  "with the Multi30k test files, and data made by corpus prepare multi30k)")
-        log(f"preparing the test set {name}")
-        segment = corpus.Segmenter(codes)
-        for lang in (src, tgt):
-            raw_lines = corpus.read_lines(os.path.join(raw, f"{name}.{lang}"))
-            tokenise = corpus.Tokeniser(lang, corpus.CORPORA["multi30k"].steps, recipe.get("LOWERCASE", "0") == "1")
-            tok = [tokenise(line) for line in raw_lines]
-            for kind, text in (("raw", raw_lines), ("tok", tok), ("test", [segment(line) for line in tok])):
-                corpus.write_lines(os.path.join(where, f"{kind}.{lang}"), text)
-        corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
-            os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
-        corpus.write_lines(os.path.join(where, "bin", "done"), [""])
-    return sets
 
 
 def run_statistics(rdir: str):
@@ -810,7 +758,7 @@ def collect_run(out: str, method: str, seed: int, budget, baseline: str = "trans
                    test={name: found["sacrebleu"] for name, found in scores.items()},
                    length_ratio=scores["all"]["length_ratio"], paired=paired_with_baseline(out, method, seed, baseline))
     else:
-        updates = last_logged_update(log_path)
+        updates = _last_number(log_path, LOGGED_UPDATE) or 0
         run.update(training_record(log_path), status="partial" if updates else "pending", updates=updates)
     run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items()
                     if not isinstance(budget, int) or u <= budget}
@@ -847,7 +795,36 @@ class Experiment:
         self.plan = make_plan(self.concrete_methods(), settings.width, settings, data_bin, recipe, self.out)
 
     def test_sets(self) -> Dict[str, dict]:
-        return prepare_test_sets(self.data_bin, self.recipe, self.settings.raw, self.out)
+        """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
+        dictionaries, exactly as ``corpus prepare multi30k`` prepares its one test set, under
+        ``OUT/test-sets/NAME``; made once. Returns {name: {"data", "raw_ref", "tok_ref"}}."""
+        codes = os.path.join(os.path.dirname(self.data_bin), "code")
+        (src, tgt), raw = (self.recipe["SRC"], self.recipe["TGT"]), self.settings.raw
+        sets = {}
+        for name in TEST_SETS:
+            where = os.path.join(self.out, "test-sets", name)
+            sets[name] = {"data": os.path.join(where, "bin"), "raw_ref": os.path.join(where, f"raw.{tgt}"),
+                          "tok_ref": os.path.join(where, f"tok.{tgt}")}
+            if os.path.isfile(os.path.join(where, "bin", "done")):
+                continue
+            missing = [path for path in [os.path.join(raw or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
+                       if not os.path.isfile(path)]
+            if missing:
+                raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw "
+                                      "DIR with the Multi30k test files, and data made by corpus prepare multi30k)")
+            log(f"preparing the test set {name}")
+            segment = corpus.Segmenter(codes)
+            for lang in (src, tgt):
+                raw_lines = corpus.read_lines(os.path.join(raw, f"{name}.{lang}"))
+                tokenise = corpus.Tokeniser(lang, corpus.CORPORA["multi30k"].steps,
+                                            self.recipe.get("LOWERCASE", "0") == "1")
+                tok = [tokenise(line) for line in raw_lines]
+                for kind, text in (("raw", raw_lines), ("tok", tok), ("test", [segment(line) for line in tok])):
+                    corpus.write_lines(os.path.join(where, f"{kind}.{lang}"), text)
+            corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
+                os.path.join(self.data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
+            corpus.write_lines(os.path.join(where, "bin", "done"), [""])
+        return sets
 
     def runs(self) -> List[Tuple[str, int]]:
         """(method, seed), seed-major: the first runs make a full one-seed table; the third seed last."""
