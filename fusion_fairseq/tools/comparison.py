@@ -148,8 +148,7 @@ class Width:
         return f"{self.encoder_layers}+{self.decoder_layers}:{self.dim}:{self.ffn}:{self.heads}"
 
     def describe(self):
-        return (f"{self.encoder_layers}+{self.decoder_layers} layers, d={self.dim}, FFN {self.ffn}, "
-                f"{self.heads} heads")
+        return f"{self.encoder_layers}+{self.decoder_layers} layers, d={self.dim}, FFN {self.ffn}, {self.heads} heads"
 
 
 DEFAULT_WIDTH = "3+3:256:1024:4"
@@ -165,8 +164,7 @@ DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", "transform
 def parse_width(text: str) -> Width:
     m = re.fullmatch(r"\s*(\d+)\+(\d+):(\d+):(\d+):(\d+)\s*", text or "")
     if not m:
-        raise argparse.ArgumentTypeError(
-            f"expected ENC+DEC:DIM:FFN:HEADS (e.g. {DEFAULT_WIDTH}), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected ENC+DEC:DIM:FFN:HEADS (e.g. {DEFAULT_WIDTH}), got {text!r}")
     width = Width(*(int(g) for g in m.groups()))
     if min(width.encoder_layers, width.decoder_layers, width.dim, width.ffn, width.heads) < 1:
         raise argparse.ArgumentTypeError(f"every number of --width must be positive, got {text!r}")
@@ -177,8 +175,7 @@ def parse_width(text: str) -> Width:
 
 def width_flags(method: Method, width: Width) -> List[str]:
     if method.style == "shared":
-        return ["--embed-dim", str(width.dim), "--ffn-embed-dim", str(width.ffn),
-                "--attention-heads", str(width.heads)]
+        return ["--embed-dim", str(width.dim), "--ffn-embed-dim", str(width.ffn), "--attention-heads", str(width.heads)]
     flags = []
     for side, layers in (("encoder", width.encoder_layers), ("decoder", width.decoder_layers)):
         flags += [f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(width.dim),
@@ -285,34 +282,25 @@ def prepare_data(args) -> str:
 
 
 def _build_counter(data_bin: str, settings, recipe: dict):
-    """count(method, extra_flags) -> parameters of the model fairseq-train would build (args parsed by
-    fairseq's own training parser, the joined dictionary of the data)."""
-    from types import SimpleNamespace
-
-    from fairseq import options
+    """count(method, model flags) -> parameters of the model fairseq-train would build with the data's joined
+    dictionary (:func:`fusion_fairseq.tools.benchmark.build_model`: fairseq's own training parser)."""
     from fairseq.data import Dictionary
-    from fairseq.models import ARCH_MODEL_REGISTRY
 
-    import fusion_fairseq  # noqa: F401  (registers the plugin)
+    from fusion_fairseq.tools.benchmark import BenchmarkError, build_model
 
     dictionary = Dictionary.load(os.path.join(data_bin, f"dict.{recipe['SRC']}.txt"))
-    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
 
     def count(method: Method, flags: List[str]) -> int:
-        argv = [data_bin, "--user-dir", PLUGIN_DIR, *flags, *(method.criterion or DEFAULT_CRITERION),
-                *common_train_flags(settings, recipe["SRC"], recipe["TGT"]), *shlex.split(settings.train_args or "")]
-        parser = options.get_training_parser()
-        with contextlib.redirect_stderr(sys.stdout):
-            try:
-                args = options.parse_args_and_arch(parser, argv)
-            except SystemExit as error:
-                raise ComparisonError(f"{method.name}: fairseq rejects its flags {' '.join(flags)} (exit {error.code})")
-        return count_parameters(ARCH_MODEL_REGISTRY[args.arch].build_model(args, task))
+        try:
+            return count_parameters(build_model(method.arch, [*flags, *shlex.split(settings.train_args or "")],
+                                                dictionary, method.criterion or DEFAULT_CRITERION, method.name)[2])
+        except BenchmarkError as error:
+            raise ComparisonError(str(error)) from None
 
     return count
 
 
-def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
+def make_plan(methods: List[Method], settings, data_bin: str, recipe: dict) -> dict:
     """Model flags and parameter counts of every method (the matched sizes solved), into ``OUT/plan.json``."""
     src, tgt = recipe["SRC"], recipe["TGT"]
     texts = [corpus.read_lines(os.path.join(data_bin, f"dict.{lang}.txt")) for lang in (src, tgt)]
@@ -320,7 +308,7 @@ def make_plan(methods: List[Method], width: Width, settings, data_bin: str, reci
         raise ComparisonError(f"{data_bin}: the dictionaries of {src} and {tgt} differ; every method shares one joint "
                               "vocabulary (binarise with --joined-dictionary)")
     log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
-    count = _build_counter(data_bin, settings, recipe)
+    count, width = _build_counter(data_bin, settings, recipe), settings.width
     baseline = METHODS["transformer"]
     target = count(baseline, model_flags(baseline, width))
     entries = {}
@@ -337,8 +325,7 @@ def make_plan(methods: List[Method], width: Width, settings, data_bin: str, reci
             params = count(method, model_flags(method, width))
         entries[method.name] = dict(entry, model_flags=model_flags(method, width, entry.get("matched_value")),
                                     params=params)
-    os.makedirs(out, exist_ok=True)
-    _write_json(os.path.join(out, "plan.json"), {"entries": entries})
+    _write_json(os.path.join(settings.out, "plan.json"), {"entries": entries})
     return entries
 
 
@@ -791,8 +778,14 @@ class Experiment:
     def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
         self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
         self.out = settings.out
-        self.record_budget()
-        self.plan = make_plan(self.concrete_methods(), settings.width, settings, data_bin, recipe, self.out)
+        # budget.json holds the budget of --out (for auto, once calibrated); another one is refused
+        known, asked = _read_json(os.path.join(self.out, "budget.json")), settings.max_update
+        if known and known.get("max_update") != asked:
+            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
+                                  f"-> {asked}); use another --out or the original settings")
+        if not known and asked != "auto" and not settings.report_only:
+            _write_json(os.path.join(self.out, "budget.json"), {"max_update": asked, "budget": asked})
+        self.plan = make_plan(self.concrete_methods(), settings, data_bin, recipe)
 
     def test_sets(self) -> Dict[str, dict]:
         """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
@@ -861,16 +854,6 @@ class Experiment:
         method = self.method(name)
         return self.settings.finetune_update if method and method.init else self.budget()
 
-    def record_budget(self) -> None:
-        """budget.json holds the budget of ``--out`` (for ``auto``, once calibrated); another one is refused."""
-        path = os.path.join(self.out, "budget.json")
-        known, asked = _read_json(path), self.settings.max_update
-        if known and known.get("max_update") != asked:
-            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
-                                  f"-> {asked}); use another --out or the original settings")
-        if not known and asked != "auto" and not self.settings.report_only:
-            _write_json(path, {"max_update": asked, "budget": asked})
-
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
         """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
@@ -919,15 +902,12 @@ class Experiment:
             "components": components, "rule": COMPOSITION_RULE, "seed": seed, "budget": budget,
             "best_valid_nll": best})
         log(f"composition chosen: {' + '.join(components)}")
-        self.plan = make_plan(self.concrete_methods(), self.settings.width, self.settings, self.data_bin, self.recipe,
-                              self.out)
+        self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
 
     def choose_third_seed(self) -> None:
         """With --deep, write third_seed.json once every run of the first seeds is scored (:data:`THIRD_SEED_RULE`)."""
         path = os.path.join(self.out, "third_seed.json")
-        if not self.settings.deep or os.path.isfile(path):
-            return
-        if not all(finished_run(self.rdir(*run)) for run in self.runs()):
+        if not self.settings.deep or os.path.isfile(path) or not all(finished_run(self.rdir(*r)) for r in self.runs()):
             return
         intervals = {method.name: self.verdict(method.name, method.baseline, self.settings.seeds)
                      for method in self.concrete_methods() if method.name != "transformer"}
@@ -1056,24 +1036,21 @@ class Experiment:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="compare_methods.py",
-        description="Train the vanilla Transformer and every paper's headline configuration at a matched size "
-        "with one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
-        "Resumable: run the same command again to continue.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--methods", nargs="+",
-                   help="methods (space- or comma-separated) from: " + ", ".join(METHODS) + f"; and '{COMPOSITION}': "
-                   f"{COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: {', '.join(DEEP_METHODS)})")
-    p.add_argument("--deep", action="store_true",
-                   help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width is given), --lr-schedule polynomial, "
-                   "the methods above, and a third seed where two seeds do not decide")
+        prog="compare_methods.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train the vanilla Transformer and every paper's headline configuration at a matched size with "
+        "one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
+        "Resumable: run the same command again to continue.")
+    p.add_argument("--methods", nargs="+", help=f"methods (space- or comma-separated) from: {', '.join(METHODS)}; and "
+                   f"'{COMPOSITION}': {COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: "
+                   f"{', '.join(DEEP_METHODS)})")
+    p.add_argument("--deep", action="store_true", help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width "
+                   "is given), --lr-schedule polynomial, the methods above, and a third seed where two do not decide")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
-    g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en), needed to prepare the data and the "
-                   "test sets")
-    g.add_argument("--data-bin", help="already binarised data made by python -m fusion_fairseq.tools.corpus prepare multi30k (joined dictionary)")
+    g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en): to prepare the data and the test sets")
+    g.add_argument("--data-bin", help="already binarised data made by python -m fusion_fairseq.tools.corpus prepare "
+                   "multi30k (joined dictionary)")
     g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
     g = p.add_argument_group("models")
     w = g.add_mutually_exclusive_group()
@@ -1084,19 +1061,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
     g.add_argument("--max-update", type=lambda text: text if text == "auto" else positive_int(text), default=800,
-                   help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
-                   BUDGET_RULE + ")")
+                   help=f"updates of every run, or 'auto': calibrated on the first seed's Transformer ({BUDGET_RULE})")
     g.add_argument("--provisional-update", type=positive_int, default=4000,
                    help="with --max-update auto: how far the other runs train while the budget is calibrated")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
-    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"),
-                   help="inverse_sqrt (the default; never anneals) or polynomial: linear from the warm-up to 0 at the "
-                   "run's budget (the default with --deep; needs a fixed --max-update)")
-    g.add_argument("--finetune-update", type=positive_int, default=2000,
-                   help="updates of the runs that start from the Transformer's final averaged checkpoint "
-                   "(transformer_continued, deeprep_finetuned)")
+    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"), help="inverse_sqrt (the default; never "
+                   "anneals) or polynomial: linear from the warm-up to 0 at the run's budget (the default with --deep; "
+                   "needs a fixed --max-update)")
+    g.add_argument("--finetune-update", type=positive_int, default=2000, help="updates of the runs that start from the "
+                   "Transformer's final averaged checkpoint (transformer_continued, deeprep_finetuned)")
     g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, which the report puts beside the actual")
     g.add_argument("--eval-every", type=positive_int, default=100,
                    help="updates between validations (learning curve) and checkpoints (resume points)")
@@ -1131,8 +1106,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     settings = parse_settings(argv)
     methods = resolve_methods(settings.methods)
-    check_method_choice(settings, [m.name for m in methods])
-    check_checkpoint_alignment(settings)
+    check_settings(settings, methods)
     import torch
 
     settings.device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -1168,7 +1142,10 @@ OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "
              "runs", "data", "test-sets")
 
 
-def check_method_choice(settings, names: List[str]) -> None:
+def check_settings(settings, methods: List[Method]) -> None:
+    """Before any work. Every update a run stops at must be a multiple of --eval-every: fairseq writes the
+    interval checkpoints (the resume points and the averaged ones) only there."""
+    names = [method.name for method in methods]
     if len(set(settings.seeds)) != len(settings.seeds):
         raise ComparisonError("--seeds: repeated seed")
     if "transformer" not in names:
@@ -1179,11 +1156,6 @@ def check_method_choice(settings, names: List[str]) -> None:
     if COMPOSITION in names and missing:
         raise ComparisonError(f"--methods: '{COMPOSITION}' is chosen from the runs of {', '.join(COMPONENTS)} and "
                               f"transformer; add {', '.join(missing)}")
-
-
-def check_checkpoint_alignment(settings) -> None:
-    """Every update a run stops at is a multiple of --eval-every: fairseq writes the interval checkpoints
-    (the resume points and the averaged ones) only there."""
     every, auto = settings.eval_every, settings.max_update == "auto"
     if auto and settings.lr_schedule == "polynomial":
         raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
@@ -1193,7 +1165,7 @@ def check_checkpoint_alignment(settings) -> None:
             (f"--provisional-update {settings.provisional_update}:", settings.provisional_update, auto),
             (f"--max-update {settings.max_update}:", settings.max_update, not auto),
             (f"--finetune-update {settings.finetune_update}:", settings.finetune_update,
-             any(method.init for method in resolve_methods(settings.methods)))):
+             any(method.init for method in methods))):
         if applies and updates % every:
             raise ComparisonError(f"{what} not a multiple of --eval-every {every}, the only updates with a checkpoint")
 
