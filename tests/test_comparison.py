@@ -397,6 +397,27 @@ def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
         assert "transformer" in json.load(f)["entries"]
 
 
+def test_a_linked_stamp_is_not_the_tools_and_linked_outputs_are_removed(tmp_path):
+    """--out's stamp must be a regular file; with --force, an output that is a link is removed (its target,
+    the user's file, is left as it was), never written through."""
+    from fusion_fairseq.tools.common import claim_out_dir
+
+    out, theirs, stamp = tmp_path / "out", tmp_path / "theirs.md", "fusion-fairseq compare_methods.py"
+    out.mkdir()
+    theirs.write_text("my table\n")
+    (tmp_path / "stamp").write_text(stamp + "\n")
+    (out / ".written_by").symlink_to(tmp_path / "stamp")
+    (out / "results.md").symlink_to(theirs)
+    claim = [str(out), comparison.OUT_NAMES, stamp]
+    with pytest.raises(SystemExit, match=r"holds files that compare_methods.py did not write: results.md .written_by;"):
+        claim_out_dir(*claim, False, "compare_methods.py", comparison.ComparisonError)
+    claim_out_dir(*claim, True, "compare_methods.py", comparison.ComparisonError)
+    assert theirs.read_text() == "my table\n" and not os.path.lexists(out / "results.md")
+    assert not (out / ".written_by").is_symlink() and (out / ".written_by").read_text() == stamp + "\n"
+    assert (tmp_path / "stamp").read_text() == stamp + "\n"
+    claim_out_dir(*claim, False, "compare_methods.py", comparison.ComparisonError)  # its own now
+
+
 def test_the_methods_table_sets_each_gap_beside_its_papers():
     rows = [comparison.method_row(METHODS[name], [], {}) for name in ("transformer", "mlrf")]
     table = report.methods_table(rows)
