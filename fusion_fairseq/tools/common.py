@@ -3,6 +3,7 @@ files, stand-in dictionaries, parameter counts and the description of the machin
 measured on."""
 
 import os
+import pathlib
 import platform
 import sys
 import tempfile
@@ -31,23 +32,19 @@ def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error) ->
     them (a link to a folder is kept: it is written into, not replaced); then the folder is stamped."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise error(f"--out '{out}' is not a directory")
-    path = os.path.join(out, ".written_by")
-    own = os.path.isfile(path) and not os.path.islink(path)
-    if own:
-        with open(path, encoding="utf-8") as f:
-            own = f.read().splitlines() == [stamp]
-    found = [name for name in dict.fromkeys([*names, ".written_by"]) if os.path.lexists(os.path.join(out, name))]
+    stamp_path, names = os.path.join(out, ".written_by"), list(dict.fromkeys([*names, ".written_by"]))
+    own = (os.path.isfile(stamp_path) and not os.path.islink(stamp_path)
+           and pathlib.Path(stamp_path).read_text(encoding="utf-8").splitlines() == [stamp])
+    found = [name for name in names if os.path.lexists(os.path.join(out, name))]
     if found and not own and not force:
         raise error(f"--out '{out}' holds files that {tool} did not write: {' '.join(found)}; pass --force to "
                     "replace them, or give another --out")
-    for name in dict.fromkeys([*names, ".written_by"]):
-        output = os.path.join(out, name)
+    for output in (os.path.join(out, name) for name in names):
         if (os.path.islink(output) and not os.path.isdir(output)) or (os.path.isfile(output)
                                                                        and os.stat(output).st_nlink > 1):
             os.remove(output)
     os.makedirs(out, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(stamp + "\n")
+    pathlib.Path(stamp_path).write_text(stamp + "\n", encoding="utf-8")
 
 
 def replace_atomically(path: str, write) -> None:

@@ -707,8 +707,8 @@ def run_statistics(rdir: str):
     stored = _read_json(path)
     if not stored:
         scores = finished_run(rdir)["scores"]["average"]
-        found = report.sentence_statistics(report.read_concatenated(scores, "hyp_detok"), report.read_concatenated(
-            scores, "raw_ref"), "case:lc" in scores["all"]["sacrebleu_signature"])
+        hypotheses, references = (report.read_concatenated(scores, key) for key in ("hyp_detok", "raw_ref"))
+        found = report.sentence_statistics(hypotheses, references, "case:lc" in scores["all"]["sacrebleu_signature"])
         stored = {"statistics": found.tolist()}
         _write_json(path, stored)
     return np.array(stored["statistics"], dtype=np.int64)
