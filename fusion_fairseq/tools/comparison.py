@@ -806,14 +806,12 @@ class Experiment:
                 raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw "
                                       "DIR with the Multi30k test files, and data made by corpus prepare multi30k)")
             log(f"preparing the test set {name}")
-            segment = corpus.Segmenter(codes)
-            for lang in (src, tgt):
-                raw_lines = corpus.read_lines(os.path.join(raw, f"{name}.{lang}"))
-                tokenise = corpus.Tokeniser(lang, corpus.CORPORA["multi30k"].steps,
-                                            self.recipe.get("LOWERCASE", "0") == "1")
-                tok = [tokenise(line) for line in raw_lines]
-                for kind, text in (("raw", raw_lines), ("tok", tok), ("test", [segment(line) for line in tok])):
-                    corpus.write_lines(os.path.join(where, f"{kind}.{lang}"), text)
+            steps, lowercase = corpus.CORPORA["multi30k"].steps, self.recipe.get("LOWERCASE", "0") == "1"
+            text = {"raw": {lang: corpus.read_lines(os.path.join(raw, f"{name}.{lang}")) for lang in (src, tgt)}}
+            text["tok"] = {lang: list(map(corpus.Tokeniser(lang, steps, lowercase), lines))
+                           for lang, lines in text["raw"].items()}
+            text["test"] = {lang: list(map(corpus.Segmenter(codes), lines)) for lang, lines in text["tok"].items()}
+            corpus.write_splits(text, where, (src, tgt))  # where/raw.LANG, tok.LANG and test.LANG
             corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
                 os.path.join(self.data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
             corpus.write_lines(os.path.join(where, "bin", "done"), [""])
