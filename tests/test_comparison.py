@@ -152,12 +152,12 @@ def test_each_run_reports_its_own_output_length_also_a_transformer_seed_no_metho
     _evaluated_run(tmp_path, "transformer", 2, [f"a man rides a big brown horse number {i} ." for i in range(20)],
                    references)
     _evaluated_run(tmp_path, "mlrf", 1, references, references)
-    runs = {(method, seed): report.collect_run(str(tmp_path), method, seed, lowercase=True, budget=4)
+    runs = {(method, seed): comparison.collect_run(str(tmp_path), method, seed, budget=4)
             for method, seed in (("transformer", 1), ("transformer", 2), ("mlrf", 1))}
     assert runs["transformer", 1]["length_ratio"] == 0.75  # 6 tokens against 8
     assert runs["transformer", 2]["length_ratio"] == 1.25  # 10 against 8
     assert runs["mlrf", 1]["length_ratio"] == 1.0 and runs["mlrf", 1]["paired"]["system"] == 100
-    row = report.method_row(METHODS["transformer"], [runs["transformer", 1], runs["transformer", 2]], {})
+    row = comparison.method_row(METHODS["transformer"], [runs["transformer", 1], runs["transformer", 2]], {})
     assert row["length_ratio"] == {"n": 2, "mean": 1.0, "std": 0.35, "min": 0.75, "max": 1.25}
     results = {"settings": {"seeds": SEEDS}, "methods": [row]}
     assert report.summary_table(results)[7].startswith(f"| {row['title']} | – | – | "
@@ -255,9 +255,9 @@ def test_the_figure_averages_the_finished_seeds_only_and_over_the_same_seeds_at_
     done = {"status": "done", "curve": {"250": 5.0, "500": 4.0}, "sacrebleu": 30.0, "tokenized_bleu": 30.5,
             "test": {name: 30.0 for name in (*comparison.TEST_SETS, "all")}, "length_ratio": 1.0}
     running = {"status": "partial", "curve": {"250": 6.0}}
-    row = report.method_row(METHODS["mlrf"], [done, running], {})
+    row = comparison.method_row(METHODS["mlrf"], [done, running], {})
     assert row["mean_curve"] == {"250": 5.0, "500": 4.0} and row["curve_seeds"] == 1
-    row = report.method_row(METHODS["mlrf"], [running, dict(running, curve={"250": 5.0, "500": 4.5})], {})
+    row = comparison.method_row(METHODS["mlrf"], [running, dict(running, curve={"250": 5.0, "500": 4.5})], {})
     assert row["mean_curve"] == {"250": 5.5} and row["curve_seeds"] == 2
 
 
@@ -384,8 +384,8 @@ def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
     (theirs / "results.md").write_text("my table\n")
     (theirs / "learning_curves.png").write_bytes(b"my figure")
     argv = _argv(raw, str(theirs), ["transformer"]) + ["--report-only", "--data-bin", os.path.join(out, "data", "data-bin")]
-    with pytest.raises(SystemExit, match=r"holds results.md, learning_curves.png, not written by compare_methods.py; "
-                                         r"pass --force"):
+    with pytest.raises(SystemExit, match=r"--out '.*theirs' holds files that compare_methods.py did not write: "
+                                         r"results.md learning_curves.png; pass --force"):
         main(argv)
     assert (theirs / "results.md").read_text() == "my table\n"
     assert (theirs / "learning_curves.png").read_bytes() == b"my figure"
@@ -397,8 +397,29 @@ def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
         assert "transformer" in json.load(f)["entries"]
 
 
+def test_a_linked_stamp_is_not_the_tools_and_linked_outputs_are_removed(tmp_path):
+    """--out's stamp must be a regular file; with --force, an output that is a link is removed (its target,
+    the user's file, is left as it was), never written through."""
+    from fusion_fairseq.tools.common import claim_out_dir
+
+    out, theirs, stamp = tmp_path / "out", tmp_path / "theirs.md", "fusion-fairseq compare_methods.py"
+    out.mkdir()
+    theirs.write_text("my table\n")
+    (tmp_path / "stamp").write_text(stamp + "\n")
+    (out / ".written_by").symlink_to(tmp_path / "stamp")
+    (out / "results.md").symlink_to(theirs)
+    claim = [str(out), comparison.OUT_NAMES, stamp]
+    with pytest.raises(SystemExit, match=r"holds files that compare_methods.py did not write: results.md .written_by;"):
+        claim_out_dir(*claim, False, "compare_methods.py", comparison.ComparisonError)
+    claim_out_dir(*claim, True, "compare_methods.py", comparison.ComparisonError)
+    assert theirs.read_text() == "my table\n" and not os.path.lexists(out / "results.md")
+    assert not (out / ".written_by").is_symlink() and (out / ".written_by").read_text() == stamp + "\n"
+    assert (tmp_path / "stamp").read_text() == stamp + "\n"
+    claim_out_dir(*claim, False, "compare_methods.py", comparison.ComparisonError)  # its own now
+
+
 def test_the_methods_table_sets_each_gap_beside_its_papers():
-    rows = [report.method_row(METHODS[name], [], {}) for name in ("transformer", "mlrf")]
+    rows = [comparison.method_row(METHODS[name], [], {}) for name in ("transformer", "mlrf")]
     table = report.methods_table(rows)
     assert table[-1].startswith("| MLRF Both-FNN-SA | Wang et al. 2018") and "| +0.92 (IWSLT14 De-En, Table 2" in table[-1]
     assert "| – |" in table[-2]
@@ -413,7 +434,7 @@ def test_the_summary_gives_each_seed_the_mean_and_the_verdict_against_its_baseli
                 "length_ratio": 0.99, "sacrebleu": score, "tokenized_bleu": score, "curve": {}}
 
     def row(name, params, runs, verdict=None):
-        found = report.method_row(METHODS[name], runs, {"params": params})
+        found = comparison.method_row(METHODS[name], runs, {"params": params})
         return dict(found, verdict=verdict) if verdict else found
 
     rows = [row("transformer", 1000, [run(1, 30.0), run(2, 31.0)]),
@@ -460,8 +481,8 @@ def test_the_reported_curve_stops_at_the_budget(tmp_path):
     rdir.mkdir(parents=True)
     (rdir / "run.log").write_text("".join(
         f'x | valid | {{"valid_nll_loss": "{3 - u / 1000}", "valid_num_updates": "{u}"}}\n' for u in (250, 500, 750)))
-    assert report.collect_run(str(tmp_path), "transformer", 1, True, 500)["curve"] == {"250": 2.75, "500": 2.5}
-    assert set(report.collect_run(str(tmp_path), "transformer", 1, True, None)["curve"]) == {"250", "500", "750"}
+    assert comparison.collect_run(str(tmp_path), "transformer", 1, 500)["curve"] == {"250": 2.75, "500": 2.5}
+    assert set(comparison.collect_run(str(tmp_path), "transformer", 1, None)["curve"]) == {"250", "500", "750"}
 
 
 def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(tmp_path, monkeypatch):
@@ -493,7 +514,7 @@ def test_a_killed_unfinished_run_reports_its_time_until_its_last_log_line(tmp_pa
     rdir.mkdir(parents=True)
     start = time.mktime(time.strptime("2026-11-24 10:00:00", "%Y-%m-%d %H:%M:%S"))
     (rdir / "run.log").write_text(_marked(start, 0, "a") + '2026-11-24 10:10:00 | INFO | train | {"num_updates": "300"}\n')
-    run = report.collect_run(str(tmp_path), "mlrf", 1, True, 4000)
+    run = comparison.collect_run(str(tmp_path), "mlrf", 1, 4000)
     assert (run["status"], run["updates"], run["train_seconds"], run["updates_per_second"]) == ("partial", 300, 600, 0.5)
 
 
@@ -819,5 +840,5 @@ def test_an_unusable_done_json_stops_every_reader_in_one_line(tmp_path, content)
     with pytest.raises(comparison.ComparisonError, match=r"done.json is unreadable or not a record of this runner"):
         comparison.finished_run(str(rdir))
     with pytest.raises(comparison.ComparisonError, match=r"done.json is unreadable"):
-        report.collect_run(str(tmp_path), "transformer", 1, False, None)
+        comparison.collect_run(str(tmp_path), "transformer", 1, None)
     assert comparison.finished_run(str(tmp_path / "runs" / "mlrf" / "seed1")) is None  # not evaluated yet

@@ -3,6 +3,7 @@ files, stand-in dictionaries, parameter counts and the description of the machin
 measured on."""
 
 import os
+import pathlib
 import platform
 import sys
 import tempfile
@@ -22,6 +23,28 @@ def refuse_existing_output(flag: str, path: str, force: bool, error: type = File
     """An existing output file (a link too, even a dangling one) is never replaced unless the user passes --force."""
     if os.path.lexists(path) and not force:
         raise error(f"{flag} {path} exists; pass --force to overwrite it, or give another name")
+
+
+def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error) -> None:
+    """An --out folder is a tool's own when its stamp file ``.written_by`` (a regular file, not a link) holds
+    ``stamp``; one holding any of ``names`` without it is refused unless ``force`` (``raise error(message)``).
+    Outputs that are links to files or hard-linked files are removed, so that nothing is written through
+    them (a link to a folder is kept: it is written into, not replaced); then the folder is stamped."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise error(f"--out '{out}' is not a directory")
+    stamp_path, names = os.path.join(out, ".written_by"), list(dict.fromkeys([*names, ".written_by"]))
+    own = (os.path.isfile(stamp_path) and not os.path.islink(stamp_path)
+           and pathlib.Path(stamp_path).read_text(encoding="utf-8").splitlines() == [stamp])
+    found = [name for name in names if os.path.lexists(os.path.join(out, name))]
+    if found and not own and not force:
+        raise error(f"--out '{out}' holds files that {tool} did not write: {' '.join(found)}; pass --force to "
+                    "replace them, or give another --out")
+    for output in (os.path.join(out, name) for name in names):
+        if (os.path.islink(output) and not os.path.isdir(output)) or (os.path.isfile(output)
+                                                                       and os.stat(output).st_nlink > 1):
+            os.remove(output)
+    os.makedirs(out, exist_ok=True)
+    pathlib.Path(stamp_path).write_text(stamp + "\n", encoding="utf-8")
 
 
 def replace_atomically(path: str, write) -> None:

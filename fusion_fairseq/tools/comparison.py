@@ -1,19 +1,13 @@
 """One benchmark for all methods: translation quality at a matched size and an identical budget.
 
-``python scripts/compare_methods.py`` (this module's :func:`main`) trains fairseq's vanilla
-``transformer`` and one headline configuration of every paper implemented by the plugin on
-Multi30k De->En (train / val, four test sets), with the *same* data (one joint BPE, one joined
-dictionary), optimiser, learning-rate schedule, batch size, update budget and seeds, scores every
-run and writes the report (``results.md``, ``results.json``, ``learning_curves.png``; see
-:mod:`fusion_fairseq.tools.comparison_report`).
-
-The runner plans (the rows, the common ``--width``, the matched size of the two models without an N+M
-depth: :func:`match_parameter`, and the budget: ``--max-update N`` or ``auto``, :data:`BUDGET_RULE`) and
-leaves the rest to fairseq: every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
-resumed by fairseq from ``checkpoint_last.pt`` (:func:`resume_from_newest_intact` first makes that the
-newest checkpoint that reads). A trained run is scored with the average of its last :data:`AVERAGED`
-checkpoints (``fairseq-generate``, then ``corpus.score``); its ``done.json``, written last, marks it as
-finished and it is never retrained. A run whose stored fairseq-train arguments differ is refused.
+``python scripts/compare_methods.py`` (:func:`main`) trains fairseq's vanilla ``transformer`` and one headline
+configuration of every paper in the plugin on Multi30k De->En with the *same* data (one joint BPE, one joined
+dictionary), optimiser, learning-rate schedule, batch size, update budget (``--max-update N`` or ``auto``:
+:data:`BUDGET_RULE`) and seeds; the models without an N+M depth are matched to the Transformer's size
+(:func:`match_parameter`). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
+resumed by fairseq from ``checkpoint_last.pt``; a trained run is scored with the average of its last
+:data:`AVERAGED` checkpoints, and its ``done.json``, written last, marks it as finished: it is never retrained.
+The report is :mod:`fusion_fairseq.tools.comparison_report`'s.
 """
 
 import argparse
@@ -36,9 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_fairseq.tools.common import cpu_name, device_name, positive_int, replace_atomically
-from fusion_fairseq.tools import corpus
-from fusion_fairseq.tools.corpus import read_recipe_env
+from fusion_fairseq.tools import comparison_report as report, corpus
+from fusion_fairseq.tools.common import (claim_out_dir, count_parameters, cpu_name, device_name, positive_int,
+                                         replace_atomically)
+from fusion_fairseq.tools.comparison_report import TEST_SETS
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -132,17 +127,13 @@ SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "
 
 
 def resolve_methods(names: Sequence[str]) -> List[Method]:
-    wanted: List[str] = []
-    for item in names:
-        wanted += [n.strip() for n in item.split(",") if n.strip()]
-    if not wanted:
-        raise ComparisonError(f"--methods: no method given (known methods: {', '.join(METHODS)})")
+    wanted = [name.strip() for item in names for name in item.split(",") if name.strip()]
     known = {**METHODS, COMPOSITION: COMPOSITION_PLACEHOLDER}
-    unknown = [n for n in wanted if n not in known]
-    if unknown:
-        raise ComparisonError(f"--methods: unknown method(s) {', '.join(repr(n) for n in unknown)}; known methods: "
-                              f"{', '.join(known)}")
-    return [known[n] for n in dict.fromkeys(wanted)]
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        problem = f"unknown method(s) {', '.join(map(repr, unknown))}" if unknown else "no method given"
+        raise ComparisonError(f"--methods: {problem}; known methods: {', '.join(known)}")
+    return [known[name] for name in dict.fromkeys(wanted)]
 
 
 @dataclass(frozen=True)
@@ -157,8 +148,7 @@ class Width:
         return f"{self.encoder_layers}+{self.decoder_layers}:{self.dim}:{self.ffn}:{self.heads}"
 
     def describe(self):
-        return (f"{self.encoder_layers}+{self.decoder_layers} layers, d={self.dim}, FFN {self.ffn}, "
-                f"{self.heads} heads")
+        return f"{self.encoder_layers}+{self.decoder_layers} layers, d={self.dim}, FFN {self.ffn}, {self.heads} heads"
 
 
 DEFAULT_WIDTH = "3+3:256:1024:4"
@@ -174,8 +164,7 @@ DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", "transform
 def parse_width(text: str) -> Width:
     m = re.fullmatch(r"\s*(\d+)\+(\d+):(\d+):(\d+):(\d+)\s*", text or "")
     if not m:
-        raise argparse.ArgumentTypeError(
-            f"expected ENC+DEC:DIM:FFN:HEADS (e.g. {DEFAULT_WIDTH}), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected ENC+DEC:DIM:FFN:HEADS (e.g. {DEFAULT_WIDTH}), got {text!r}")
     width = Width(*(int(g) for g in m.groups()))
     if min(width.encoder_layers, width.decoder_layers, width.dim, width.ffn, width.heads) < 1:
         raise argparse.ArgumentTypeError(f"every number of --width must be positive, got {text!r}")
@@ -186,8 +175,7 @@ def parse_width(text: str) -> Width:
 
 def width_flags(method: Method, width: Width) -> List[str]:
     if method.style == "shared":
-        return ["--embed-dim", str(width.dim), "--ffn-embed-dim", str(width.ffn),
-                "--attention-heads", str(width.heads)]
+        return ["--embed-dim", str(width.dim), "--ffn-embed-dim", str(width.ffn), "--attention-heads", str(width.heads)]
     flags = []
     for side, layers in (("encoder", width.encoder_layers), ("decoder", width.decoder_layers)):
         flags += [f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(width.dim),
@@ -264,87 +252,68 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
 def prepare_data(args) -> str:
     """The binarised data: ``--data-bin`` as given, else ``OUT/data/data-bin`` made (once) by
     ``fusion_fairseq.tools.corpus prepare multi30k --from RAW`` (joint BPE, joined dictionary)."""
-    if args.data_bin:
-        data_bin = os.path.abspath(args.data_bin)
-        if not os.path.isfile(os.path.join(data_bin, "recipe.env")):
-            raise ComparisonError(f"--data-bin: {data_bin}/recipe.env is missing (make the data with "
-                                  "python -m fusion_fairseq.tools.corpus prepare multi30k, which records the references there)")
-        return data_bin
     dest = os.path.join(args.out, "data")
-    data_bin = os.path.join(dest, "data-bin")
+    data_bin = os.path.abspath(args.data_bin) if args.data_bin else os.path.join(dest, "data-bin")
     if os.path.isfile(os.path.join(data_bin, "recipe.env")):
         return data_bin
+    if args.data_bin:
+        raise ComparisonError(f"--data-bin: {data_bin}/recipe.env is missing (make the data with python -m "
+                              "fusion_fairseq.tools.corpus prepare multi30k, which records the references there)")
     if args.report_only:
         raise ComparisonError(f"--report-only: no prepared data in {data_bin}")
     if not args.raw:
         raise ComparisonError(f"--raw: not given, and {data_bin} holds no prepared data; give --raw DIR (the Multi30k "
                               "task-1 raw files train/val/test_*.de/.en) or --data-bin DIR")
-    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     argv = ["prepare", "multi30k", "--from", os.path.abspath(args.raw), "--dest", dest, "--src", "de", "--tgt", "en",
             "--test-set", "test_2016_flickr", "--bpe-merges", str(args.bpe_merges),
             "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
     log(f"preparing the data: python -m fusion_fairseq.tools.corpus {' '.join(shlex.quote(a) for a in argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
-    failed = False
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         try:
             corpus.main(argv)
-        except SystemExit as error:
+        except SystemExit as error:  # recipe.env, written last, is then missing
             print(error.code, file=f)
-            failed = True
-    if failed or not os.path.isfile(os.path.join(data_bin, "recipe.env")):
+    if not os.path.isfile(os.path.join(data_bin, "recipe.env")):
         tail = "\n".join(corpus.read_lines(log_path))[-3000:]
         raise ComparisonError(f"preparing the data failed; log {log_path}:\n{tail}")
     return data_bin
 
 
-def dictionary_size(data_bin: str, recipe: dict) -> int:
+def _build_counter(data_bin: str, settings, recipe: dict):
+    """count(method, model flags) -> parameters of the model fairseq-train would build with the data's joined
+    dictionary (:func:`fusion_fairseq.tools.benchmark.build_model`: fairseq's own training parser)."""
+    from fairseq.data import Dictionary
+
+    from fusion_fairseq.tools.benchmark import BenchmarkError, build_model
+
+    dictionary = Dictionary.load(os.path.join(data_bin, f"dict.{recipe['SRC']}.txt"))
+
+    def count(method: Method, flags: List[str]) -> int:
+        try:
+            return count_parameters(build_model(method.arch, [*flags, *shlex.split(settings.train_args or "")],
+                                                dictionary, method.criterion or DEFAULT_CRITERION, method.name)[2])
+        except BenchmarkError as error:
+            raise ComparisonError(str(error)) from None
+
+    return count
+
+
+def make_plan(methods: List[Method], settings, data_bin: str, recipe: dict) -> dict:
+    """Model flags and parameter counts of every method (the matched sizes solved), into ``OUT/plan.json``."""
     src, tgt = recipe["SRC"], recipe["TGT"]
     texts = [corpus.read_lines(os.path.join(data_bin, f"dict.{lang}.txt")) for lang in (src, tgt)]
     if texts[0] != texts[1]:
         raise ComparisonError(f"{data_bin}: the dictionaries of {src} and {tgt} differ; every method shares one joint "
                               "vocabulary (binarise with --joined-dictionary)")
-    return 4 + sum(1 for line in texts[0] if line.strip())
-
-
-def _build_counter(data_bin: str, settings, recipe: dict):
-    """count(method, extra_flags) -> parameters of the model fairseq-train would build (args parsed by
-    fairseq's own training parser, the joined dictionary of the data)."""
-    from types import SimpleNamespace
-
-    from fairseq import options
-    from fairseq.data import Dictionary
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    import fusion_fairseq  # noqa: F401  (registers the plugin)
-
-    dictionary = Dictionary.load(os.path.join(data_bin, f"dict.{recipe['SRC']}.txt"))
-    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-
-    def count(method: Method, flags: List[str]) -> int:
-        argv = [data_bin, "--user-dir", PLUGIN_DIR, *flags, *(method.criterion or DEFAULT_CRITERION),
-                *common_train_flags(settings, recipe["SRC"], recipe["TGT"]), *shlex.split(settings.train_args or "")]
-        parser = options.get_training_parser()
-        with contextlib.redirect_stderr(sys.stdout):
-            try:
-                args = options.parse_args_and_arch(parser, argv)
-            except SystemExit as error:
-                raise ComparisonError(f"{method.name}: fairseq rejects its flags {' '.join(flags)} (exit {error.code})")
-        model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task)
-        return sum(p.numel() for p in model.parameters())
-
-    return count
-
-
-def make_plan(methods: List[Method], width: Width, settings, data_bin: str, recipe: dict, out: str) -> dict:
-    """Model flags and parameter counts of every method (the matched sizes solved), into ``OUT/plan.json``."""
     log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
-    count = _build_counter(data_bin, settings, recipe)
+    count, width = _build_counter(data_bin, settings, recipe), settings.width
     baseline = METHODS["transformer"]
     target = count(baseline, model_flags(baseline, width))
     entries = {}
     for method in methods:
-        entry = {"vocab": dictionary_size(data_bin, recipe)}
+        entry = {"vocab": 4 + sum(1 for line in texts[0] if line.strip())}
         if method.match:
             value, params, tried = match_parameter(
                 lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
@@ -356,8 +325,7 @@ def make_plan(methods: List[Method], width: Width, settings, data_bin: str, reci
             params = count(method, model_flags(method, width))
         entries[method.name] = dict(entry, model_flags=model_flags(method, width, entry.get("matched_value")),
                                     params=params)
-    os.makedirs(out, exist_ok=True)
-    _write_json(os.path.join(out, "plan.json"), {"entries": entries})
+    _write_json(os.path.join(settings.out, "plan.json"), {"entries": entries})
     return entries
 
 
@@ -422,11 +390,6 @@ def calibrated_budget(plateau: int) -> int:
     return BUDGET_STEP * math.ceil(plateau / BUDGET_STEP)
 
 
-def best_within(curve: Dict[int, float], budget: int) -> Tuple[int, float]:
-    update = min((u for u in curve if u <= budget), key=lambda u: (curve[u], u))
-    return update, curve[update]
-
-
 #: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
 #: any run of the comparison has been scored.
 #: Hard SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, not a likelihood,
@@ -457,7 +420,7 @@ def choose_components(best_nll: Dict[str, float], baseline_nll: float, builds) -
 def composed_method(components: Sequence[str]) -> Method:
     parts = [METHODS[name] for name in components]
     return Method(
-        COMPOSITION, "Composition: " + " + ".join(name for name in components), "fusion_transformer features composed",
+        COMPOSITION, "Composition: " + " + ".join(components), "fusion_transformer features composed",
         "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
         criterion=next((part.criterion for part in parts if part.criterion), ()),
         note=f"chosen by rule: {COMPOSITION_RULE}")
@@ -504,26 +467,23 @@ def resume_from_newest_intact(save_dir: str) -> None:
     checkpoint replaces it (atomically); an unreadable file is kept beside it, renamed, and said."""
     last = os.path.join(save_dir, "checkpoint_last.pt")
     last_updates = checkpoint_updates(last) if os.path.exists(last) else None
+    intact = None
     for update, path in reversed(interval_checkpoints(save_dir).items()):
         if last_updates is not None and last_updates >= update:
             return
-        if checkpoint_updates(path) != update:
-            print(f"[compare] {path} is unreadable; looking for an older checkpoint", flush=True)
-            continue
-        _set_aside_unreadable(last, last_updates)
-        shutil.copyfile(path, last + ".tmp")
-        os.replace(last + ".tmp", last)
-        print(f"[compare] resuming from {os.path.basename(path)} (update {update}): checkpoint_last.pt was "
-              + ("older" if last_updates is not None else "missing or unreadable"), flush=True)
-        return
-    _set_aside_unreadable(last, last_updates)
-
-
-def _set_aside_unreadable(last: str, last_updates: Optional[int]) -> None:
+        if checkpoint_updates(path) == update:
+            intact = update, path
+            break
+        log(f"{path} is unreadable; looking for an older checkpoint")
     if last_updates is None and os.path.exists(last):
         aside = f"{last}.unreadable-{int(time.time())}"
         os.replace(last, aside)
-        print(f"[compare] {last} is unreadable (kept as {aside})", flush=True)
+        log(f"{last} is unreadable (kept as {aside})")
+    if intact:
+        shutil.copyfile(intact[1], last + ".tmp")
+        os.replace(last + ".tmp", last)
+        log(f"resuming from {os.path.basename(intact[1])} (update {intact[0]}): checkpoint_last.pt was "
+            + ("older" if last_updates is not None else "missing or unreadable"))
 
 
 def code_commit() -> Optional[str]:
@@ -539,10 +499,6 @@ def code_commit() -> Optional[str]:
 
 def run_dir(out: str, method: str, seed: int) -> str:
     return os.path.join(out, "runs", method, f"seed{seed}")
-
-
-def device_flags(device: str) -> List[str]:
-    return ["--cpu"] if device == "cpu" else []
 
 
 def check_config(rdir: str, config: dict) -> None:
@@ -589,7 +545,8 @@ def train_run(rdir: str, target: int) -> None:
     start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
              "device": f"{device_name('cuda')} (CUDA)" if config["device"] == "cuda" and torch.cuda.is_available() else
              f"CPU {cpu_name()}, {os.cpu_count()} cores, {config['threads'] or torch.get_num_threads()} torch threads"}
-    argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir, *device_flags(config["device"])]
+    argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir,
+            *(["--cpu"] if config["device"] == "cpu" else [])]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
     if config["threads"]:
@@ -632,19 +589,12 @@ def training_record(log_path: str) -> dict:
 
 
 def _log_lines(log_path: str) -> List[str]:
-    if not os.path.isfile(log_path):
-        return []
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        return f.readlines()
+    return corpus.read_lines(log_path) if os.path.isfile(log_path) else []
 
 
 def _last_number(log_path: str, pattern) -> Optional[int]:
     found = [m.group(1) for m in map(re.compile(pattern).search, _log_lines(log_path)) if m]
     return int(found[-1].replace(",", "")) if found else None
-
-
-def last_logged_update(log_path: str) -> int:
-    return _last_number(log_path, LOGGED_UPDATE) or 0
 
 
 VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
@@ -664,10 +614,6 @@ def learning_curve(log_path: str) -> Dict[int, float]:
 
 def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
     return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
-
-
-def logged_parameters(log_path: str) -> Optional[int]:
-    return _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)")
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
@@ -696,103 +642,131 @@ def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) ->
     return wanted
 
 
+#: fairseq-generate's own code runs in this process (no start-up cost per test set), one test set at a time
+GENERATING = threading.Lock()
+
+
 def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
-    """Score the average of the last checkpoints up to ``budget`` on every test set, write ``done.json``
-    last, then remove the checkpoints that only served resuming."""
-    from fusion_fairseq.tools.comparison_report import concatenated_bleu, write_sentence_statistics
+    """fairseq-generate with the average of the last checkpoints up to ``budget`` on every test set, scored as
+    ``corpus evaluate`` scores; ``done.json`` is written last, then the checkpoints that only served resuming go."""
+    import fairseq_cli.generate as fairseq_generate
+    import torch
+    from fairseq import options
 
     config = _read_json(os.path.join(rdir, "config.json"))
-    save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
+    recipe, save_dir, log_path = config["recipe"], os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
     interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
     average = final_average(save_dir, budget, interval)
-    started = time.time()
-    eval_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average")
-    scores = {name: translate_and_score(config, average, test_set, os.path.join(eval_dir, name))
-              for name, test_set in test_sets.items()}
-    lowercase = config["recipe"].get("LOWERCASE", "0") == "1"
-    scores["all"] = concatenated_bleu(scores, lowercase)
-    write_sentence_statistics(rdir, scores, lowercase)
-    import torch
-
+    started, scores = time.time(), {}
+    for name, test_set in test_sets.items():
+        out_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average", name)
+        os.makedirs(out_dir, exist_ok=True)
+        gen_argv = [test_set["data"], "--path", average, "--gen-subset", "test", "--source-lang", recipe["SRC"],
+                    "--target-lang", recipe["TGT"], "--beam", str(config["beam"]), "--lenpen", "1.0", "--remove-bpe",
+                    "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128", "--user-dir", PLUGIN_DIR,
+                    "--results-path", out_dir, *(["--cpu"] if config["device"] == "cpu" else []),
+                    *shlex.split(config.get("gen_args") or "")]
+        print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
+        with GENERATING:
+            fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
+        found = corpus.score(os.path.join(out_dir, "generate-test.txt"), out_dir, recipe["TGT"], test_set["raw_ref"],
+                             test_set["tok_ref"], recipe.get("LOWERCASE", "0") == "1",
+                             recipe.get("COMPOUND_SPLIT", "0") == "1")
+        scores[name] = {key: found[key] for key in ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")}
+        scores[name].update(hyp_detok=os.path.join(out_dir, "hyp.detok"), raw_ref=test_set["raw_ref"])
+    scores["all"] = report.concatenated_bleu(scores, recipe.get("LOWERCASE", "0") == "1")
     headline = scores[TEST_SETS[0]]
     done = {
         "method": config["method"], "seed": config["seed"], "arch": config["arch"],
         "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
         "sacrebleu_signature": headline["sacrebleu_signature"], "scores": {"average": scores},
-        "params": logged_parameters(log_path) or config["params"], "updates": budget,
-        "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
+        "params": _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)") or config["params"],
+        "updates": budget, "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
         "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
         "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
                             if d.metadata["Name"]}, key=str.lower),  # what the run ran with
     }
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
+    run_statistics(rdir)
     if not config.get("keep_checkpoints"):
         for name in os.listdir(save_dir):
             if name.startswith("checkpoint") and name.endswith(".pt"):
                 os.remove(os.path.join(save_dir, name))
 
 
-GENERATING = threading.Lock()
-
-
-def translate_and_score(config: dict, checkpoint: str, test_set: dict, out_dir: str) -> dict:
-    """fairseq-generate on one binarised test set, scored as ``corpus evaluate`` scores."""
-    from fairseq import options
-    import fairseq_cli.generate as fairseq_generate
-    recipe = config["recipe"]
-    os.makedirs(out_dir, exist_ok=True)
-    gen_argv = [test_set["data"], "--path", checkpoint, "--gen-subset", "test",
-                "--source-lang", recipe["SRC"], "--target-lang", recipe["TGT"], "--beam", str(config["beam"]),
-                "--lenpen", "1.0", "--remove-bpe", "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128",
-                "--user-dir", PLUGIN_DIR, "--results-path", out_dir, *device_flags(config["device"]),
-                *shlex.split(config.get("gen_args") or "")]
-    print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
-    with GENERATING:  # fairseq-generate's own code, in this process (no start-up cost per test set), one at a time
-        fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
-    scores = corpus.score(os.path.join(out_dir, "generate-test.txt"), out_dir, recipe["TGT"], test_set["raw_ref"],
-                          test_set["tok_ref"], recipe.get("LOWERCASE", "0") == "1", recipe.get("COMPOUND_SPLIT", "0") == "1")
-    keys = ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")
-    return {**{key: scores[key] for key in keys}, "hyp_detok": os.path.join(out_dir, "hyp.detok"),
-            "raw_ref": test_set["raw_ref"]}
-
-
-#: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
-TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follow do
 
 
-def prepare_test_sets(data_bin: str, recipe: dict, raw: Optional[str], out: str) -> Dict[str, dict]:
-    """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
-    dictionaries, exactly as ``corpus prepare multi30k`` prepares its one test set, under
-    ``OUT/test-sets/NAME``; made once. Returns {name: {"data", "raw_ref", "tok_ref"}}."""
-    codes = os.path.join(os.path.dirname(data_bin), "code")
-    src, tgt = recipe["SRC"], recipe["TGT"]
-    sets = {}
-    for name in TEST_SETS:
-        where = os.path.join(out, "test-sets", name)
-        sets[name] = {"data": os.path.join(where, "bin"), "raw_ref": os.path.join(where, f"raw.{tgt}"),
-                      "tok_ref": os.path.join(where, f"tok.{tgt}")}
-        if os.path.isfile(os.path.join(where, "bin", "done")):
-            continue
-        needed = [os.path.join(raw or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
-        missing = [path for path in needed if not os.path.isfile(path)]
-        if missing:
-            raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw DIR "
-                                  "with the Multi30k test files, and data made by corpus prepare multi30k)")
-        log(f"preparing the test set {name}")
-        for lang in (src, tgt):
-            lines = {"raw": corpus.read_lines(os.path.join(raw, f"{name}.{lang}"))}
-            tokeniser = (lang, corpus.CORPORA["multi30k"].steps, recipe.get("LOWERCASE", "0") == "1")
-            lines["tok"] = corpus.parallel_map(corpus.Tokeniser, tokeniser, lines["raw"], 1)
-            lines["test"] = corpus.parallel_map(corpus.Segmenter, (codes,), lines["tok"], 1)
-            for kind, text in lines.items():
-                corpus.write_lines(os.path.join(where, f"{kind}.{lang}"), text)
-        corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
-            os.path.join(data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
-        with open(os.path.join(where, "bin", "done"), "w", encoding="utf-8") as f:
-            f.write("\n")
-    return sets
+def run_statistics(rdir: str):
+    """The sentence statistics of a scored run on the test sets together (:func:`report.sentence_statistics`),
+    computed once into ``sentence-statistics.json``."""
+    import numpy as np
+
+    path = os.path.join(rdir, "sentence-statistics.json")
+    stored = _read_json(path)
+    if not stored:
+        scores = finished_run(rdir)["scores"]["average"]
+        hypotheses, references = (report.read_concatenated(scores, key) for key in ("hyp_detok", "raw_ref"))
+        found = report.sentence_statistics(hypotheses, references, "case:lc" in scores["all"]["sacrebleu_signature"])
+        stored = {"statistics": found.tolist()}
+        _write_json(path, stored)
+    return np.array(stored["statistics"], dtype=np.int64)
+
+
+def paired_with_baseline(out: str, method: str, seed: int, baseline: str) -> Optional[dict]:
+    """:func:`report.paired_bootstrap` against the baseline of the same seed once both are scored (kept in
+    paired.json while neither is scored anew); None for a method that is its own baseline."""
+    rdir = run_dir(out, method, seed)
+    system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))
+    if method == baseline or not (system and base):
+        return None
+    path, key = os.path.join(rdir, "paired.json"), [system["finished"], base["finished"]]
+    cached = _read_json(path)
+    if cached and cached.get("key") == key:
+        return cached["paired"]
+    system, base = system["scores"]["average"], base["scores"]["average"]
+    references, baseline_text = (report.read_concatenated(base, name) for name in ("raw_ref", "hyp_detok"))
+    paired = report.paired_bootstrap(references, baseline_text, report.read_concatenated(system, "hyp_detok"),
+                                     "case:lc" in system["all"]["sacrebleu_signature"])
+    _write_json(path, {"key": key, "paired": paired})
+    return paired
+
+
+def collect_run(out: str, method: str, seed: int, budget, baseline: str = "transformer") -> dict:
+    """A run's scores once done, else its progress; its curve up to ``budget`` (all while uncalibrated)."""
+    rdir = run_dir(out, method, seed)
+    log_path = os.path.join(rdir, "run.log")
+    done = finished_run(rdir)
+    run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
+    if done:
+        scores = done["scores"]["average"]
+        run.update({key: done[key] for key in done if key not in ("scores", "packages")}, status="done",
+                   test={name: found["sacrebleu"] for name, found in scores.items()},
+                   length_ratio=scores["all"]["length_ratio"], paired=paired_with_baseline(out, method, seed, baseline))
+    else:
+        updates = _last_number(log_path, LOGGED_UPDATE) or 0
+        run.update(training_record(log_path), status="partial" if updates else "pending", updates=updates)
+    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items()
+                    if not isinstance(budget, int) or u <= budget}
+    return run
+
+
+def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
+    finished = [r for r in runs if r["status"] == "done"]
+    # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
+    curves = [{int(u): v for u, v in r["curve"].items()} for r in (finished or runs) if r["curve"]]
+    return {
+        "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
+        "baseline": method.baseline, "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
+        "criterion": list(method.criterion or DEFAULT_CRITERION), "params": plan_entry.get("params"),
+        "matched": {plan_entry["matched_flag"]: plan_entry["matched_value"]} if "matched_flag" in plan_entry else None,
+        "note": method.note, "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
+        **{key: report.summarise([r[key] for r in finished]) for key in ("sacrebleu", "tokenized_bleu")},
+        "length_ratio": report.summarise([r["length_ratio"] for r in finished]),
+        "test": {name: report.summarise([r["test"][name] for r in finished]) for name in (*TEST_SETS, "all")},
+        "mean_curve": {str(u): round(v, 4) for u, v in report.mean_curve(curves).items()}, "curve_seeds": len(curves),
+    }
 
 
 class Experiment:
@@ -804,11 +778,44 @@ class Experiment:
     def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
         self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
         self.out = settings.out
-        self.record_budget()
-        self.plan = make_plan(self.concrete_methods(), settings.width, settings, data_bin, recipe, self.out)
+        # budget.json holds the budget of --out (for auto, once calibrated); another one is refused
+        known, asked = _read_json(os.path.join(self.out, "budget.json")), settings.max_update
+        if known and known.get("max_update") != asked:
+            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
+                                  f"-> {asked}); use another --out or the original settings")
+        if not known and asked != "auto" and not settings.report_only:
+            _write_json(os.path.join(self.out, "budget.json"), {"max_update": asked, "budget": asked})
+        self.plan = make_plan(self.concrete_methods(), settings, data_bin, recipe)
 
     def test_sets(self) -> Dict[str, dict]:
-        return prepare_test_sets(self.data_bin, self.recipe, self.settings.raw, self.out)
+        """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
+        dictionaries, exactly as ``corpus prepare multi30k`` prepares its one test set, under
+        ``OUT/test-sets/NAME``; made once. Returns {name: {"data", "raw_ref", "tok_ref"}}."""
+        codes = os.path.join(os.path.dirname(self.data_bin), "code")
+        (src, tgt), raw = (self.recipe["SRC"], self.recipe["TGT"]), self.settings.raw
+        sets = {}
+        for name in TEST_SETS:
+            where = os.path.join(self.out, "test-sets", name)
+            sets[name] = {"data": os.path.join(where, "bin"), "raw_ref": os.path.join(where, f"raw.{tgt}"),
+                          "tok_ref": os.path.join(where, f"tok.{tgt}")}
+            if os.path.isfile(os.path.join(where, "bin", "done")):
+                continue
+            missing = [path for path in [os.path.join(raw or "", f"{name}.{lang}") for lang in (src, tgt)] + [codes]
+                       if not os.path.isfile(path)]
+            if missing:
+                raise ComparisonError(f"cannot prepare the test set {name}: missing {', '.join(missing)} (give --raw "
+                                      "DIR with the Multi30k test files, and data made by corpus prepare multi30k)")
+            log(f"preparing the test set {name}")
+            steps, lowercase = corpus.CORPORA["multi30k"].steps, self.recipe.get("LOWERCASE", "0") == "1"
+            text = {"raw": {lang: corpus.read_lines(os.path.join(raw, f"{name}.{lang}")) for lang in (src, tgt)}}
+            text["tok"] = {lang: list(map(corpus.Tokeniser(lang, steps, lowercase), lines))
+                           for lang, lines in text["raw"].items()}
+            text["test"] = {lang: list(map(corpus.Segmenter(codes), lines)) for lang, lines in text["tok"].items()}
+            corpus.write_splits(text, where, (src, tgt))  # where/raw.LANG, tok.LANG and test.LANG
+            corpus.binarise(where, os.path.join(where, "bin"), src, tgt, splits=("test",), dictionaries=[
+                os.path.join(self.data_bin, f"dict.{lang}.txt") for lang in (src, tgt)])
+            corpus.write_lines(os.path.join(where, "bin", "done"), [""])
+        return sets
 
     def runs(self) -> List[Tuple[str, int]]:
         """(method, seed), seed-major: the first runs make a full one-seed table; the third seed last."""
@@ -845,16 +852,6 @@ class Experiment:
         method = self.method(name)
         return self.settings.finetune_update if method and method.init else self.budget()
 
-    def record_budget(self) -> None:
-        """budget.json holds the budget of ``--out`` (for ``auto``, once calibrated); another one is refused."""
-        path = os.path.join(self.out, "budget.json")
-        known, asked = _read_json(path), self.settings.max_update
-        if known and known.get("max_update") != asked:
-            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
-                                  f"-> {asked}); use another --out or the original settings")
-        if not known and asked != "auto" and not self.settings.report_only:
-            _write_json(path, {"max_update": asked, "budget": asked})
-
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
         """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
@@ -886,8 +883,8 @@ class Experiment:
         names = ["transformer", *COMPONENTS]
         if not all(self.trained_to(name, seed, budget) for name in names):
             return
-        best = {name: best_within(learning_curve(os.path.join(self.rdir(name, seed), "run.log")), budget)[1]
-                for name in names}
+        best = {name: min(nll for u, nll in learning_curve(os.path.join(self.rdir(name, seed), "run.log")).items()
+                          if u <= budget) for name in names}
         count = _build_counter(self.data_bin, self.settings, self.recipe)
 
         def builds(components):
@@ -903,29 +900,25 @@ class Experiment:
             "components": components, "rule": COMPOSITION_RULE, "seed": seed, "budget": budget,
             "best_valid_nll": best})
         log(f"composition chosen: {' + '.join(components)}")
-        self.plan = make_plan(self.concrete_methods(), self.settings.width, self.settings, self.data_bin, self.recipe,
-                              self.out)
+        self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
 
     def choose_third_seed(self) -> None:
         """With --deep, write third_seed.json once every run of the first seeds is scored (:data:`THIRD_SEED_RULE`)."""
-        from fusion_fairseq.tools.comparison_report import THIRD_SEED_RULE, run_statistics, seed_sentence_bootstrap
-
         path = os.path.join(self.out, "third_seed.json")
-        if not self.settings.deep or os.path.isfile(path):
+        if not self.settings.deep or os.path.isfile(path) or not all(finished_run(self.rdir(*r)) for r in self.runs()):
             return
-        if not all(finished_run(self.rdir(*run)) for run in self.runs()):
-            return
-        intervals = {}
-        for method in self.concrete_methods():
-            if method.name != "transformer":
-                runs = [[run_statistics(self.rdir(name, seed)) for seed in self.settings.seeds]
-                        for name in (method.name, method.baseline)]
-                intervals[method.name] = seed_sentence_bootstrap(*runs)
+        intervals = {method.name: self.verdict(method.name, method.baseline, self.settings.seeds)
+                     for method in self.concrete_methods() if method.name != "transformer"}
         chosen = [name for name, found in intervals.items() if found["verdict"] == "undecided"]
         methods = {"transformer", *chosen, *(self.method(name).baseline for name in chosen)}
-        _write_json(path, {"seed": max(self.settings.seeds) + 1, "rule": THIRD_SEED_RULE, "intervals": intervals,
+        _write_json(path, {"seed": max(self.settings.seeds) + 1, "rule": report.THIRD_SEED_RULE, "intervals": intervals,
                            "methods": [m.name for m in self.methods if m.name in methods]})
         log(f"third seed for: {', '.join(m.name for m in self.methods if m.name in methods)}")
+
+    def verdict(self, name: str, baseline: str, seeds: Optional[List[int]] = None) -> dict:
+        """:func:`report.seed_sentence_bootstrap` of a method's runs of ``seeds`` (default: all) and its baseline's."""
+        return report.seed_sentence_bootstrap(*[[run_statistics(self.rdir(n, seed)) for seed in
+                                                 seeds or self.seeds_of(n)] for n in (name, baseline)])
 
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
         """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
@@ -937,10 +930,8 @@ class Experiment:
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
         if budget is None:  # --max-update auto: the calibration run trains on in chunks, the others provisionally
-            if (name, seed) == ("transformer", self.settings.seeds[0]):
-                budget = (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW
-            else:
-                budget = self.settings.provisional_update
+            calibrating = (name, seed) == ("transformer", self.settings.seeds[0])
+            budget = (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW if calibrating else self.settings.provisional_update
             return None if saved >= budget or stage == "evaluate" else ("train", budget)
         if saved >= budget:
             return None if stage == "train" else ("evaluate", budget)
@@ -997,14 +988,43 @@ class Experiment:
                         future.result()  # anything else is a defect: raised
                 self.report(quiet=True)
 
-    def report(self, quiet: bool = False) -> dict:
-        from fusion_fairseq.tools.comparison_report import write_report
+    def collect(self) -> dict:
+        settings, budget = self.settings, self.budget() or "auto (calibrating)"
+        methods = self.concrete_methods(keep_unchosen=True)
+        rows = [method_row(m, [collect_run(self.out, m.name, seed, settings.finetune_update if m.init else budget,
+                                           m.baseline) for seed in self.seeds_of(m.name)], self.plan.get(m.name, {}))
+                for m in methods]
+        by_name = {row["method"]: row for row in rows}
+        for row in rows:
+            base = by_name.get(row["baseline"])
+            if base is not row and base and all(run["status"] == "done" for run in row["runs"] + base["runs"]):
+                row["verdict"] = self.verdict(row["method"], row["baseline"])
+        runs = [run for row in rows for run in row["runs"]]
+        seconds = sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
+        return {
+            "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")", "data_bin": self.data_bin,
+            "settings": {**{k: v for k, v in vars(settings).items() if k not in ("width", "out", "force")},
+                         "max_update": budget, "methods": [m.name for m in methods],
+                         "seeds": sorted({seed for _, seed in self.runs()}), "width": str(settings.width),
+                         "width_text": settings.width.describe(), "averaged": AVERAGED,
+                         "common_flags": common_train_flags(settings, "SRC", "TGT"),
+                         "default_criterion": list(DEFAULT_CRITERION)},
+            "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
+            "third_seed": _read_json(os.path.join(self.out, "third_seed.json")),
+            "budget_check": report.budget_check(by_name.get("transformer"), budget),
+            "cpu_hours": {"planned": settings.planned_cpu_hours,
+                          "actual": round(seconds * (settings.threads or 1) / 3600, 1)},
+        }
 
-        settings = argparse.Namespace(**{**vars(self.settings), "max_update": self.budget() or "auto (calibrating)"})
+    def report(self, quiet: bool = False) -> dict:
+        """results.json, results.md and learning_curves.png from what exists."""
         try:
-            methods = self.concrete_methods(keep_unchosen=True)
-            return write_report(self.out, methods, {m.name: self.seeds_of(m.name) for m in methods}, self.plan,
-                                settings, self.data_bin)
+            results = self.collect()
+            _write_json(os.path.join(self.out, "results.json"), results)
+            markdown = report.markdown(results).encode()
+            replace_atomically(os.path.join(self.out, "results.md"), lambda f: f.write(markdown))
+            report.plot_curves(results, os.path.join(self.out, "learning_curves.png"))
+            return results
         except Exception as error:  # noqa: BLE001 - a report must not stop the training of the other runs
             if not quiet:
                 raise
@@ -1014,24 +1034,21 @@ class Experiment:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="compare_methods.py",
-        description="Train the vanilla Transformer and every paper's headline configuration at a matched size "
-        "with one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
-        "Resumable: run the same command again to continue.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--methods", nargs="+",
-                   help="methods (space- or comma-separated) from: " + ", ".join(METHODS) + f"; and '{COMPOSITION}': "
-                   f"{COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: {', '.join(DEEP_METHODS)})")
-    p.add_argument("--deep", action="store_true",
-                   help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width is given), --lr-schedule polynomial, "
-                   "the methods above, and a third seed where two seeds do not decide")
+        prog="compare_methods.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train the vanilla Transformer and every paper's headline configuration at a matched size with "
+        "one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
+        "Resumable: run the same command again to continue.")
+    p.add_argument("--methods", nargs="+", help=f"methods (space- or comma-separated) from: {', '.join(METHODS)}; and "
+                   f"'{COMPOSITION}': {COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: "
+                   f"{', '.join(DEEP_METHODS)})")
+    p.add_argument("--deep", action="store_true", help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width "
+                   "is given), --lr-schedule polynomial, the methods above, and a third seed where two do not decide")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
-    g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en), needed to prepare the data and the "
-                   "test sets")
-    g.add_argument("--data-bin", help="already binarised data made by python -m fusion_fairseq.tools.corpus prepare multi30k (joined dictionary)")
+    g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en): to prepare the data and the test sets")
+    g.add_argument("--data-bin", help="already binarised data made by python -m fusion_fairseq.tools.corpus prepare "
+                   "multi30k (joined dictionary)")
     g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
     g = p.add_argument_group("models")
     w = g.add_mutually_exclusive_group()
@@ -1042,19 +1059,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
     g.add_argument("--max-update", type=lambda text: text if text == "auto" else positive_int(text), default=800,
-                   help="updates of every run, or 'auto': calibrated on the Transformer of the first seed (" +
-                   BUDGET_RULE + ")")
+                   help=f"updates of every run, or 'auto': calibrated on the first seed's Transformer ({BUDGET_RULE})")
     g.add_argument("--provisional-update", type=positive_int, default=4000,
                    help="with --max-update auto: how far the other runs train while the budget is calibrated")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
-    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"),
-                   help="inverse_sqrt (the default; never anneals) or polynomial: linear from the warm-up to 0 at the "
-                   "run's budget (the default with --deep; needs a fixed --max-update)")
-    g.add_argument("--finetune-update", type=positive_int, default=2000,
-                   help="updates of the runs that start from the Transformer's final averaged checkpoint "
-                   "(transformer_continued, deeprep_finetuned)")
+    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"), help="inverse_sqrt (the default; never "
+                   "anneals) or polynomial: linear from the warm-up to 0 at the run's budget (the default with --deep; "
+                   "needs a fixed --max-update)")
+    g.add_argument("--finetune-update", type=positive_int, default=2000, help="updates of the runs that start from the "
+                   "Transformer's final averaged checkpoint (transformer_continued, deeprep_finetuned)")
     g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, which the report puts beside the actual")
     g.add_argument("--eval-every", type=positive_int, default=100,
                    help="updates between validations (learning curve) and checkpoints (resume points)")
@@ -1089,26 +1104,23 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     settings = parse_settings(argv)
     methods = resolve_methods(settings.methods)
-    check_method_choice(settings, [m.name for m in methods])
-    check_checkpoint_alignment(settings)
-    if settings.device is None:
-        import torch
+    check_settings(settings, methods)
+    import torch
 
-        settings.device = "cuda" if torch.cuda.is_available() else "cpu"
+    settings.device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if settings.threads is None and settings.device == "cpu" and settings.jobs > 1:
         settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)  # the cores shared out
     if settings.threads:
-        import torch
-
         torch.set_num_threads(settings.threads)  # the test translations are made in this process
     # the root logger on the console, before fairseq-generate would bind it to its first output file
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
                         stream=sys.stdout)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     settings.out = os.path.abspath(settings.out)
-    claim_out_dir(settings.out, settings.force)
+    claim_out_dir(settings.out, OUT_NAMES, "fusion-fairseq compare_methods.py", settings.force, "compare_methods.py",
+                  ComparisonError)
     data_bin = prepare_data(settings)
-    experiment = Experiment(settings, methods, data_bin, read_recipe_env(data_bin))
+    experiment = Experiment(settings, methods, data_bin, corpus.read_recipe_env(data_bin))
     done = [run for run in experiment.runs() if finished_run(experiment.rdir(*run))]
     for name, seed in done:
         log(f"{name} seed {seed}: already done, not retrained")
@@ -1123,27 +1135,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     return results
 
 
-OUT_STAMP, STAMP_TEXT = ".written_by", "fusion-fairseq compare_methods.py\n"
+#: what this tool writes into --out: a folder holding one of them without its stamp is refused (without --force)
 OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "budget.json", "composition.json",
              "runs", "data", "test-sets")
 
 
-def claim_out_dir(out: str, force: bool) -> None:
-    """--out is this tool's working directory, rewritten on every run: one it stamped is continued;
-    one holding files of its names that it did not stamp is refused without --force."""
-    stamp = os.path.join(out, OUT_STAMP)
-    if os.path.isfile(stamp) and corpus.read_lines(stamp) == STAMP_TEXT.splitlines():
-        return
-    found = [name for name in OUT_NAMES if os.path.exists(os.path.join(out, name))]
-    if found and not force:
-        raise ComparisonError(f"--out {out} holds {', '.join(found)}, not written by compare_methods.py; pass --force "
-                              "to replace them, or give another --out")
-    os.makedirs(out, exist_ok=True)
-    with open(stamp, "w", encoding="utf-8") as f:
-        f.write(STAMP_TEXT)
-
-
-def check_method_choice(settings, names: List[str]) -> None:
+def check_settings(settings, methods: List[Method]) -> None:
+    """Before any work. Every update a run stops at must be a multiple of --eval-every: fairseq writes the
+    interval checkpoints (the resume points and the averaged ones) only there."""
+    names = [method.name for method in methods]
     if len(set(settings.seeds)) != len(settings.seeds):
         raise ComparisonError("--seeds: repeated seed")
     if "transformer" not in names:
@@ -1154,11 +1154,6 @@ def check_method_choice(settings, names: List[str]) -> None:
     if COMPOSITION in names and missing:
         raise ComparisonError(f"--methods: '{COMPOSITION}' is chosen from the runs of {', '.join(COMPONENTS)} and "
                               f"transformer; add {', '.join(missing)}")
-
-
-def check_checkpoint_alignment(settings) -> None:
-    """Every update a run stops at is a multiple of --eval-every: fairseq writes the interval checkpoints
-    (the resume points and the averaged ones) only there."""
     every, auto = settings.eval_every, settings.max_update == "auto"
     if auto and settings.lr_schedule == "polynomial":
         raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
@@ -1168,7 +1163,7 @@ def check_checkpoint_alignment(settings) -> None:
             (f"--provisional-update {settings.provisional_update}:", settings.provisional_update, auto),
             (f"--max-update {settings.max_update}:", settings.max_update, not auto),
             (f"--finetune-update {settings.finetune_update}:", settings.finetune_update,
-             any(method.init for method in resolve_methods(settings.methods)))):
+             any(method.init for method in methods))):
         if applies and updates % every:
             raise ComparisonError(f"{what} not a multiple of --eval-every {every}, the only updates with a checkpoint")
 

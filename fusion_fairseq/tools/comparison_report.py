@@ -1,20 +1,16 @@
-"""The comparison's scores and report: sacreBLEU's paired bootstrap, the verdict, ``results.json``,
-``results.md`` and ``learning_curves.png`` (see :mod:`fusion_fairseq.tools.comparison`, which runs).
+"""The comparison's scores and report: sacreBLEU's paired bootstrap, the verdict, the budget check,
+``results.md`` and ``learning_curves.png`` from the results :mod:`fusion_fairseq.tools.comparison` collects.
 
 Every score comes from sacreBLEU's public interface: ``BLEU.corpus_score``, ``BLEU.sentence_score``
 (per sentence, the n-gram statistics that summed over any set of sentences give its corpus BLEU through
 ``BLEU.compute_bleu``) and ``sacrebleu.significance.PairedTest``.
 """
 
-import os
 import statistics
-from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence
 
-from fusion_fairseq.tools.comparison import (
-    AVERAGED, DEFAULT_CRITERION, TEST_SETS, Method, _read_json, _write_json, common_train_flags,
-    finished_run, last_logged_update, learning_curve, read_recipe_env, run_dir, training_record)
-
+#: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
+TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default
 
@@ -27,17 +23,15 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
     from sacrebleu.significance import PairedTest
 
     bleu = BLEU(lowercase=lowercase)
-    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": bleu}, [references], test_type="bs",
-                      n_samples=BOOTSTRAP_SAMPLES)
-    _, results = test()
+    base, found = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": bleu}, [references],
+                             test_type="bs", n_samples=BOOTSTRAP_SAMPLES)()[1]["BLEU"]
     stats = [sentence_statistics(hyps, references, lowercase) for hyps in (baseline, system)]
     indices = np.random.default_rng(BOOTSTRAP_SEED).choice(len(references), size=(BOOTSTRAP_SAMPLES, len(references)))
-    differences = np.array([corpus_bleu(stats[1][i].sum(0)) - corpus_bleu(stats[0][i].sum(0)) for i in indices])
-    low, high = np.percentile(differences, [2.5, 97.5])
-    base, sys_ = results["BLEU"]
-    return {"baseline": round(base.score, 2), "system": round(sys_.score, 2),
-            "difference": round(sys_.score - base.score, 2), "ci95": [round(float(low), 2), round(float(high), 2)],
-            "p_value": sys_.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
+    differences = [corpus_bleu(stats[1][i].sum(0)) - corpus_bleu(stats[0][i].sum(0)) for i in indices]
+    return {"baseline": round(base.score, 2), "system": round(found.score, 2),
+            "difference": round(found.score - base.score, 2),
+            "ci95": [round(float(x), 2) for x in np.percentile(differences, [2.5, 97.5])],
+            "p_value": found.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
             "signature": str(bleu.get_signature())}
 
 
@@ -59,6 +53,15 @@ def corpus_bleu(statistics_sum) -> float:
     return BLEU.compute_bleu(correct=c[0:4], total=c[4:8], sys_len=c[8], ref_len=c[9], smooth_method="exp").score
 
 
+def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
+    """The lines of the file ``key`` names of every test set, in :data:`TEST_SETS` order."""
+    lines: List[str] = []
+    for name in TEST_SETS:
+        with open(scores[name][key], encoding="utf-8") as f:
+            lines += [line.rstrip("\n") for line in f]
+    return lines
+
+
 def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
     """sacreBLEU of the test sets together, and the output's length over the reference's: the brevity
     penalty sees only short output, while long output (a model looping to the length limit) costs precision."""
@@ -69,30 +72,6 @@ def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
     return {"sacrebleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
             "sentences": sum(scores[name]["sentences"] for name in TEST_SETS),
             "length_ratio": round(score.sys_len / score.ref_len, 3)}
-
-
-def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
-    lines: List[str] = []
-    for name in TEST_SETS:
-        with open(scores[name][key], encoding="utf-8") as f:
-            lines += [line.rstrip("\n") for line in f]
-    return lines
-
-
-def write_sentence_statistics(rdir: str, scores: Dict[str, dict], lowercase: bool):
-    found = sentence_statistics(read_concatenated(scores, "hyp_detok"), read_concatenated(scores, "raw_ref"), lowercase)
-    _write_json(os.path.join(rdir, "sentence-statistics.json"), {"statistics": found.tolist()})
-    return found
-
-
-def run_statistics(rdir: str):
-    import numpy as np
-
-    stored = _read_json(os.path.join(rdir, "sentence-statistics.json"))
-    if stored:
-        return np.array(stored["statistics"], dtype=np.int64)
-    scores = finished_run(rdir)["scores"]["average"]
-    return write_sentence_statistics(rdir, scores, "case:lc" in scores["all"]["sacrebleu_signature"])
 
 
 #: The verdict, fixed before any of the 6+6 comparison's test scores existed: a method's Δ is its mean
@@ -150,125 +129,29 @@ def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
     ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
     seeds = {}
     for run in baseline_row["runs"]:
-        curve = run_curve(run)
-        if budget not in curve:
-            continue
-        if any(u not in curve for u in ends):
-            seeds[str(run["seed"])] = {"error": f"no validation at update(s) {', '.join(str(u) for u in ends if u not in curve)}"}
-            continue
-        changes = [round(curve[b] - curve[a], 4) for a, b in zip(ends, ends[1:])]
-        seeds[str(run["seed"])] = {"nll": [curve[u] for u in ends], "changes": changes,
-                                   "passed": all(abs(c) < CHECK_DELTA for c in changes)}
-    if not seeds:
-        return None
+        curve = {int(u): v for u, v in run["curve"].items()}
+        missing = [str(u) for u in ends if u not in curve]
+        if budget in curve and missing:
+            seeds[str(run["seed"])] = {"error": f"no validation at update(s) {', '.join(missing)}"}
+        elif budget in curve:
+            changes = [round(curve[b] - curve[a], 4) for a, b in zip(ends, ends[1:])]
+            seeds[str(run["seed"])] = {"nll": [curve[u] for u in ends], "changes": changes,
+                                       "passed": all(abs(c) < CHECK_DELTA for c in changes)}
     return {"rule": CHECK_RULE, "updates": ends, "seeds": seeds,
-            "passed": all(found.get("passed", False) for found in seeds.values())}
+            "passed": all(found.get("passed", False) for found in seeds.values())} if seeds else None
 
 
 def summarise(values: Sequence[float]) -> Optional[dict]:
     values = [float(v) for v in values]
-    if not values:
-        return None
     return {"n": len(values), "mean": round(statistics.fmean(values), 2),
             "std": round(statistics.stdev(values), 2) if len(values) > 1 else None,
-            "min": min(values), "max": max(values)}
+            "min": min(values), "max": max(values)} if values else None
 
 
 def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
     """The mean at the updates every curve reached: no step where a shorter curve ends."""
-    if not curves:
-        return {}
-    common = sorted(set.intersection(*(set(c) for c in curves)))
+    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
     return {u: statistics.fmean(c[u] for c in curves) for u in common}
-
-
-def run_curve(run: dict) -> Dict[int, float]:
-    return {int(u): v for u, v in run["curve"].items()}
-
-
-def paired_with_baseline(out: str, method: str, seed: int, baseline: str, lowercase: bool) -> Optional[dict]:
-    """:func:`paired_bootstrap` against the baseline of the same seed once both are scored (kept in
-    paired.json while neither is scored anew); None for the Transformer."""
-    rdir = run_dir(out, method, seed)
-    system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))
-    if method == "transformer" or not (system and base):
-        return None
-    path, key = os.path.join(rdir, "paired.json"), [system["finished"], base["finished"]]
-    cached = _read_json(path)
-    if cached and cached.get("key") == key:
-        return cached["paired"]
-    system, base = system["scores"]["average"], base["scores"]["average"]
-    paired = paired_bootstrap(read_concatenated(base, "raw_ref"), read_concatenated(base, "hyp_detok"),
-                              read_concatenated(system, "hyp_detok"), lowercase)
-    _write_json(path, {"key": key, "paired": paired})
-    return paired
-
-
-def collect_run(out: str, method: str, seed: int, lowercase: bool, budget, baseline: str = "transformer") -> dict:
-    """A run's scores once done, else its progress; its curve up to ``budget`` (all while uncalibrated)."""
-    rdir = run_dir(out, method, seed)
-    log_path = os.path.join(rdir, "run.log")
-    done = finished_run(rdir)
-    run = {"seed": seed, "dir": os.path.relpath(rdir, out)}
-    if done:
-        scores = done["scores"]["average"]
-        run.update({key: done[key] for key in done if key not in ("scores", "packages")}, status="done",
-                   test={name: found["sacrebleu"] for name, found in scores.items()},
-                   length_ratio=scores["all"]["length_ratio"],
-                   paired=paired_with_baseline(out, method, seed, baseline, lowercase))
-    else:
-        updates = last_logged_update(log_path)
-        run.update(training_record(log_path), status="partial" if updates else "pending", updates=updates)
-    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items()
-                    if not isinstance(budget, int) or u <= budget}
-    return run
-
-
-def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
-    finished = [r for r in runs if r["status"] == "done"]
-    # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
-    curves = [run_curve(r) for r in (finished or runs) if r["curve"]]
-    return {
-        "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
-        "baseline": method.baseline, "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
-        "criterion": list(method.criterion or DEFAULT_CRITERION), "params": plan_entry.get("params"),
-        "matched": {plan_entry["matched_flag"]: plan_entry["matched_value"]} if plan_entry.get("matched_flag") else None,
-        "note": method.note, "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
-        "sacrebleu": summarise([r["sacrebleu"] for r in finished]),
-        "tokenized_bleu": summarise([r["tokenized_bleu"] for r in finished]),
-        "test": {name: summarise([r["test"][name] for r in finished]) for name in (*TEST_SETS, "all")},
-        "length_ratio": summarise([r["length_ratio"] for r in finished]),
-        "mean_curve": {str(u): round(v, 4) for u, v in mean_curve(curves).items()}, "curve_seeds": len(curves),
-    }
-
-
-def collect(out: str, methods: List[Method], seeds: Dict[str, List[int]], plan: dict, settings, data_bin: str) -> dict:
-    lowercase = read_recipe_env(data_bin).get("LOWERCASE", "0") == "1"
-    budget = settings.max_update
-    rows = [method_row(method, [collect_run(out, method.name, seed, lowercase,
-                                            settings.finetune_update if method.init else budget, method.baseline)
-                                for seed in seeds[method.name]], plan.get(method.name, {})) for method in methods]
-    by_name = {row["method"]: row for row in rows}
-    for row in rows:
-        base = by_name.get(row["baseline"])
-        if base is not row and base and all(run["status"] == "done" for run in row["runs"] + base["runs"]):
-            row["verdict"] = seed_sentence_bootstrap(*[[run_statistics(os.path.join(out, run["dir"]))
-                                                        for run in r["runs"]] for r in (row, base)])
-    runs = [run for row in rows for run in row["runs"]]
-    seconds = sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
-    return {
-        "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")", "data_bin": data_bin,
-        "settings": {**{key: value for key, value in vars(settings).items() if key not in ("width", "out", "force")},
-                     "methods": [m.name for m in methods], "seeds": sorted({s for found in seeds.values() for s in found}),
-                     "width": str(settings.width), "width_text": settings.width.describe(),
-                     "common_flags": common_train_flags(settings, "SRC", "TGT"),
-                     "default_criterion": list(DEFAULT_CRITERION)},
-        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
-        "third_seed": _read_json(os.path.join(out, "third_seed.json")),
-        "budget_check": budget_check(by_name.get("transformer"), budget),
-        "cpu_hours": {"planned": settings.planned_cpu_hours,
-                      "actual": round(seconds * (settings.threads or 1) / 3600, 1)},
-    }
 
 
 LENGTH_TOLERANCE = 0.05  # an output length ratio further from 1 is flagged
@@ -317,8 +200,9 @@ def header(results: dict) -> List[str]:
         f"final model: {s['finetune_update']} more), Adam (0.9, 0.98), lr {s['lr']}, {schedule}, dropout {s['dropout']}, "
         f"label smoothing 0.1, weight decay 1e-4; validation + checkpoint every {s['eval_every']} updates. "
         f"Seeds: {', '.join(map(str, s['seeds']))}.",
-        f"* Scored: the average of the last {AVERAGED} checkpoints, beam {s['beam']}: detokenised sacreBLEU against "
-        "the raw reference (signature in results.json) and tokenised BLEU, both as `python -m fusion_fairseq.tools.corpus evaluate`.",
+        f"* Scored: the average of the last {s['averaged']} checkpoints, beam {s['beam']}: detokenised sacreBLEU "
+        "against the raw reference (signature in results.json) and tokenised BLEU, both as "
+        "`python -m fusion_fairseq.tools.corpus evaluate`.",
         f"* Device(s): {'; '.join(devices) or '–'}. Time summed over runs: training "
         f"{_duration(sum(run.get('train_seconds') or 0 for run in runs))}, test decoding "
         f"{_duration(sum(run.get('generate_seconds') or 0 for run in runs))}.",
@@ -428,10 +312,3 @@ def plot_curves(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def write_report(out, methods, seeds, plan, settings, data_bin) -> dict:
-    results = collect(out, methods, seeds, plan, settings, data_bin)
-    _write_json(os.path.join(out, "results.json"), results)
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(results))
-    plot_curves(results, os.path.join(out, "learning_curves.png"))
-    return results

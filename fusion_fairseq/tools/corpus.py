@@ -548,18 +548,11 @@ def evaluate(args):
 
 
 def check_own_outputs(out, names, stamp, force):
-    """An --out folder holding any of ``names`` that this tool did not write (no stamp) is refused
-    unless --force; outputs that are links are removed."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        usage_error(f"--out '{out}' is not a directory")
-    stamp_path = os.path.join(out, ".written_by")
-    own = os.path.isfile(stamp_path) and not os.path.islink(stamp_path) and read_lines(stamp_path) == [stamp]
-    found = [name for name in names if os.path.lexists(os.path.join(out, name))]
-    if found and not own and not force:
-        usage_error(f"--out '{out}' holds files that corpus evaluate did not write: {' '.join(found)}; pass --force to "
-                    "replace them, or give another --out")
-    for name in names:
-        unlink_if_linked(os.path.join(out, name))
+    """--out as :func:`fusion_fairseq.tools.common.claim_out_dir` claims it: refused when it holds any of
+    ``names`` that this tool did not write (no stamp) unless --force; outputs that are links are removed."""
+    from fusion_fairseq.tools.common import claim_out_dir
+
+    claim_out_dir(out, names, stamp, force, "corpus evaluate", usage_error)
 
 
 def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_split=False):
