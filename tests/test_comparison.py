@@ -294,23 +294,15 @@ def _trainings(rdir):
 
 
 @pytest.mark.slow
-def test_auto_budget_provisional_runs_and_composition(tmp_path, monkeypatch):
-    """--max-update auto: the first seed's Transformer trains in chunks until its curve is flat, the
-    other runs stop at --provisional-update meanwhile and then go on to the budget; the composition is
-    chosen from the first seed's curves; --stage train evaluates nothing, --stage evaluate trains nothing."""
-    monkeypatch.setattr(comparison, "PLATEAU_WINDOW", 2)
-    monkeypatch.setattr(comparison, "BUDGET_STEP", 2)
-    monkeypatch.setattr(comparison, "PLATEAU_DELTA", 1e9)  # flat at the first validation with one 2 updates earlier
+def test_staged_runs_and_composition(tmp_path, monkeypatch):
+    """The composition is chosen from the first seed's curves once its components reached the budget and
+    then trains; --stage train evaluates nothing, --stage evaluate trains nothing."""
     monkeypatch.setattr(comparison, "COMPONENTS", ("surface_fusion", "fgla"))
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
     write_multi30k_slice(raw)
     argv = _argv(raw, out, ["transformer", "surface_fusion", "fgla", "composition"])
-    argv[argv.index("--max-update") + 1] = "auto"
     argv[argv.index("--seeds") + 1:argv.index("--seeds") + 3] = ["1"]
-    main(argv + ["--provisional-update", "2", "--stage", "train"])
-    with open(os.path.join(out, "budget.json")) as f:
-        budget = json.load(f)
-    assert (budget["plateau_update"], budget["budget"]) == (4, 4)
+    main(argv + ["--stage", "train"])
     with open(os.path.join(out, "composition.json")) as f:
         assert json.load(f)["components"] in (["surface_fusion", "fgla"], ["fgla", "surface_fusion"])
     for method in ("transformer", "surface_fusion", "fgla", "composition"):
@@ -318,18 +310,9 @@ def test_auto_budget_provisional_runs_and_composition(tmp_path, monkeypatch):
         assert comparison.saved_updates(os.path.join(rdir, "checkpoints")) == 4
         assert not os.path.exists(os.path.join(rdir, "done.json"))
         assert all(training["commit"] for training in _trainings(rdir))
-    assert [t["to"] for t in _trainings(os.path.join(out, "runs", "fgla", "seed1"))] == [2, 4]  # provisional, then the budget
     results = main(argv + ["--stage", "evaluate"])
     assert [run["status"] for row in results["methods"] for run in row["runs"]] == ["done"] * 4
     assert all(run["updates"] == 4 for row in results["methods"] for run in row["runs"])
-
-
-def test_plateau_and_budget_rule():
-    curve = {250: 5.0, 500: 4.0, 750: 3.5, 1000: 3.48, 1250: 3.485, 1500: 3.475}
-    # 1250: best 3.48 against 3.5 up to 750 (a worse validation ends nothing); 1500: 3.475 against 3.48
-    assert comparison.plateau_update(curve, 0.01, 500) == 1500
-    assert comparison.plateau_update({**curve, 1500: 3.3}, 0.01, 500) is None
-    assert comparison.calibrated_budget(1250) == 1500 and comparison.calibrated_budget(1500) == 1500
 
 
 def test_composition_rule():
@@ -482,7 +465,6 @@ def test_the_reported_curve_stops_at_the_budget(tmp_path):
     (rdir / "run.log").write_text("".join(
         f'x | valid | {{"valid_nll_loss": "{3 - u / 1000}", "valid_num_updates": "{u}"}}\n' for u in (250, 500, 750)))
     assert comparison.collect_run(str(tmp_path), "transformer", 1, 500)["curve"] == {"250": 2.75, "500": 2.5}
-    assert set(comparison.collect_run(str(tmp_path), "transformer", 1, None)["curve"]) == {"250", "500", "750"}
 
 
 def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(tmp_path, monkeypatch):
@@ -497,12 +479,11 @@ def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(
                                               f'"valid_num_updates": "{u}"}}\n' for u in (1, 2, 3, 4)))
         (rdir / "checkpoints" / "checkpoint_1_3.pt").write_bytes(b"")
         (rdir / "done.json").write_text(json.dumps({**dict.fromkeys(comparison.DONE_KEYS, 0), "scores": {}}))
-    (out / "budget.json").write_text('{"max_update": "auto", "budget": 4}')
     monkeypatch.setattr(comparison, "_build_counter", lambda *args: lambda method, flags: 1)
     monkeypatch.setattr(comparison, "make_plan", lambda *args: {})
     experiment = object.__new__(comparison.Experiment)
     experiment.out, experiment.methods = str(out), comparison.resolve_methods(["transformer,composition"])
-    experiment.settings = comparison.parse_settings(["--out", str(out), "--seeds", "1"])
+    experiment.settings = comparison.parse_settings(["--out", str(out), "--seeds", "1", "--max-update", "4"])
     experiment.data_bin, experiment.recipe = None, {}
     experiment.choose_composition()
     with open(out / "composition.json") as f:
@@ -520,8 +501,6 @@ def test_a_killed_unfinished_run_reports_its_time_until_its_last_log_line(tmp_pa
 
 @pytest.mark.parametrize("flags, message", [
     (["--max-update", "5", "--eval-every", "2"], r"--max-update 5: not a multiple of --eval-every 2, the only"),
-    (["--max-update", "auto", "--eval-every", "300"], r"--max-update auto: its budgets are multiples of 500, not a"),
-    (["--max-update", "auto", "--eval-every", "250", "--provisional-update", "900"], r"--provisional-update 900: not"),
 ])
 def test_a_run_must_stop_where_fairseq_writes_a_checkpoint(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=message):
@@ -646,7 +625,6 @@ def test_the_deep_preset_and_its_schedule():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--deep", "--max-update", "auto"], r"--max-update auto: the polynomial schedule anneals to 0 at a budget fixed"),
     (["--deep", "--max-update", "3000", "--eval-every", "250", "--finetune-update", "900"],
      r"--finetune-update 900: not a multiple of --eval-every 250"),
     (["--max-update", "4", "--eval-every", "2"], r"--raw: not given, and .* holds no prepared data"),

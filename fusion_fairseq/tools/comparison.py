@@ -2,8 +2,8 @@
 
 ``python scripts/compare_methods.py`` (:func:`main`) trains fairseq's vanilla ``transformer`` and one headline
 configuration of every paper in the plugin on Multi30k De->En with the *same* data (one joint BPE, one joined
-dictionary), optimiser, learning-rate schedule, batch size, update budget (``--max-update N`` or ``auto``:
-:data:`BUDGET_RULE`) and seeds; the models without an N+M depth are matched to the Transformer's size
+dictionary), optimiser, learning-rate schedule, batch size, update budget (``--max-update``) and
+seeds; the models without an N+M depth are matched to the Transformer's size
 (:func:`match_parameter`). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
 resumed by fairseq from ``checkpoint_last.pt``; a trained run is scored with the average of its last
 :data:`AVERAGED` checkpoints, and its ``done.json``, written last, marks it as finished: it is never retrained.
@@ -360,36 +360,6 @@ def finished_run(rdir: str) -> Optional[dict]:
     return done
 
 
-#: ``--max-update auto``: the Transformer of the first seed trains in chunks of PLATEAU_WINDOW updates
-#: until its best validation NLL (fairseq's ``valid_nll_loss``, bits per target token) improves by less
-#: than PLATEAU_DELTA over PLATEAU_WINDOW updates; that update, rounded up to a multiple of BUDGET_STEP,
-#: is the budget of every run. The other runs train up to ``--provisional-update`` meanwhile (the
-#: learning-rate schedule does not depend on the budget, so nothing they did is redone).
-PLATEAU_DELTA = 0.01
-PLATEAU_WINDOW = 500
-BUDGET_STEP = 500
-BUDGET_RULE = (f"the first validation at which the first seed's Transformer's best validation NLL (bits) is less "
-               f"than {PLATEAU_DELTA} below its best {PLATEAU_WINDOW} updates earlier, rounded up to a multiple "
-               f"of {BUDGET_STEP}")
-
-
-def plateau_update(curve: Dict[int, float], delta: float = PLATEAU_DELTA, window: int = PLATEAU_WINDOW) -> Optional[int]:
-    """The first validated update ``u`` whose best NLL so far is less than ``delta`` below the best
-    NLL up to ``u - window``; None while the curve still improves. Reading of "improves by less than
-    0.01 over 500 updates": best-so-far values, so one noisy validation neither ends nor prolongs it."""
-    bests: List[Tuple[int, float]] = []
-    for update, nll in sorted(curve.items()):
-        bests.append((update, min(nll, bests[-1][1]) if bests else nll))
-        earlier = [best for u, best in bests if u <= update - window]
-        if earlier and earlier[-1] - bests[-1][1] < delta:
-            return update
-    return None
-
-
-def calibrated_budget(plateau: int) -> int:
-    return BUDGET_STEP * math.ceil(plateau / BUDGET_STEP)
-
-
 #: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
 #: any run of the comparison has been scored.
 #: Hard SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, not a likelihood,
@@ -733,8 +703,8 @@ def paired_with_baseline(out: str, method: str, seed: int, baseline: str) -> Opt
     return paired
 
 
-def collect_run(out: str, method: str, seed: int, budget, baseline: str = "transformer") -> dict:
-    """A run's scores once done, else its progress; its curve up to ``budget`` (all while uncalibrated)."""
+def collect_run(out: str, method: str, seed: int, budget: int, baseline: str = "transformer") -> dict:
+    """A run's scores once done, else its progress; its curve up to ``budget``."""
     rdir = run_dir(out, method, seed)
     log_path = os.path.join(rdir, "run.log")
     done = finished_run(rdir)
@@ -747,8 +717,7 @@ def collect_run(out: str, method: str, seed: int, budget, baseline: str = "trans
     else:
         updates = _last_number(log_path, LOGGED_UPDATE) or 0
         run.update(training_record(log_path), status="partial" if updates else "pending", updates=updates)
-    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items()
-                    if not isinstance(budget, int) or u <= budget}
+    run["curve"] = {str(u): round(v, 4) for u, v in learning_curve(log_path).items() if u <= budget}
     return run
 
 
@@ -778,12 +747,12 @@ class Experiment:
     def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
         self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
         self.out = settings.out
-        # budget.json holds the budget of --out (for auto, once calibrated); another one is refused
+        # budget.json holds the budget of --out; another one is refused
         known, asked = _read_json(os.path.join(self.out, "budget.json")), settings.max_update
         if known and known.get("max_update") != asked:
             raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
                                   f"-> {asked}); use another --out or the original settings")
-        if not known and asked != "auto" and not settings.report_only:
+        if not known and not settings.report_only:
             _write_json(os.path.join(self.out, "budget.json"), {"max_update": asked, "budget": asked})
         self.plan = make_plan(self.concrete_methods(), settings, data_bin, recipe)
 
@@ -844,11 +813,10 @@ class Experiment:
     def save_dir(self, name: str, seed: int) -> str:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
-    def budget(self) -> Optional[int]:
-        known = _read_json(os.path.join(self.out, "budget.json"))
-        return known["budget"] if known else None
+    def budget(self) -> int:
+        return self.settings.max_update
 
-    def run_budget(self, name: str) -> Optional[int]:
+    def run_budget(self, name: str) -> int:
         method = self.method(name)
         return self.settings.finetune_update if method and method.init else self.budget()
 
@@ -856,27 +824,10 @@ class Experiment:
         """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
 
-    def calibrate(self) -> None:
-        """--max-update auto: write budget.json once the first seed's Transformer's curve has flattened."""
-        if self.budget() is not None:
-            return
-        name, seed = "transformer", self.settings.seeds[0]
-        saved = saved_updates(self.save_dir(name, seed))
-        curve = {u: v for u, v in learning_curve(os.path.join(self.rdir(name, seed), "run.log")).items() if u <= saved}
-        plateau = plateau_update(curve, PLATEAU_DELTA, PLATEAU_WINDOW)
-        if plateau is None:
-            return
-        budget = calibrated_budget(plateau)
-        _write_json(os.path.join(self.out, "budget.json"), {
-            "max_update": "auto", "budget": budget, "plateau_update": plateau, "rule": BUDGET_RULE,
-            "calibration_run": os.path.relpath(self.rdir(name, seed), self.out),
-            "curve": {str(u): v for u, v in curve.items()}})
-        log(f"budget calibrated: {budget} updates (validation NLL flat at update {plateau})")
-
     def choose_composition(self) -> None:
         """Write composition.json once every component's first seed has reached the budget."""
         budget = self.budget()
-        if (COMPOSITION not in [m.name for m in self.methods] or budget is None
+        if (COMPOSITION not in [m.name for m in self.methods]
                 or os.path.isfile(os.path.join(self.out, "composition.json"))):
             return
         seed = self.settings.seeds[0]
@@ -926,13 +877,9 @@ class Experiment:
         method, stage = self.method(name), self.settings.stage
         if method is None or finished_run(self.rdir(name, seed)):
             return None
-        if method.init and (self.budget() is None or not self.trained_to(method.init, seed, self.budget())):
+        if method.init and not self.trained_to(method.init, seed, self.budget()):
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
-        if budget is None:  # --max-update auto: the calibration run trains on in chunks, the others provisionally
-            calibrating = (name, seed) == ("transformer", self.settings.seeds[0])
-            budget = (saved // PLATEAU_WINDOW + 1) * PLATEAU_WINDOW if calibrating else self.settings.provisional_update
-            return None if saved >= budget or stage == "evaluate" else ("train", budget)
         if saved >= budget:
             return None if stage == "train" else ("evaluate", budget)
         return None if stage == "evaluate" else ("train", budget)
@@ -969,7 +916,6 @@ class Experiment:
             self.test_sets()  # once, before the runs read them
         with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
             while True:
-                self.calibrate()
                 self.choose_composition()
                 self.choose_third_seed()
                 for run in self.runs():
@@ -989,7 +935,7 @@ class Experiment:
                 self.report(quiet=True)
 
     def collect(self) -> dict:
-        settings, budget = self.settings, self.budget() or "auto (calibrating)"
+        settings, budget = self.settings, self.budget()
         methods = self.concrete_methods(keep_unchosen=True)
         rows = [method_row(m, [collect_run(self.out, m.name, seed, settings.finetune_update if m.init else budget,
                                            m.baseline) for seed in self.seeds_of(m.name)], self.plan.get(m.name, {}))
@@ -1058,16 +1004,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
     g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=lambda text: text if text == "auto" else positive_int(text), default=800,
-                   help=f"updates of every run, or 'auto': calibrated on the first seed's Transformer ({BUDGET_RULE})")
-    g.add_argument("--provisional-update", type=positive_int, default=4000,
-                   help="with --max-update auto: how far the other runs train while the budget is calibrated")
+    g.add_argument("--max-update", type=positive_int, default=800, help="updates of every run")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
     g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"), help="inverse_sqrt (the default; never "
-                   "anneals) or polynomial: linear from the warm-up to 0 at the run's budget (the default with --deep; "
-                   "needs a fixed --max-update)")
+                   "anneals) or polynomial: linear from the warm-up to 0 at the run's budget (the default with --deep)")
     g.add_argument("--finetune-update", type=positive_int, default=2000, help="updates of the runs that start from the "
                    "Transformer's final averaged checkpoint (transformer_continued, deeprep_finetuned)")
     g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, which the report puts beside the actual")
@@ -1147,25 +1089,18 @@ def check_settings(settings, methods: List[Method]) -> None:
     if len(set(settings.seeds)) != len(settings.seeds):
         raise ComparisonError("--seeds: repeated seed")
     if "transformer" not in names:
-        if settings.max_update == "auto":
-            raise ComparisonError("--max-update auto: the budget is calibrated on 'transformer'; add it to --methods")
         log("note: the baseline 'transformer' is not among --methods; its size is still the matching target")
     missing = [name for name in ("transformer", *COMPONENTS) if name not in names]
     if COMPOSITION in names and missing:
         raise ComparisonError(f"--methods: '{COMPOSITION}' is chosen from the runs of {', '.join(COMPONENTS)} and "
                               f"transformer; add {', '.join(missing)}")
-    every, auto = settings.eval_every, settings.max_update == "auto"
-    if auto and settings.lr_schedule == "polynomial":
-        raise ComparisonError("--max-update auto: the polynomial schedule anneals to 0 at a budget fixed before "
-                              "training; give --max-update N")
-    for what, updates, applies in (
-            (f"--max-update auto: its budgets are multiples of {BUDGET_STEP},", BUDGET_STEP, auto),
-            (f"--provisional-update {settings.provisional_update}:", settings.provisional_update, auto),
-            (f"--max-update {settings.max_update}:", settings.max_update, not auto),
-            (f"--finetune-update {settings.finetune_update}:", settings.finetune_update,
-             any(method.init for method in methods))):
-        if applies and updates % every:
-            raise ComparisonError(f"{what} not a multiple of --eval-every {every}, the only updates with a checkpoint")
+    stops = [("--max-update", settings.max_update)]
+    if any(method.init for method in methods):
+        stops.append(("--finetune-update", settings.finetune_update))
+    for flag, updates in stops:
+        if updates % settings.eval_every:
+            raise ComparisonError(f"{flag} {updates}: not a multiple of --eval-every {settings.eval_every}, the only "
+                                  "updates with a checkpoint")
 
 
 if __name__ == "__main__":
