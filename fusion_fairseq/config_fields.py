@@ -1,13 +1,6 @@
-"""What fairseq's configuration dataclasses lack, as field metadata.
-
-Each plugin model's configuration is a ``FairseqDataclass`` registered with ``register_model(name,
-dataclass=...)``, from which fairseq generates its flags. A field made by :func:`option` adds the values it
-accepts, the rule that derives its default, whether it changes the model's structure and which part of the
-model reads it; from these come the parser's checks, the same checks for configurations from code,
-checkpoints or ``--model-overrides``, derived defaults, warnings for idle flags, the flags a checkpoint
-fixes, and the refusal of a hydra model config with a field its model lacks. Adding a flag is adding a
-field; checks that relate several flags stay in the model's module.
-"""
+"""What fairseq's configuration dataclasses lack, as field metadata: a field made by :func:`option` adds the
+values it accepts, the rule deriving its default, whether it is structural and which feature reads it, from
+which the checks, defaults, idle-flag warnings and structural list derive (docs/models.md, "Flags")."""
 
 import argparse
 import dataclasses
@@ -255,23 +248,15 @@ def structural_fields(config) -> tuple:
     return tuple(field.name for field in dataclasses.fields(config) if field.metadata.get("structural"))
 
 
-def architecture_default(args, name: str, config):
-    """The value the architecture gives ``name`` by itself (run on a copy of ``args`` without ``name``), so
-    that a preset's own value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's. The
-    architecture is ``_name``, else ``arch``, else the model that registered ``config``."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
-
-    arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
-        model for model, registered in MODEL_DATACLASS_REGISTRY.items() if registered.__qualname__ == config.__qualname__)
-    probe = argparse.Namespace(**{key: value for key, value in vars(args).items() if key != name})
-    ARCH_CONFIG_REGISTRY[arch](probe)
-    return getattr(probe, name)
-
-
 def idle_flags(args, config) -> list:
     """The fields read by an absent feature that the user set (a value other than the architecture's own,
     or typed on the command line), each with the reason. A checkpoint's configuration holds every flag, at
-    the architecture's value where the user gave none: no warning then."""
+    the architecture's value where the user gave none: no warning then. The architecture's own value comes
+    from running it (``_name``, else ``arch``, else the model that registered ``config``) on a copy of
+    ``args`` without the flag, so that a preset's own value (e.g. mlrf_nist_zh_en's independent W1) is
+    never taken for the user's."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
+
     idle = []
     for field in _options(config):
         feature, flag = field.metadata["read_by"], flag_of(field.name)
@@ -279,7 +264,12 @@ def idle_flags(args, config) -> list:
             continue
         value = getattr(args, field.name)
         typed = any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])  # then the user's choice
-        if value == architecture_default(args, field.name, config) and not typed:
+        arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
+            model for model, registered in MODEL_DATACLASS_REGISTRY.items()
+            if registered.__qualname__ == config.__qualname__)
+        probe = argparse.Namespace(**{name: setting for name, setting in vars(args).items() if name != field.name})
+        ARCH_CONFIG_REGISTRY[arch](probe)
+        if value == getattr(probe, field.name) and not typed:
             continue
         given = flag if isinstance(value, bool) else f"{flag} {value}"
         idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")
