@@ -181,7 +181,7 @@ def require_mergeable_model_config(config, cfg) -> None:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ConfigurationError(f"model.{key} is no field of {name}: {hint}(the fields are the flags of "
-                                      f"fairseq-train --arch {name}, with _ for -)")
+                                     f"fairseq-train --arch {name}, with _ for -)")
     model = ARCH_MODEL_NAME_REGISTRY.get(name, name)
     left_out = [key for key in known if key not in cfg]
     if name != model and left_out:
