@@ -247,7 +247,7 @@ def spawn_cpu_processes(cfg, main, kwargs):
         address = (*loopback_tcp_address(init_method), f"--distributed-init-method {init_method}")
     if address is not None:
         store = loopback_store(*address, None, torch.distributed.default_pg_timeout, wait_for_workers=False)
-        host = store.host
+        host = address[0]
         distributed.distributed_init_method = f"tcp://{f'[{host}]' if ':' in host else host}:{store.port}"
     kwargs["start_rank"] = 0
     distributed.distributed_rank = None  # each process takes its index

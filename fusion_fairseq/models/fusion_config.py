@@ -206,7 +206,8 @@ def check_fusion_args(args) -> None:
     """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
     check_values(args, FusionTransformerConfig)  # every value's type before any comparison
     reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
-                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder", "multi_layer_attention")
+                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder",
+                               "multi_layer_attention")
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
         raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
                                  f"must be 0 with {' '.join(reads_every_layer)}")
@@ -228,7 +229,8 @@ def check_fusion_args(args) -> None:
                                      f"more than {k} layers; --{side}-layers is {layers}")
         heads = getattr(args, f"{side}_attention_heads")
         if args.aggregation_fn == "attention" and getattr(args, f"{side}_embed_dim") % heads:
-            raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
+            raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its "
+                                     f"{heads} heads")
     source_memory = chosen(args, "layer_attention", "fuse_encoder", "aggregate_encoder")
     if getattr(args, "no_cross_attention", False) and source_memory:
         raise ConfigurationError(
