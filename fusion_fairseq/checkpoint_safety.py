@@ -1,9 +1,5 @@
-"""Loading untrusted checkpoints and configurations safely; what holds, and why: docs/safety.md.
-
-fairseq's checkpoint types join torch's safe globals and its reader reads weights only; strings fairseq
-would ``eval()`` are parsed as literals first; a checkpoint's embedding paths are forgotten; hub models
-fetch no file only the checkpoint names; no load may change the structure a checkpoint was trained with.
-"""
+"""Loading untrusted checkpoints and configurations safely, one section per property of docs/safety.md
+(what holds, and why)."""
 
 import argparse
 import ast
@@ -82,19 +78,15 @@ _LITERAL_CONSTANTS = (int, float, str, bool, type(None))
 _TOO_MANY = f"only list + list and list * N giving at most {MAX_LIST_LENGTH} items are allowed"
 
 
-class ConfigLiteralError(ConfigurationError):
-    """A configuration string that is not a plain literal."""
-
-
 def parse_config_literal(text, flag: str):
     """The value of configuration string ``text`` (of ``flag``), read without running code: literals, a
-    leading sign and fairseq's ``[...] * N + [...]``; else :class:`ConfigLiteralError`. Non-strings as they are."""
+    leading sign and fairseq's ``[...] * N + [...]``; else a ``ConfigurationError``. Non-strings as they are."""
     if not isinstance(text, str):
         return text
 
     def refuse(why):
         shown = repr(text) if len(text) <= 200 else f"{text[:200]!r}... ({len(text)} characters)"
-        return ConfigLiteralError(
+        return ConfigurationError(
             f"{flag} {shown} is not a literal ({why}); allowed: numbers, strings, tuples, lists and dicts of them, "
             f"and list repetition/concatenation such as [(512, 3)] * 4 + [(1024, 3)], at most {MAX_LIST_LENGTH} "
             "items in all")
@@ -202,12 +194,12 @@ def require_literal_task_and_criterion(state, path):
             evaluated = f"fairseq would evaluate it when building the {name}"
             try:
                 value = parse_config_literal(text, where)
-            except ConfigLiteralError as error:
+            except ConfigurationError as error:
                 value = error
             if kind is bool and not isinstance(value, bool):
-                raise ConfigLiteralError(f"{where} {text!r} is not True or False; {evaluated}")
-            if isinstance(value, ConfigLiteralError):
-                raise ConfigLiteralError(f"{value}; {evaluated}")
+                raise ConfigurationError(f"{where} {text!r} is not True or False; {evaluated}")
+            if isinstance(value, ConfigurationError):
+                raise ConfigurationError(f"{value}; {evaluated}")
 
 
 # A model built from a checkpoint would read the pretrained embeddings it names (any file, a FIFO,
@@ -234,10 +226,6 @@ def forget_embedding_files(state):
 # training may give one only the stored value, or where the stored configuration lacks the field
 # (saved before the flag existed). The refusal comes after the load, so that missing parameters are
 # named first.
-
-class StructuralOverrideError(ConfigurationError):
-    """--model-overrides or a resumed training changes a structural flag against the checkpoint."""
-
 
 def stored_model_config(state):
     """The model configuration of a checkpoint state: legacy ``args`` or ``cfg.model``."""
@@ -294,11 +282,11 @@ def structural_differences(config, other):
 
 
 def structural_override_errors(path, stored_config, overrides):
-    """A :class:`StructuralOverrideError` for each override of a structural field (or the architecture)
+    """A ``ConfigurationError`` for each override of a structural field (or the architecture)
     that the stored configuration holds with another value."""
     trained = structure(stored_config)
     fields = {flag: "arch" if flag in ARCHITECTURE_FIELDS else flag for flag in overrides}
-    return [StructuralOverrideError(
+    return [ConfigurationError(
         f"--model-overrides sets {flag} {value!r} but checkpoint {path} was trained with {fields[flag]} "
         f"{trained[fields[flag]]!r}: a structural flag cannot change at load (the model would compute another "
         "function); load it without that override, or start a model of the new configuration from it with "
@@ -356,12 +344,9 @@ def starts_from_pretrained_model(cfg, trainer) -> bool:
     return not os.path.exists(os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt"))
 
 
-class MissingParametersError(ConfigurationError):
+def missing_parameters_error(names, what: str) -> ConfigurationError:
     """A checkpoint lacks parameters of the model's configuration outside fine-tuning."""
-
-
-def missing_parameters_error(names, what: str) -> MissingParametersError:
-    return MissingParametersError(
+    return ConfigurationError(
         f"the checkpoint has no {what} parameters but this configuration needs {len(names)}: "
         f"{', '.join(sorted(names))}; only fairseq-train --finetune-from-model may start them fresh "
         "(load the checkpoint with the configuration it was trained with, e.g. without --model-overrides "
@@ -384,7 +369,7 @@ def _checked_reader(read):
             stored = stored_model_config(read(path, None, load_on_all_ranks))
             load.conflicts.extend(structural_override_errors(path, stored, arg_overrides))
         if load and load.resumed_with is not None:
-            load.conflicts.extend(StructuralOverrideError(
+            load.conflicts.extend(ConfigurationError(
                 f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
                 f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
                 "--save-dir, or start a model of the new configuration from it with --finetune-from-model"
@@ -398,7 +383,7 @@ def _checked_reader(read):
 def _recording(entry_point, describe, after=None):
     """``entry_point`` run with the :class:`_Load` ``describe(*args, **kwargs)`` recorded; the first
     structural change found is raised, also instead of the error of a load it made fail, unless that
-    error is the plugin's own (:class:`MissingParametersError` names the parameters)."""
+    error is the plugin's own (the error of missing parameters names them)."""
     @functools.wraps(entry_point)
     def wrapper(*args, **kwargs):
         load = describe(*args, **kwargs)
@@ -431,10 +416,6 @@ def _training_load(cfg, trainer, **passthrough_args):
 # reads the ``generation.replace_unk`` dictionary: such a setting must come from the keywords (or be
 # the BPE's default). fairseq's tokenizers read no files.
 
-class CheckpointFileSettingError(ConfigurationError):
-    """A hub load would read or fetch a file that the checkpoint, not the user, names."""
-
-
 def _hub_file_setting_errors(load, loaded, filenames, arg_overrides=None, *args, **kwargs):
     """An error for each setting of the loaded configuration that reads or fetches files and that the keywords
     (``arg_overrides``) do not give."""
@@ -456,7 +437,7 @@ def _hub_file_setting_errors(load, loaded, filenames, arg_overrides=None, *args,
     replace_unk = stored_value(stored_value(cfg, "generation"), "replace_unk")
     if isinstance(replace_unk, str) and replace_unk and "replace_unk" not in overrides:
         found.append(f"generation replace_unk {replace_unk!r}")
-    return [CheckpointFileSettingError(
+    return [ConfigurationError(
         f"from_pretrained: checkpoint {filenames[0]} sets {setting}, which would read or fetch a file the checkpoint "
         "names; pass the BPE and its files yourself (e.g. bpe='subword_nmt', bpe_codes=PATH) and replace_unk=PATH if "
         "you want one, or load a checkpoint without them"

@@ -1,13 +1,6 @@
-"""What fairseq's configuration dataclasses lack, as field metadata.
-
-Each plugin model's configuration is a ``FairseqDataclass`` registered with ``register_model(name,
-dataclass=...)``, from which fairseq generates its flags. A field made by :func:`option` adds the values it
-accepts, the rule that derives its default, whether it changes the model's structure and which part of the
-model reads it; from these come the parser's checks, the same checks for configurations from code,
-checkpoints or ``--model-overrides``, derived defaults, warnings for idle flags, the flags a checkpoint
-fixes, and the refusal of a hydra model config with a field its model lacks. Adding a flag is adding a
-field; checks that relate several flags stay in the model's module.
-"""
+"""What fairseq's configuration dataclasses lack, as field metadata: a field made by :func:`option` adds the
+values it accepts, the rule deriving its default, whether it is structural and which feature reads it, from
+which the checks, defaults, idle-flag warnings and structural list derive (docs/models.md, "Flags")."""
 
 import argparse
 import dataclasses
@@ -31,32 +24,26 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Values:
-    """What a flag accepts; ``convert`` turns command-line text into a value."""
+    """What a flag accepts; ``convert`` turns command-line text into a value. For a ``number`` range
+    (:func:`real`), text that is no number is told so."""
 
-    description: str  # completes "--flag ..., got X", e.g. "must be a positive integer"
+    description: str  # completes "--flag ..., got X", e.g. "must be a positive integer"; a range: "in [0, 1)"
     accepts: Callable[[Any], bool]
     convert: Callable[[str], Any] = str
     choices: Optional[Sequence[str]] = None
+    number: bool = False
 
     def error(self, flag: str, value, shown: str) -> Optional[str]:
-        return None if self.accepts(value) else _naming(flag, f"{self.description}, got {shown}")
+        if self.number and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            message = f"must be a number {self.description}"
+        elif self.accepts(value):
+            return None
+        else:
+            message = f"must be {self.description}" if self.number else self.description
+        return f"{flag} {message}, got {shown}" if flag else f"{message}, got {shown}"
 
 
-def _naming(flag: str, message: str) -> str:
-    return f"{flag} {message}" if flag else message
-
-
-@dataclass(frozen=True)
-class RealRange(Values):
-    """A number in the range ``description`` names (e.g. "in [0, 1)"); text that is no number is told so."""
-
-    def error(self, flag: str, value, shown: str) -> Optional[str]:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return _naming(flag, f"must be a number {self.description}, got {shown}")
-        return None if self.accepts(value) else _naming(flag, f"must be {self.description}, got {shown}")
-
-
-def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> RealRange:
+def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> Values:
     def inside(value):
         return (low < value or low_included and value == low) and (value < high or high_included and value == high)
 
@@ -64,7 +51,7 @@ def real(low: float, high: float, *, low_included: bool = True, high_included: b
         text = f">= {low:g}" if low_included else f"> {low:g}"
     else:
         text = f"in {'[' if low_included else '('}{low:g}, {high:g}{']' if high_included else ')'}"
-    return RealRange(text, inside, float)
+    return Values(text, inside, float, number=True)
 
 
 def choice(options: Sequence[str]) -> Values:
@@ -91,16 +78,12 @@ def _is_set(value) -> bool:
     return value not in ("none", False)
 
 
-def flag_feature(name: str, present: Callable[[Any], bool] = _is_set) -> Feature:
-    """The feature that flag ``name`` switches on where ``present(value)``."""
-    return Feature(lambda args: present(getattr(args, name)), lambda args: f"{flag_of(name)} is {getattr(args, name)}")
-
-
-def side_feature(name: str, present: Callable[[Any], bool] = _is_set) -> Feature:
-    """The feature that ``--NAME-encoder`` or ``--NAME-decoder`` switches on where ``present(value)``."""
-    names = (f"{name}_encoder", f"{name}_decoder")
-    return Feature(lambda args: any(present(getattr(args, side)) for side in names),
-                   lambda args: f"{'/'.join(map(flag_of, names))} are {'/'.join(str(getattr(args, side)) for side in names)}")
+def flag_feature(name: str, present: Callable[[Any], bool] = _is_set, *, sides: bool = False) -> Feature:
+    """The feature that flag ``name`` (``sides``: ``--NAME-encoder`` or ``--NAME-decoder``) switches on where
+    ``present(value)``."""
+    names, verb = ((f"{name}_encoder", f"{name}_decoder"), "are") if sides else ((name,), "is")
+    return Feature(lambda args: any(present(getattr(args, flag)) for flag in names), lambda args: (
+        f"{'/'.join(map(flag_of, names))} {verb} {'/'.join(str(getattr(args, flag)) for flag in names)}"))
 
 
 def option(default=None, help: str = "", values: Optional[Values] = None, *, metavar: Optional[str] = None,
@@ -183,35 +166,34 @@ def as_namespace(cfg) -> argparse.Namespace:
     return argparse.Namespace(**vars(cfg))
 
 
-def model_config_error(config, cfg) -> Optional[ConfigurationError]:
-    """Why fairseq may not merge the plugin model dataclass ``config`` with ``cfg`` (a hydra config's
-    ``model``), or None: a field ``config`` lacks, or a preset's name with fields left out, which fairseq's
-    merge would fill with the model's defaults before the preset could fill them with its own."""
+def require_mergeable_model_config(config, cfg) -> None:
+    """Refuse to merge the plugin model dataclass ``config`` with ``cfg`` (a hydra config's ``model``) when
+    ``cfg`` has a field ``config`` lacks, or names a preset and leaves fields out, which fairseq's merge
+    would fill with the model's defaults before the preset could fill them with its own."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
     config = config if isinstance(config, type) else type(config)
     if not _options(config):
-        return None  # not the plugin's
+        return  # not the plugin's
     name, known = cfg.get("_name"), [field.name for field in dataclasses.fields(config)]
     for key in cfg:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            return ConfigurationError(f"model.{key} is no field of {name}: {hint}(the fields are the flags of "
-                                      f"fairseq-train --arch {name}, with _ for -)")
+            raise ConfigurationError(f"model.{key} is no field of {name}: {hint}(the fields are the flags of "
+                                     f"fairseq-train --arch {name}, with _ for -)")
     model = ARCH_MODEL_NAME_REGISTRY.get(name, name)
     left_out = [key for key in known if key not in cfg]
     if name != model and left_out:
-        return ConfigurationError(
+        raise ConfigurationError(
             f"model._name {name} is a preset of {model}, which fills only what the command line leaves unset; a hydra "
             f"config gets {model}'s defaults for the fields it leaves out ({', '.join(left_out[:3])}, ...): name "
             f"_name: {model} and set the preset's fields (examples/hydra/mlrf.yaml)")
-    return None
 
 
 def check_model_configs() -> None:
     """Make fairseq's ``merge_with_parent`` (in ``dataclass.utils`` and ``models``) refuse first, in one
-    line, a plugin model configuration that :func:`model_config_error` finds wrong. A checkpoint's
+    line, a plugin model configuration that :func:`require_mergeable_model_config` refuses. A checkpoint's
     configuration (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
     from fairseq import models
     from fairseq.dataclass import utils
@@ -219,9 +201,8 @@ def check_model_configs() -> None:
     def checking(merge_with_parent):
         @functools.wraps(merge_with_parent)
         def wrapper(dc, cfg, remove_missing=False):
-            error = None if remove_missing else model_config_error(dc, cfg)
-            if error is not None:
-                raise error
+            if not remove_missing:
+                require_mergeable_model_config(dc, cfg)
             return merge_with_parent(dc, cfg, remove_missing)
 
         wrapper.checks_model_configs = True
@@ -267,23 +248,15 @@ def structural_fields(config) -> tuple:
     return tuple(field.name for field in dataclasses.fields(config) if field.metadata.get("structural"))
 
 
-def architecture_default(args, name: str, config):
-    """The value the architecture gives ``name`` by itself (run on a copy of ``args`` without ``name``), so
-    that a preset's own value (e.g. mlrf_nist_zh_en's independent W1) is never taken for the user's. The
-    architecture is ``_name``, else ``arch``, else the model that registered ``config``."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
-
-    arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
-        model for model, registered in MODEL_DATACLASS_REGISTRY.items() if registered.__qualname__ == config.__qualname__)
-    probe = argparse.Namespace(**{key: value for key, value in vars(args).items() if key != name})
-    ARCH_CONFIG_REGISTRY[arch](probe)
-    return getattr(probe, name)
-
-
 def idle_flags(args, config) -> list:
     """The fields read by an absent feature that the user set (a value other than the architecture's own,
     or typed on the command line), each with the reason. A checkpoint's configuration holds every flag, at
-    the architecture's value where the user gave none: no warning then."""
+    the architecture's value where the user gave none: no warning then. The architecture's own value comes
+    from running it (``_name``, else ``arch``, else the model that registered ``config``) on a copy of
+    ``args`` without the flag, so that a preset's own value (e.g. mlrf_nist_zh_en's independent W1) is
+    never taken for the user's."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
+
     idle = []
     for field in _options(config):
         feature, flag = field.metadata["read_by"], flag_of(field.name)
@@ -291,7 +264,12 @@ def idle_flags(args, config) -> list:
             continue
         value = getattr(args, field.name)
         typed = any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])  # then the user's choice
-        if value == architecture_default(args, field.name, config) and not typed:
+        arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
+            model for model, registered in MODEL_DATACLASS_REGISTRY.items()
+            if registered.__qualname__ == config.__qualname__)
+        probe = argparse.Namespace(**{name: setting for name, setting in vars(args).items() if name != field.name})
+        ARCH_CONFIG_REGISTRY[arch](probe)
+        if value == getattr(probe, field.name) and not typed:
             continue
         given = flag if isinstance(value, bool) else f"{flag} {value}"
         idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")

@@ -1,23 +1,8 @@
-"""Narrow fixes of upstream fairseq (main branch and ve-fairseq 0.12.3), applied on import (``global_changes``);
-what holds, and why, in docs/models.md ("fairseq features") and docs/safety.md.
-
-``keep_last_partial_batch`` (fairseq #5036): ``batch_by_size`` drops a last batch whose size is not a
-multiple of ``--required-batch-size-multiple``, a speed hint: its sentences come back as a last batch.
-
-``train_in_cpu_processes``: fairseq counts processes in CUDA devices, so ``--cpu
---distributed-world-size 2`` fails or trains nothing, torchrun ranks train alone and DDP gets a device
-id for a CPU module. On the CPU the ranks take gloo and meet, on a loopback address, at a store that
-listens there only, wait ``RENDEZVOUS_SECONDS`` for each other, end with their parent and leave
-their group; bad world sizes, ports, ranks and torchrun variables fail in one line. Resuming on
-several ranks broadcasts ``_TensorPlaceholder``, which joins torch's safe globals.
-
-``train_bf16_without_tpu`` (fairseq #4696): every ``--bf16`` run sets ``--tpu``; without torch_xla
-no TPU can be meant, so it is cleared and fairseq's own bfloat16 path trains.
-
-``resume_with_the_batches_of_an_unbroken_run``: the batches kept across epochs are ordered under
-``--seed`` + the epoch the iterator is made at, so a resumed run would batch sentences of equal
-length otherwise than the unbroken run: they are built as at epoch 1.
-"""
+"""Narrow fixes of upstream fairseq (main branch and ve-fairseq 0.12.3), applied on import (``global_changes``):
+the last partial batch is kept (fairseq #5036), multi-process training runs on the CPU (gloo, a loopback-only
+store, ranks that end with their parent), ``--bf16`` trains without a TPU (fairseq #4696), and a resumed
+training gets the batches of the run it continues. Why each, and what holds: docs/safety.md ("What importing
+the plugin changes", "Training in several processes on the CPU") and docs/models.md ("fairseq features")."""
 
 import ctypes
 import datetime
@@ -166,8 +151,9 @@ def loopback_tcp_address(init_method):
     return ("127.0.0.1" if url.hostname == "localhost" else url.hostname), port
 
 
-def listen_on_loopback(host, port, what):
-    """A socket listening on loopback ``host`` only (``port`` 0: a free one); a taken port fails naming ``what``."""
+def loopback_store(host, port, what, world_size, timeout, wait_for_workers):
+    """torch's TCPStore serving on loopback ``host`` only, where torch's own store listens on every interface
+    (``port`` 0: a free one); a taken port fails naming ``what``."""
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does
     try:
@@ -177,14 +163,8 @@ def listen_on_loopback(host, port, what):
         listener.close()
         raise ConfigurationError(f"{what}: cannot listen on {host}:{port} ({error.strerror}); give a port no other "
                                  "program uses") from None
-    return listener
-
-
-def loopback_store(listener, world_size, timeout, wait_for_workers):
-    """torch's TCPStore serving on ``listener``: torch's own store listens on every interface."""
-    host, port = listener.getsockname()[:2]
-    return torch.distributed.TCPStore(host, port, world_size, True, timeout, wait_for_workers=wait_for_workers,
-                                      master_listen_fd=listener.detach())
+    return torch.distributed.TCPStore(host, listener.getsockname()[1], world_size, True, timeout,
+                                      wait_for_workers=wait_for_workers, master_listen_fd=listener.detach())
 
 
 def wait_for_listener(host, port, deadline):
@@ -211,7 +191,7 @@ def meet(backend, host, port, rank, world_size, hosts_store, origin, advice=""):
     logger.info(f"rank {rank} of {world_size} waits up to {RENDEZVOUS_SECONDS} s for the other ranks at {host}:{port}")
     try:
         if hosts_store and loopback:
-            store = loopback_store(listen_on_loopback(host, port, origin), world_size, timeout, wait_for_workers=True)
+            store = loopback_store(host, port, origin, world_size, timeout, wait_for_workers=True)
         elif hosts_store:  # the other ranks are on other machines: every interface
             store = torch.distributed.TCPStore(host, port, world_size, True, timeout)
         else:
@@ -256,19 +236,19 @@ def spawn_cpu_processes(cfg, main, kwargs):
         raise ConfigurationError(f"--distributed-rank {distributed.distributed_rank}: fairseq-train --cpu "
                                  f"--distributed-world-size {world_size} starts ranks 0 to {world_size - 1} itself; "
                                  "give a rank only with --distributed-no-spawn")
-    listener = store = None
+    address = store = None
     if init_method is None:
         port = distributed.distributed_port
         if port > 65535:
             raise ConfigurationError(f"--distributed-port {port}: a port from 1 to 65535 is allowed "
                                      "(none: a free one)")
-        listener = listen_on_loopback("127.0.0.1", max(port, 0), f"--distributed-port {port}")
+        address = ("127.0.0.1", max(port, 0), f"--distributed-port {port}")
     elif loopback_tcp_address(init_method):
-        listener = listen_on_loopback(*loopback_tcp_address(init_method), f"--distributed-init-method {init_method}")
-    if listener is not None:
-        host, port = listener.getsockname()[:2]
-        distributed.distributed_init_method = f"tcp://{f'[{host}]' if ':' in host else host}:{port}"
-        store = loopback_store(listener, None, torch.distributed.default_pg_timeout, wait_for_workers=False)
+        address = (*loopback_tcp_address(init_method), f"--distributed-init-method {init_method}")
+    if address is not None:
+        store = loopback_store(*address, None, torch.distributed.default_pg_timeout, wait_for_workers=False)
+        host = address[0]
+        distributed.distributed_init_method = f"tcp://{f'[{host}]' if ':' in host else host}:{store.port}"
     kwargs["start_rank"] = 0
     distributed.distributed_rank = None  # each process takes its index
     torch.multiprocessing.spawn(run_rank, args=(main, cfg, kwargs, os.getpid(), store is not None),
@@ -346,7 +326,7 @@ class DistributedDataParallelOnCpu(torch.nn.parallel.DistributedDataParallel):
 def train_in_cpu_processes():
     _wrap_once(distributed_utils, "call_main", with_cpu_processes, "_trains_in_cpu_processes")
     distributed_fairseq_model.DistributedDataParallel = DistributedDataParallelOnCpu
-    torch.serialization.add_safe_globals([distributed_utils._TensorPlaceholder])  # idempotent
+    torch.serialization.add_safe_globals([distributed_utils._TensorPlaceholder])  # resuming on several ranks
 
 
 # --- bfloat16 without a TPU ------------------------------------------------------------------

@@ -20,13 +20,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from conftest import TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
-from fusion_fairseq.checkpoint_safety import (
-    ConfigLiteralError,
-    MissingParametersError,
-    StructuralOverrideError,
-    parse_config_literal,
-    starts_from_pretrained_model,
-)
+from fusion_fairseq.checkpoint_safety import parse_config_literal, starts_from_pretrained_model
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.dense_fconv import layer_spec
@@ -99,7 +93,7 @@ def crafted(checkpoint, tmp_path, **config):
 def test_transformer_config_strings_are_not_evaluated_on_load(tiny_mlrf_checkpoint, tmp_path, field, result):
     marker = tmp_path / "created_by_checkpoint"
     path = crafted(tiny_mlrf_checkpoint, tmp_path, **{field: touch_payload(marker, result)})
-    with pytest.raises(ConfigLiteralError, match=f"--{field.replace('_', '-')} .* is not a literal"):
+    with pytest.raises(ConfigurationError, match=f"--{field.replace('_', '-')} .* is not a literal"):
         checkpoint_utils.load_model_ensemble_and_task([path])
     assert not marker.exists()
 
@@ -108,7 +102,7 @@ def test_transformer_config_strings_are_not_evaluated_on_load(tiny_mlrf_checkpoi
 def test_dense_fconv_layer_specs_are_not_evaluated_on_load(dense_fconv_checkpoint, tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     path = crafted(dense_fconv_checkpoint, tmp_path, encoder_layers=touch_payload(marker, "[(8, 3)] * 2"))
-    with pytest.raises(ConfigLiteralError, match=r"--encoder-layers .* is not a literal \(it contains BoolOp\)"):
+    with pytest.raises(ConfigurationError, match=r"--encoder-layers .* is not a literal \(it contains BoolOp\)"):
         checkpoint_utils.load_model_ensemble_and_task([path])
     assert not marker.exists()
 
@@ -126,7 +120,7 @@ def test_nested_xformers_config_is_not_evaluated(tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     args = parse_model_args("fusion_transformer", *TINY_TRANSFORMER)
     args.decoder = {"xformers_att_config": touch_payload(marker, "None")}
-    with pytest.raises(ConfigLiteralError, match="--decoder-xformers-att-config"):
+    with pytest.raises(ConfigurationError, match="--decoder-xformers-att-config"):
         FusionTransformerModel.build_model(args, task_of(10, 10))
     assert not marker.exists()
 
@@ -137,7 +131,7 @@ def test_dense_transformer_cutoff_is_not_evaluated(tmp_path):
     args.adaptive_softmax_cutoff = touch_payload(marker, "[5]")  # as read from a checkpoint
     from fusion_fairseq.models.dense_transformer import DenseTransformerModel
 
-    with pytest.raises(ConfigLiteralError, match="--adaptive-softmax-cutoff"):
+    with pytest.raises(ConfigurationError, match="--adaptive-softmax-cutoff"):
         DenseTransformerModel.build_model(args, task_of(10, 10))
     assert not marker.exists()
 
@@ -166,7 +160,7 @@ def test_literals_read_as_python_would(text):
     ("[(1, 2)", "it does not parse"),
 ])
 def test_non_literals_are_refused_naming_the_flag(text, why):
-    with pytest.raises(ConfigLiteralError) as error:
+    with pytest.raises(ConfigurationError) as error:
         layer_spec(text, "--encoder-layers", None)
     message = str(error.value)
     assert message.startswith(f"--encoder-layers {text[:200]!r}") and why in message
@@ -223,7 +217,7 @@ def test_validate_refuses_a_crafted_task_in_one_line(no_fusion_checkpoint, tiny_
 def test_the_hub_api_refuses_a_crafted_task(no_fusion_checkpoint, tiny_data_bin, tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     with_stored(no_fusion_checkpoint, tmp_path, task=multilingual_task(marker, tiny_data_bin))
-    with pytest.raises(ConfigLiteralError, match="task left_pad_source .* is not True or False; fairseq would evaluate"):
+    with pytest.raises(ConfigurationError, match="task left_pad_source .* is not True or False; fairseq would evaluate"):
         FusionTransformerModel.from_pretrained(str(tmp_path), checkpoint_file="crafted.pt",
                                                data_name_or_path=tiny_data_bin)
     assert not marker.exists()
@@ -300,7 +294,7 @@ def test_a_legacy_args_checkpoint_is_checked_too(no_fusion_checkpoint, tiny_data
     state["cfg"] = None
     path = tmp_path / "legacy.pt"
     torch.save(state, path)
-    with pytest.raises(ConfigLiteralError, match=f"checkpoint {path}: task left_pad_source .* is not True or False"):
+    with pytest.raises(ConfigurationError, match=f"checkpoint {path}: task left_pad_source .* is not True or False"):
         checkpoint_utils.load_model_ensemble_and_task([str(path)])
     assert not marker.exists()
 
@@ -322,7 +316,7 @@ def test_literal_task_booleans_load(no_fusion_checkpoint, tmp_path, value):
     ({"surface_fusion": "hard"}, "decoder.surface_fusion."),
 ])
 def test_fusion_switched_on_at_load_is_an_error_naming_the_parameters(no_fusion_checkpoint, overrides, missing):
-    with pytest.raises(MissingParametersError, match=f"the checkpoint has no fusion parameters .*{missing}"):
+    with pytest.raises(ConfigurationError, match=f"the checkpoint has no fusion parameters .*{missing}"):
         checkpoint_utils.load_model_ensemble_and_task([no_fusion_checkpoint], arg_overrides=overrides)
 
 
@@ -337,7 +331,7 @@ def test_generate_with_fusion_overrides_fails_in_one_line(no_fusion_checkpoint, 
 def test_a_parameter_free_structure_switched_on_at_load_is_refused(no_fusion_checkpoint, flag):
     """A dense connection with its default LayerNorm reading has no parameters: the strict load
     alone would pass and the model would compute another function."""
-    with pytest.raises(StructuralOverrideError, match=(
+    with pytest.raises(ConfigurationError, match=(
             f"--model-overrides sets {flag} 'dense' but checkpoint {no_fusion_checkpoint} was trained with "
             f"{flag} 'none': a structural flag cannot change at load")):
         checkpoint_utils.load_model_ensemble_and_task([no_fusion_checkpoint], arg_overrides={flag: "dense"})
@@ -407,7 +401,7 @@ def vanilla_checkpoint(tiny_data_bin, tmp_path_factory):
 @pytest.mark.parametrize("field", ["_name", "arch"])
 def test_the_architecture_cannot_change_at_load(dense_checkpoint, field):
     """fairseq builds the model of ``_name``: a vanilla Transformer would drop the aggregation."""
-    with pytest.raises(StructuralOverrideError, match=(
+    with pytest.raises(ConfigurationError, match=(
             f"--model-overrides sets {field} 'transformer' but checkpoint .* was trained with arch 'fusion_transformer'")):
         checkpoint_utils.load_model_ensemble_and_task([dense_checkpoint], arg_overrides={field: "transformer"})
 
@@ -418,7 +412,7 @@ def test_the_architecture_cannot_change_at_load(dense_checkpoint, field):
 ])
 def test_parameter_changing_overrides_are_named_not_left_to_the_strict_load(tiny_mlrf_checkpoint, overrides):
     [(flag, value)] = overrides.items()
-    with pytest.raises(StructuralOverrideError, match=f"--model-overrides sets {flag} {value!r} but checkpoint"):
+    with pytest.raises(ConfigurationError, match=f"--model-overrides sets {flag} {value!r} but checkpoint"):
         checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint], arg_overrides=overrides)
 
 
@@ -506,7 +500,7 @@ def literal_dense_checkpoint(tiny_data_bin, tmp_path_factory):
 def test_the_dense_connection_reading_cannot_change_at_load(literal_dense_checkpoint):
     path = literal_dense_checkpoint
     refused = "sets dense_connection 'layernorm' .* trained with dense_connection 'literal'"
-    with pytest.raises(StructuralOverrideError, match=refused):
+    with pytest.raises(ConfigurationError, match=refused):
         checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"dense_connection": "layernorm"})
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"dense_connection": "literal"})
     assert models[0].encoder.aggregation.reading == "literal"
@@ -604,7 +598,7 @@ def test_dense_fconv_checkpoint_naming_embedding_files_loads(dense_fconv_checkpo
 def test_fairseq_structural_overrides_are_refused_naming_the_field(tiny_mlrf_checkpoint, overrides):
     """Heads, activation, LayerNorm placement, embedding scale: no parameter changes and the scores would."""
     [(flag, value)] = overrides.items()
-    with pytest.raises(StructuralOverrideError, match=f"--model-overrides sets {flag} {value!r} but checkpoint .* "
+    with pytest.raises(ConfigurationError, match=f"--model-overrides sets {flag} {value!r} but checkpoint .* "
                                                       f"was trained with {flag} "):
         checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint], arg_overrides=overrides)
 

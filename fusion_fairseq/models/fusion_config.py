@@ -17,7 +17,7 @@ from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from fusion_fairseq.config_fields import (
     INTEGER, POSITIVE_INT, PROBABILITY, SWITCH, Feature, check_values, choice, flag_feature, flag_of, flat_fields,
-    option, real, side_feature, warn_idle_flags,
+    option, real, warn_idle_flags,
 )
 
 # Reading: the paper uses tau = 1 (hard) and 5 (soft). Below 0.01 the surface logits, and their
@@ -36,18 +36,18 @@ def tau_error(value) -> Optional[str]:
     return None
 
 
-SELF_ATTENTION_FUSION = side_feature("fuse", lambda value: value == "sa")
-FUSION_FNN = side_feature("fuse", lambda value: value in ("fnn", "sa"))
-LAYER_FUSION = side_feature("fuse")
+SELF_ATTENTION_FUSION = flag_feature("fuse", lambda value: value == "sa", sides=True)
+FUSION_FNN = flag_feature("fuse", lambda value: value in ("fnn", "sa"), sides=True)
+LAYER_FUSION = flag_feature("fuse", sides=True)
 AGGREGATION_NODES = Feature(
-    lambda a: side_feature("aggregate", lambda value: value in ("iterative", "hierarchical")).present(a)
-    or a.multi_layer_attention > 1, side_feature("aggregate").absence)
-DENSE_AGGREGATION = side_feature("aggregate", lambda value: value == "dense")
+    lambda a: flag_feature("aggregate", lambda value: value in ("iterative", "hierarchical"), sides=True).present(a)
+    or a.multi_layer_attention > 1, flag_feature("aggregate", sides=True).absence)
+DENSE_AGGREGATION = flag_feature("aggregate", lambda value: value == "dense", sides=True)
 LAYER_ATTENTION = flag_feature("layer_attention")
 HARD_SURFACE_FUSION = flag_feature("surface_fusion", lambda value: value == "hard")
 SURFACE_FUSION = flag_feature("surface_fusion")
-DENSEFORMER = side_feature("denseformer")
-HYPER_CONNECTIONS = side_feature("hyper_connections")
+DENSEFORMER = flag_feature("denseformer", sides=True)
+HYPER_CONNECTIONS = flag_feature("hyper_connections", sides=True)
 
 
 # help texts of the flags --NAME-encoder and --NAME-decoder, {} the side
@@ -206,7 +206,8 @@ def check_fusion_args(args) -> None:
     """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
     check_values(args, FusionTransformerConfig)  # every value's type before any comparison
     reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
-                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder", "multi_layer_attention")
+                               "aggregate_decoder", "denseformer_encoder", "denseformer_decoder",
+                               "multi_layer_attention")
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
         raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
                                  f"must be 0 with {' '.join(reads_every_layer)}")
@@ -216,28 +217,7 @@ def check_fusion_args(args) -> None:
         raise ConfigurationError(
             f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
             f"which needs {_equal_widths(args)}; or pass --fusion-no-layer-embedding")
-    check_deep_representation_args(args)
-    check_encoder_layer_fusion_args(args)
-    check_todays_layer_fusion_args(args)
-    warn_idle_flags(args, FusionTransformerConfig)
-
-
-def chosen(args, *names) -> list:
-    """``--flag value`` (``--flag`` for a switch) of each of ``names`` that is set to something other than off."""
-    given = []
-    for name in names:
-        value = getattr(args, name)
-        if value not in ("none", False) and not (name == "multi_layer_attention" and value == 1):
-            given.append(flag_of(name) if value is True else f"{flag_of(name)} {value}")
-    return given
-
-
-def _equal_widths(args) -> str:
-    return f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
-
-
-def check_deep_representation_args(args):
-    for side in ("encoder", "decoder"):
+    for side in ("encoder", "decoder"):  # deep representations
         both = chosen(args, f"aggregate_{side}", f"fuse_{side}")
         if len(both) == 2:
             raise ConfigurationError(
@@ -249,10 +229,8 @@ def check_deep_representation_args(args):
                                      f"more than {k} layers; --{side}-layers is {layers}")
         heads = getattr(args, f"{side}_attention_heads")
         if args.aggregation_fn == "attention" and getattr(args, f"{side}_embed_dim") % heads:
-            raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its {heads} heads")
-
-
-def check_encoder_layer_fusion_args(args):
+            raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its "
+                                     f"{heads} heads")
     source_memory = chosen(args, "layer_attention", "fuse_encoder", "aggregate_encoder")
     if getattr(args, "no_cross_attention", False) and source_memory:
         raise ConfigurationError(
@@ -273,20 +251,7 @@ def check_encoder_layer_fusion_args(args):
     if args.surface_fusion != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
         raise ConfigurationError("--surface-fusion reads source word embeddings through the target output "
                                  f"projection, which needs {_equal_widths(args)}")
-
-
-def check_masked_encoder_layer(args):
-    layer = args.mask_encoder_layer
-    if layer is not None and args.layer_attention == "none":
-        raise ConfigurationError(f"--mask-encoder-layer {layer} masks a layer-attention weight, which needs "
-                                 "--layer-attention coarse or fine")
-    if layer is not None and not 0 <= layer <= args.encoder_layers:
-        raise ConfigurationError(f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
-                                 f"to {args.encoder_layers}")
-
-
-def check_todays_layer_fusion_args(args):
-    """DenseFormer and hyper-connections each define how a side's layers are wired: one wiring per side."""
+    # DenseFormer and hyper-connections each define how a side's layers are wired: one wiring per side
     for side in ("encoder", "decoder"):
         wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"aggregate_{side}")
         if len(wirings) > 1:
@@ -309,3 +274,29 @@ def check_todays_layer_fusion_args(args):
             raise ConfigurationError(
                 f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
                 "only, and does not support --cross-self-attention; drop one of them")
+    warn_idle_flags(args, FusionTransformerConfig)
+
+
+def chosen(args, *names) -> list:
+    """``--flag value`` (``--flag`` for a switch) of each of ``names`` that is set to something other than off."""
+    given = []
+    for name in names:
+        value = getattr(args, name)
+        if value not in ("none", False) and not (name == "multi_layer_attention" and value == 1):
+            given.append(flag_of(name) if value is True else f"{flag_of(name)} {value}")
+    return given
+
+
+def _equal_widths(args) -> str:
+    return f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
+
+
+def check_masked_encoder_layer(args):
+    layer = args.mask_encoder_layer
+    if layer is not None and args.layer_attention == "none":
+        raise ConfigurationError(f"--mask-encoder-layer {layer} masks a layer-attention weight, which needs "
+                                 "--layer-attention coarse or fine")
+    if layer is not None and not 0 <= layer <= args.encoder_layers:
+        raise ConfigurationError(f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
+                                 f"to {args.encoder_layers}")
+
