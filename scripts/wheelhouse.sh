@@ -38,8 +38,7 @@ GLIBC_MINOR="${BASH_REMATCH[1]}"
 if [ -e "$DEST" ] && [ -n "$(ls -A "$DEST")" ]; then
     die "output folder '$DEST' exists and is not empty; give a new or empty folder (nothing is overwritten)"
 fi
-mkdir -p "$DEST"
-DEST="$(cd "$DEST" && pwd)"
+DEST="$(mkdir -p "$DEST" && cd "$DEST" && pwd)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
