@@ -227,7 +227,6 @@ def read_raw(corpus, args, work):
 RO_COMMA_BELOW = str.maketrans("\u015e\u015f\u0162\u0163", "\u0218\u0219\u021a\u021b")
 RO_STRIP = str.maketrans("\u0218\u0219\u021a\u021b\u015e\u015f\u0162\u0163\u0102\u0103\u00c2\u00e2\u00ce\u00ee",
                          "SsTtSsTtAaAaIi")
-_worker = None
 
 
 class Tokeniser:
@@ -363,7 +362,7 @@ def check_outputs(args):
             usage_error(f"--dest '{args.dest}' is inside --from '{args.from_}': the recipe searches --from for its raw "
                         "files and would find the ones it writes; give a --dest outside it")
     outputs = ["raw", "tok", "code"] + [f"{s}.{lang}" for lang in (args.src, args.tgt) for s in SPLITS]
-    found = [os.path.join(args.dest, name) for name in sorted(outputs) if os.path.lexists(os.path.join(args.dest, name))]
+    found = [path for path in (os.path.join(args.dest, name) for name in sorted(outputs)) if os.path.lexists(path)]
     if os.path.isdir(args.databin) and os.listdir(args.databin):
         found.append(f"{args.databin} (not empty)")
     if found and not args.force:
@@ -593,7 +592,7 @@ def build_parser():
     s.add_argument("--valid-every", type=positive_int, help="valid = every N-th cleaned training pair (iwslt14, wmt14)")
     s.add_argument("--max-len", type=positive_int, help="cleaning: most tokens a side (default: the corpus's)")
     s.add_argument("--max-subwords", type=positive_int, help="after BPE, drop train/valid pairs with a longer side")
-    s.add_argument("--remove-diacritics", action="store_true", help="wmt16-en-ro, Romanian source: ă â î ș ț -> a a i s t")
+    s.add_argument("--remove-diacritics", action="store_true", help="Romanian source: ă â î ș ț -> a a i s t")
     s.add_argument("--workers", type=positive_int, default=min(os.cpu_count() or 1, 8))
     s.add_argument("--mirror", help="download every file from MIRROR/FILE-NAME instead")
     s.add_argument("--timeout", type=positive_int, default=20, help="seconds a download may wait for the server")
