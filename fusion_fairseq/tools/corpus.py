@@ -138,7 +138,8 @@ def write_splits(text, directory, langs):
 
 
 def download(url, directory, timeout, work):
-    """``url`` into ``directory`` unless it is there already, through a file in ``work`` (left there on failure)."""
+    """``url`` into ``directory`` unless it is there already, through the scratch folder ``work`` (so that a
+    failed download leaves no part of it in ``directory``)."""
     path, part = os.path.join(directory, url.rsplit("/", 1)[-1]), os.path.join(work, "download.part")
     if os.path.isfile(path) and os.path.getsize(path):
         return log(f"using the already downloaded {path}")
