@@ -53,7 +53,8 @@ def main(argv=None):
     with open(args.report) as handle:
         report = json.load(handle)
     excluded = {canonicalize_name(name) for name in args.exclude.split(",") if name.strip()}
-    print("\n".join(needed(report, args.python, excluded)))
+    for line in needed(report, args.python, excluded):
+        print(line)
 
 
 if __name__ == "__main__":
