@@ -35,11 +35,9 @@ esac
 [[ "$GLIBC" =~ ^2\.([0-9]+)$ ]] || die "--glibc '$GLIBC' is not a glibc version such as 2.28"
 GLIBC_MINOR="${BASH_REMATCH[1]}"
 [ "$GLIBC_MINOR" -ge 17 ] || die "--glibc '$GLIBC' is older than manylinux2014 (2.17), which is the oldest allowed"
-if [ -e "$DEST" ] && [ -n "$(ls -A "$DEST")" ]; then
+[ ! -e "$DEST" ] || [ -z "$(ls -A "$DEST")" ] ||
     die "output folder '$DEST' exists and is not empty; give a new or empty folder (nothing is overwritten)"
-fi
-mkdir -p "$DEST"
-DEST="$(cd "$DEST" && pwd)"
+DEST="$(mkdir -p "$DEST" && cd "$DEST" && pwd)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 

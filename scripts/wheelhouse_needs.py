@@ -5,7 +5,6 @@ target's), markers evaluated for the target (CPython, Linux x86-64, ``--python``
 
 import argparse
 import json
-import sys
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -14,14 +13,10 @@ from packaging.utils import canonicalize_name
 
 def target_environment(python_version):
     """packaging's marker environment of CPython ``python_version`` on Linux x86-64."""
-    environment = default_environment()
-    environment.update(
-        python_version=python_version, python_full_version=f"{python_version}.0",
-        implementation_name="cpython", implementation_version=f"{python_version}.0",
-        platform_python_implementation="CPython", sys_platform="linux", os_name="posix",
-        platform_system="Linux", platform_machine="x86_64",
-    )
-    return environment
+    return {**default_environment(), "python_version": python_version, "python_full_version": f"{python_version}.0",
+            "implementation_name": "cpython", "implementation_version": f"{python_version}.0",
+            "platform_python_implementation": "CPython", "sys_platform": "linux", "os_name": "posix",
+            "platform_system": "Linux", "platform_machine": "x86_64"}
 
 
 def applies(requirement, environment, extra):
@@ -63,4 +58,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -18,36 +18,31 @@ EPOCH_CHECKPOINT, UPDATE_CHECKPOINT = r"checkpoint(\d+)\.pt", r"checkpoint_\d+_(
 
 def average_checkpoints(paths: Sequence[str], out: str) -> str:
     """Write to ``out`` (atomically) the last of ``paths`` with the mean of their parameters (in float64,
-    stored in each one's dtype) and no optimizer state, which no decoder reads. Returns ``out``."""
+    stored in each one's dtype) and no optimizer state, which no decoder reads. Returns ``out``. A
+    ValueError names a checkpoint of another model than the last one's (a mean of two models is a third):
+    another structural configuration, other parameter names or shapes."""
     import torch
 
     import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
-
-    states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
-    names = list(states[-1]["model"])
-    for path, state in zip(paths, states):
-        require_same_model(path, state, paths[-1], states[-1])
-    averaged = dict(states[-1], last_optimizer_state=None)
-    averaged["model"] = {name: (sum(state["model"][name].double() for state in states) / len(states))
-                         .to(states[-1]["model"][name].dtype) for name in names}
-    replace_atomically(out, lambda temporary: torch.save(averaged, temporary))
-    return out
-
-
-def require_same_model(path, state, reference_path, reference):
-    """A ValueError naming ``path`` and the field or parameter unless ``state`` is of ``reference``'s model:
-    the same structural configuration and parameter names and shapes (a mean of two models is a third)."""
     from fusion_fairseq.checkpoint_safety import stored_model_config, structural_differences
 
-    for field, value, expected in structural_differences(stored_model_config(state), stored_model_config(reference)):
-        raise ValueError(f"{path} was trained with {field} {value!r} but {reference_path} with {expected!r}; "
-                         "average checkpoints of one model")
-    if list(state["model"]) != list(reference["model"]):
-        raise ValueError(f"{path}: its parameters are not those of {reference_path}; average checkpoints of one model")
-    for name, tensor in state["model"].items():
-        if tensor.shape != reference["model"][name].shape:
-            raise ValueError(f"{path}: parameter {name} has shape {list(tensor.shape)} but {list(reference['model'][name].shape)} "
-                             f"in {reference_path}; average checkpoints of one model")
+    states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
+    last, last_path = states[-1], paths[-1]
+    for path, state in zip(paths, states):
+        for field, value, expected in structural_differences(stored_model_config(state), stored_model_config(last)):
+            raise ValueError(f"{path} was trained with {field} {value!r} but {last_path} with {expected!r}; "
+                             "average checkpoints of one model")
+        if list(state["model"]) != list(last["model"]):
+            raise ValueError(f"{path}: its parameters are not those of {last_path}; average checkpoints of one model")
+        for name, tensor in state["model"].items():
+            if tensor.shape != last["model"][name].shape:
+                raise ValueError(f"{path}: parameter {name} has shape {list(tensor.shape)} but "
+                                 f"{list(last['model'][name].shape)} in {last_path}; average checkpoints of one model")
+    averaged = dict(last, last_optimizer_state=None)
+    averaged["model"] = {name: (sum(state["model"][name].double() for state in states) / len(states))
+                         .to(tensor.dtype) for name, tensor in last["model"].items()}
+    replace_atomically(out, lambda temporary: torch.save(averaged, temporary))
+    return out
 
 
 def last_checkpoints(directory: str, count: int, by_update: bool = False) -> List[str]:

@@ -6,12 +6,9 @@ corpus is data (a :class:`Corpus` in :data:`CORPORA`). Evaluate: ``fairseq-gener
 hypotheses in order -> sacremoses detokenisation -> sacreBLEU against the raw reference, and
 tokenised BLEU (``--tokenize none``, as multi-bleu.perl; compound-split for WMT14 En-De).
 
-    python -m fusion_fairseq.tools.corpus prepare iwslt14 --from ~/Downloads/de-en.tgz --dest data/iwslt14.de-en
-    python -m fusion_fairseq.tools.corpus evaluate data/iwslt14.de-en/data-bin checkpoints/mlrf/checkpoint_best.pt
-
 ``--dest`` gets ``raw/`` and ``tok/`` (every split), the BPE ``code``, the BPE'd ``{train,valid,test}.{SRC,TGT}``
 and ``data-bin/`` (with ``recipe.env``, what ``evaluate`` reads). Nothing is written through a link, and
-existing outputs are replaced only with ``--force``.
+existing outputs are replaced only with ``--force``. Commands: examples/data/README.md.
 """
 
 import argparse
@@ -31,7 +28,6 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from multiprocessing import Pool
-from typing import Dict, Tuple, Union
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools.common import positive_int
@@ -44,18 +40,17 @@ class Corpus:
     """A corpus as data. File names may hold ``{lang}``, ``{src}``, ``{tgt}``, ``{test}``; ``a|b`` are
     alternative names of one file. ``valid``: its files, or N (every N-th cleaned training pair)."""
 
-    langs: Tuple[str, ...]
-    pair: Tuple[str, str]
-    urls: Tuple[str, ...]
-    train: Tuple[str, ...]  # concatenated
-    tests: Dict[str, Tuple[str, ...]]  # --test-set NAME -> its files, concatenated; the first is the default
-    valid: Union[int, Tuple[str, ...]]
+    langs: tuple  # the first two are the default --src and --tgt
+    dest: str
+    urls: tuple
+    train: tuple  # concatenated
+    tests: dict  # --test-set NAME -> its files, concatenated; the first is the default
+    valid: "int | tuple"
     merges: int
     lowercase: bool
-    steps: Tuple[str, ...] = ()  # sacremoses steps before tokenising: normalize, non_printing; aggressive: -a
-    clean: Tuple[str, int, float] = ("none", 0, 0.0)  # when (tok / bpe), max tokens, max ratio
+    steps: tuple = ()  # sacremoses steps before tokenising: normalize, non_printing; aggressive: -a
+    clean: tuple = ("none", 0, 0.0)  # when (tok / bpe), max tokens, max ratio
     compound_split: bool = False
-    dest: str = "{name}_{src}_{tgt}"
 
 
 WMT16 = "http://data.statmt.org/wmt16/translation-task/"
@@ -69,7 +64,7 @@ def wmt16_sgm(name):
 
 CORPORA = {
     "multi30k": Corpus(
-        langs=("de", "en", "fr", "cs"), pair=("de", "en"), dest="multi30k.tokenized.{src}-{tgt}",
+        langs=("de", "en", "fr", "cs"), dest="multi30k.tokenized.{src}-{tgt}",
         urls=tuple(f"https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{s}.{{lang}}.gz"
                    for s in ("train", "val", "{test}")),
         train=("train.{lang}|train.{lang}.gz",), valid=("val.{lang}|val.{lang}.gz",),
@@ -77,14 +72,14 @@ CORPORA = {
                ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")},
         merges=10000, lowercase=True, steps=("normalize",)),
     "iwslt14": Corpus(
-        langs=("de", "en"), pair=("de", "en"), dest="iwslt14.tokenized.{src}-{tgt}",
+        langs=("de", "en"), dest="iwslt14.tokenized.{src}-{tgt}",
         urls=("https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz",),
         train=("train.tags.de-en.{lang}",), valid=23, merges=10000, lowercase=True, clean=("tok", 175, 1.5),
-        tests={"fairseq": tuple(f"IWSLT14.{t}.de-en.{{lang}}.xml" for t in
-                                ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")),
-               "he2018": tuple(f"IWSLT14.TED.{t}.de-en.{{lang}}.xml" for t in ("dev2010", "tst2010", "tst2011", "tst2012"))}),
+        tests={name: tuple(f"IWSLT14.{t}.de-en.{{lang}}.xml" for t in sets) for name, sets in (
+            ("fairseq", ("TED.dev2010", "TEDX.dev2012", "TED.tst2010", "TED.tst2011", "TED.tst2012")),
+            ("he2018", ("TED.dev2010", "TED.tst2010", "TED.tst2011", "TED.tst2012")))}),
     "wmt14-en-de": Corpus(
-        langs=("en", "de"), pair=("en", "de"), dest="wmt14_{src}_{tgt}",
+        langs=("en", "de"), dest="wmt14_{src}_{tgt}",
         urls=("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
               "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
               "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
@@ -94,7 +89,7 @@ CORPORA = {
         merges=40000, lowercase=False, steps=("normalize", "non_printing", "aggressive"), clean=("bpe", 250, 1.5),
         compound_split=True),
     "wmt16-en-ro": Corpus(
-        langs=("en", "ro"), pair=("en", "ro"), dest="wmt16_{src}_{tgt}",
+        langs=("en", "ro"), dest="wmt16_{src}_{tgt}",
         urls=(WMT16 + "training-parallel-ep-v8.tgz", "https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip",
               WMT16 + "dev.tgz", WMT16 + "test.tgz"),
         train=("europarl-v8.ro-en.{lang}|europarl-v8.en-ro.{lang}",
@@ -115,7 +110,6 @@ def usage_error(message):
     raise SystemExit(2)
 
 
-# ---- files: never written through a link ---------------------------------------------------------
 def unlink_if_linked(path):
     """Remove ``path`` if it is a symbolic link or a file with other hard links, so that writing it
     makes a new file instead of changing the one it leads to (a user's input, their codes)."""
@@ -131,7 +125,9 @@ def write_lines(path, lines):
 
 
 def read_lines(path):
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+    """The lines of a text file, gzip-compressed when its name ends in .gz."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8", errors="replace",
+                                                        newline="\n") as f:
         return [line.rstrip("\n") for line in f]
 
 
@@ -141,81 +137,97 @@ def write_splits(text, directory, langs):
             write_lines(os.path.join(directory, f"{split}.{lang}"), text[split][lang])
 
 
-# ---- raw files: downloads, archives, the corpus formats ------------------------------------------
-def download(url, directory, timeout):
-    path = os.path.join(directory, url.rsplit("/", 1)[-1])
+def download(url, directory, timeout, work):
+    """``url`` into ``directory`` unless it is there already, through the scratch folder ``work`` (so that a
+    failed download leaves no part of it in ``directory``)."""
+    path, part = os.path.join(directory, url.rsplit("/", 1)[-1]), os.path.join(work, "download.part")
     if os.path.isfile(path) and os.path.getsize(path):
         return log(f"using the already downloaded {path}")
     os.makedirs(directory, exist_ok=True)
     log(f"downloading {url}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(path + ".part", "wb") as f:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as f:
             shutil.copyfileobj(response, f)
     except (OSError, ValueError) as error:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path + ".part")
         raise SystemExit(f"corpus: error: download of {url} failed ({error}; offline, or the server moved?): download "
                          "it on a machine with internet access and run again with --from PATH (a folder holding the "
                          "files or archives, or the archive itself)") from None
-    os.replace(path + ".part", path)
+    os.replace(part, path)
 
 
 def extract(archive, destination):
     """Unpack a .tgz/.tar/.zip into ``destination``; no member leaves it (zipfile drops '..' and leading '/'
     from member names, tarfile's data filter refuses them)."""
-    os.makedirs(destination, exist_ok=True)
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as z:
-            z.extractall(destination)
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as t:
-            t.extractall(destination, filter="data")
-    else:
+            return z.extractall(destination)
+    if not tarfile.is_tarfile(archive):
         raise SystemExit(f"corpus: error: --from: cannot unpack '{archive}' (expected a .tgz/.tar.gz/.tar/.zip)")
+    with tarfile.open(archive) as t:
+        t.extractall(destination, filter="data")
 
 
-class RawFiles:
-    """Finds a corpus file by name under ``root``, unpacking the archives there when it is not found."""
-
-    def __init__(self, root, work):
-        self.roots, self.work, self.unpacked = [root], work, False
-
-    def find(self, names):
-        for root in self.roots:
-            for name in names.split("|"):
-                for directory, _, files in sorted(os.walk(root, followlinks=True)):
-                    if name in files:
-                        return os.path.join(directory, name)
-        if not self.unpacked:
-            self.unpacked = True
-            unpacked = os.path.join(self.work, "unpacked")
-            for entry in sorted(os.listdir(self.roots[0])):
-                path = os.path.join(self.roots[0], entry)
-                if entry.endswith((".tgz", ".tar.gz", ".tar", ".zip")) and os.path.isfile(path):
-                    extract(path, os.path.join(unpacked, entry + ".d"))
-            self.roots.append(unpacked)
-            return self.find(names)
-        raise SystemExit(f"corpus: error: cannot find {names.replace('|', ' or ')} under {self.roots[0]}")
-
-    def read(self, names):
-        """The lines of a file: plain or .gz text; the <seg> text of XML/SGML; IWSLT's train.tags
-        without <url>/<talkid>/<keywords> lines and <title>/<description> tags."""
-        path = self.find(names)
-        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8", errors="replace", newline="\n") as f:
-            lines = [line.rstrip("\n").replace("\r", "") for line in f]
-        if path.endswith((".xml", ".sgm")):
-            return [re.sub(r'<seg id="[0-9]*">\s*|\s*</seg>\s*', "", x).replace("\u2019", "'") for x in lines if "<seg id" in x]
-        if os.path.basename(path).startswith("train.tags"):
-            lines = [re.sub(r"</?(title|description)>", "", x) for x in lines
-                     if not any(tag in x for tag in ("<url>", "<talkid>", "<keywords>"))]
-        return lines
+def find(names, root, work):
+    """The first of ``names`` (``a|b``) found under ``root``, else in the archives there, which the first
+    miss unpacks into ``work``."""
+    unpacked = os.path.join(work, "unpacked")
+    for folder in (root, unpacked):
+        for name in names.split("|"):
+            for directory, _, files in sorted(os.walk(folder, followlinks=True)):
+                if name in files:
+                    return os.path.join(directory, name)
+        if not os.path.isdir(unpacked):
+            os.makedirs(unpacked)
+            for entry in sorted(os.listdir(root)):
+                if entry.endswith((".tgz", ".tar.gz", ".tar", ".zip")) and os.path.isfile(os.path.join(root, entry)):
+                    extract(os.path.join(root, entry), os.path.join(unpacked, entry + ".d"))
+    raise SystemExit(f"corpus: error: cannot find {names.replace('|', ' or ')} under {root}")
 
 
-# ---- the steps -------------------------------------------------------------------------------------
+def read_raw_file(path):
+    """The text of a corpus file: plain or .gz lines; the <seg> text of XML/SGML (’ -> ', as fairseq's
+    prepare-iwslt14.sh); IWSLT's train.tags without <url>/<talkid>/<keywords> lines and <title>/<description> tags."""
+    lines = [line.replace("\r", "") for line in read_lines(path)]
+    if path.endswith((".xml", ".sgm")):
+        return [re.sub(r'<seg id="[0-9]*">\s*|\s*</seg>\s*', "", x).replace("\u2019", "'")
+                for x in lines if "<seg id" in x]
+    if os.path.basename(path).startswith("train.tags"):
+        return [re.sub(r"</?(title|description)>", "", x) for x in lines
+                if not any(tag in x for tag in ("<url>", "<talkid>", "<keywords>"))]
+    return lines
+
+
+def read_raw(corpus, args, work):
+    """{split: {lang: raw lines}} of the corpus (no valid when it is held out from train), from --from (a
+    folder, or an archive unpacked into ``work``) or from its downloads (kept in DEST/orig)."""
+    root = args.from_
+    if args.from_ and os.path.isfile(args.from_):
+        root = os.path.join(work, "from")
+        extract(args.from_, root)
+    elif not args.from_:
+        root = os.path.join(args.dest, "orig")
+        for pattern in corpus.urls:
+            for lang in (args.src, args.tgt) if "{lang}" in pattern else (None,):
+                url = pattern.format(lang=lang, test=args.test_set)
+                download(f"{args.mirror.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if args.mirror else url, root,
+                         args.timeout, work)
+    splits = {"train": corpus.train, "test": corpus.tests[args.test_set]}
+    if not isinstance(corpus.valid, int):
+        splits["valid"] = corpus.valid
+    text = {}
+    for split, patterns in splits.items():
+        text[split] = {lang: [line for p in patterns for line in read_raw_file(find(
+            p.format(lang=lang, src=args.src, tgt=args.tgt, test=args.test_set), root, work))]
+            for lang in (args.src, args.tgt)}
+        if len(text[split][args.src]) != len(text[split][args.tgt]):
+            raise SystemExit(f"corpus: error: the {split} split has {len(text[split][args.src])} {args.src} lines "
+                             f"but {len(text[split][args.tgt])} {args.tgt} lines")
+    return text
+
+
 RO_COMMA_BELOW = str.maketrans("\u015e\u015f\u0162\u0163", "\u0218\u0219\u021a\u021b")
 RO_STRIP = str.maketrans("\u0218\u0219\u021a\u021b\u015e\u015f\u0162\u0163\u0102\u0103\u00c2\u00e2\u00ce\u00ee",
                          "SsTtSsTtAaAaIi")
-_worker = None
 
 
 class Tokeniser:
@@ -331,11 +343,11 @@ def binarise(text_dir, databin, src, tgt, workers=1, joined=True, log_path=None,
     if log_path:
         write_lines(log_path, ["$ " + " ".join(command), *result.stdout.splitlines()])
     if result.returncode:
-        raise SystemExit(f"corpus: error: fairseq-preprocess failed (exit {result.returncode}):\n{result.stdout[-3000:]}")
+        raise SystemExit(f"corpus: error: fairseq-preprocess failed (exit {result.returncode}):\n"
+                         f"{result.stdout[-3000:]}")
 
 
-# ---- prepare a corpus ---------------------------------------------------------------------------
-def check_outputs(args, langs):
+def check_outputs(args):
     """Before any work: --from must not be --dest (or hold it), and what the recipe writes must not
     exist yet unless --force; outputs that are links are removed then (their targets stay)."""
     if args.from_ and not os.path.exists(args.from_):
@@ -344,13 +356,14 @@ def check_outputs(args, langs):
         source = os.path.realpath(args.from_)
         for sub in ("", "raw", "tok"):
             if os.path.realpath(os.path.join(args.dest, sub)) == source:
-                usage_error(f"--from '{args.from_}' is --dest{' ' + sub if sub else ''} ('{os.path.join(args.dest, sub)}'): "
-                            "the recipe writes its outputs there and would replace the raw text it reads; give another --dest")
+                usage_error(f"--from '{args.from_}' is --dest{' ' + sub if sub else ''} "
+                            f"('{os.path.join(args.dest, sub)}'): the recipe writes its outputs there and would "
+                            "replace the raw text it reads; give another --dest")
         if (os.path.realpath(args.dest) + os.sep).startswith(source + os.sep):
             usage_error(f"--dest '{args.dest}' is inside --from '{args.from_}': the recipe searches --from for its raw "
                         "files and would find the ones it writes; give a --dest outside it")
-    outputs = ["raw", "tok", "code"] + [f"{s}.{lang}" for lang in langs for s in SPLITS]
-    found = [os.path.join(args.dest, name) for name in sorted(outputs) if os.path.lexists(os.path.join(args.dest, name))]
+    outputs = ["raw", "tok", "code"] + [f"{s}.{lang}" for lang in (args.src, args.tgt) for s in SPLITS]
+    found = [path for path in (os.path.join(args.dest, name) for name in sorted(outputs)) if os.path.lexists(path)]
     if os.path.isdir(args.databin) and os.listdir(args.databin):
         found.append(f"{args.databin} (not empty)")
     if found and not args.force:
@@ -361,38 +374,11 @@ def check_outputs(args, langs):
     unlink_if_linked(os.path.join(args.databin, "recipe.env"))
 
 
-def read_raw(corpus, args):
-    """{split: {lang: raw lines}} of the corpus (no valid when it is held out from train), from --from (a
-    folder, or an archive unpacked into a scratch folder) or from its downloads (kept in DEST/orig)."""
-    src, tgt = args.src, args.tgt
-    with tempfile.TemporaryDirectory(prefix=".work.", dir=args.dest) as work:
-        root = args.from_
-        if args.from_ and os.path.isfile(args.from_):
-            root = os.path.join(work, "from")
-            extract(args.from_, root)
-        elif not args.from_:
-            root = os.path.join(args.dest, "orig")
-            for pattern in corpus.urls:
-                for lang in (src, tgt) if "{lang}" in pattern else (None,):
-                    url = pattern.format(lang=lang, test=args.test_set)
-                    download(f"{args.mirror.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if args.mirror else url, root,
-                             args.timeout)
-        files, names = RawFiles(root, work), {"src": src, "tgt": tgt, "test": args.test_set}
-        text = {"train": corpus.train, "test": corpus.tests[args.test_set]}
-        if not isinstance(corpus.valid, int):
-            text["valid"] = corpus.valid
-        for split, patterns in text.items():
-            text[split] = {lang: [x for p in patterns for x in files.read(p.format(lang=lang, **names))]
-                           for lang in (src, tgt)}
-            if len(text[split][src]) != len(text[split][tgt]):
-                raise SystemExit(f"corpus: error: the {split} split has {len(text[split][src])} {src} lines but "
-                                 f"{len(text[split][tgt])} {tgt} lines")
-        return text
-
-
 def prepare(corpus, args):
     langs = (src, tgt) = (args.src, args.tgt)
-    raw = read_raw(corpus, args)
+    os.makedirs(args.dest, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".work.", dir=args.dest) as work:
+        raw = read_raw(corpus, args, work)
     steps = corpus.steps + (("no_diacritics",) if args.remove_diacritics else ())
     log(f"tokenising (sacremoses; {', '.join(steps) or 'plain'}; lowercase={int(args.lowercase)})")
     text = {"raw": raw, "tok": {split: {lang: parallel_map(Tokeniser, (lang, steps, args.lowercase), raw[split][lang],
@@ -406,9 +392,11 @@ def prepare(corpus, args):
         kind["valid"] = {lang: kind["train"][lang][every - 1::every] for lang in langs}
         kind["train"] = {lang: [x for i, x in enumerate(kind["train"][lang], 1) if i % every] for lang in langs}
     log(f"learning {args.bpe_merges} joint BPE merges (subword-nmt) on train.{{{src},{tgt}}} and applying them")
-    text["bpe"] = learn_and_apply_bpe(text["tok"], src, tgt, args.bpe_merges, os.path.join(args.dest, "code"), args.workers)
+    codes = os.path.join(args.dest, "code")
+    text["bpe"] = learn_and_apply_bpe(text["tok"], src, tgt, args.bpe_merges, codes, args.workers)
     held_out = ["train", "valid"] if isinstance(corpus.valid, int) else ["train"]
-    for limits in ([(max_len, ratio)] if stage == "bpe" else []) + ([(args.max_subwords, math.inf)] if args.max_subwords else []):
+    for limits in ([(max_len, ratio)] if stage == "bpe" else []) + (
+            [(args.max_subwords, math.inf)] if args.max_subwords else []):
         keep_pairs(text, held_out, ("bpe", "tok", "raw"), langs, *limits)
     for kind, directory in (("raw", "raw"), ("tok", "tok"), ("bpe", "")):
         write_splits(text[kind], os.path.join(args.dest, directory), langs)
@@ -426,7 +414,6 @@ def prepare(corpus, args):
     print(f"BPE'd text and codes are in: {os.path.abspath(args.dest)}")
 
 
-# ---- evaluate ------------------------------------------------------------------------------------------
 RECIPE_VALUES = {"SRC": (r"[A-Za-z][A-Za-z0-9_-]*", "a language code such as de"),
                  "TGT": (r"[A-Za-z][A-Za-z0-9_-]*", "a language code such as en"),
                  "LOWERCASE": ("[01]", "0 or 1"), "COMPOUND_SPLIT": ("[01]", "0 or 1")}
@@ -455,8 +442,8 @@ def hypotheses(generate_output, expect=None):
     for line in read_lines(generate_output):
         match = re.match(r"([HT])-(\d+)\t", line)
         if match:  # H-id, score, text; T-id, text (the first hypothesis when there are several)
-            fields = line.split("\t")[1:] + [""]
-            found[match.group(1)].setdefault(int(match.group(2)), fields[1] if match.group(1) == "H" else fields[0])
+            kind, fields = match.group(1), line.split("\t")[1:] + [""]
+            found[kind].setdefault(int(match.group(2)), fields[1] if kind == "H" else fields[0])
     ids = sorted(found["H"])
     if not ids:
         raise SystemExit(f"corpus: error: {generate_output}: no hypotheses (H-* lines); did fairseq-generate fail?")
@@ -483,7 +470,8 @@ def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_spli
     case = "case-insensitive" if lowercase else "case-sensitive"
     detok, tok = BLEU(lowercase=lowercase), BLEU(tokenize="none", lowercase=lowercase, force=True)
     detok_score, tok_score = detok.corpus_score(hyp, [refs]), tok.corpus_score(hyp_t, [refs_t])
-    how = "sacrebleu --tokenize none on Moses-tokenized text, as multi-bleu.perl" + (", compound-split" if compound_split else "")
+    how = "sacrebleu --tokenize none on Moses-tokenized text, as multi-bleu.perl"
+    how += ", compound-split" if compound_split else ""
     report = (f"sacreBLEU (detokenized, {case}) vs {ref}: {detok_score}\nsacreBLEU signature: {detok.get_signature()}\n"
               f"Tokenized BLEU ({case}; {how}) vs {tok_ref}: {tok_score}")
     return report, {"sacrebleu": round(detok_score.score, 2), "sacrebleu_signature": str(detok.get_signature()),
@@ -511,7 +499,8 @@ def evaluate(args):
     recipe = read_recipe_env(data)
     src, tgt = args.src or recipe.get("SRC"), args.tgt or recipe.get("TGT")
     if not (src and tgt):
-        pairs = sorted({name.split(".")[1] for name in os.listdir(data) if re.fullmatch(rf"{re.escape(subset)}\.[^.]+-[^.]+\..+\.idx", name)})
+        pairs = sorted({name.split(".")[1] for name in os.listdir(data)
+                        if re.fullmatch(rf"{re.escape(subset)}\.[^.]+-[^.]+\..+\.idx", name)})
         if len(pairs) != 1:
             usage_error(f"--gen-subset: no binarised '{subset}' data in {data}" if not pairs else
                         f"several language pairs in {data} ({' '.join(pairs)}); pass --src and --tgt")
@@ -541,9 +530,10 @@ def evaluate(args):
                *([] if args.no_user_dir else ["--user-dir", args.user_dir or user_dir()]),
                *args.extra]
     log(f"fairseq-generate {subset} ({src} -> {tgt}), beam {args.beam} -> {generated}")
-    with open(generated, "w", encoding="utf-8") as stdout, open(os.path.join(out, f"generate-{subset}.log"), "w") as stderr:
+    log_path = os.path.join(out, f"generate-{subset}.log")
+    with open(generated, "w", encoding="utf-8") as stdout, open(log_path, "w") as stderr:
         if subprocess.call(command, stdout=stdout, stderr=stderr):
-            raise SystemExit(f"corpus: error: fairseq-generate failed (log: {out}/generate-{subset}.log)")
+            raise SystemExit(f"corpus: error: fairseq-generate failed (log: {log_path})")
     score(generated, out, tgt, ref, tok_ref, lowercase, compound)
 
 
@@ -574,7 +564,6 @@ def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_spli
     return scores
 
 
-# ---- command line ---------------------------------------------------------------------------------
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage block
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -585,7 +574,7 @@ def build_parser():
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("prepare", help="download (or read --from), tokenise, clean, BPE and binarise a corpus")
     s.add_argument("corpus", choices=list(CORPORA))
-    s.add_argument("--from", dest="from_", help="a folder holding the corpus files or archives, or an archive: no download")
+    s.add_argument("--from", dest="from_", help="a folder holding the corpus files or archives, or an archive")
     s.add_argument("--dest", help="output folder (default: e.g. multi30k.tokenized.de-en)")
     s.add_argument("--databin", help="binarised output (default: DEST/data-bin)")
     s.add_argument("--src", help="source language (default: the corpus's)")
@@ -597,7 +586,7 @@ def build_parser():
     s.add_argument("--valid-every", type=positive_int, help="valid = every N-th cleaned training pair (iwslt14, wmt14)")
     s.add_argument("--max-len", type=positive_int, help="cleaning: most tokens a side (default: the corpus's)")
     s.add_argument("--max-subwords", type=positive_int, help="after BPE, drop train/valid pairs with a longer side")
-    s.add_argument("--remove-diacritics", action="store_true", help="wmt16-en-ro, Romanian source: ă â î ș ț -> a a i s t")
+    s.add_argument("--remove-diacritics", action="store_true", help="Romanian source: ă â î ș ț -> a a i s t")
     s.add_argument("--workers", type=positive_int, default=min(os.cpu_count() or 1, 8))
     s.add_argument("--mirror", help="download every file from MIRROR/FILE-NAME instead")
     s.add_argument("--timeout", type=positive_int, default=20, help="seconds a download may wait for the server")
@@ -630,9 +619,9 @@ def build_parser():
 
 
 def prepare_args(args):
-    """The corpus's defaults for what was not given; values checked before any work."""
+    """The corpus's defaults for what was not given, then the values and outputs checked before any work."""
     corpus = CORPORA[args.corpus]
-    args.src, args.tgt = args.src or corpus.pair[0], args.tgt or corpus.pair[1]
+    args.src, args.tgt = args.src or corpus.langs[0], args.tgt or corpus.langs[1]
     for flag, lang in (("--src", args.src), ("--tgt", args.tgt)):
         if lang not in corpus.langs:
             usage_error(f"{flag}: invalid value '{lang}' (choose from: {', '.join(corpus.langs)})")
@@ -647,10 +636,11 @@ def prepare_args(args):
         usage_error("--remove-diacritics is for the Romanian source side (wmt16-en-ro --src ro --tgt en)")
     args.bpe_merges = args.bpe_merges or corpus.merges
     args.lowercase = corpus.lowercase if args.lowercase is None else args.lowercase
-    args.dest = args.dest or corpus.dest.format(name=args.corpus, src=args.src, tgt=args.tgt)
+    args.dest = args.dest or corpus.dest.format(src=args.src, tgt=args.tgt)
     args.databin = args.databin or os.path.join(args.dest, "data-bin")
     if os.path.exists(args.dest) and not os.path.isdir(args.dest):
         usage_error(f"--dest '{args.dest}' is not a directory")
+    check_outputs(args)
     return corpus
 
 
@@ -659,15 +649,13 @@ def main(argv=None):
     cut = argv.index("--") if "--" in argv else len(argv)  # evaluate: what follows goes to fairseq-generate
     args = build_parser().parse_args(argv[:cut])
     if args.command == "prepare":
-        corpus = prepare_args(args)
-        check_outputs(args, (args.src, args.tgt))
-        os.makedirs(args.dest, exist_ok=True)
-        prepare(corpus, args)
+        prepare(prepare_args(args), args)
     elif args.command == "evaluate":
         args.extra = argv[cut + 1:]
         evaluate(args)
     else:
-        report, scores = bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase, args.compound_split)
+        report, scores = bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase,
+                                     args.compound_split)
         print(report)
         if args.json:
             write_lines(args.json, [json.dumps(scores, indent=2)])
