@@ -1,10 +1,12 @@
 """Helpers the project's tools and scripts share: argument types, the rule for existing output
-files, stand-in dictionaries, parameter counts and the description of the machine a figure was
-measured on."""
+files, stand-in dictionaries, parameter counts, the description of the machine a figure was
+measured on and the validation curve of a fairseq-train log."""
 
+import json
 import os
 import pathlib
 import platform
+import re
 import sys
 import tempfile
 from typing import Dict, List, Optional
@@ -122,3 +124,26 @@ def plugin_architectures(registry: Optional[Dict[str, type]] = None) -> List[str
     if registry is None:
         from fairseq.models import ARCH_MODEL_REGISTRY as registry
     return [arch for arch, model_cls in registry.items() if defined_in_plugin(model_cls)]
+
+
+VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
+
+
+def learning_curve(log_path: str) -> Dict[int, float]:
+    """{update: validation NLL (bits)} from the validation lines of a fairseq-train log; a resumed run's
+    repeated updates: the latest value."""
+    curve: Dict[int, float] = {}
+    if not os.path.isfile(log_path):
+        return curve
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+        for m in filter(None, map(VALID_LINE.search, log)):
+            try:
+                stats = json.loads(m.group(1))
+                curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
+            except (ValueError, KeyError):
+                continue
+    return dict(sorted(curve.items()))
+
+
+def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
+    return next((u for u, nll in sorted(curve.items()) if nll <= target), None)

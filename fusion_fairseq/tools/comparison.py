@@ -31,8 +31,8 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fusion_fairseq.tools import comparison_report as report, corpus
-from fusion_fairseq.tools.common import (claim_out_dir, count_parameters, cpu_name, device_name, positive_int,
-                                         replace_atomically)
+from fusion_fairseq.tools.common import (claim_out_dir, count_parameters, cpu_name, device_name, learning_curve,
+                                         positive_int, replace_atomically)
 from fusion_fairseq.tools.comparison_report import TEST_SETS
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -565,25 +565,6 @@ def _log_lines(log_path: str) -> List[str]:
 def _last_number(log_path: str, pattern) -> Optional[int]:
     found = [m.group(1) for m in map(re.compile(pattern).search, _log_lines(log_path)) if m]
     return int(found[-1].replace(",", "")) if found else None
-
-
-VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
-
-
-def learning_curve(log_path: str) -> Dict[int, float]:
-    """{update: validation NLL (bits)}; a resumed run's repeated updates: the latest value."""
-    curve: Dict[int, float] = {}
-    for m in filter(None, map(VALID_LINE.search, _log_lines(log_path))):
-        try:
-            stats = json.loads(m.group(1))
-            curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
-        except (ValueError, KeyError):
-            continue
-    return dict(sorted(curve.items()))
-
-
-def updates_to_reach(curve: Dict[int, float], target: float) -> Optional[int]:
-    return next((u for u, nll in sorted(curve.items()) if nll <= target), None)
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
