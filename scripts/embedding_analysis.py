@@ -20,7 +20,7 @@ import sys
 from typing import Dict, List, Tuple
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, layer_attention_kind, \
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, checkpoint_setting, format_matrix, \
     load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
@@ -112,8 +112,8 @@ def spectrum_curve(matrix: torch.Tensor) -> Dict:
 def attention_split(model, cfg, path: str):
     """(M, more, less, random halves of the encoder embedding's dimensions), by w[M, 0, d] of the top
     decoder layer M; the random half is the same on every run."""
-    layer_attention_kind(cfg.model, "--split-by-attention: --path", path, ("fine",),
-                         "there are no per-dimension weights to order the dimensions by")
+    checkpoint_setting(cfg.model, "layer-attention", ("fine",), f"--split-by-attention: --path {path}",
+                       "there are no per-dimension weights to order the dimensions by")
     attention = model.decoder.layer_attention.eval()
     with torch.no_grad():
         weights = attention.weights().float()  # (M, N+1, D)

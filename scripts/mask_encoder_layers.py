@@ -24,9 +24,9 @@ from typing import Dict, List, Optional
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
-from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, checkpoint_arguments, finite, \
-    format_matrix, layer_attention_kind, model_args, positive, pyplot, read_checkpoint, script_main, \
-    write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, check_masked_layer, \
+    checkpoint_arguments, checkpoint_setting, finite, format_matrix, model_args, positive, pyplot, read_checkpoint, \
+    script_main, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -80,9 +80,7 @@ def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
         except ValueError:
             raise UsageError(f"--layers {spec}: {item!r} is not an encoder layer index (0 = Emb .. "
                              f"{num_encoder_layers})") from None
-        if not 0 <= layer <= num_encoder_layers:  # the model's own message (check_masked_encoder_layer)
-            raise UsageError(f"--layers {spec}: --mask-encoder-layer {layer} does not exist: the encoder has layers "
-                             f"0 (embedding) to {num_encoder_layers}")
+        check_masked_layer(layer, num_encoder_layers, f"--layers {spec}: ")
         layers.append(layer)
     return list(dict.fromkeys(layers))
 
@@ -210,7 +208,8 @@ def run(args) -> Dict:
             refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
     check_data_dir(args.data)
     config = model_args(read_checkpoint(args.path))
-    kind = layer_attention_kind(config, "--path", args.path, lacking="there is no layer-attention weight to mask")
+    kind = checkpoint_setting(config, "layer-attention", ("coarse", "fine"), f"--path {args.path}",
+                              "there is no layer-attention weight to mask")
     num_encoder_layers = int(config.encoder_layers)
     runs: List[Optional[int]] = [None] + layers_to_mask(args.layers, num_encoder_layers)
     if args.keep_outputs:

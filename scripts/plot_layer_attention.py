@@ -14,8 +14,8 @@ import sys
 import textwrap
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, \
-    layer_attention_kind, load_model, pyplot, script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import check_masked_layer, checkpoint_arguments, checkpoint_setting, \
+    format_matrix, heatmap, load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -61,14 +61,12 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
 def run(args) -> dict:
     # the stored weights, whatever the checkpoint was saved with
     model, cfg, _ = load_model(args.path, args.data, args.user_dir, {"mask_encoder_layer": None})
-    layer_attention_kind(cfg.model, "--path", args.path, lacking="there are no layer-attention weights to plot")
+    checkpoint_setting(cfg.model, "layer-attention", ("coarse", "fine"), f"--path {args.path}",
+                       "there are no layer-attention weights to plot")
     attention = model.decoder.layer_attention
     masked = args.mask_encoder_layer
     if masked is not None:
-        num_encoder_layers = attention.num_inputs - 1
-        if not 0 <= masked <= num_encoder_layers:  # the model's own message (check_fusion_args)
-            raise UsageError(f"--mask-encoder-layer {masked} does not exist: the encoder has layers 0 (embedding) "
-                             f"to {num_encoder_layers}")
+        check_masked_layer(masked, attention.num_inputs - 1)
         attention.mask_layer(masked)
     attention.eval()
     with torch.no_grad():

@@ -257,16 +257,33 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
     return state
 
 
-def layer_attention_kind(model_config, flag: str, path: str, kinds=("coarse", "fine"),
-                         lacking="there are no layer-attention weights") -> str:
-    """The checkpoint's ``--layer-attention``, one of ``kinds``; otherwise an error saying what it has."""
-    kind = getattr(model_config, "layer_attention", None)
-    if kind not in kinds:
-        having = "no layer attention" if kind is None else f"--layer-attention {kind}"
-        raise UsageError(f"{flag} {path}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, "
-                         f"so {lacking}; a fusion_transformer checkpoint trained with --layer-attention "
-                         f"{' or '.join(kinds)} is needed")
-    return kind
+def checkpoint_setting(model_config, option: str, allowed, flag: str, lacking: str, names=None, side=None) -> str:
+    """The checkpoint's ``--OPTION`` (``--OPTION-SIDE`` with ``side``), one of ``allowed``; otherwise an error
+    naming ``flag``, what the checkpoint has, so ``lacking``, what is needed and, where the other side
+    has it, ``try --side OTHER``."""
+    def value(name):
+        return getattr(model_config, name.replace("-", "_"), None)
+
+    hint = ""
+    if side is not None:
+        other = "decoder" if side == "encoder" else "encoder"
+        if value(f"{option}-{other}") in allowed:
+            hint = f"; its {other} has --{option}-{other} {value(f'{option}-{other}')}, try --side {other}"
+        option = f"{option}-{side}"
+    found = value(option)
+    if found not in allowed:
+        having = f"no --{option}" if found is None else f"--{option} {found}" + (
+            f" ({names[found]})" if found in (names or {}) else "")
+        raise UsageError(f"{flag}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, so "
+                         f"{lacking}; a fusion_transformer checkpoint trained with --{option} {' or '.join(allowed)} "
+                         f"is needed{hint}")
+    return found
+
+
+def check_masked_layer(layer: int, num_encoder_layers: int, where: str = "") -> None:
+    if not 0 <= layer <= num_encoder_layers:  # the model's own message (check_fusion_args)
+        raise UsageError(f"{where}--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
+                         f"to {num_encoder_layers}")
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):

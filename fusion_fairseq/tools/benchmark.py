@@ -100,7 +100,8 @@ def parse_variant(spec: str) -> BenchmarkConfig:
     name, arch = name.strip(), arch.strip()
     fault = "no '='" if not equals else "empty NAME" if not name else "empty ARCH" if not arch else None
     if fault:
-        raise BenchmarkError(f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE} ({fault})")
+        raise BenchmarkError(f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE} "
+                             f"({fault})")
     check_arch(arch, f"--variant {spec!r}")
     return BenchmarkConfig(name, arch, split_flags(flag_text, f"--variant {spec!r}"))
 
@@ -200,8 +201,7 @@ class _Runner:
         self.generators = {length: SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0,
                                                      max_len_b=length, min_len=length)
                            for length in (settings.decode_len, settings.decode_len // 2)}
-        self.tokens_per_s, self.sentences_per_s, self.ms_per_step = [], [], {}
-        self.decoded_lengths, self.memory, self.flops = set(), {}, {}
+        self.values, self.decoded_lengths, self.memory, self.flops = {}, set(), {}, {}  # values: per measure, per round
 
     def autocast(self):
         dtype = AUTOCAST[self.settings.dtype]
@@ -235,13 +235,6 @@ class _Runner:
         except Exception as exc:
             raise BenchmarkError(f"{self.where()}: {failed} failed: {exc}") from exc
 
-    def measure_training(self, sync):
-        self.model.train()
-        torch.manual_seed(self.settings.seed)
-        elapsed = self.timed(self.train_step, self.settings.warmup, self.settings.steps, sync, "training step")
-        self.tokens_per_s.append(self.settings.steps * self.train_sample["ntokens"] / elapsed)
-        return self.tokens_per_s[-1]
-
     def decode_batch(self):
         with self.autocast():
             hypos = self.generators[self.settings.decode_len].generate([self.model], self.decode_sample)
@@ -254,52 +247,59 @@ class _Runner:
                 f"got {len(hypos)} sentences with lengths {sorted(lengths)}")
         self.decoded_lengths |= lengths
 
-    def measure_decoding(self, sync):
-        self.model.eval()
-        settings = self.settings
-        elapsed = self.timed(self.decode_batch, settings.decode_warmup, settings.decode_batches, sync, "decoding")
-        self.sentences_per_s.append(settings.decode_batches * self.decode_sample["nsentences"] / elapsed)
-        return self.sentences_per_s[-1]
-
-    def measure_step_cost(self, length: int, sync) -> float:
-        """Milliseconds of one decoding step over sources of ``length`` tokens: (t(L) - t(L/2)) /
-        (L - L/2), the difference of two whole ``generate`` calls with L and L/2 output tokens, so
-        that what is paid once per sentence (the encoder, the first step's projection of the
+    def measure(self, what, sync) -> float:
+        """One round's value of ``what``: "train", target tokens/s of training steps; "decode", sentences/s
+        of decode batches; a source length N, milliseconds of one decoding step over N-token sources,
+        (t(L) - t(L/2)) / (L - L/2): the difference of two whole ``generate`` calls with L and L/2 output
+        tokens, so that what is paid once per sentence (the encoder, the first step's projection of the
         source, the generator's set-up) cancels."""
-        self.model.eval()
-        times = {}
-        with self.autocast(), torch.no_grad():
-            for steps, generator in self.generators.items():  # one untimed call warms the caches
-                times[steps] = self.timed(lambda: generator.generate([self.model], self.sweep_samples[length]), 1, 1,
-                                          sync, f"decoding a {length}-token source")
-        full, half = self.generators
-        self.ms_per_step.setdefault(length, []).append(1000 * (times[full] - times[half]) / (full - half))
-        return self.ms_per_step[length][-1]
+        settings = self.settings
+        self.model.train(what == "train")
+        torch.manual_seed(settings.seed)
+        if what == "train":
+            elapsed = self.timed(self.train_step, settings.warmup, settings.steps, sync, "training step")
+            value = settings.steps * self.train_sample["ntokens"] / elapsed
+        elif what == "decode":
+            elapsed = self.timed(self.decode_batch, settings.decode_warmup, settings.decode_batches, sync, "decoding")
+            value = settings.decode_batches * self.decode_sample["nsentences"] / elapsed
+        else:
+            times = {}
+            with self.autocast(), torch.no_grad():
+                for steps, generator in self.generators.items():  # one untimed call warms the caches
+                    times[steps] = self.timed(lambda: generator.generate([self.model], self.sweep_samples[what]), 1,
+                                              1, sync, f"decoding a {what}-token source")
+            full, half = self.generators
+            value = 1000 * (times[full] - times[half]) / (full - half)
+        self.values.setdefault(what, []).append(value)
+        return value
 
-    def measure_flops(self):
-        """Matrix-product FLOPs of one training step and of one decode batch (untimed)."""
-        from torch.utils.flop_counter import FlopCounterMode
-
-        torch.manual_seed(self.settings.seed)
-        for kind, training, step in (("train_step", True, self.train_step), ("decode_batch", False, self.decode_batch)):
-            self.model.train(training)
-            with FlopCounterMode(display=False) as counter:
-                step()
-            self.flops[kind] = counter.get_total_flops()
-
-    def measure_memory(self, transient_peak: Callable[[Callable[[], None]], Optional[int]]):
-        self.model.train()
+    def once(self, measure: Callable[[Callable[[], None]], object]) -> list:
+        """``[measure(one training step), measure(one decode batch)]``, untimed."""
         torch.manual_seed(self.settings.seed)
         self.optimizer.zero_grad(set_to_none=True)
-        train_peak = transient_peak(self.train_step)
-        self.model.eval()
-        decode_peak = transient_peak(self.decode_batch)
+        results = []
+        for training, step in ((True, self.train_step), (False, self.decode_batch)):
+            self.model.train(training)
+            results.append(measure(step))
+        return results
+
+    def measure_memory(self, transient_peak: Callable[[Callable[[], None]], Optional[int]]):
+        train_peak, decode_peak = self.once(transient_peak)
         parameters = sum(p.numel() * p.element_size() for p in self.model.parameters())
         train_state = parameters + sum(v.numel() * v.element_size() for state in self.optimizer.state.values()
                                        for v in state.values() if torch.is_tensor(v))  # + Adam's moments
         self.memory = {"train_peak_bytes": None if train_peak is None else train_state + train_peak,
                        "decode_peak_bytes": None if decode_peak is None else parameters + decode_peak,
                        "parameter_bytes": parameters, "train_state_bytes": train_state}
+
+
+def count_flops(step) -> int:
+    """Matrix-product FLOPs of ``step``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
 
 
 def cuda_transient_peak(fn) -> int:
@@ -406,37 +406,36 @@ def measure_rounds(runners: List[_Runner], settings: argparse.Namespace, sync: C
     """Training and decoding speed of every runner, round-robin with the order rotated by one every
     round; returns the seconds it took."""
     started = time.perf_counter()
-    measures = [("train ", lambda r: r.measure_training(sync), "{:,.0f} tokens/s"),
-                ("decode", lambda r: r.measure_decoding(sync), "{:,.2f} sentences/s")]
-    measures += [("step  ", lambda r, n=n: r.measure_step_cost(n, sync), f"source {n}: {{:.2f}} ms")
-                 for n in settings.source_lengths]
+    units = {"train": "{:,.0f} tokens/s", "decode": "{:,.2f} sentences/s",
+             **{n: f"source {n}: {{:.2f}} ms" for n in settings.source_lengths}}
     for repeat in range(settings.repeats):
         order = runners[repeat % len(runners):] + runners[:repeat % len(runners)]
-        for what, measure, unit in measures:
+        for what, unit in units.items():
             for runner in order:
-                value = unit.format(measure(runner))
-                log(f"[round {repeat + 1}/{settings.repeats}] {what} {runner.config.name}: {value}")
+                value = unit.format(runner.measure(what, sync))
+                log(f"[round {repeat + 1}/{settings.repeats}] {what if what in ('train', 'decode') else 'step':6} "
+                    f"{runner.config.name}: {value}")
     return time.perf_counter() - started
 
 
 def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) -> Dict[str, object]:
     """The JSON record of one configuration, its ratios against the baseline ``base``."""
-    def speed(values, base_values, unit):
-        return {unit: values, f"median_{unit}": statistics.median(values), "ratio": ratio_stats(values, base_values)}
+    def summary(what, unit, ratio="ratio"):  # a speed ratio of times: the baseline's over this one's
+        values, base_values = runner.values[what], base.values[what]
+        return {unit: values, f"median_{unit}": statistics.median(values),
+                ratio: ratio_stats(values, base_values) if ratio == "ratio" else ratio_stats(base_values, values)}
 
     return {
         "arch": runner.config.arch, "baseline": runner.config.baseline, "variant_flags": runner.config.flags,
         "flags": runner.flags, "skipped_width_flags": runner.skipped_width_flags, "model_args": runner.model_args,
         "parameters": count_parameters(runner.model), "trainable_parameters": runner.trainable_parameters,
-        "train": speed(runner.tokens_per_s, base.tokens_per_s, "tokens_per_s"),
-        "decode": {**speed(runner.sentences_per_s, base.sentences_per_s, "sentences_per_s"),
+        "train": summary("train", "tokens_per_s"),
+        "decode": {**summary("decode", "sentences_per_s"),
                    "decoder_steps": settings.decode_len + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
         "memory": runner.memory or None,
         "flops": {**runner.flops, **{f"{kind}_ratio": base.flops[kind] / runner.flops[kind] if runner.flops[kind]
                                      else None for kind in runner.flops}} if settings.flops else None,
-        "step_cost": {str(length): {"ms_per_step": times, "median_ms_per_step": statistics.median(times),
-                                    "speed_ratio": ratio_stats(base.ms_per_step[length], times)}  # base time / this
-                      for length, times in runner.ms_per_step.items()} or None,
+        "step_cost": {str(n): summary(n, "ms_per_step", "speed_ratio") for n in settings.source_lengths} or None,
     }
 
 
@@ -463,7 +462,7 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
     timing_seconds = measure_rounds(runners, settings, sync, log)
     for runner in runners:
         if settings.flops:
-            runner.measure_flops()
+            runner.flops = dict(zip(("train_step", "decode_batch"), runner.once(count_flops)))
         if settings.memory:
             runner.measure_memory(cuda_transient_peak if device.type == "cuda" else cpu_transient_peak)
     base = next(r for r in runners if r.config.baseline)
@@ -484,53 +483,43 @@ def _ratios(stats):
     return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
 
 
-def _cell(text):
-    return str(text).replace("|", "\\|")
+def _table(columns: List[str], rows: List[List[str]], left: int) -> List[str]:
+    """Markdown table lines; the first ``left`` columns left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in [columns, *rows]]
+    return lines[:1] + ["|" + "---|" * left + "---:|" * (len(columns) - left)] + lines[1:]
 
 
 def markdown_table(result: Dict) -> str:
-    """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds)."""
-    env, settings = result["environment"], result["settings"]
-    lines = [
-        f"Device: {env['device']} ({env['device_name']}), dtype {env['dtype']}, {env['threads']} thread(s); "
-        f"torch {env['torch']}, fairseq {env['fairseq']}; {settings['clock']}-clock time. Batch {settings['batch_size']} x "
-        f"{settings['src_len']}->{settings['tgt_len']} tokens, vocab {settings['vocab']}, {settings['repeats']} rounds of "
-        f"{settings['steps']} steps; decoding beam {settings['beam']}, {settings['decode_batch_size']} sentences x "
-        f"{settings['decode_len']} tokens + EOS. Ratios are config / {result['baseline']} within each round, "
-        "min / median / max across rounds.",
-        "",
-        "| Config | Arch | Params | Train tok/s | Train ratio (min / med / max) | Train flop ratio | Decode sent/s "
-        "| Decode ratio (min / med / max) | Decode flop ratio | Train peak MiB | Decode peak MiB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, row in result["configs"].items():
+    """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds);
+    then, with --source-lengths, per source length each configuration's median ms per decoding step and
+    its speed ratio."""
+    env, settings, configs = result["environment"], result["settings"], result["configs"]
+    rows = []
+    for name, row in configs.items():
         memory, flops = row["memory"] or {}, row["flops"] or {}
-        mib = [_number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
-               for kind in ("train", "decode")]
-        lines.append(
-            f"| {_cell(name + ' (baseline)' * row['baseline'])} | {_cell(row['arch'])} | {row['parameters']:,} "
-            f"| {row['train']['median_tokens_per_s']:,.0f} | {_ratios(row['train']['ratio'])} "
-            f"| {_number(flops.get('train_step_ratio'), '.3f')} | {row['decode']['median_sentences_per_s']:,.2f} "
-            f"| {_ratios(row['decode']['ratio'])} | {_number(flops.get('decode_batch_ratio'), '.3f')} "
-            f"| {mib[0]} | {mib[1]} |")
-    return "\n".join(lines + step_cost_table(result)) + "\n"
-
-
-def step_cost_table(result: Dict) -> List[str]:
-    """Per source length: each configuration's median ms per decoding step and its speed ratio."""
-    lengths = [int(n) for n in next(iter(result["configs"].values()))["step_cost"] or {}]
-    if not lengths:
-        return []
-    names = list(result["configs"])
-    lines = ["", "Decoding step cost as the source grows: median ms per step (speed ratio to "
-             f"{result['baseline']}, median over rounds).", "",
-             "| source tokens | " + " | ".join(_cell(name) for name in names) + " |",
-             "|---:|" + "---:|" * len(names)]
-    for length in lengths:
-        costs = [result["configs"][name]["step_cost"][str(length)] for name in names]
-        lines.append(f"| {length} | " + " | ".join(f"{cost['median_ms_per_step']:.2f} "
-                                                   f"({cost['speed_ratio']['median']:.2f})" for cost in costs) + " |")
-    return lines
+        rows.append([name + " (baseline)" * row["baseline"], row["arch"], f"{row['parameters']:,}",
+                     f"{row['train']['median_tokens_per_s']:,.0f}", _ratios(row["train"]["ratio"]),
+                     _number(flops.get("train_step_ratio"), ".3f"), f"{row['decode']['median_sentences_per_s']:,.2f}",
+                     _ratios(row["decode"]["ratio"]), _number(flops.get("decode_batch_ratio"), ".3f")]
+                    + [_number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
+                       for kind in ("train", "decode")])
+    lines = [f"Device: {env['device']} ({env['device_name']}), dtype {env['dtype']}, {env['threads']} thread(s); "
+             f"torch {env['torch']}, fairseq {env['fairseq']}; " + "{clock}-clock time. Batch {batch_size} x "
+             "{src_len}->{tgt_len} tokens, vocab {vocab}, {repeats} rounds of {steps} steps; decoding beam {beam}, "
+             "{decode_batch_size} sentences x {decode_len} tokens + EOS. ".format(**settings) + f"Ratios are config / "
+             f"{result['baseline']} within each round, min / median / max across rounds.", "",
+             *_table(["Config", "Arch", "Params", "Train tok/s", "Train ratio (min / med / max)", "Train flop ratio",
+                      "Decode sent/s", "Decode ratio (min / med / max)", "Decode flop ratio", "Train peak MiB",
+                      "Decode peak MiB"], rows, left=2)]
+    lengths = list(next(iter(configs.values()))["step_cost"] or {})
+    if lengths:
+        costs = [[length] + [f"{configs[name]['step_cost'][length]['median_ms_per_step']:.2f} "
+                             f"({configs[name]['step_cost'][length]['speed_ratio']['median']:.2f})" for name in configs]
+                 for length in lengths]
+        lines += ["", "Decoding step cost as the source grows: median ms per step (speed ratio to "
+                  f"{result['baseline']}, median over rounds).", "",
+                  *_table(["source tokens", *configs], costs, left=0)]
+    return "\n".join(lines) + "\n"
 
 
 TRAIN_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
