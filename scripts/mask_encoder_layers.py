@@ -13,7 +13,6 @@ when a fairseq-generate run fails.
 """
 
 import argparse
-import concurrent.futures
 import glob
 import math
 import os
@@ -26,7 +25,7 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # 
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, check_masked_layer, \
     checkpoint_arguments, checkpoint_setting, finite, format_matrix, model_args, positive, pyplot, read_checkpoint, \
-    script_main, write_outputs  # noqa: E402
+    run_parallel, script_main, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -111,7 +110,10 @@ def run_generate(args, layer: Optional[int]) -> Dict:
     if result.returncode != 0:
         raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) failed with exit status "
                             f"{result.returncode}:\n  {' '.join(command)}\n{result.stderr[-3000:]}")
-    return {**parse_generate_output(result.stdout, result.stderr, args.gen_subset), "command": command}
+    scores = parse_generate_output(result.stdout, result.stderr, args.gen_subset)
+    print(f"  mask {layer_label(layer):>4}: BLEU {fmt(scores['bleu'], '.2f')}, avg len {scores['avg_len']:.3f}",
+          flush=True)
+    return {**scores, "command": command}
 
 
 def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
@@ -165,11 +167,7 @@ def plot(rows: List[Dict], metric: str, title: str):
         values = [row[key] for row in masked]
         heights = [0.0 if v is None else v for v in values]
         bars = ax.bar(range(len(masked)), heights, color=colors, edgecolor="black", linewidth=0.5)
-        for bar, value in zip(bars, values):
-            y = bar.get_height()
-            ax.annotate("n/a" if value is None else f"{value:+.1f}%", (bar.get_x() + bar.get_width() / 2, y),
-                        xytext=(0, 2 if y >= 0 else -2), textcoords="offset points", ha="center",
-                        va="bottom" if y >= 0 else "top", fontsize=7)
+        ax.bar_label(bars, ["n/a" if value is None else f"{value:+.1f}%" for value in values], padding=2, fontsize=7)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(masked)), [row["masked"] for row in masked], fontsize=8)
         ax.set_xlabel("masked encoder layer", fontsize=8)
@@ -214,14 +212,7 @@ def run(args) -> Dict:
     runs: List[Optional[int]] = [None] + layers_to_mask(args.layers, num_encoder_layers)
     if args.keep_outputs:
         os.makedirs(args.keep_outputs, exist_ok=True)
-    results: Dict[Optional[int], Dict] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(run_generate, args, layer): layer for layer in runs}
-        for future in concurrent.futures.as_completed(futures):
-            layer = futures[future]
-            results[layer] = future.result()
-            print(f"  mask {layer_label(layer):>4}: BLEU {fmt(results[layer]['bleu'], '.2f')}, "
-                  f"avg len {results[layer]['avg_len']:.3f}", flush=True)
+    results = run_parallel(lambda layer: run_generate(args, layer), runs, args.jobs)
     rows = [table_row(layer, results[layer], results[None], args.gen_subset) for layer in runs]
     kind_name = "fine-grained" if kind == "fine" else "coarse-grained"
     print(format_matrix(f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb.."

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Callable, List, Optional
 
@@ -174,6 +175,17 @@ def script_main(parse_args: Callable, run: Callable, prog):
     return main
 
 
+def run_parallel(function: Callable, items: list, jobs: int) -> dict:
+    """``{item: function(item)}``, ``jobs`` at a time (threads, each waiting on a subprocess). The first
+    failure is re-raised once every started call has finished; none starts after it."""
+    with ThreadPoolExecutor(max(1, min(jobs, len(items)))) as pool:
+        futures = {item: pool.submit(function, item) for item in items}
+        try:
+            return {item: future.result() for item, future in futures.items()}
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
                   top_first: bool = False, corner: str = "") -> str:
     """``title``, the column labels and one line per row of ``matrix``: its label, then ``cell(value)``
@@ -317,22 +329,16 @@ def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool 
                     max_tokens: Optional[int] = None) -> torch.Tensor:
     """Token ids of ``text`` (``flag``'s value) followed by EOS, as fairseq binarises sentences; an
     unknown word (without ``allow_unk``) or more than ``max_tokens`` is a :class:`UsageError`."""
-    if bpe is not None:
-        text = bpe.encode(text)
-    words = text.split()
+    words = (text if bpe is None else bpe.encode(text)).split()
     if not words:
         raise UsageError(f"{flag} is empty")
-    ids = []
-    for word in words:
-        index = dictionary.index(word)
-        if index == dictionary.unk():
-            after_bpe = " after BPE" if bpe is not None else ""
-            message = f"{flag}: word {word!r}{after_bpe} is not in the dictionary ({len(dictionary)} types)"
-            if not allow_unk:
-                raise UsageError(message + "; pass --allow-unk to map it to <unk>")
-            print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
-        ids.append(index)
-    ids.append(dictionary.eos())
+    ids = [dictionary.index(word) for word in words] + [dictionary.eos()]
+    for word in (word for word, index in zip(words, ids) if index == dictionary.unk()):
+        message = f"{flag}: word {word!r}{' after BPE' * (bpe is not None)} is not in the dictionary " \
+                  f"({len(dictionary)} types)"
+        if not allow_unk:
+            raise UsageError(message + "; pass --allow-unk to map it to <unk>")
+        print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
     if max_tokens is not None and len(ids) > max_tokens:
         raise UsageError(f"{flag} has {len(ids)} tokens (end of sentence included), but the model reads at most "
                          f"{max_tokens} positions; give a shorter sentence")

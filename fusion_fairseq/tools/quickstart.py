@@ -28,11 +28,11 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools import corpus
+from fusion_fairseq.tools.analysis import run_parallel
 from fusion_fairseq.tools.common import non_negative_int, positive_int
 
 BPE_MERGES = {"synthetic": 1000, "data": 8000}
@@ -280,17 +280,6 @@ def bleu(generated, reference_path):
     return sacrebleu.corpus_bleu(hypotheses, [references], force=True)
 
 
-def run_jobs(jobs, names, function):
-    """``{name: function(name)}``, ``jobs`` at a time (threads, each waiting on a subprocess).
-    The first failure is re-raised once every started job has finished; none starts after it."""
-    with ThreadPoolExecutor(max(1, min(jobs, len(names)))) as pool:
-        futures = {name: pool.submit(function, name) for name in names}
-        try:
-            return {name: future.result() for name, future in futures.items()}
-        finally:
-            pool.shutdown(cancel_futures=True)
-
-
 TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sent/s")
 
 
@@ -424,9 +413,9 @@ def train_and_test(args, models, jobs, dirs, env):
           f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens{parallel}")
     for name in models:
         log(f"  [{name}] {MODELS[name][1]} (--arch {MODELS[name][0]})")
-    trained = run_jobs(jobs, models, lambda name: train(args, name, dirs, env))
+    trained = run_parallel(lambda name: train(args, name, dirs, env), models, jobs)
     stage(5, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
-    generated = run_jobs(jobs, models, lambda name: generate(args, name, dirs, trained[name]["checkpoint"], env))
+    generated = run_parallel(lambda name: generate(args, name, dirs, trained[name]["checkpoint"], env), models, jobs)
     rows = []
     for name in models:
         results, decode_sps = generated[name]
