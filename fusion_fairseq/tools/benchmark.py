@@ -389,41 +389,13 @@ def check_settings(settings: argparse.Namespace) -> None:
         raise BenchmarkError(f"--vocab {settings.vocab} is too small for --beam {settings.beam} (4 special symbols)")
 
 
-def ratio_stats(values: List[float], baseline: List[float]) -> Dict[str, object]:
-    ratios = [v / b for v, b in zip(values, baseline)]
-    return {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "per_repeat": ratios}
-
-
-def environment(settings: argparse.Namespace, device: torch.device) -> Dict[str, object]:
-    return {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
-            "torch": torch.__version__, "fairseq": fairseq.__version__, "fusion_fairseq": fusion_fairseq.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
-
-
-def measure_rounds(runners: List[_Runner], settings: argparse.Namespace, sync: Callable[[], None],
-                   log: Callable[[str], None]) -> float:
-    """Training and decoding speed of every runner, round-robin with the order rotated by one every
-    round; returns the seconds it took."""
-    started = time.perf_counter()
-    units = {"train": "{:,.0f} tokens/s", "decode": "{:,.2f} sentences/s",
-             **{n: f"source {n}: {{:.2f}} ms" for n in settings.source_lengths}}
-    for repeat in range(settings.repeats):
-        order = runners[repeat % len(runners):] + runners[:repeat % len(runners)]
-        for what, unit in units.items():
-            for runner in order:
-                value = unit.format(runner.measure(what, sync))
-                log(f"[round {repeat + 1}/{settings.repeats}] {what if what in ('train', 'decode') else 'step':6} "
-                    f"{runner.config.name}: {value}")
-    return time.perf_counter() - started
-
-
 def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) -> Dict[str, object]:
     """The JSON record of one configuration, its ratios against the baseline ``base``."""
     def summary(what, unit, ratio="ratio"):  # a speed ratio of times: the baseline's over this one's
         values, base_values = runner.values[what], base.values[what]
-        return {unit: values, f"median_{unit}": statistics.median(values),
-                ratio: ratio_stats(values, base_values) if ratio == "ratio" else ratio_stats(base_values, values)}
+        ratios = [v / b if ratio == "ratio" else b / v for v, b in zip(values, base_values)]
+        return {unit: values, f"median_{unit}": statistics.median(values), ratio: {
+            "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "per_repeat": ratios}}
 
     return {
         "arch": runner.config.arch, "baseline": runner.config.baseline, "variant_flags": runner.config.flags,
@@ -443,14 +415,14 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
                   log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
     """Measure every configuration (the baseline among them) and return the JSON-ready results."""
     check_settings(settings)
-    baselines = sum(config.baseline for config in configs)
-    if baselines != 1:
-        raise BenchmarkError(f"exactly one baseline configuration is needed, got {baselines}")
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     device = torch.device(settings.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    env = environment(settings, device)
+    env = {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
+           "torch": torch.__version__, "fairseq": fairseq.__version__, "fusion_fairseq": fusion_fairseq.__version__,
+           "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
+           "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
     dictionary = dictionary_of_size(settings.vocab)
     samples = synthetic_samples(settings, dictionary, device)
     runners = []
@@ -459,7 +431,17 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
         runners.append(_Runner(config, settings, dictionary, samples, device))
         for skipped in runners[-1].skipped_width_flags:
             log(f"  {config.name}: width flag {skipped} not applied")
-    timing_seconds = measure_rounds(runners, settings, sync, log)
+    started = time.perf_counter()
+    units = {"train": "{:,.0f} tokens/s", "decode": "{:,.2f} sentences/s",
+             **{n: f"source {n}: {{:.2f}} ms" for n in settings.source_lengths}}
+    for repeat in range(settings.repeats):  # round-robin, the order rotated by one every round
+        order = runners[repeat % len(runners):] + runners[:repeat % len(runners)]
+        for what, unit in units.items():
+            for runner in order:
+                value = unit.format(runner.measure(what, sync))
+                log(f"[round {repeat + 1}/{settings.repeats}] {what if what in ('train', 'decode') else 'step':6} "
+                    f"{runner.config.name}: {value}")
+    timing_seconds = time.perf_counter() - started
     for runner in runners:
         if settings.flops:
             runner.flops = dict(zip(("train_step", "decode_batch"), runner.once(count_flops)))
