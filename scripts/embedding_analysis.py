@@ -87,14 +87,6 @@ def storage(tensor: torch.Tensor):
     return tensor.data_ptr(), tuple(tensor.shape)
 
 
-def group_tied(names: List[str], matrices: Dict[str, torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
-    """[(name, tensor)] with tensors that are one parameter merged, e.g. ('encoder=decoder', E)."""
-    groups: Dict[tuple, List[str]] = {}
-    for name in names:
-        groups.setdefault(storage(matrices[name]), []).append(name)
-    return [("=".join(group), matrices[group[0]]) for group in groups.values()]
-
-
 def spectrum_curve(matrix: torch.Tensor) -> Dict:
     """s_i / s_1 from largest to smallest (float64) and its summary: ``auc``, their mean (1 for a
     flat spectrum); ``index_below``, the first i with s_i / s_1 < THRESHOLD; ``min``, s_k / s_1."""
@@ -138,7 +130,10 @@ def run_spectrum(args) -> Dict:
     curves = []
     for path, label, model, cfg, _ in checkpoints(args):
         matrices = embedding_matrices(model, path, names + ["encoder"] * args.split_by_attention)
-        entries = [(name, tensor, None) for name, tensor in group_tied(names, matrices)]
+        tied = {}  # the matrices that are one parameter are analysed once, e.g. as ('encoder=decoder', E)
+        for name in names:
+            tied.setdefault(storage(matrices[name]), []).append(name)
+        entries = [("=".join(group), matrices[group[0]], None) for group in tied.values()]
         if args.split_by_attention:
             m, more, less, random = attention_split(model, cfg, path)
             for name, dims in ((f"more attended (w[{m},Emb,d])", more), (f"less attended (w[{m},Emb,d])", less),

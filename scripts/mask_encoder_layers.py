@@ -141,12 +141,6 @@ def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
             "hypotheses": strings}
 
 
-def relative_change(value: Optional[float], reference: Optional[float]) -> Optional[float]:
-    if value is None or reference is None or reference == 0:
-        return None
-    return 100.0 * (value - reference) / reference
-
-
 def fmt(value: Optional[float], spec: str) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
@@ -190,9 +184,10 @@ def table_row(layer: Optional[int], result: Dict, base: Dict, gen_subset: str) -
         print(f"warning: mask {layer_label(layer)}: fairseq-generate returned {result['sentences']} hypotheses "
               f"for {result['subset_size']} sentences of --gen-subset {gen_subset}", file=sys.stderr)
     row = {"layer": layer, "masked": layer_label(layer)}
-    for key in ("bleu", "sacrebleu", "avg_len"):
-        change = "len_change_pct" if key == "avg_len" else f"{key}_change_pct"
-        row.update({key: result[key], change: relative_change(result[key], base[key])})
+    for key in ("bleu", "sacrebleu", "avg_len"):  # changes in percent, n/a against an unmasked value 0
+        value, reference = result[key], base[key]
+        change = None if value is None or not reference else 100.0 * (value - reference) / reference
+        row.update({key: value, "len_change_pct" if key == "avg_len" else f"{key}_change_pct": change})
     return {**row, "avg_score": result["avg_score"], "sentences": result["sentences"],
             "identical_to_unmasked": layer is not None and result["hypotheses"] == base["hypotheses"],
             "command": result["command"]}

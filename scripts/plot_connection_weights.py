@@ -29,14 +29,6 @@ def parse_args(argv=None):
         description="Plot DenseFormer's and hyper-connections' learned weights.")).parse_args(argv)
 
 
-def denseformer_matrix(stack: DepthWeightedAverage) -> np.ndarray:
-    """``(averages, L+1)`` with NaN where an average reads nothing."""
-    matrix = np.full((len(stack.blocks), stack.num_layers + 1), np.nan)
-    for row, (_, read, alpha) in enumerate(stack.weights()):
-        matrix[row, read] = alpha.detach().float().numpy()
-    return matrix
-
-
 def connection_matrix(connection) -> np.ndarray:
     """[[0, B], [A_m, A_r]] of the input-independent part of one hyper-connection."""
     n = connection.rate
@@ -56,8 +48,10 @@ def side_weights(model) -> dict:
     for side in ("encoder", "decoder"):
         module = getattr(model, side)
         stack = getattr(module, "aggregation", None)
-        if isinstance(stack, DepthWeightedAverage):
-            weights[f"{side} DenseFormer"] = denseformer_matrix(stack)
+        if isinstance(stack, DepthWeightedAverage):  # (averages, L+1), NaN where an average reads nothing
+            weights[f"{side} DenseFormer"] = matrix = np.full((len(stack.blocks), stack.num_layers + 1), np.nan)
+            for row, (_, read, alpha) in enumerate(stack.weights()):
+                matrix[row, read] = alpha.detach().float().numpy()
         connections = [connection for layer in module.layers for connection in getattr(layer, "hyper_connections", [])
                        if isinstance(connection, (HyperConnection, ManifoldHyperConnection))]
         if connections:

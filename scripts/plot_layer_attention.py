@@ -34,12 +34,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def short_value(value: float) -> str:
-    """``.15`` as printed in the paper's Figure 1."""
-    text = f"{value:.2f}"
-    return text[1:] if text.startswith("0.") else text
-
-
 def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
     paper = layout == "paper"  # x = decoder layer, y = encoder layer with Emb at the bottom
     data, x_labels, y_labels = (matrix.T, dec_labels, enc_labels) if paper else (matrix, enc_labels, dec_labels)
@@ -51,7 +45,8 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
     vmin, vmax = float(matrix.min()), float(matrix.max())
     if vmax - vmin < 1e-6:
         vmin, vmax = vmin - 0.01, vmax + 0.01
-    heatmap(ax, data, x_labels, y_labels, vmin=vmin, vmax=vmax, origin=origin, annotate=short_value, colorbar="weight")
+    heatmap(ax, data, x_labels, y_labels, vmin=vmin, vmax=vmax, origin=origin, colorbar="weight",
+            annotate=lambda value: f"{value:.2f}".removeprefix("0"))  # ".15" as in the paper's Figure 1
     ax.set_xlabel(f"{x_name} Layer", fontsize=9)
     ax.set_ylabel(f"{y_name} Layer", fontsize=9)
     ax.set_title(title, fontsize=8)

@@ -109,14 +109,6 @@ def sentence_arguments(parser):
     return parser
 
 
-def same_file(a: str, b: str) -> bool:
-    """The same file, also under two names (a hard link): compared by device and inode when both exist."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist yet
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
 def check_outputs(args, outputs, inputs=()) -> None:
     """Before any work: each output ``(flag, path or None)`` goes to an existing directory, differs
     from the other outputs and every input (not even --force replaces an input), and exists only
@@ -129,7 +121,11 @@ def check_outputs(args, outputs, inputs=()) -> None:
         if os.path.isdir(path):
             raise UsageError(f"{flag} {path} is a directory; give a file name")
         for other_flag, other in list(given[:index]) + [(f, p) for f, p in inputs if p]:
-            if same_file(path, other):
+            try:  # the same file, also under two names (a hard link): by device and inode when both exist
+                same = os.path.samefile(path, other)
+            except OSError:  # one of them does not exist yet
+                same = os.path.realpath(path) == os.path.realpath(other)
+            if same:
                 raise UsageError(f"{flag} {path} is the same file as {other_flag} {other}; give another name")
         refuse_existing_output(flag, path, getattr(args, "force", False), UsageError)
 

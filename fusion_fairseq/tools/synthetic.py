@@ -220,14 +220,6 @@ def sample_clause(lexicon: Lexicon, rng: random.Random) -> Clause:
     return clause
 
 
-def sample_sentence(lexicon: Lexicon, rng: random.Random) -> Sentence:
-    sentence = Sentence(sample_clause(lexicon, rng))
-    if rng.random() < P_SUBORDINATE:
-        sentence.conjunction = rng.choice(sorted(CONJUNCTIONS))
-        sentence.subordinate = sample_clause(lexicon, rng)
-    return sentence
-
-
 def generate_sentences(sizes: Sequence[Tuple[str, int]], seed: int = 1, lexicon: Optional[Lexicon] = None,
                        lexicon_seed: int = 0) -> Dict[str, List[Sentence]]:
     """Sentences for each ``(split, size)``, drawn in order from one generator seeded with ``seed``.
@@ -238,7 +230,10 @@ def generate_sentences(sizes: Sequence[Tuple[str, int]], seed: int = 1, lexicon:
     for split, size in sizes:
         result[split] = []
         while len(result[split]) < size:
-            sentence = sample_sentence(lexicon, rng)
+            sentence = Sentence(sample_clause(lexicon, rng))
+            if rng.random() < P_SUBORDINATE:
+                sentence.conjunction = rng.choice(sorted(CONJUNCTIONS))
+                sentence.subordinate = sample_clause(lexicon, rng)
             if sentence.src() not in seen:
                 result[split].append(sentence)
         seen |= {sentence.src() for sentence in result[split]}
