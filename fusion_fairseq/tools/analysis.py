@@ -341,10 +341,6 @@ def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool 
     return torch.tensor(ids, dtype=torch.long)
 
 
-def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
-    return [dictionary[int(i)] for i in ids]
-
-
 def sentence_pair(args, model, task, with_target: bool = True, **generation) -> SimpleNamespace:
     """The sentences of an attention plot as the model reads them (after ``--bpe``): ``src_tokens``
     and ``src_lengths`` (a batch of 1) and the ``source`` strings; ``with_target``, also the target's
@@ -363,7 +359,7 @@ def sentence_pair(args, model, task, with_target: bool = True, **generation) -> 
     src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
                                  max_tokens=model.encoder.max_positions())
     pair = SimpleNamespace(src_tokens=src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]),
-                           source=token_strings(task.source_dictionary, src_tokens))
+                           source=[task.source_dictionary[int(i)] for i in src_tokens])
     if not with_target:
         return pair
     if args.target is not None:
@@ -379,6 +375,6 @@ def sentence_pair(args, model, task, with_target: bool = True, **generation) -> 
                                                        if key in ("beam", "lenpen")) + ")"
     eos = task.target_dictionary.eos()
     pair.prev_output_tokens = torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
-    pair.predicted = token_strings(task.target_dictionary, tgt_tokens)
+    pair.predicted = [task.target_dictionary[int(i)] for i in tgt_tokens]
     pair.fed = [task.target_dictionary[eos]] + pair.predicted[:-1]
     return pair

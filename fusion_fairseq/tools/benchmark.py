@@ -66,8 +66,7 @@ WIDTH_FLAGS = {
 }
 
 
-class BenchmarkError(ValueError):
-    """A bad configuration or setting; the message names the flag or the spec at fault."""
+BenchmarkError = UsageError  # a bad configuration or setting; the message names the flag or the spec at fault
 
 
 @dataclass
@@ -182,6 +181,7 @@ class _Runner:
 
     def __init__(self, config, settings, dictionary, samples, device):
         self.config, self.settings, self.device = config, settings, device
+        self.where = f"configuration {config.name!r} ({config.arch})"
         self.train_sample, self.decode_sample, self.sweep_samples = samples
         self.width_flags, self.skipped_width_flags = width_flags(config.arch, settings)
         self.flags = self.width_flags + list(settings.common_flags) + list(config.flags)
@@ -207,9 +207,6 @@ class _Runner:
         dtype = AUTOCAST[self.settings.dtype]
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
-    def where(self):
-        return f"configuration {self.config.name!r} ({self.config.arch})"
-
     def train_step(self):
         with self.autocast():
             loss, sample_size, _ = self.criterion(self.model, self.train_sample)
@@ -233,7 +230,7 @@ class _Runner:
         except BenchmarkError:
             raise
         except Exception as exc:
-            raise BenchmarkError(f"{self.where()}: {failed} failed: {exc}") from exc
+            raise BenchmarkError(f"{self.where}: {failed} failed: {exc}") from exc
 
     def decode_batch(self):
         with self.autocast():
@@ -242,7 +239,7 @@ class _Runner:
         lengths = {len(h["tokens"]) for sentence in hypos for h in sentence}
         if len(hypos) != self.decode_sample["nsentences"] or lengths != {expected}:
             raise BenchmarkError(
-                f"{self.where()}: decoding with min_len = max_len = {self.settings.decode_len} should give "
+                f"{self.where}: decoding with min_len = max_len = {self.settings.decode_len} should give "
                 f"{self.decode_sample['nsentences']} sentences of exactly {expected} tokens (EOS included), "
                 f"got {len(hypos)} sentences with lengths {sorted(lengths)}")
         self.decoded_lengths |= lengths
@@ -663,7 +660,7 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
         else:
             result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), args)
             table = markdown_table(result)
-    except (UsageError, BenchmarkError) as exc:
+    except UsageError as exc:
         build_parser().error(str(exc))
     result["command"] = shlex.join([PROG, *argv])
     print(table)

@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
@@ -155,6 +156,10 @@ class TrainProgress:
     """Turns fairseq's json log lines into one progress line per interval; keeps the table's numbers."""
 
     INFO = re.compile(r"\|\s*INFO\s*\|\s*(\S+)\s*\|\s*(.*)$")
+    SHOWN = {"train_inner": "update {num_updates}/{max_update}  epoch {epoch}  loss {loss}  {wps} tok/s  "
+                            "({elapsed:.0f}s)",
+             "valid": "epoch {epoch} valid loss {valid_loss} ppl {valid_ppl}  (update {valid_num_updates}, "
+                      "{elapsed:.0f}s)"}  # the progress lines of fairseq's json log lines
 
     def __init__(self, name, max_update, verbose):
         self.name, self.max_update, self.verbose = name, max_update, verbose
@@ -173,21 +178,15 @@ class TrainProgress:
         if params:
             self.params = int(params.group(1).replace(",", ""))
             log(f"  [{self.name}] {self.params:,} parameters")
-        if not message.startswith("{"):
-            return
         try:
-            stats = json.loads(message)
+            stats = json.loads(message) if message.startswith("{") else None
         except ValueError:
-            return
-        elapsed = time.time() - self.start
-        if tag == "train_inner":
-            log(f"  [{self.name}] update {stats.get('num_updates')}/{self.max_update}  epoch {stats.get('epoch')}  "
-                f"loss {stats.get('loss')}  {stats.get('wps')} tok/s  ({elapsed:.0f}s)")
-        elif tag == "train":
+            stats = None
+        if stats is not None and tag == "train":
             self.epochs.append(stats)
-        elif tag == "valid":
-            log(f"  [{self.name}] epoch {stats.get('epoch')} valid loss {stats.get('valid_loss')} "
-                f"ppl {stats.get('valid_ppl')}  (update {stats.get('valid_num_updates')}, {elapsed:.0f}s)")
+        elif stats is not None and tag in self.SHOWN:
+            values = defaultdict(lambda: None, stats, max_update=self.max_update, elapsed=time.time() - self.start)
+            log(f"  [{self.name}] " + self.SHOWN[tag].format_map(values))
 
     def train_tokens_per_second(self):
         """Target tokens per second over all epochs (each epoch's wps and wpb; its updates from num_updates)."""
@@ -241,13 +240,12 @@ def generate(args, name, dirs, checkpoint, env):
                 "--max-len-b", "10", "--num-workers", "0", "--required-batch-size-multiple", "1",
                 "--results-path", results_dir, "--user-dir", user_dir(), *(["--cpu"] if args.cpu else [])],
                log_path, env)
-    generated, speed = os.path.join(results_dir, "generate-test.txt"), None
-    for path in (log_path, generated):  # the summary line goes to the log (stderr), or into the results file
-        with open(path, encoding="utf-8") as f:
-            match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", f.read())
-        speed = float(match.group(1)) if match else speed
+    generated = os.path.join(results_dir, "generate-test.txt")
+    # the summary line goes to the log (stderr), or into the results file
+    speeds = re.findall(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s",
+                        "\n".join(corpus.read_lines(log_path) + corpus.read_lines(generated)))
     log(f"  [{name}] translated the test split in {time.time() - started:.0f}s -> {generated}")
-    return generated, speed
+    return generated, float(speeds[-1]) if speeds else None
 
 
 TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sent/s")
