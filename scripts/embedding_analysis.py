@@ -251,8 +251,4 @@ def run_cosine(args) -> Dict:
 
 
 main = script_main(parse_args, lambda args: run_spectrum(args) if args.command == "spectrum" else run_cosine(args),
-                   lambda args: f"embedding_analysis.py {args.command}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                   lambda args: f"embedding_analysis.py {args.command}", __name__)

@@ -227,7 +227,4 @@ def run(args) -> Dict:
     return write_outputs(args, result, plot(rows, args.metric, title) if args.out else None)
 
 
-main = script_main(parse_args, run, "mask_encoder_layers.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(parse_args, run, "mask_encoder_layers.py", __name__)

@@ -86,7 +86,4 @@ def run(args) -> dict:
                                 for name, matrix in weights.items()}, plot(weights))
 
 
-main = script_main(parse_args, run, "plot_connection_weights.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(parse_args, run, "plot_connection_weights.py", __name__)

@@ -95,7 +95,4 @@ def run(args) -> dict:
                                             f"{side}-SA ({weights.shape[0]} hops): {os.path.basename(args.path)}"))
 
 
-main = script_main(parse_args, run, "plot_fusion_attention.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(parse_args, run, "plot_fusion_attention.py", __name__)

@@ -89,7 +89,4 @@ def run(args) -> dict:
     return write_outputs(args, result, figure)
 
 
-main = script_main(parse_args, run, "plot_layer_attention.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(parse_args, run, "plot_layer_attention.py", __name__)

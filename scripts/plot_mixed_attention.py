@@ -112,7 +112,4 @@ def run(args) -> dict:
         f"Mixed attention, layer {args.layer}/{num_layers}: {os.path.basename(args.path)}"))
 
 
-main = script_main(parse_args, run, "plot_mixed_attention.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(parse_args, run, "plot_mixed_attention.py", __name__)

@@ -153,9 +153,10 @@ def write_outputs(args, result: dict, figure=None) -> dict:
     return result
 
 
-def script_main(parse_args: Callable, run: Callable, prog):
+def script_main(parse_args: Callable, run: Callable, prog, module_name: str):
     """A script's ``main(argv)``: parse, check the outputs against the inputs, ``run(args)``; 0, or
-    the exit status of a :class:`ReportedError` printed as ``PROG: error: MESSAGE``."""
+    the exit status of a :class:`ReportedError` printed as ``PROG: error: MESSAGE``. Run at once,
+    exiting with that status, when the script's ``module_name`` is ``__main__``."""
     def main(argv: Optional[List[str]] = None) -> int:
         args = parse_args(argv)
         paths = args.path if isinstance(args.path, list) else [args.path]
@@ -168,6 +169,8 @@ def script_main(parse_args: Callable, run: Callable, prog):
             return error.exit_status
         return 0
 
+    if module_name == "__main__":
+        sys.exit(main())
     return main
 
 
