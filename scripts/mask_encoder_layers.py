@@ -14,7 +14,6 @@ when a fairseq-generate run fails.
 
 import argparse
 import glob
-import math
 import os
 import re
 import subprocess
@@ -24,8 +23,8 @@ from typing import Dict, List, Optional
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, check_masked_layer, \
-    checkpoint_arguments, checkpoint_setting, finite, format_matrix, model_args, positive, pyplot, read_checkpoint, \
-    run_parallel, script_main, write_outputs  # noqa: E402
+    checkpoint_arguments, checkpoint_setting, finite, format_matrix, model_args, number, positive, pyplot, \
+    read_checkpoint, run_parallel, script_main, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -111,7 +110,7 @@ def run_generate(args, layer: Optional[int]) -> Dict:
         raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) failed with exit status "
                             f"{result.returncode}:\n  {' '.join(command)}\n{result.stderr[-3000:]}")
     scores = parse_generate_output(result.stdout, result.stderr, args.gen_subset)
-    print(f"  mask {layer_label(layer):>4}: BLEU {fmt(scores['bleu'], '.2f')}, avg len {scores['avg_len']:.3f}",
+    print(f"  mask {layer_label(layer):>4}: BLEU {number(scores['bleu'], '.2f')}, avg len {scores['avg_len']:.3f}",
           flush=True)
     return {**scores, "command": command}
 
@@ -139,10 +138,6 @@ def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
             "subset_size": next((int(count.replace(",", "")) for count, path in LOADED_LINE.findall(
                 stdout + "\n" + stderr) if os.path.basename(path).startswith(subset + ".")), None),
             "hypotheses": strings}
-
-
-def fmt(value: Optional[float], spec: str) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 COLUMNS = {"BLEU": ("bleu", ".2f"), "dBLEU%": ("bleu_change_pct", "+.2f"), "sacreBLEU": ("sacrebleu", ".2f"),
@@ -215,7 +210,7 @@ def run(args) -> Dict:
                         f"lenpen {args.lenpen}, remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 "
                         "line, sacreBLEU = sacrebleu on the H-/T- lines;\navg len = mean tokens per H- line; "
                         "d...% = relative change to the unmasked run",
-                        [[fmt(row[key], spec) for key, spec in COLUMNS.values()] for row in rows],
+                        [[number(row[key], spec) for key, spec in COLUMNS.values()] for row in rows],
                         [row["masked"] for row in rows], list(COLUMNS), cell=str, corner="masked"))
     result = {"checkpoint": args.path, "data": args.data, "gen_subset": args.gen_subset, "beam": args.beam,
               "lenpen": args.lenpen, "remove_bpe": args.remove_bpe, "layer_attention": kind,

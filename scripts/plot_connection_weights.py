@@ -24,9 +24,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
-def parse_args(argv=None):
-    return checkpoint_arguments(argparse.ArgumentParser(
-        description="Plot DenseFormer's and hyper-connections' learned weights.")).parse_args(argv)
+PARSER = checkpoint_arguments(argparse.ArgumentParser(
+    description="Plot DenseFormer's and hyper-connections' learned weights."))
 
 
 def connection_matrix(connection) -> np.ndarray:
@@ -86,4 +85,4 @@ def run(args) -> dict:
                                 for name, matrix in weights.items()}, plot(weights))
 
 
-main = script_main(parse_args, run, "plot_connection_weights.py", __name__)
+main = script_main(PARSER.parse_args, run, "plot_connection_weights.py", __name__)

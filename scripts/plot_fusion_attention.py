@@ -30,17 +30,15 @@ X_AXIS = {"predicted": "target word predicted at each position (fed: the previou
           "both": "target word fed -> word predicted at each position"}
 
 
-def parse_args(argv=None):
-    parser = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
-        description="Plot the hop-by-layer attention of self-attention layer fusion (MLRF Figure 5)."),
-        data_required=True))
-    parser.add_argument("--side", choices=("decoder", "encoder"), default="decoder",
-                        help="which fusion layer to plot (default: decoder, MLRF Dec-SA)")
-    parser.add_argument("--xlabels", choices=tuple(X_AXIS), default="predicted",
-                        help="decoder side: label each position with the word predicted there (default), "
-                        "the word fed into the decoder, or 'fed->predicted'")
-    parser.add_argument("--beam", type=positive(int, "--beam"), default=5, help="beam size when translating")
-    return parser.parse_args(argv)
+PARSER = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
+    description="Plot the hop-by-layer attention of self-attention layer fusion (MLRF Figure 5)."),
+    data_required=True))
+PARSER.add_argument("--side", choices=("decoder", "encoder"), default="decoder",
+                    help="which fusion layer to plot (default: decoder, MLRF Dec-SA)")
+PARSER.add_argument("--xlabels", choices=tuple(X_AXIS), default="predicted",
+                    help="decoder side: label each position with the word predicted there (default), "
+                    "the word fed into the decoder, or 'fed->predicted'")
+PARSER.add_argument("--beam", type=positive(int, "--beam"), default=5, help="beam size when translating")
 
 
 def hop_title(hop: int) -> str:
@@ -95,4 +93,4 @@ def run(args) -> dict:
                                             f"{side}-SA ({weights.shape[0]} hops): {os.path.basename(args.path)}"))
 
 
-main = script_main(parse_args, run, "plot_fusion_attention.py", __name__)
+main = script_main(PARSER.parse_args, run, "plot_fusion_attention.py", __name__)

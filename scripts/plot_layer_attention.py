@@ -21,17 +21,15 @@ plt = pyplot()
 import torch  # noqa: E402
 
 
-def parse_args(argv=None):
-    parser = checkpoint_arguments(argparse.ArgumentParser(
-        description="Plot the decoder-layer x encoder-layer weights of layer attention (Liu et al. 2021, Figure 1)."))
-    parser.add_argument("--per-dim", action="store_true",
-                        help="fine: also write the per-dimension weights W[m][n][d] to --json")
-    parser.add_argument("--mask-encoder-layer", type=int, metavar="N",
-                        help="show the weights with encoder layer N (0 = Emb) masked and the others renormalised")
-    parser.add_argument("--layout", choices=("rows-decoder", "paper"), default="rows-decoder",
-                        help="rows-decoder: rows = decoder layers, columns = Emb,1..N; paper: the transpose, as in "
-                        "Figure 1 (Emb at the bottom)")
-    return parser.parse_args(argv)
+PARSER = checkpoint_arguments(argparse.ArgumentParser(
+    description="Plot the decoder-layer x encoder-layer weights of layer attention (Liu et al. 2021, Figure 1)."))
+PARSER.add_argument("--per-dim", action="store_true",
+                    help="fine: also write the per-dimension weights W[m][n][d] to --json")
+PARSER.add_argument("--mask-encoder-layer", type=int, metavar="N",
+                    help="show the weights with encoder layer N (0 = Emb) masked and the others renormalised")
+PARSER.add_argument("--layout", choices=("rows-decoder", "paper"), default="rows-decoder",
+                    help="rows-decoder: rows = decoder layers, columns = Emb,1..N; paper: the transpose, as in "
+                    "Figure 1 (Emb at the bottom)")
 
 
 def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
@@ -89,4 +87,4 @@ def run(args) -> dict:
     return write_outputs(args, result, figure)
 
 
-main = script_main(parse_args, run, "plot_layer_attention.py", __name__)
+main = script_main(PARSER.parse_args, run, "plot_layer_attention.py", __name__)

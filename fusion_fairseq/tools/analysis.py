@@ -185,6 +185,22 @@ def run_parallel(function: Callable, items: list, jobs: int) -> dict:
             pool.shutdown(cancel_futures=True)
 
 
+def number(value, spec: str) -> str:
+    """``value`` formatted with ``spec``; "n/a" for None and NaN."""
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def markdown_rows(columns, rows, left: int = 1, pad: bool = False) -> List[str]:
+    """Markdown table lines: the first ``left`` columns left-aligned, the others right-aligned (with
+    ``pad``, by spaces; otherwise by ``---:``)."""
+    cells = [[str(cell).replace("|", "\\|") for cell in row] for row in [columns, *rows]]
+    widths = [max(len(row[i]) for row in cells) if pad else 0 for i in range(len(columns))]
+    lines = ["| " + " | ".join(cell.ljust(width) if i < left else cell.rjust(width)
+                               for i, (cell, width) in enumerate(zip(row, widths))) + " |" for row in cells]
+    rule = ["-" * (width + 2) if pad else "---" + ":" * (i >= left) for i, width in enumerate(widths)]
+    return lines[:1] + ["|" + "|".join(rule) + "|"] + lines[1:]
+
+
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
                   top_first: bool = False, corner: str = "") -> str:
     """``title``, the column labels and one line per row of ``matrix``: its label, then ``cell(value)``

@@ -38,7 +38,8 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
 from fusion_fairseq.tools.analysis import (
-    UsageError, add_force_argument, check_outputs, checked, format_matrix, write_json, write_markdown)
+    UsageError, add_force_argument, check_outputs, checked, format_matrix, markdown_rows, number, write_json,
+    write_markdown)
 from fusion_fairseq.tools.common import (
     count_parameters, device_name, dictionary_of_size, load_average, non_negative_int, plugin_architectures,
     positive_int)
@@ -454,18 +455,8 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
             "timing_seconds": timing_seconds, "configs": results}
 
 
-def _number(value, spec):
-    return "n/a" if value is None else format(value, spec)
-
-
 def _ratios(stats):
     return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
-
-
-def _table(columns: List[str], rows: List[List[str]], left: int) -> List[str]:
-    """Markdown table lines; the first ``left`` columns left-aligned, the others right-aligned."""
-    lines = ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in [columns, *rows]]
-    return lines[:1] + ["|" + "---|" * left + "---:|" * (len(columns) - left)] + lines[1:]
 
 
 def markdown_table(result: Dict) -> str:
@@ -478,18 +469,18 @@ def markdown_table(result: Dict) -> str:
         memory, flops = row["memory"] or {}, row["flops"] or {}
         rows.append([name + " (baseline)" * row["baseline"], row["arch"], f"{row['parameters']:,}",
                      f"{row['train']['median_tokens_per_s']:,.0f}", _ratios(row["train"]["ratio"]),
-                     _number(flops.get("train_step_ratio"), ".3f"), f"{row['decode']['median_sentences_per_s']:,.2f}",
-                     _ratios(row["decode"]["ratio"]), _number(flops.get("decode_batch_ratio"), ".3f")]
-                    + [_number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
+                     number(flops.get("train_step_ratio"), ".3f"), f"{row['decode']['median_sentences_per_s']:,.2f}",
+                     _ratios(row["decode"]["ratio"]), number(flops.get("decode_batch_ratio"), ".3f")]
+                    + [number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
                        for kind in ("train", "decode")])
     lines = [f"Device: {env['device']} ({env['device_name']}), dtype {env['dtype']}, {env['threads']} thread(s); "
              f"torch {env['torch']}, fairseq {env['fairseq']}; " + "{clock}-clock time. Batch {batch_size} x "
              "{src_len}->{tgt_len} tokens, vocab {vocab}, {repeats} rounds of {steps} steps; decoding beam {beam}, "
              "{decode_batch_size} sentences x {decode_len} tokens + EOS. ".format(**settings) + f"Ratios are config / "
              f"{result['baseline']} within each round, min / median / max across rounds.", "",
-             *_table(["Config", "Arch", "Params", "Train tok/s", "Train ratio (min / med / max)", "Train flop ratio",
-                      "Decode sent/s", "Decode ratio (min / med / max)", "Decode flop ratio", "Train peak MiB",
-                      "Decode peak MiB"], rows, left=2)]
+             *markdown_rows(["Config", "Arch", "Params", "Train tok/s", "Train ratio (min / med / max)",
+                             "Train flop ratio", "Decode sent/s", "Decode ratio (min / med / max)", "Decode flop ratio",
+                             "Train peak MiB", "Decode peak MiB"], rows, left=2)]
     lengths = list(next(iter(configs.values()))["step_cost"] or {})
     if lengths:
         costs = [[length] + [f"{configs[name]['step_cost'][length]['median_ms_per_step']:.2f} "
@@ -497,7 +488,7 @@ def markdown_table(result: Dict) -> str:
                  for length in lengths]
         lines += ["", "Decoding step cost as the source grows: median ms per step (speed ratio to "
                   f"{result['baseline']}, median over rounds).", "",
-                  *_table(["source tokens", *configs], costs, left=0)]
+                  *markdown_rows(["source tokens", *configs], costs, left=0)]
     return "\n".join(lines) + "\n"
 
 
@@ -546,8 +537,8 @@ def time_to_loss_table(result: Dict) -> str:
     def cells(row):
         updates, seconds = row["updates_to_target"], row["train_seconds_to_target"]
         return [f"{row['best_nll']:.3f}", f"> {row['last_update']}" if updates is None else str(updates),
-                _number(row.get("updates_ratio"), ".2f"), "-" if seconds is None else f"{seconds:.0f}",
-                _number(row.get("time_ratio"), ".2f")]
+                number(row.get("updates_ratio"), ".2f"), "-" if seconds is None else f"{seconds:.0f}",
+                number(row.get("time_ratio"), ".2f")]
 
     return format_matrix(f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
                          [cells(row) for row in result["rows"]],

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools import corpus
-from fusion_fairseq.tools.analysis import run_parallel
+from fusion_fairseq.tools.analysis import markdown_rows, number, run_parallel
 from fusion_fairseq.tools.common import non_negative_int, positive_int
 
 BPE_MERGES = {"synthetic": 1000, "data": 8000}
@@ -252,16 +252,9 @@ TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sen
 
 
 def format_table(rows):
-    def fmt(value, spec):
-        return "n/a" if value is None else format(value, spec)
-
-    cells = [TABLE_COLUMNS] + [(r["model"], r["description"], fmt(r["bleu"], ".2f"), fmt(r["params"], ","),
-                                fmt(r["train_wps"], ",.0f"), fmt(r["decode_sps"], ".1f")) for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_COLUMNS))]
-    lines = ["| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
-             for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return "\n".join(markdown_rows(TABLE_COLUMNS, [(r["model"], r["description"], number(r["bleu"], ".2f"),
+                                                    number(r["params"], ","), number(r["train_wps"], ",.0f"),
+                                                    number(r["decode_sps"], ".1f")) for r in rows], left=2, pad=True))
 
 
 def build_parser():
