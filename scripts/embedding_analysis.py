@@ -20,7 +20,7 @@ import sys
 from typing import Dict, List, Tuple
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, layer_attention_kind, \
+from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, checkpoint_setting, format_matrix, \
     load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
@@ -87,14 +87,6 @@ def storage(tensor: torch.Tensor):
     return tensor.data_ptr(), tuple(tensor.shape)
 
 
-def group_tied(names: List[str], matrices: Dict[str, torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
-    """[(name, tensor)] with tensors that are one parameter merged, e.g. ('encoder=decoder', E)."""
-    groups: Dict[tuple, List[str]] = {}
-    for name in names:
-        groups.setdefault(storage(matrices[name]), []).append(name)
-    return [("=".join(group), matrices[group[0]]) for group in groups.values()]
-
-
 def spectrum_curve(matrix: torch.Tensor) -> Dict:
     """s_i / s_1 from largest to smallest (float64) and its summary: ``auc``, their mean (1 for a
     flat spectrum); ``index_below``, the first i with s_i / s_1 < THRESHOLD; ``min``, s_k / s_1."""
@@ -112,8 +104,8 @@ def spectrum_curve(matrix: torch.Tensor) -> Dict:
 def attention_split(model, cfg, path: str):
     """(M, more, less, random halves of the encoder embedding's dimensions), by w[M, 0, d] of the top
     decoder layer M; the random half is the same on every run."""
-    layer_attention_kind(cfg.model, "--split-by-attention: --path", path, ("fine",),
-                         "there are no per-dimension weights to order the dimensions by")
+    checkpoint_setting(cfg.model, "layer-attention", ("fine",), f"--split-by-attention: --path {path}",
+                       "there are no per-dimension weights to order the dimensions by")
     attention = model.decoder.layer_attention.eval()
     with torch.no_grad():
         weights = attention.weights().float()  # (M, N+1, D)
@@ -138,7 +130,10 @@ def run_spectrum(args) -> Dict:
     curves = []
     for path, label, model, cfg, _ in checkpoints(args):
         matrices = embedding_matrices(model, path, names + ["encoder"] * args.split_by_attention)
-        entries = [(name, tensor, None) for name, tensor in group_tied(names, matrices)]
+        tied = {}  # the matrices that are one parameter are analysed once, e.g. as ('encoder=decoder', E)
+        for name in names:
+            tied.setdefault(storage(matrices[name]), []).append(name)
+        entries = [("=".join(group), matrices[group[0]], None) for group in tied.values()]
         if args.split_by_attention:
             m, more, less, random = attention_split(model, cfg, path)
             for name, dims in ((f"more attended (w[{m},Emb,d])", more), (f"less attended (w[{m},Emb,d])", less),
@@ -256,8 +251,4 @@ def run_cosine(args) -> Dict:
 
 
 main = script_main(parse_args, lambda args: run_spectrum(args) if args.command == "spectrum" else run_cosine(args),
-                   lambda args: f"embedding_analysis.py {args.command}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                   lambda args: f"embedding_analysis.py {args.command}", __name__)

@@ -13,9 +13,7 @@ when a fairseq-generate run fails.
 """
 
 import argparse
-import concurrent.futures
 import glob
-import math
 import os
 import re
 import subprocess
@@ -24,9 +22,9 @@ from typing import Dict, List, Optional
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
-from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, checkpoint_arguments, finite, \
-    format_matrix, layer_attention_kind, model_args, positive, pyplot, read_checkpoint, script_main, \
-    write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, check_masked_layer, \
+    checkpoint_arguments, checkpoint_setting, finite, format_matrix, model_args, number, positive, pyplot, \
+    read_checkpoint, run_parallel, script_main, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -80,9 +78,7 @@ def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
         except ValueError:
             raise UsageError(f"--layers {spec}: {item!r} is not an encoder layer index (0 = Emb .. "
                              f"{num_encoder_layers})") from None
-        if not 0 <= layer <= num_encoder_layers:  # the model's own message (check_masked_encoder_layer)
-            raise UsageError(f"--layers {spec}: --mask-encoder-layer {layer} does not exist: the encoder has layers "
-                             f"0 (embedding) to {num_encoder_layers}")
+        check_masked_layer(layer, num_encoder_layers, f"--layers {spec}: ")
         layers.append(layer)
     return list(dict.fromkeys(layers))
 
@@ -113,7 +109,10 @@ def run_generate(args, layer: Optional[int]) -> Dict:
     if result.returncode != 0:
         raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) failed with exit status "
                             f"{result.returncode}:\n  {' '.join(command)}\n{result.stderr[-3000:]}")
-    return {**parse_generate_output(result.stdout, result.stderr, args.gen_subset), "command": command}
+    scores = parse_generate_output(result.stdout, result.stderr, args.gen_subset)
+    print(f"  mask {layer_label(layer):>4}: BLEU {number(scores['bleu'], '.2f')}, avg len {scores['avg_len']:.3f}",
+          flush=True)
+    return {**scores, "command": command}
 
 
 def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
@@ -141,16 +140,6 @@ def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
             "hypotheses": strings}
 
 
-def relative_change(value: Optional[float], reference: Optional[float]) -> Optional[float]:
-    if value is None or reference is None or reference == 0:
-        return None
-    return 100.0 * (value - reference) / reference
-
-
-def fmt(value: Optional[float], spec: str) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
-
 COLUMNS = {"BLEU": ("bleu", ".2f"), "dBLEU%": ("bleu_change_pct", "+.2f"), "sacreBLEU": ("sacrebleu", ".2f"),
            "dsacre%": ("sacrebleu_change_pct", "+.2f"), "avg len": ("avg_len", ".3f"),
            "dlen%": ("len_change_pct", "+.2f"), "avg score": ("avg_score", ".4f"), "sents": ("sentences", "d")}
@@ -167,11 +156,7 @@ def plot(rows: List[Dict], metric: str, title: str):
         values = [row[key] for row in masked]
         heights = [0.0 if v is None else v for v in values]
         bars = ax.bar(range(len(masked)), heights, color=colors, edgecolor="black", linewidth=0.5)
-        for bar, value in zip(bars, values):
-            y = bar.get_height()
-            ax.annotate("n/a" if value is None else f"{value:+.1f}%", (bar.get_x() + bar.get_width() / 2, y),
-                        xytext=(0, 2 if y >= 0 else -2), textcoords="offset points", ha="center",
-                        va="bottom" if y >= 0 else "top", fontsize=7)
+        ax.bar_label(bars, ["n/a" if value is None else f"{value:+.1f}%" for value in values], padding=2, fontsize=7)
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(masked)), [row["masked"] for row in masked], fontsize=8)
         ax.set_xlabel("masked encoder layer", fontsize=8)
@@ -194,9 +179,10 @@ def table_row(layer: Optional[int], result: Dict, base: Dict, gen_subset: str) -
         print(f"warning: mask {layer_label(layer)}: fairseq-generate returned {result['sentences']} hypotheses "
               f"for {result['subset_size']} sentences of --gen-subset {gen_subset}", file=sys.stderr)
     row = {"layer": layer, "masked": layer_label(layer)}
-    for key in ("bleu", "sacrebleu", "avg_len"):
-        change = "len_change_pct" if key == "avg_len" else f"{key}_change_pct"
-        row.update({key: result[key], change: relative_change(result[key], base[key])})
+    for key in ("bleu", "sacrebleu", "avg_len"):  # changes in percent, n/a against an unmasked value 0
+        value, reference = result[key], base[key]
+        change = None if value is None or not reference else 100.0 * (value - reference) / reference
+        row.update({key: value, "len_change_pct" if key == "avg_len" else f"{key}_change_pct": change})
     return {**row, "avg_score": result["avg_score"], "sentences": result["sentences"],
             "identical_to_unmasked": layer is not None and result["hypotheses"] == base["hypotheses"],
             "command": result["command"]}
@@ -210,19 +196,13 @@ def run(args) -> Dict:
             refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
     check_data_dir(args.data)
     config = model_args(read_checkpoint(args.path))
-    kind = layer_attention_kind(config, "--path", args.path, lacking="there is no layer-attention weight to mask")
+    kind = checkpoint_setting(config, "layer-attention", ("coarse", "fine"), f"--path {args.path}",
+                              "there is no layer-attention weight to mask")
     num_encoder_layers = int(config.encoder_layers)
     runs: List[Optional[int]] = [None] + layers_to_mask(args.layers, num_encoder_layers)
     if args.keep_outputs:
         os.makedirs(args.keep_outputs, exist_ok=True)
-    results: Dict[Optional[int], Dict] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(run_generate, args, layer): layer for layer in runs}
-        for future in concurrent.futures.as_completed(futures):
-            layer = futures[future]
-            results[layer] = future.result()
-            print(f"  mask {layer_label(layer):>4}: BLEU {fmt(results[layer]['bleu'], '.2f')}, "
-                  f"avg len {results[layer]['avg_len']:.3f}", flush=True)
+    results = run_parallel(lambda layer: run_generate(args, layer), runs, args.jobs)
     rows = [table_row(layer, results[layer], results[None], args.gen_subset) for layer in runs]
     kind_name = "fine-grained" if kind == "fine" else "coarse-grained"
     print(format_matrix(f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb.."
@@ -230,7 +210,7 @@ def run(args) -> Dict:
                         f"lenpen {args.lenpen}, remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 "
                         "line, sacreBLEU = sacrebleu on the H-/T- lines;\navg len = mean tokens per H- line; "
                         "d...% = relative change to the unmasked run",
-                        [[fmt(row[key], spec) for key, spec in COLUMNS.values()] for row in rows],
+                        [[number(row[key], spec) for key, spec in COLUMNS.values()] for row in rows],
                         [row["masked"] for row in rows], list(COLUMNS), cell=str, corner="masked"))
     result = {"checkpoint": args.path, "data": args.data, "gen_subset": args.gen_subset, "beam": args.beam,
               "lenpen": args.lenpen, "remove_bpe": args.remove_bpe, "layer_attention": kind,
@@ -242,7 +222,4 @@ def run(args) -> Dict:
     return write_outputs(args, result, plot(rows, args.metric, title) if args.out else None)
 
 
-main = script_main(parse_args, run, "mask_encoder_layers.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(parse_args, run, "mask_encoder_layers.py", __name__)

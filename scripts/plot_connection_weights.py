@@ -24,17 +24,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
-def parse_args(argv=None):
-    return checkpoint_arguments(argparse.ArgumentParser(
-        description="Plot DenseFormer's and hyper-connections' learned weights.")).parse_args(argv)
-
-
-def denseformer_matrix(stack: DepthWeightedAverage) -> np.ndarray:
-    """``(averages, L+1)`` with NaN where an average reads nothing."""
-    matrix = np.full((len(stack.blocks), stack.num_layers + 1), np.nan)
-    for row, (_, read, alpha) in enumerate(stack.weights()):
-        matrix[row, read] = alpha.detach().float().numpy()
-    return matrix
+PARSER = checkpoint_arguments(argparse.ArgumentParser(
+    description="Plot DenseFormer's and hyper-connections' learned weights."))
 
 
 def connection_matrix(connection) -> np.ndarray:
@@ -56,8 +47,10 @@ def side_weights(model) -> dict:
     for side in ("encoder", "decoder"):
         module = getattr(model, side)
         stack = getattr(module, "aggregation", None)
-        if isinstance(stack, DepthWeightedAverage):
-            weights[f"{side} DenseFormer"] = denseformer_matrix(stack)
+        if isinstance(stack, DepthWeightedAverage):  # (averages, L+1), NaN where an average reads nothing
+            weights[f"{side} DenseFormer"] = matrix = np.full((len(stack.blocks), stack.num_layers + 1), np.nan)
+            for row, (_, read, alpha) in enumerate(stack.weights()):
+                matrix[row, read] = alpha.detach().float().numpy()
         connections = [connection for layer in module.layers for connection in getattr(layer, "hyper_connections", [])
                        if isinstance(connection, (HyperConnection, ManifoldHyperConnection))]
         if connections:
@@ -92,7 +85,4 @@ def run(args) -> dict:
                                 for name, matrix in weights.items()}, plot(weights))
 
 
-main = script_main(parse_args, run, "plot_connection_weights.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(PARSER.parse_args, run, "plot_connection_weights.py", __name__)

@@ -17,8 +17,8 @@ import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, load_model, \
-    positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import checkpoint_arguments, checkpoint_setting, format_matrix, heatmap, \
+    load_model, positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -30,34 +30,15 @@ X_AXIS = {"predicted": "target word predicted at each position (fed: the previou
           "both": "target word fed -> word predicted at each position"}
 
 
-def parse_args(argv=None):
-    parser = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
-        description="Plot the hop-by-layer attention of self-attention layer fusion (MLRF Figure 5)."),
-        data_required=True))
-    parser.add_argument("--side", choices=("decoder", "encoder"), default="decoder",
-                        help="which fusion layer to plot (default: decoder, MLRF Dec-SA)")
-    parser.add_argument("--xlabels", choices=tuple(X_AXIS), default="predicted",
-                        help="decoder side: label each position with the word predicted there (default), "
-                        "the word fed into the decoder, or 'fed->predicted'")
-    parser.add_argument("--beam", type=positive(int, "--beam"), default=5, help="beam size when translating")
-    return parser.parse_args(argv)
-
-
-def side_fusion(model, cfg, side: str):
-    """The side's self-attention fusion module, or an error saying what the checkpoint has."""
-    module = getattr(model, side)
-    if not hasattr(module, "output_fusion"):
-        raise UsageError(f"--side {side}: the checkpoint's model ({type(model).__name__}) has no layer fusion; "
-                         f"a fusion_transformer checkpoint trained with --fuse-{side} sa is needed")
-    kind = getattr(cfg.model, f"fuse_{side}")
-    if kind != "sa":
-        other = "encoder" if side == "decoder" else "decoder"
-        hint = f"; its {other} has --fuse-{other} sa, try --side {other}" if getattr(cfg.model, f"fuse_{other}") \
-            == "sa" else ""
-        raise UsageError(f"--side {side}: the checkpoint's {side} uses --fuse-{side} {kind} "
-                         f"({FUSION_NAMES.get(kind, kind)}), which has no layer attention to plot; "
-                         f"a checkpoint trained with --fuse-{side} sa is needed{hint}")
-    return module.output_fusion
+PARSER = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
+    description="Plot the hop-by-layer attention of self-attention layer fusion (MLRF Figure 5)."),
+    data_required=True))
+PARSER.add_argument("--side", choices=("decoder", "encoder"), default="decoder",
+                    help="which fusion layer to plot (default: decoder, MLRF Dec-SA)")
+PARSER.add_argument("--xlabels", choices=tuple(X_AXIS), default="predicted",
+                    help="decoder side: label each position with the word predicted there (default), "
+                    "the word fed into the decoder, or 'fed->predicted'")
+PARSER.add_argument("--beam", type=positive(int, "--beam"), default=5, help="beam size when translating")
 
 
 def hop_title(hop: int) -> str:
@@ -83,7 +64,9 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
 @torch.no_grad()
 def run(args) -> dict:
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
-    fusion = side_fusion(model, cfg, args.side)
+    checkpoint_setting(cfg.model, "fuse", ("sa",), f"--side {args.side}", "there is no layer attention to plot",
+                       FUSION_NAMES, args.side)
+    fusion = getattr(model, args.side).output_fusion
     pair = sentence_pair(args, model, task, args.side == "decoder", beam=args.beam)
     first = 0 if fusion.include_embedding_layer else 1
     result = {"checkpoint": args.path, "side": args.side, "source_tokens": pair.source,
@@ -110,7 +93,4 @@ def run(args) -> dict:
                                             f"{side}-SA ({weights.shape[0]} hops): {os.path.basename(args.path)}"))
 
 
-main = script_main(parse_args, run, "plot_fusion_attention.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(PARSER.parse_args, run, "plot_fusion_attention.py", __name__)

@@ -14,30 +14,22 @@ import sys
 import textwrap
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, format_matrix, heatmap, \
-    layer_attention_kind, load_model, pyplot, script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import check_masked_layer, checkpoint_arguments, checkpoint_setting, \
+    format_matrix, heatmap, load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
 
 
-def parse_args(argv=None):
-    parser = checkpoint_arguments(argparse.ArgumentParser(
-        description="Plot the decoder-layer x encoder-layer weights of layer attention (Liu et al. 2021, Figure 1)."))
-    parser.add_argument("--per-dim", action="store_true",
-                        help="fine: also write the per-dimension weights W[m][n][d] to --json")
-    parser.add_argument("--mask-encoder-layer", type=int, metavar="N",
-                        help="show the weights with encoder layer N (0 = Emb) masked and the others renormalised")
-    parser.add_argument("--layout", choices=("rows-decoder", "paper"), default="rows-decoder",
-                        help="rows-decoder: rows = decoder layers, columns = Emb,1..N; paper: the transpose, as in "
-                        "Figure 1 (Emb at the bottom)")
-    return parser.parse_args(argv)
-
-
-def short_value(value: float) -> str:
-    """``.15`` as printed in the paper's Figure 1."""
-    text = f"{value:.2f}"
-    return text[1:] if text.startswith("0.") else text
+PARSER = checkpoint_arguments(argparse.ArgumentParser(
+    description="Plot the decoder-layer x encoder-layer weights of layer attention (Liu et al. 2021, Figure 1)."))
+PARSER.add_argument("--per-dim", action="store_true",
+                    help="fine: also write the per-dimension weights W[m][n][d] to --json")
+PARSER.add_argument("--mask-encoder-layer", type=int, metavar="N",
+                    help="show the weights with encoder layer N (0 = Emb) masked and the others renormalised")
+PARSER.add_argument("--layout", choices=("rows-decoder", "paper"), default="rows-decoder",
+                    help="rows-decoder: rows = decoder layers, columns = Emb,1..N; paper: the transpose, as in "
+                    "Figure 1 (Emb at the bottom)")
 
 
 def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
@@ -51,7 +43,8 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
     vmin, vmax = float(matrix.min()), float(matrix.max())
     if vmax - vmin < 1e-6:
         vmin, vmax = vmin - 0.01, vmax + 0.01
-    heatmap(ax, data, x_labels, y_labels, vmin=vmin, vmax=vmax, origin=origin, annotate=short_value, colorbar="weight")
+    heatmap(ax, data, x_labels, y_labels, vmin=vmin, vmax=vmax, origin=origin, colorbar="weight",
+            annotate=lambda value: f"{value:.2f}".removeprefix("0"))  # ".15" as in the paper's Figure 1
     ax.set_xlabel(f"{x_name} Layer", fontsize=9)
     ax.set_ylabel(f"{y_name} Layer", fontsize=9)
     ax.set_title(title, fontsize=8)
@@ -61,14 +54,12 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
 def run(args) -> dict:
     # the stored weights, whatever the checkpoint was saved with
     model, cfg, _ = load_model(args.path, args.data, args.user_dir, {"mask_encoder_layer": None})
-    layer_attention_kind(cfg.model, "--path", args.path, lacking="there are no layer-attention weights to plot")
+    checkpoint_setting(cfg.model, "layer-attention", ("coarse", "fine"), f"--path {args.path}",
+                       "there are no layer-attention weights to plot")
     attention = model.decoder.layer_attention
     masked = args.mask_encoder_layer
     if masked is not None:
-        num_encoder_layers = attention.num_inputs - 1
-        if not 0 <= masked <= num_encoder_layers:  # the model's own message (check_fusion_args)
-            raise UsageError(f"--mask-encoder-layer {masked} does not exist: the encoder has layers 0 (embedding) "
-                             f"to {num_encoder_layers}")
+        check_masked_layer(masked, attention.num_inputs - 1)
         attention.mask_layer(masked)
     attention.eval()
     with torch.no_grad():
@@ -96,7 +87,4 @@ def run(args) -> dict:
     return write_outputs(args, result, figure)
 
 
-main = script_main(parse_args, run, "plot_layer_attention.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(PARSER.parse_args, run, "plot_layer_attention.py", __name__)

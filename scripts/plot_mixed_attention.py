@@ -43,21 +43,6 @@ def parse_args(argv=None):
     return args
 
 
-def check_model(model, cfg, path: str, plotted: int) -> int:
-    """The number of layers N of a layer-wise coordination model with mixed attention, which has layer ``plotted``."""
-    if not isinstance(model, LayerwiseCoordinationModel):
-        arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None) or "unknown"
-        raise UsageError(f"--path {path}: the checkpoint's model is {type(model).__name__} (--arch {arch}), not "
-                         "layerwise_coordination; mixed attention exists only in a layerwise_coordination checkpoint")
-    if not all(getattr(layer, "mixed", True) for layer in model.decoder.layers):
-        raise UsageError(f"--path {path}: the checkpoint was trained with --no-mixed-attention (Table 3 ablation): its "
-                         "target side has a separate self-attention and source attention, no mixed attention to plot")
-    if not 1 <= plotted <= len(model.decoder.layers):
-        raise UsageError(f"--layer {plotted}: out of range; the checkpoint has {len(model.decoder.layers)} layers, "
-                         f"allowed 1..{len(model.decoder.layers)} (1-based: 1 = the lowest layer)")
-    return len(model.decoder.layers)
-
-
 def plot(weights, mask, row_labels, column_labels, source_length: int, title: str):
     rows, columns = weights.shape
     fig, ax = plt.subplots(figsize=(max(5.0, 0.42 * columns + 2.5), max(3.0, 0.38 * rows + 2.0)), layout="constrained")
@@ -82,7 +67,18 @@ def plot(weights, mask, row_labels, column_labels, source_length: int, title: st
 @torch.no_grad()
 def run(args) -> dict:
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
-    num_layers, layer_index = check_model(model, cfg, args.path, args.layer), args.layer - 1
+    if not isinstance(model, LayerwiseCoordinationModel):
+        arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None) or "unknown"
+        raise UsageError(f"--path {args.path}: the checkpoint's model is {type(model).__name__} (--arch {arch}), not "
+                         "layerwise_coordination; mixed attention exists only in a layerwise_coordination checkpoint")
+    num_layers, layer_index = len(model.decoder.layers), args.layer - 1
+    if not all(getattr(layer, "mixed", True) for layer in model.decoder.layers):
+        raise UsageError(f"--path {args.path}: the checkpoint was trained with --no-mixed-attention (Table 3 "
+                         "ablation): its target side has a separate self-attention and source attention, no mixed "
+                         "attention to plot")
+    if not 1 <= args.layer <= num_layers:
+        raise UsageError(f"--layer {args.layer}: out of range; the checkpoint has {num_layers} layers, allowed "
+                         f"1..{num_layers} (1-based: 1 = the lowest layer)")
     pair = sentence_pair(args, model, task, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len)
     encoder_out = model.encoder(pair.src_tokens, src_lengths=pair.src_lengths)
     _, extra = model.decoder(pair.prev_output_tokens, encoder_out=encoder_out, alignment_layer=layer_index)
@@ -112,7 +108,4 @@ def run(args) -> dict:
         f"Mixed attention, layer {args.layer}/{num_layers}: {os.path.basename(args.path)}"))
 
 
-main = script_main(parse_args, run, "plot_mixed_attention.py")
-
-if __name__ == "__main__":
-    sys.exit(main())
+main = script_main(parse_args, run, "plot_mixed_attention.py", __name__)

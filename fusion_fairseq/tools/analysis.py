@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Callable, List, Optional
 
@@ -108,14 +109,6 @@ def sentence_arguments(parser):
     return parser
 
 
-def same_file(a: str, b: str) -> bool:
-    """The same file, also under two names (a hard link): compared by device and inode when both exist."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist yet
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
 def check_outputs(args, outputs, inputs=()) -> None:
     """Before any work: each output ``(flag, path or None)`` goes to an existing directory, differs
     from the other outputs and every input (not even --force replaces an input), and exists only
@@ -128,7 +121,11 @@ def check_outputs(args, outputs, inputs=()) -> None:
         if os.path.isdir(path):
             raise UsageError(f"{flag} {path} is a directory; give a file name")
         for other_flag, other in list(given[:index]) + [(f, p) for f, p in inputs if p]:
-            if same_file(path, other):
+            try:  # the same file, also under two names (a hard link): by device and inode when both exist
+                same = os.path.samefile(path, other)
+            except OSError:  # one of them does not exist yet
+                same = os.path.realpath(path) == os.path.realpath(other)
+            if same:
                 raise UsageError(f"{flag} {path} is the same file as {other_flag} {other}; give another name")
         refuse_existing_output(flag, path, getattr(args, "force", False), UsageError)
 
@@ -156,9 +153,10 @@ def write_outputs(args, result: dict, figure=None) -> dict:
     return result
 
 
-def script_main(parse_args: Callable, run: Callable, prog):
+def script_main(parse_args: Callable, run: Callable, prog, module_name: str):
     """A script's ``main(argv)``: parse, check the outputs against the inputs, ``run(args)``; 0, or
-    the exit status of a :class:`ReportedError` printed as ``PROG: error: MESSAGE``."""
+    the exit status of a :class:`ReportedError` printed as ``PROG: error: MESSAGE``. Run at once,
+    exiting with that status, when the script's ``module_name`` is ``__main__``."""
     def main(argv: Optional[List[str]] = None) -> int:
         args = parse_args(argv)
         paths = args.path if isinstance(args.path, list) else [args.path]
@@ -171,7 +169,36 @@ def script_main(parse_args: Callable, run: Callable, prog):
             return error.exit_status
         return 0
 
+    if module_name == "__main__":
+        sys.exit(main())
     return main
+
+
+def run_parallel(function: Callable, items: list, jobs: int) -> dict:
+    """``{item: function(item)}``, ``jobs`` at a time (threads, each waiting on a subprocess). The first
+    failure is re-raised once every started call has finished; none starts after it."""
+    with ThreadPoolExecutor(max(1, min(jobs, len(items)))) as pool:
+        futures = {item: pool.submit(function, item) for item in items}
+        try:
+            return {item: future.result() for item, future in futures.items()}
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+
+def number(value, spec: str) -> str:
+    """``value`` formatted with ``spec``; "n/a" for None and NaN."""
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def markdown_rows(columns, rows, left: int = 1, pad: bool = False) -> List[str]:
+    """Markdown table lines: the first ``left`` columns left-aligned, the others right-aligned (with
+    ``pad``, by spaces; otherwise by ``---:``)."""
+    cells = [[str(cell).replace("|", "\\|") for cell in row] for row in [columns, *rows]]
+    widths = [max(len(row[i]) for row in cells) if pad else 0 for i in range(len(columns))]
+    lines = ["| " + " | ".join(cell.ljust(width) if i < left else cell.rjust(width)
+                               for i, (cell, width) in enumerate(zip(row, widths))) + " |" for row in cells]
+    rule = ["-" * (width + 2) if pad else "---" + ":" * (i >= left) for i, width in enumerate(widths)]
+    return lines[:1] + ["|" + "|".join(rule) + "|"] + lines[1:]
 
 
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
@@ -257,16 +284,33 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
     return state
 
 
-def layer_attention_kind(model_config, flag: str, path: str, kinds=("coarse", "fine"),
-                         lacking="there are no layer-attention weights") -> str:
-    """The checkpoint's ``--layer-attention``, one of ``kinds``; otherwise an error saying what it has."""
-    kind = getattr(model_config, "layer_attention", None)
-    if kind not in kinds:
-        having = "no layer attention" if kind is None else f"--layer-attention {kind}"
-        raise UsageError(f"{flag} {path}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, "
-                         f"so {lacking}; a fusion_transformer checkpoint trained with --layer-attention "
-                         f"{' or '.join(kinds)} is needed")
-    return kind
+def checkpoint_setting(model_config, option: str, allowed, flag: str, lacking: str, names=None, side=None) -> str:
+    """The checkpoint's ``--OPTION`` (``--OPTION-SIDE`` with ``side``), one of ``allowed``; otherwise an error
+    naming ``flag``, what the checkpoint has, so ``lacking``, what is needed and, where the other side
+    has it, ``try --side OTHER``."""
+    def value(name):
+        return getattr(model_config, name.replace("-", "_"), None)
+
+    hint = ""
+    if side is not None:
+        other = "decoder" if side == "encoder" else "encoder"
+        if value(f"{option}-{other}") in allowed:
+            hint = f"; its {other} has --{option}-{other} {value(f'{option}-{other}')}, try --side {other}"
+        option = f"{option}-{side}"
+    found = value(option)
+    if found not in allowed:
+        having = f"no --{option}" if found is None else f"--{option} {found}" + (
+            f" ({names[found]})" if found in (names or {}) else "")
+        raise UsageError(f"{flag}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, so "
+                         f"{lacking}; a fusion_transformer checkpoint trained with --{option} {' or '.join(allowed)} "
+                         f"is needed{hint}")
+    return found
+
+
+def check_masked_layer(layer: int, num_encoder_layers: int, where: str = "") -> None:
+    if not 0 <= layer <= num_encoder_layers:  # the model's own message (check_fusion_args)
+        raise UsageError(f"{where}--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
+                         f"to {num_encoder_layers}")
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):
@@ -300,30 +344,20 @@ def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool 
                     max_tokens: Optional[int] = None) -> torch.Tensor:
     """Token ids of ``text`` (``flag``'s value) followed by EOS, as fairseq binarises sentences; an
     unknown word (without ``allow_unk``) or more than ``max_tokens`` is a :class:`UsageError`."""
-    if bpe is not None:
-        text = bpe.encode(text)
-    words = text.split()
+    words = (text if bpe is None else bpe.encode(text)).split()
     if not words:
         raise UsageError(f"{flag} is empty")
-    ids = []
-    for word in words:
-        index = dictionary.index(word)
-        if index == dictionary.unk():
-            after_bpe = " after BPE" if bpe is not None else ""
-            message = f"{flag}: word {word!r}{after_bpe} is not in the dictionary ({len(dictionary)} types)"
-            if not allow_unk:
-                raise UsageError(message + "; pass --allow-unk to map it to <unk>")
-            print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
-        ids.append(index)
-    ids.append(dictionary.eos())
+    ids = [dictionary.index(word) for word in words] + [dictionary.eos()]
+    for word in (word for word, index in zip(words, ids) if index == dictionary.unk()):
+        message = f"{flag}: word {word!r}{' after BPE' * (bpe is not None)} is not in the dictionary " \
+                  f"({len(dictionary)} types)"
+        if not allow_unk:
+            raise UsageError(message + "; pass --allow-unk to map it to <unk>")
+        print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
     if max_tokens is not None and len(ids) > max_tokens:
         raise UsageError(f"{flag} has {len(ids)} tokens (end of sentence included), but the model reads at most "
                          f"{max_tokens} positions; give a shorter sentence")
     return torch.tensor(ids, dtype=torch.long)
-
-
-def token_strings(dictionary, ids: torch.Tensor) -> List[str]:
-    return [dictionary[int(i)] for i in ids]
 
 
 def sentence_pair(args, model, task, with_target: bool = True, **generation) -> SimpleNamespace:
@@ -344,7 +378,7 @@ def sentence_pair(args, model, task, with_target: bool = True, **generation) -> 
     src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
                                  max_tokens=model.encoder.max_positions())
     pair = SimpleNamespace(src_tokens=src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]),
-                           source=token_strings(task.source_dictionary, src_tokens))
+                           source=[task.source_dictionary[int(i)] for i in src_tokens])
     if not with_target:
         return pair
     if args.target is not None:
@@ -360,6 +394,6 @@ def sentence_pair(args, model, task, with_target: bool = True, **generation) -> 
                                                        if key in ("beam", "lenpen")) + ")"
     eos = task.target_dictionary.eos()
     pair.prev_output_tokens = torch.cat([tgt_tokens.new_tensor([eos]), tgt_tokens[:-1]]).unsqueeze(0)
-    pair.predicted = token_strings(task.target_dictionary, tgt_tokens)
+    pair.predicted = [task.target_dictionary[int(i)] for i in tgt_tokens]
     pair.fed = [task.target_dictionary[eos]] + pair.predicted[:-1]
     return pair

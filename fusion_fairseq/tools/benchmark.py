@@ -38,7 +38,8 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
 from fusion_fairseq.tools.analysis import (
-    UsageError, add_force_argument, check_outputs, checked, format_matrix, write_json, write_markdown)
+    UsageError, add_force_argument, check_outputs, checked, format_matrix, markdown_rows, number, write_json,
+    write_markdown)
 from fusion_fairseq.tools.common import (
     count_parameters, device_name, dictionary_of_size, load_average, non_negative_int, plugin_architectures,
     positive_int)
@@ -66,8 +67,7 @@ WIDTH_FLAGS = {
 }
 
 
-class BenchmarkError(ValueError):
-    """A bad configuration or setting; the message names the flag or the spec at fault."""
+BenchmarkError = UsageError  # a bad configuration or setting; the message names the flag or the spec at fault
 
 
 @dataclass
@@ -100,7 +100,8 @@ def parse_variant(spec: str) -> BenchmarkConfig:
     name, arch = name.strip(), arch.strip()
     fault = "no '='" if not equals else "empty NAME" if not name else "empty ARCH" if not arch else None
     if fault:
-        raise BenchmarkError(f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE} ({fault})")
+        raise BenchmarkError(f"malformed --variant {spec!r}: expected NAME=ARCH:FLAGS, e.g. {VARIANT_EXAMPLE} "
+                             f"({fault})")
     check_arch(arch, f"--variant {spec!r}")
     return BenchmarkConfig(name, arch, split_flags(flag_text, f"--variant {spec!r}"))
 
@@ -181,6 +182,7 @@ class _Runner:
 
     def __init__(self, config, settings, dictionary, samples, device):
         self.config, self.settings, self.device = config, settings, device
+        self.where = f"configuration {config.name!r} ({config.arch})"
         self.train_sample, self.decode_sample, self.sweep_samples = samples
         self.width_flags, self.skipped_width_flags = width_flags(config.arch, settings)
         self.flags = self.width_flags + list(settings.common_flags) + list(config.flags)
@@ -200,15 +202,11 @@ class _Runner:
         self.generators = {length: SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0,
                                                      max_len_b=length, min_len=length)
                            for length in (settings.decode_len, settings.decode_len // 2)}
-        self.tokens_per_s, self.sentences_per_s, self.ms_per_step = [], [], {}
-        self.decoded_lengths, self.memory, self.flops = set(), {}, {}
+        self.values, self.decoded_lengths, self.memory, self.flops = {}, set(), {}, {}  # values: per measure, per round
 
     def autocast(self):
         dtype = AUTOCAST[self.settings.dtype]
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
-
-    def where(self):
-        return f"configuration {self.config.name!r} ({self.config.arch})"
 
     def train_step(self):
         with self.autocast():
@@ -233,14 +231,7 @@ class _Runner:
         except BenchmarkError:
             raise
         except Exception as exc:
-            raise BenchmarkError(f"{self.where()}: {failed} failed: {exc}") from exc
-
-    def measure_training(self, sync):
-        self.model.train()
-        torch.manual_seed(self.settings.seed)
-        elapsed = self.timed(self.train_step, self.settings.warmup, self.settings.steps, sync, "training step")
-        self.tokens_per_s.append(self.settings.steps * self.train_sample["ntokens"] / elapsed)
-        return self.tokens_per_s[-1]
+            raise BenchmarkError(f"{self.where}: {failed} failed: {exc}") from exc
 
     def decode_batch(self):
         with self.autocast():
@@ -249,57 +240,64 @@ class _Runner:
         lengths = {len(h["tokens"]) for sentence in hypos for h in sentence}
         if len(hypos) != self.decode_sample["nsentences"] or lengths != {expected}:
             raise BenchmarkError(
-                f"{self.where()}: decoding with min_len = max_len = {self.settings.decode_len} should give "
+                f"{self.where}: decoding with min_len = max_len = {self.settings.decode_len} should give "
                 f"{self.decode_sample['nsentences']} sentences of exactly {expected} tokens (EOS included), "
                 f"got {len(hypos)} sentences with lengths {sorted(lengths)}")
         self.decoded_lengths |= lengths
 
-    def measure_decoding(self, sync):
-        self.model.eval()
-        settings = self.settings
-        elapsed = self.timed(self.decode_batch, settings.decode_warmup, settings.decode_batches, sync, "decoding")
-        self.sentences_per_s.append(settings.decode_batches * self.decode_sample["nsentences"] / elapsed)
-        return self.sentences_per_s[-1]
-
-    def measure_step_cost(self, length: int, sync) -> float:
-        """Milliseconds of one decoding step over sources of ``length`` tokens: (t(L) - t(L/2)) /
-        (L - L/2), the difference of two whole ``generate`` calls with L and L/2 output tokens, so
-        that what is paid once per sentence (the encoder, the first step's projection of the
+    def measure(self, what, sync) -> float:
+        """One round's value of ``what``: "train", target tokens/s of training steps; "decode", sentences/s
+        of decode batches; a source length N, milliseconds of one decoding step over N-token sources,
+        (t(L) - t(L/2)) / (L - L/2): the difference of two whole ``generate`` calls with L and L/2 output
+        tokens, so that what is paid once per sentence (the encoder, the first step's projection of the
         source, the generator's set-up) cancels."""
-        self.model.eval()
-        times = {}
-        with self.autocast(), torch.no_grad():
-            for steps, generator in self.generators.items():  # one untimed call warms the caches
-                times[steps] = self.timed(lambda: generator.generate([self.model], self.sweep_samples[length]), 1, 1,
-                                          sync, f"decoding a {length}-token source")
-        full, half = self.generators
-        self.ms_per_step.setdefault(length, []).append(1000 * (times[full] - times[half]) / (full - half))
-        return self.ms_per_step[length][-1]
+        settings = self.settings
+        self.model.train(what == "train")
+        torch.manual_seed(settings.seed)
+        if what == "train":
+            elapsed = self.timed(self.train_step, settings.warmup, settings.steps, sync, "training step")
+            value = settings.steps * self.train_sample["ntokens"] / elapsed
+        elif what == "decode":
+            elapsed = self.timed(self.decode_batch, settings.decode_warmup, settings.decode_batches, sync, "decoding")
+            value = settings.decode_batches * self.decode_sample["nsentences"] / elapsed
+        else:
+            times = {}
+            with self.autocast(), torch.no_grad():
+                for steps, generator in self.generators.items():  # one untimed call warms the caches
+                    times[steps] = self.timed(lambda: generator.generate([self.model], self.sweep_samples[what]), 1,
+                                              1, sync, f"decoding a {what}-token source")
+            full, half = self.generators
+            value = 1000 * (times[full] - times[half]) / (full - half)
+        self.values.setdefault(what, []).append(value)
+        return value
 
-    def measure_flops(self):
-        """Matrix-product FLOPs of one training step and of one decode batch (untimed)."""
-        from torch.utils.flop_counter import FlopCounterMode
-
-        torch.manual_seed(self.settings.seed)
-        for kind, training, step in (("train_step", True, self.train_step), ("decode_batch", False, self.decode_batch)):
-            self.model.train(training)
-            with FlopCounterMode(display=False) as counter:
-                step()
-            self.flops[kind] = counter.get_total_flops()
-
-    def measure_memory(self, transient_peak: Callable[[Callable[[], None]], Optional[int]]):
-        self.model.train()
+    def once(self, measure: Callable[[Callable[[], None]], object]) -> list:
+        """``[measure(one training step), measure(one decode batch)]``, untimed."""
         torch.manual_seed(self.settings.seed)
         self.optimizer.zero_grad(set_to_none=True)
-        train_peak = transient_peak(self.train_step)
-        self.model.eval()
-        decode_peak = transient_peak(self.decode_batch)
+        results = []
+        for training, step in ((True, self.train_step), (False, self.decode_batch)):
+            self.model.train(training)
+            results.append(measure(step))
+        return results
+
+    def measure_memory(self, transient_peak: Callable[[Callable[[], None]], Optional[int]]):
+        train_peak, decode_peak = self.once(transient_peak)
         parameters = sum(p.numel() * p.element_size() for p in self.model.parameters())
         train_state = parameters + sum(v.numel() * v.element_size() for state in self.optimizer.state.values()
                                        for v in state.values() if torch.is_tensor(v))  # + Adam's moments
         self.memory = {"train_peak_bytes": None if train_peak is None else train_state + train_peak,
                        "decode_peak_bytes": None if decode_peak is None else parameters + decode_peak,
                        "parameter_bytes": parameters, "train_state_bytes": train_state}
+
+
+def count_flops(step) -> int:
+    """Matrix-product FLOPs of ``step``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
 
 
 def cuda_transient_peak(fn) -> int:
@@ -389,54 +387,25 @@ def check_settings(settings: argparse.Namespace) -> None:
         raise BenchmarkError(f"--vocab {settings.vocab} is too small for --beam {settings.beam} (4 special symbols)")
 
 
-def ratio_stats(values: List[float], baseline: List[float]) -> Dict[str, object]:
-    ratios = [v / b for v, b in zip(values, baseline)]
-    return {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "per_repeat": ratios}
-
-
-def environment(settings: argparse.Namespace, device: torch.device) -> Dict[str, object]:
-    return {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
-            "torch": torch.__version__, "fairseq": fairseq.__version__, "fusion_fairseq": fusion_fairseq.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
-
-
-def measure_rounds(runners: List[_Runner], settings: argparse.Namespace, sync: Callable[[], None],
-                   log: Callable[[str], None]) -> float:
-    """Training and decoding speed of every runner, round-robin with the order rotated by one every
-    round; returns the seconds it took."""
-    started = time.perf_counter()
-    measures = [("train ", lambda r: r.measure_training(sync), "{:,.0f} tokens/s"),
-                ("decode", lambda r: r.measure_decoding(sync), "{:,.2f} sentences/s")]
-    measures += [("step  ", lambda r, n=n: r.measure_step_cost(n, sync), f"source {n}: {{:.2f}} ms")
-                 for n in settings.source_lengths]
-    for repeat in range(settings.repeats):
-        order = runners[repeat % len(runners):] + runners[:repeat % len(runners)]
-        for what, measure, unit in measures:
-            for runner in order:
-                value = unit.format(measure(runner))
-                log(f"[round {repeat + 1}/{settings.repeats}] {what} {runner.config.name}: {value}")
-    return time.perf_counter() - started
-
-
 def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) -> Dict[str, object]:
     """The JSON record of one configuration, its ratios against the baseline ``base``."""
-    def speed(values, base_values, unit):
-        return {unit: values, f"median_{unit}": statistics.median(values), "ratio": ratio_stats(values, base_values)}
+    def summary(what, unit, ratio="ratio"):  # a speed ratio of times: the baseline's over this one's
+        values, base_values = runner.values[what], base.values[what]
+        ratios = [v / b if ratio == "ratio" else b / v for v, b in zip(values, base_values)]
+        return {unit: values, f"median_{unit}": statistics.median(values), ratio: {
+            "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "per_repeat": ratios}}
 
     return {
         "arch": runner.config.arch, "baseline": runner.config.baseline, "variant_flags": runner.config.flags,
         "flags": runner.flags, "skipped_width_flags": runner.skipped_width_flags, "model_args": runner.model_args,
         "parameters": count_parameters(runner.model), "trainable_parameters": runner.trainable_parameters,
-        "train": speed(runner.tokens_per_s, base.tokens_per_s, "tokens_per_s"),
-        "decode": {**speed(runner.sentences_per_s, base.sentences_per_s, "sentences_per_s"),
+        "train": summary("train", "tokens_per_s"),
+        "decode": {**summary("decode", "sentences_per_s"),
                    "decoder_steps": settings.decode_len + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
         "memory": runner.memory or None,
         "flops": {**runner.flops, **{f"{kind}_ratio": base.flops[kind] / runner.flops[kind] if runner.flops[kind]
                                      else None for kind in runner.flops}} if settings.flops else None,
-        "step_cost": {str(length): {"ms_per_step": times, "median_ms_per_step": statistics.median(times),
-                                    "speed_ratio": ratio_stats(base.ms_per_step[length], times)}  # base time / this
-                      for length, times in runner.ms_per_step.items()} or None,
+        "step_cost": {str(n): summary(n, "ms_per_step", "speed_ratio") for n in settings.source_lengths} or None,
     }
 
 
@@ -444,14 +413,14 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
                   log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True)) -> Dict:
     """Measure every configuration (the baseline among them) and return the JSON-ready results."""
     check_settings(settings)
-    baselines = sum(config.baseline for config in configs)
-    if baselines != 1:
-        raise BenchmarkError(f"exactly one baseline configuration is needed, got {baselines}")
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     device = torch.device(settings.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    env = environment(settings, device)
+    env = {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
+           "torch": torch.__version__, "fairseq": fairseq.__version__, "fusion_fairseq": fusion_fairseq.__version__,
+           "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
+           "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
     dictionary = dictionary_of_size(settings.vocab)
     samples = synthetic_samples(settings, dictionary, device)
     runners = []
@@ -460,10 +429,20 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
         runners.append(_Runner(config, settings, dictionary, samples, device))
         for skipped in runners[-1].skipped_width_flags:
             log(f"  {config.name}: width flag {skipped} not applied")
-    timing_seconds = measure_rounds(runners, settings, sync, log)
+    started = time.perf_counter()
+    units = {"train": "{:,.0f} tokens/s", "decode": "{:,.2f} sentences/s",
+             **{n: f"source {n}: {{:.2f}} ms" for n in settings.source_lengths}}
+    for repeat in range(settings.repeats):  # round-robin, the order rotated by one every round
+        order = runners[repeat % len(runners):] + runners[:repeat % len(runners)]
+        for what, unit in units.items():
+            for runner in order:
+                value = unit.format(runner.measure(what, sync))
+                log(f"[round {repeat + 1}/{settings.repeats}] {what if what in ('train', 'decode') else 'step':6} "
+                    f"{runner.config.name}: {value}")
+    timing_seconds = time.perf_counter() - started
     for runner in runners:
         if settings.flops:
-            runner.measure_flops()
+            runner.flops = dict(zip(("train_step", "decode_batch"), runner.once(count_flops)))
         if settings.memory:
             runner.measure_memory(cuda_transient_peak if device.type == "cuda" else cpu_transient_peak)
     base = next(r for r in runners if r.config.baseline)
@@ -476,61 +455,41 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
             "timing_seconds": timing_seconds, "configs": results}
 
 
-def _number(value, spec):
-    return "n/a" if value is None else format(value, spec)
-
-
 def _ratios(stats):
     return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
 
 
-def _cell(text):
-    return str(text).replace("|", "\\|")
-
-
 def markdown_table(result: Dict) -> str:
-    """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds)."""
-    env, settings = result["environment"], result["settings"]
-    lines = [
-        f"Device: {env['device']} ({env['device_name']}), dtype {env['dtype']}, {env['threads']} thread(s); "
-        f"torch {env['torch']}, fairseq {env['fairseq']}; {settings['clock']}-clock time. Batch {settings['batch_size']} x "
-        f"{settings['src_len']}->{settings['tgt_len']} tokens, vocab {settings['vocab']}, {settings['repeats']} rounds of "
-        f"{settings['steps']} steps; decoding beam {settings['beam']}, {settings['decode_batch_size']} sentences x "
-        f"{settings['decode_len']} tokens + EOS. Ratios are config / {result['baseline']} within each round, "
-        "min / median / max across rounds.",
-        "",
-        "| Config | Arch | Params | Train tok/s | Train ratio (min / med / max) | Train flop ratio | Decode sent/s "
-        "| Decode ratio (min / med / max) | Decode flop ratio | Train peak MiB | Decode peak MiB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, row in result["configs"].items():
+    """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds);
+    then, with --source-lengths, per source length each configuration's median ms per decoding step and
+    its speed ratio."""
+    env, settings, configs = result["environment"], result["settings"], result["configs"]
+    rows = []
+    for name, row in configs.items():
         memory, flops = row["memory"] or {}, row["flops"] or {}
-        mib = [_number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
-               for kind in ("train", "decode")]
-        lines.append(
-            f"| {_cell(name + ' (baseline)' * row['baseline'])} | {_cell(row['arch'])} | {row['parameters']:,} "
-            f"| {row['train']['median_tokens_per_s']:,.0f} | {_ratios(row['train']['ratio'])} "
-            f"| {_number(flops.get('train_step_ratio'), '.3f')} | {row['decode']['median_sentences_per_s']:,.2f} "
-            f"| {_ratios(row['decode']['ratio'])} | {_number(flops.get('decode_batch_ratio'), '.3f')} "
-            f"| {mib[0]} | {mib[1]} |")
-    return "\n".join(lines + step_cost_table(result)) + "\n"
-
-
-def step_cost_table(result: Dict) -> List[str]:
-    """Per source length: each configuration's median ms per decoding step and its speed ratio."""
-    lengths = [int(n) for n in next(iter(result["configs"].values()))["step_cost"] or {}]
-    if not lengths:
-        return []
-    names = list(result["configs"])
-    lines = ["", "Decoding step cost as the source grows: median ms per step (speed ratio to "
-             f"{result['baseline']}, median over rounds).", "",
-             "| source tokens | " + " | ".join(_cell(name) for name in names) + " |",
-             "|---:|" + "---:|" * len(names)]
-    for length in lengths:
-        costs = [result["configs"][name]["step_cost"][str(length)] for name in names]
-        lines.append(f"| {length} | " + " | ".join(f"{cost['median_ms_per_step']:.2f} "
-                                                   f"({cost['speed_ratio']['median']:.2f})" for cost in costs) + " |")
-    return lines
+        rows.append([name + " (baseline)" * row["baseline"], row["arch"], f"{row['parameters']:,}",
+                     f"{row['train']['median_tokens_per_s']:,.0f}", _ratios(row["train"]["ratio"]),
+                     number(flops.get("train_step_ratio"), ".3f"), f"{row['decode']['median_sentences_per_s']:,.2f}",
+                     _ratios(row["decode"]["ratio"]), number(flops.get("decode_batch_ratio"), ".3f")]
+                    + [number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
+                       for kind in ("train", "decode")])
+    lines = [f"Device: {env['device']} ({env['device_name']}), dtype {env['dtype']}, {env['threads']} thread(s); "
+             f"torch {env['torch']}, fairseq {env['fairseq']}; " + "{clock}-clock time. Batch {batch_size} x "
+             "{src_len}->{tgt_len} tokens, vocab {vocab}, {repeats} rounds of {steps} steps; decoding beam {beam}, "
+             "{decode_batch_size} sentences x {decode_len} tokens + EOS. ".format(**settings) + f"Ratios are config / "
+             f"{result['baseline']} within each round, min / median / max across rounds.", "",
+             *markdown_rows(["Config", "Arch", "Params", "Train tok/s", "Train ratio (min / med / max)",
+                             "Train flop ratio", "Decode sent/s", "Decode ratio (min / med / max)", "Decode flop ratio",
+                             "Train peak MiB", "Decode peak MiB"], rows, left=2)]
+    lengths = list(next(iter(configs.values()))["step_cost"] or {})
+    if lengths:
+        costs = [[length] + [f"{configs[name]['step_cost'][length]['median_ms_per_step']:.2f} "
+                             f"({configs[name]['step_cost'][length]['speed_ratio']['median']:.2f})" for name in configs]
+                 for length in lengths]
+        lines += ["", "Decoding step cost as the source grows: median ms per step (speed ratio to "
+                  f"{result['baseline']}, median over rounds).", "",
+                  *markdown_rows(["source tokens", *configs], costs, left=0)]
+    return "\n".join(lines) + "\n"
 
 
 TRAIN_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
@@ -578,8 +537,8 @@ def time_to_loss_table(result: Dict) -> str:
     def cells(row):
         updates, seconds = row["updates_to_target"], row["train_seconds_to_target"]
         return [f"{row['best_nll']:.3f}", f"> {row['last_update']}" if updates is None else str(updates),
-                _number(row.get("updates_ratio"), ".2f"), "-" if seconds is None else f"{seconds:.0f}",
-                _number(row.get("time_ratio"), ".2f")]
+                number(row.get("updates_ratio"), ".2f"), "-" if seconds is None else f"{seconds:.0f}",
+                number(row.get("time_ratio"), ".2f")]
 
     return format_matrix(f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
                          [cells(row) for row in result["rows"]],
@@ -692,7 +651,7 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
         else:
             result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), args)
             table = markdown_table(result)
-    except (UsageError, BenchmarkError) as exc:
+    except UsageError as exc:
         build_parser().error(str(exc))
     result["command"] = shlex.join([PROG, *argv])
     print(table)

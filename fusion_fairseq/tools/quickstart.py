@@ -28,11 +28,12 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import defaultdict
 from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools import corpus
+from fusion_fairseq.tools.analysis import markdown_rows, number, run_parallel
 from fusion_fairseq.tools.common import non_negative_int, positive_int
 
 BPE_MERGES = {"synthetic": 1000, "data": 8000}
@@ -72,7 +73,8 @@ def detect_split(directory, src, tgt, kind, requested=None):
     listed = ", ".join(prefixes) or "none"
     if requested:
         if requested not in prefixes:
-            raise SystemExit(f"error: no {requested}.{src} + {requested}.{tgt} in {directory} (parallel splits there: {listed})")
+            raise SystemExit(f"error: no {requested}.{src} + {requested}.{tgt} in {directory} (parallel splits there: "
+                             f"{listed})")
         return requested
     names = SPLIT_NAMES[kind]
     candidates = [n for n in names if n in prefixes] or [p for n in names for p in prefixes if p.lower().startswith(n)]
@@ -101,41 +103,18 @@ def read_data_file(source, output, limit=0):
 
 
 def prepare_real_data(args, raw_dir):
-    """``{split: {lang: lines}}`` of the --data splits, also written to ``raw_dir``."""
+    """The --data splits, written to ``raw_dir``."""
     text = {}
     for split in corpus.SPLITS:
         prefix = detect_split(args.data, args.src, args.tgt, split, getattr(args, f"{split}_split"))
-        text[split] = {lang: read_data_file(os.path.join(args.data, f"{prefix}.{lang}"), os.path.join(raw_dir, f"{split}.{lang}"),
-                                            getattr(args, f"{split}_lines")) for lang in (args.src, args.tgt)}
+        text[split] = {lang: read_data_file(os.path.join(args.data, f"{prefix}.{lang}"),
+                                            os.path.join(raw_dir, f"{split}.{lang}"), getattr(args, f"{split}_lines"))
+                       for lang in (args.src, args.tgt)}
         n_src, n_tgt = (len(text[split][lang]) for lang in (args.src, args.tgt))
         if n_src != n_tgt:
             raise SystemExit(f"error: {prefix}.{args.src} has {n_src} lines but {prefix}.{args.tgt} has {n_tgt}")
         log(f"  {split:5s} <- {os.path.join(args.data, prefix)}.{{{args.src},{args.tgt}}}: {n_src:,} sentence pairs")
     corpus.write_splits(text, raw_dir, (args.src, args.tgt))
-    return text
-
-
-def prepare_synthetic_data(args, raw_dir):
-    from fusion_fairseq.tools.synthetic import write_corpus
-
-    write_corpus(raw_dir, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, args.src, args.tgt)
-    text = {split: {lang: corpus.read_lines(os.path.join(raw_dir, f"{split}.{lang}")) for lang in (args.src, args.tgt)}
-            for split in corpus.SPLITS}
-    for split in text:
-        log(f"  {split:5s}: {len(text[split][args.src]):,} sentence pairs -> {raw_dir}/{split}.{{{args.src},{args.tgt}}}")
-    return text
-
-
-def check_line_lengths(bpe):
-    """Refused before training: a line longer than the models take (fairseq-generate would stop on
-    such a test sentence after all the training, and fairseq-train skips such pairs)."""
-    for split, sides in bpe.items():
-        for lang, lines in sides.items():
-            for number, line in enumerate(lines, 1):
-                if len(line.split()) >= MAX_POSITIONS:
-                    raise SystemExit(f"error: --data: line {number} of the {split} split ({lang}) has "
-                                     f"{len(line.split()):,} subword tokens after BPE; the models take at most "
-                                     f"{MAX_POSITIONS - 1} (shorten or remove that line)")
 
 
 def run_logged(command, log_path, env, on_line=None):
@@ -143,7 +122,8 @@ def run_logged(command, log_path, env, on_line=None):
     seconds it used (its own, also when several run at once). Fails with the log's tail."""
     with open(log_path, "w", encoding="utf-8") as log_file:
         log_file.write("$ " + " ".join(command) + "\n")
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                   bufsize=1)
         for line in process.stdout:
             log_file.write(line)
             log_file.flush()
@@ -176,6 +156,10 @@ class TrainProgress:
     """Turns fairseq's json log lines into one progress line per interval; keeps the table's numbers."""
 
     INFO = re.compile(r"\|\s*INFO\s*\|\s*(\S+)\s*\|\s*(.*)$")
+    SHOWN = {"train_inner": "update {num_updates}/{max_update}  epoch {epoch}  loss {loss}  {wps} tok/s  "
+                            "({elapsed:.0f}s)",
+             "valid": "epoch {epoch} valid loss {valid_loss} ppl {valid_ppl}  (update {valid_num_updates}, "
+                      "{elapsed:.0f}s)"}  # the progress lines of fairseq's json log lines
 
     def __init__(self, name, max_update, verbose):
         self.name, self.max_update, self.verbose = name, max_update, verbose
@@ -194,21 +178,15 @@ class TrainProgress:
         if params:
             self.params = int(params.group(1).replace(",", ""))
             log(f"  [{self.name}] {self.params:,} parameters")
-        if not message.startswith("{"):
-            return
         try:
-            stats = json.loads(message)
+            stats = json.loads(message) if message.startswith("{") else None
         except ValueError:
-            return
-        elapsed = time.time() - self.start
-        if tag == "train_inner":
-            log(f"  [{self.name}] update {stats.get('num_updates')}/{self.max_update}  epoch {stats.get('epoch')}  "
-                f"loss {stats.get('loss')}  {stats.get('wps')} tok/s  ({elapsed:.0f}s)")
-        elif tag == "train":
+            stats = None
+        if stats is not None and tag == "train":
             self.epochs.append(stats)
-        elif tag == "valid":
-            log(f"  [{self.name}] epoch {stats.get('epoch')} valid loss {stats.get('valid_loss')} "
-                f"ppl {stats.get('valid_ppl')}  (update {stats.get('valid_num_updates')}, {elapsed:.0f}s)")
+        elif stats is not None and tag in self.SHOWN:
+            values = defaultdict(lambda: None, stats, max_update=self.max_update, elapsed=time.time() - self.start)
+            log(f"  [{self.name}] " + self.SHOWN[tag].format_map(values))
 
     def train_tokens_per_second(self):
         """Target tokens per second over all epochs (each epoch's wps and wpb; its updates from num_updates)."""
@@ -260,51 +238,23 @@ def generate(args, name, dirs, checkpoint, env):
     run_logged([sys.executable, "-m", "fairseq_cli.generate", dirs.bin, "--path", checkpoint, "--gen-subset", "test",
                 "--beam", str(args.beam), "--remove-bpe", "--batch-size", str(args.batch_size), "--max-len-a", "1.2",
                 "--max-len-b", "10", "--num-workers", "0", "--required-batch-size-multiple", "1",
-                "--results-path", results_dir, "--user-dir", user_dir(), *(["--cpu"] if args.cpu else [])], log_path, env)
-    generated, speed = os.path.join(results_dir, "generate-test.txt"), None
-    for path in (log_path, generated):  # the summary line goes to the log (stderr), or into the results file
-        with open(path, encoding="utf-8") as f:
-            match = re.search(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s", f.read())
-        speed = float(match.group(1)) if match else speed
+                "--results-path", results_dir, "--user-dir", user_dir(), *(["--cpu"] if args.cpu else [])],
+               log_path, env)
+    generated = os.path.join(results_dir, "generate-test.txt")
+    # the summary line goes to the log (stderr), or into the results file
+    speeds = re.findall(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s",
+                        "\n".join(corpus.read_lines(log_path) + corpus.read_lines(generated)))
     log(f"  [{name}] translated the test split in {time.time() - started:.0f}s -> {generated}")
-    return generated, speed
-
-
-def bleu(generated, reference_path):
-    """sacreBLEU of the hypotheses (BPE removed, sentence order) against the raw test references."""
-    import sacrebleu
-
-    references = corpus.read_lines(reference_path)
-    hypotheses, _ = corpus.hypotheses(generated, expect=len(references))
-    # force: the references are tokenised text (spaces before punctuation), as the hypotheses
-    return sacrebleu.corpus_bleu(hypotheses, [references], force=True)
-
-
-def run_jobs(jobs, names, function):
-    """``{name: function(name)}``, ``jobs`` at a time (threads, each waiting on a subprocess).
-    The first failure is re-raised once every started job has finished; none starts after it."""
-    with ThreadPoolExecutor(max(1, min(jobs, len(names)))) as pool:
-        futures = {name: pool.submit(function, name) for name in names}
-        try:
-            return {name: future.result() for name, future in futures.items()}
-        finally:
-            pool.shutdown(cancel_futures=True)
+    return generated, float(speeds[-1]) if speeds else None
 
 
 TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sent/s")
 
 
 def format_table(rows):
-    def fmt(value, spec):
-        return "n/a" if value is None else format(value, spec)
-
-    cells = [TABLE_COLUMNS] + [(r["model"], r["description"], fmt(r["bleu"], ".2f"), fmt(r["params"], ","),
-                                fmt(r["train_wps"], ",.0f"), fmt(r["decode_sps"], ".1f")) for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_COLUMNS))]
-    lines = ["| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
-             for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return "\n".join(markdown_rows(TABLE_COLUMNS, [(r["model"], r["description"], number(r["bleu"], ".2f"),
+                                                    number(r["params"], ","), number(r["train_wps"], ",.0f"),
+                                                    number(r["decode_sps"], ".1f")) for r in rows], left=2, pad=True))
 
 
 def build_parser():
@@ -388,31 +338,39 @@ def check_args(args):
     return models, synthetic
 
 
-def make_out_dirs(args):
-    """The directories under ``--out`` (``--out`` and its ``logs`` made); --data must not be among them."""
-    out = os.path.abspath(args.out)
-    dirs = SimpleNamespace(out=out, **{key: os.path.join(out, name) for key, name in (
-        ("raw", "raw"), ("bpe", "bpe"), ("bin", "data-bin"), ("checkpoints", "checkpoints"), ("logs", "logs"))})
-    if args.data and os.path.realpath(args.data) in {os.path.realpath(d) for d in (out, dirs.raw, dirs.bpe, dirs.bin)}:
-        raise SystemExit("error: --out must not be (the parent of) the --data directory")
-    os.makedirs(dirs.logs, exist_ok=True)
-    return dirs
-
-
 def prepare_corpus(args, synthetic, dirs):
     """Stages 1 to 3: the raw corpus, the joint BPE and fairseq-preprocess."""
     stage(1, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
-    text = prepare_synthetic_data(args, dirs.raw) if synthetic else prepare_real_data(args, dirs.raw)
+    langs = (args.src, args.tgt)
+    if synthetic:
+        from fusion_fairseq.tools.synthetic import write_corpus
+
+        write_corpus(dirs.raw, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, *langs)
+    else:
+        prepare_real_data(args, dirs.raw)
+    text = {split: {lang: corpus.read_lines(os.path.join(dirs.raw, f"{split}.{lang}")) for lang in langs}
+            for split in corpus.SPLITS}
+    for split in text if synthetic else ():
+        log(f"  {split:5s}: {len(text[split][args.src]):,} sentence pairs -> {dirs.raw}/{split}.{{{','.join(langs)}}}")
     stage(2, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
     codes = os.path.join(dirs.bpe, "codes")
     os.makedirs(dirs.bpe, exist_ok=True)
     bpe = corpus.learn_and_apply_bpe(text, args.src, args.tgt, args.bpe_merges, codes)
-    check_line_lengths(bpe)
+    # Refused before training: a line longer than the models take (fairseq-generate would stop on such a
+    # test sentence after all the training, and fairseq-train skips such pairs).
+    for split, sides in bpe.items():
+        for lang, lines in sides.items():
+            for number, line in enumerate(lines, 1):
+                if len(line.split()) >= MAX_POSITIONS:
+                    raise SystemExit(f"error: --data: line {number} of the {split} split ({lang}) has "
+                                     f"{len(line.split()):,} subword tokens after BPE; the models take at most "
+                                     f"{MAX_POSITIONS - 1} (shorten or remove that line)")
     corpus.write_splits(bpe, dirs.bpe, (args.src, args.tgt))
     words, pieces = (sum(len(line.split()) for line in t["train"][args.tgt]) for t in (text, bpe))
     log(f"  {args.bpe_merges} merges -> {codes}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
     stage(3, "fairseq-preprocess --joined-dictionary")
-    corpus.binarise(dirs.bpe, dirs.bin, args.src, args.tgt, max(1, args.workers), log_path=os.path.join(dirs.logs, "preprocess.log"))
+    corpus.binarise(dirs.bpe, dirs.bin, args.src, args.tgt, max(1, args.workers),
+                    log_path=os.path.join(dirs.logs, "preprocess.log"))
     types = len(corpus.read_lines(os.path.join(dirs.bin, f"dict.{args.src}.txt")))
     log(f"  joined dictionary: {types:,} types (+4 specials) -> {dirs.bin}")
 
@@ -424,13 +382,17 @@ def train_and_test(args, models, jobs, dirs, env):
           f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens{parallel}")
     for name in models:
         log(f"  [{name}] {MODELS[name][1]} (--arch {MODELS[name][0]})")
-    trained = run_jobs(jobs, models, lambda name: train(args, name, dirs, env))
+    trained = run_parallel(lambda name: train(args, name, dirs, env), models, jobs)
     stage(5, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
-    generated = run_jobs(jobs, models, lambda name: generate(args, name, dirs, trained[name]["checkpoint"], env))
-    rows = []
+    generated = run_parallel(lambda name: generate(args, name, dirs, trained[name]["checkpoint"], env), models, jobs)
+    import sacrebleu
+
+    rows, references = [], corpus.read_lines(os.path.join(dirs.raw, f"test.{args.tgt}"))
     for name in models:
         results, decode_sps = generated[name]
-        score = bleu(results, os.path.join(dirs.raw, f"test.{args.tgt}"))
+        hypotheses, _ = corpus.hypotheses(results, expect=len(references))  # BPE removed, in sentence order
+        # force: the references are tokenised text (spaces before punctuation), as the hypotheses
+        score = sacrebleu.corpus_bleu(hypotheses, [references], force=True)
         log(f"  [{name}] {score}")
         rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1], "bleu": score.score,
                      **trained[name], "decode_sps": decode_sps, "sacrebleu": str(score)})
@@ -444,7 +406,12 @@ def run_quickstart(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
     models, synthetic = check_args(args)
-    dirs = make_out_dirs(args)
+    out = os.path.abspath(args.out)
+    dirs = SimpleNamespace(out=out, **{key: os.path.join(out, name) for key, name in (
+        ("raw", "raw"), ("bpe", "bpe"), ("bin", "data-bin"), ("checkpoints", "checkpoints"), ("logs", "logs"))})
+    if args.data and os.path.realpath(args.data) in {os.path.realpath(d) for d in (out, dirs.raw, dirs.bpe, dirs.bin)}:
+        raise SystemExit("error: --out must not be (the parent of) the --data directory")
+    os.makedirs(dirs.logs, exist_ok=True)
     cpus = len(os.sched_getaffinity(0))
     # one model per CPU core on a CPU-only machine, one at a time with a GPU
     jobs = args.jobs or (1 if torch.cuda.is_available() else max(1, min(len(models), cpus)))

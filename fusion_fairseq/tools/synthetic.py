@@ -81,12 +81,6 @@ class Lexicon:
     tgt_analysis: Dict[str, Tuple[str, Entry, tuple]] = field(repr=False)
     src_analysis: Dict[str, Tuple[str, Entry, tuple]] = field(repr=False)
 
-    def src_types(self):
-        return set(self.src_analysis) | SRC_FUNCTION_WORDS
-
-    def tgt_types(self):
-        return set(self.tgt_analysis) | TGT_FUNCTION_WORDS
-
     def word_pairs(self) -> List[Tuple[str, str]]:
         """The one-to-one translations, for the aligned-embedding analysis (Liu et al. 2021, Table 3):
         every noun in both numbers, every preposition and conjunction. Adjectives and verbs agree on
@@ -220,14 +214,6 @@ def sample_clause(lexicon: Lexicon, rng: random.Random) -> Clause:
     return clause
 
 
-def sample_sentence(lexicon: Lexicon, rng: random.Random) -> Sentence:
-    sentence = Sentence(sample_clause(lexicon, rng))
-    if rng.random() < P_SUBORDINATE:
-        sentence.conjunction = rng.choice(sorted(CONJUNCTIONS))
-        sentence.subordinate = sample_clause(lexicon, rng)
-    return sentence
-
-
 def generate_sentences(sizes: Sequence[Tuple[str, int]], seed: int = 1, lexicon: Optional[Lexicon] = None,
                        lexicon_seed: int = 0) -> Dict[str, List[Sentence]]:
     """Sentences for each ``(split, size)``, drawn in order from one generator seeded with ``seed``.
@@ -238,15 +224,14 @@ def generate_sentences(sizes: Sequence[Tuple[str, int]], seed: int = 1, lexicon:
     for split, size in sizes:
         result[split] = []
         while len(result[split]) < size:
-            sentence = sample_sentence(lexicon, rng)
+            sentence = Sentence(sample_clause(lexicon, rng))
+            if rng.random() < P_SUBORDINATE:
+                sentence.conjunction = rng.choice(sorted(CONJUNCTIONS))
+                sentence.subordinate = sample_clause(lexicon, rng)
             if sentence.src() not in seen:
                 result[split].append(sentence)
         seen |= {sentence.src() for sentence in result[split]}
     return result
-
-
-def generate_pairs(size: int, seed: int = 1, lexicon_seed: int = 0) -> List[Tuple[str, str]]:
-    return [(s.src(), s.tgt()) for s in generate_sentences([("pairs", size)], seed, lexicon_seed=lexicon_seed)["pairs"]]
 
 
 def dictionary_path(out_dir: str, src_lang: str = "src", tgt_lang: str = "tgt") -> str:
