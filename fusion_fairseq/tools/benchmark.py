@@ -41,8 +41,8 @@ from fusion_fairseq.tools.analysis import (
     UsageError, add_force_argument, check_outputs, checked, format_matrix, markdown_rows, number, write_json,
     write_markdown)
 from fusion_fairseq.tools.common import (
-    count_parameters, device_name, dictionary_of_size, load_average, non_negative_int, plugin_architectures,
-    positive_int)
+    count_parameters, device_name, dictionary_of_size, learning_curve, load_average, non_negative_int,
+    plugin_architectures, positive_int, updates_to_reach)
 from fusion_fairseq.tools.corpus import read_lines
 
 PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
@@ -509,8 +509,6 @@ def time_to_loss(reference: str, logs: List[str]) -> Dict:
     their ratios to the reference's (Shen et al., NAACL 2018: DenseNMT's "29% less time to the same
     loss" beside 8.1% slower steps). The training time is the running sum of ``train_wall`` over the
     ``train_inner`` lines, each covering one log interval, validation excluded."""
-    from fusion_fairseq.tools.comparison import learning_curve, updates_to_reach
-
     rows = []
     for path in [reference, *logs]:
         curve = learning_curve(path)
