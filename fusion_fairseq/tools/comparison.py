@@ -68,57 +68,45 @@ class Method:
 
 DIVERSITY_CRITERION = ("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
                        "--diversity-lambda", "1.0")
-#: One headline configuration per paper, at the common width. Order = table order.
+#: One headline configuration per paper, at the common width. Order = table order. The notes are the report's
+#: one-line summaries: examples/comparison/README.md ("The methods") gives each choice in full.
 METHODS: Dict[str, Method] = {m.name: m for m in (
     Method("transformer", "Transformer (baseline)", "fairseq's vanilla Transformer", "transformer",
            note="post-norm, sinusoidal positions"),
     Method("mlrf", "MLRF Both-FNN-SA", "Wang et al. 2018, multi-layer representation fusion",
-           "fusion_transformer", ("--fuse-encoder", "fnn", "--fuse-decoder", "sa"),
-           note="the paper's best system; fusion sizes from the architecture (attention 4d, FFN 2d, 4 hops)",
+           "fusion_transformer", ("--fuse-encoder", "fnn", "--fuse-decoder", "sa"), note="the paper's best system",
            paper_gap=(+0.92, "IWSLT14 De-En, Table 2: 33.59 vs the 3-layer Transformer with restarted Adam, 32.67")),
     Method("deeprep", "Deep representations: hierarchical + diversity", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
-           criterion=DIVERSITY_CRITERION,
-           note="hierarchical layer aggregation on both sides + layer-diversity regulariser, lambda 1.0 (the "
-                "paper's final system); trained from scratch like every row (the paper fine-tunes from the vanilla model)",
+           criterion=DIVERSITY_CRITERION, note="the paper's final system, trained from scratch like every row",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
     Method("surface_fusion", "Encoder layer fusion: SurfaceFusion (hard, 0.8)", "Liu et al. 2021",
            "fusion_transformer", ("--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"),
-           note="the paper's proposed method: the source embedding fused into the output layer",
+           note="the paper's proposed method",
            paper_gap=(+1.3, "WMT16 Ro-En, Table 2: hard fusion 35.1 vs vanilla 33.8")),
     Method("fgla", "Encoder layer fusion: fine-grained layer attention", "Liu et al. 2021",
-           "fusion_transformer", ("--layer-attention", "fine"),
-           note="the fine-grained layer attention the paper analyses (second row of the same paper)",
+           "fusion_transformer", ("--layer-attention", "fine"), note="the second row of the same paper",
            paper_gap=(+0.65, "WMT16 Ro-En, Table 1: 34.45 vs 33.80")),
     Method("layerwise_coordination", "Layer-wise coordination", "He et al. 2018 (NeurIPS)",
            "layerwise_coordination", style="shared", match="--layers",
-           note="one shared stack, mixed attention; depth chosen to match the Transformer's parameters as the paper "
-                "does (14 layers ~ 6+6); input/output embedding shared by construction",
+           note="one shared stack; depth matched to the Transformer's parameters, as the paper does",
            paper_gap=(+2.21, "IWSLT14 De-En, Table 1: 35.07 vs the small Transformer, 32.86")),
     Method("dense_transformer", "DenseNMT (dense Transformer, DenseAtt-2)", "Shen et al. 2018 (NAACL)",
            "dense_transformer", ("--dense-attention", "2", "--summary-every", "0"), match="--growth-dim",
-           note="dense encoder + dense decoder + DenseAtt-2, no summary layers (the paper's shallow 4L setting); growth "
-                "dimension chosen to match the Transformer's parameters as the paper does (DenseNMT-4L ~ BASE-4L)",
+           note="growth dimension matched to the Transformer's parameters, as the paper does",
            paper_gap=(+0.02, "IWSLT14 De-En, Table 1, embedding 128: DenseNMT-4L-2 30.01 vs the convolutional "
                              "BASE-4L 29.99 (+0.80 at 64, +0.97 at 256)")),
     Method("denseformer", "DenseFormer 1x1", "Pagliardini et al. 2024", "fusion_transformer",
-           ("--denseformer-encoder", "--denseformer-decoder"),
-           note="a depth-weighted average of the embedding and every earlier block's output after each block, "
-                "on both sides (dilation 1, period 1); the paper measures language models (perplexity), no translation BLEU"),
+           ("--denseformer-encoder", "--denseformer-decoder"), note="the paper measures language models, no BLEU"),
     Method("hyper_connections", "Hyper-connections DHCx4", "Zhu et al. 2025 (ICLR)", "fusion_transformer",
            ("--hyper-connections-encoder", "dynamic", "--hyper-connections-decoder", "dynamic",
-            "--hyper-connections-rate", "4"),
-           note="dynamic hyper-connections, expansion rate 4, on both sides; the paper measures language models, no "
-                "translation BLEU"),
+            "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
     Method("transformer_continued", "Transformer, continued", "fairseq's vanilla Transformer", "transformer",
-           init="transformer",
-           note="the Transformer's final averaged checkpoint trained --finetune-update more updates with the same "
-                "schedule: the baseline of deeprep_finetuned"),
+           init="transformer", note="the baseline of deeprep_finetuned"),
     Method("deeprep_finetuned", "Deep representations, fine-tuned from the Transformer", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
            criterion=DIVERSITY_CRITERION, init="transformer", baseline="transformer_continued",
-           note="as deeprep, but starting from the Transformer's final averaged checkpoint of the same seed and "
-                "trained --finetune-update more updates with the same schedule, as the paper trains it",
+           note="as deeprep, fine-tuned as the paper trains it",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
 )}
 #: the methods of the 3+3 (shallow) comparison: the default of --methods without --deep
@@ -212,9 +200,8 @@ def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) ->
     """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
     fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
     if settings.lr_schedule == "polynomial":
-        total = total or (settings.max_update if isinstance(settings.max_update, int) else settings.warmup + 1)
         return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(settings.warmup),
-                "--end-learning-rate", "0", "--total-num-update", str(total)]
+                "--end-learning-rate", "0", "--total-num-update", str(total or settings.max_update)]
     return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup), "--warmup-init-lr", "1e-07"]
 
 
@@ -313,19 +300,17 @@ def make_plan(methods: List[Method], settings, data_bin: str, recipe: dict) -> d
     target = count(baseline, model_flags(baseline, width))
     entries = {}
     for method in methods:
-        entry = {"vocab": 4 + sum(1 for line in texts[0] if line.strip())}
+        value = None
         if method.match:
             value, params, tried = match_parameter(
                 lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
-            entry.update(matched_flag=method.match, matched_value=value, matched_to=target,
-                         match_tried={str(k): v for k, v in sorted(tried.items())})
             log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
                 f"(transformer: {target:,}; tried {len(tried)} values)")
         else:
             params = count(method, model_flags(method, width))
-        entries[method.name] = dict(entry, model_flags=model_flags(method, width, entry.get("matched_value")),
-                                    params=params)
-    _write_json(os.path.join(settings.out, "plan.json"), {"entries": entries})
+        entries[method.name] = {"model_flags": model_flags(method, width, value), "params": params,
+                                "matched": {method.match: value} if method.match else None}
+    _write_json(os.path.join(settings.out, "plan.json"), {"max_update": settings.max_update, "entries": entries})
     return entries
 
 
@@ -569,16 +554,14 @@ def _last_number(log_path: str, pattern) -> Optional[int]:
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
     """The average of the last :data:`AVERAGED` checkpoints up to ``budget`` (:func:`averaged_updates`), made
-    once into ``save_dir`` (with a note of its updates beside it) and kept: it is scored, and the runs that
-    start from a trained model start from it."""
+    once (atomically) into ``save_dir`` and kept: it is scored, and the runs that start from a trained model
+    start from it."""
     from fusion_fairseq.tools.averaging import average_checkpoints
 
     path = os.path.join(save_dir, f"average-last{AVERAGED}-to-{budget}.pt")
-    if not (os.path.isfile(path) and os.path.isfile(path + ".json")):
+    if not os.path.isfile(path):
         checkpoints = interval_checkpoints(save_dir)
-        updates = averaged_updates(checkpoints, budget, interval)
-        average_checkpoints([checkpoints[u] for u in updates], path)
-        _write_json(path + ".json", {"updates": updates})
+        average_checkpoints([checkpoints[u] for u in averaged_updates(checkpoints, budget, interval)], path)
     return path
 
 
@@ -632,7 +615,8 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
         "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
         "sacrebleu_signature": headline["sacrebleu_signature"], "scores": {"average": scores},
         "params": _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)") or config["params"],
-        "updates": budget, "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
+        "updates": budget, "averaged_updates": averaged_updates(interval_checkpoints(save_dir), budget, interval),
+        **training_record(log_path),
         "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
         "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
@@ -710,7 +694,7 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
         "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
         "baseline": method.baseline, "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
         "criterion": list(method.criterion or DEFAULT_CRITERION), "params": plan_entry.get("params"),
-        "matched": {plan_entry["matched_flag"]: plan_entry["matched_value"]} if "matched_flag" in plan_entry else None,
+        "matched": plan_entry.get("matched"),
         "note": method.note, "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
         **{key: report.summarise([r[key] for r in finished]) for key in ("sacrebleu", "tokenized_bleu")},
         "length_ratio": report.summarise([r["length_ratio"] for r in finished]),
@@ -722,19 +706,16 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
 class Experiment:
     """The runs of one ``--out``: which step each needs next, in which order, and the report.
 
-    Every decision is read back from the run directories (interval checkpoints, logs, ``budget.json``,
+    Every decision is read back from the run directories (interval checkpoints, logs, ``plan.json``,
     ``composition.json``, ``third_seed.json``), so an invocation killed at any point is continued by the next."""
 
     def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
         self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
         self.out = settings.out
-        # budget.json holds the budget of --out; another one is refused
-        known, asked = _read_json(os.path.join(self.out, "budget.json")), settings.max_update
-        if known and known.get("max_update") != asked:
-            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
-                                  f"-> {asked}); use another --out or the original settings")
-        if not known and not settings.report_only:
-            _write_json(os.path.join(self.out, "budget.json"), {"max_update": asked, "budget": asked})
+        known = (_read_json(os.path.join(self.out, "plan.json")) or {}).get("max_update", settings.max_update)
+        if known != settings.max_update:  # plan.json holds the budget of --out; another one is refused
+            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known} -> "
+                                  f"{settings.max_update}); use another --out or the original settings")
         self.plan = make_plan(self.concrete_methods(), settings, data_bin, recipe)
 
     def test_sets(self) -> Dict[str, dict]:
@@ -794,12 +775,9 @@ class Experiment:
     def save_dir(self, name: str, seed: int) -> str:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
-    def budget(self) -> int:
-        return self.settings.max_update
-
     def run_budget(self, name: str) -> int:
         method = self.method(name)
-        return self.settings.finetune_update if method and method.init else self.budget()
+        return self.settings.finetune_update if method and method.init else self.settings.max_update
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
         """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
@@ -807,7 +785,7 @@ class Experiment:
 
     def choose_composition(self) -> None:
         """Write composition.json once every component's first seed has reached the budget."""
-        budget = self.budget()
+        budget = self.settings.max_update
         if (COMPOSITION not in [m.name for m in self.methods]
                 or os.path.isfile(os.path.join(self.out, "composition.json"))):
             return
@@ -858,7 +836,7 @@ class Experiment:
         method, stage = self.method(name), self.settings.stage
         if method is None or finished_run(self.rdir(name, seed)):
             return None
-        if method.init and not self.trained_to(method.init, seed, self.budget()):
+        if method.init and not self.trained_to(method.init, seed, self.settings.max_update):
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
         if saved >= budget:
@@ -873,7 +851,7 @@ class Experiment:
         if step == "evaluate":
             evaluate_run(rdir, updates, self.test_sets())
         else:
-            init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
+            init = (final_average(self.save_dir(method.init, seed), self.settings.max_update, self.settings.eval_every)
                     if method.init else None)
             settings, src, tgt = self.settings, self.recipe["SRC"], self.recipe["TGT"]
             config = {  # fairseq-train's argv without the budget, the save dir and the device (see train_run)
@@ -916,7 +894,7 @@ class Experiment:
                 self.report(quiet=True)
 
     def collect(self) -> dict:
-        settings, budget = self.settings, self.budget()
+        settings, budget = self.settings, self.settings.max_update
         methods = self.concrete_methods(keep_unchosen=True)
         rows = [method_row(m, [collect_run(self.out, m.name, seed, settings.finetune_update if m.init else budget,
                                            m.baseline) for seed in self.seeds_of(m.name)], self.plan.get(m.name, {}))
@@ -1059,7 +1037,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 #: what this tool writes into --out: a folder holding one of them without its stamp is refused (without --force)
-OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "budget.json", "composition.json",
+OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "composition.json",
              "runs", "data", "test-sets")
 
 

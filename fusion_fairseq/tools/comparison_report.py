@@ -124,7 +124,7 @@ CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by
 def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
     """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget`` (None: none did, or the budget
     does not hold the windows)."""
-    if baseline_row is None or not isinstance(budget, int) or budget <= CHECK_WINDOWS * CHECK_WINDOW:
+    if baseline_row is None or budget <= CHECK_WINDOWS * CHECK_WINDOW:
         return None
     ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
     seeds = {}
