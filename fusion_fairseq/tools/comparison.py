@@ -1,14 +1,7 @@
-"""One benchmark for all methods: translation quality at a matched size and an identical budget.
-
-``python scripts/compare_methods.py`` (:func:`main`) trains fairseq's vanilla ``transformer`` and one headline
-configuration of every paper in the plugin on Multi30k De->En with the *same* data (one joint BPE, one joined
-dictionary), optimiser, learning-rate schedule, batch size, update budget (``--max-update``) and
-seeds; the models without an N+M depth are matched to the Transformer's size
-(:func:`match_parameter`). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
-resumed by fairseq from ``checkpoint_last.pt``; a trained run is scored with the average of its last
-:data:`AVERAGED` checkpoints, and its ``done.json``, written last, marks it as finished: it is never retrained.
-The report is :mod:`fusion_fairseq.tools.comparison_report`'s.
-"""
+"""One benchmark for all methods: translation quality at a matched size and an identical budget
+(examples/comparison/README.md). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
+resumed by fairseq from ``checkpoint_last.pt``; its ``done.json``, written last after the evaluation, marks it as
+finished: it is never retrained. The report is :mod:`fusion_fairseq.tools.comparison_report`'s."""
 
 import argparse
 import bisect
@@ -31,11 +24,10 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fusion_fairseq.tools import comparison_report as report, corpus
-from fusion_fairseq.tools.common import (claim_out_dir, count_parameters, cpu_name, device_name, learning_curve,
-                                         positive_int, replace_atomically)
+from fusion_fairseq.tools.common import (PLUGIN_DIR, claim_out_dir, count_parameters, cpu_name, device_name,
+                                         learning_curve, positive_int, replace_atomically)
 from fusion_fairseq.tools.comparison_report import TEST_SETS
 
-PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
 
 
@@ -116,7 +108,7 @@ SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "
 
 def resolve_methods(names: Sequence[str]) -> List[Method]:
     wanted = [name.strip() for item in names for name in item.split(",") if name.strip()]
-    known = {**METHODS, COMPOSITION: COMPOSITION_PLACEHOLDER}
+    known = {**METHODS, COMPOSITION: composed_method()}
     unknown = [name for name in wanted if name not in known]
     if unknown or not wanted:
         problem = f"unknown method(s) {', '.join(map(repr, unknown))}" if unknown else "no method given"
@@ -332,9 +324,8 @@ DONE_KEYS = ("sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds"
 
 
 def finished_run(rdir: str) -> Optional[dict]:
-    """The run's ``done.json`` once it is evaluated, else None. One that is unreadable or of another
-    shape (truncated, written by hand) stops the runner in one line, wherever it is read: its scores
-    cannot be trusted, and the checkpoints it scored are gone."""
+    """The run's ``done.json`` once it is evaluated, else None. One unreadable or of another shape stops the
+    runner, wherever it is read: its scores cannot be trusted, and the checkpoints it scored are gone."""
     path = os.path.join(rdir, "done.json")
     if not os.path.lexists(path):
         return None
@@ -345,10 +336,8 @@ def finished_run(rdir: str) -> Optional[dict]:
     return done
 
 
-#: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
-#: any run of the comparison has been scored.
-#: Hard SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, not a likelihood,
-#: so it cannot be compared with the others' NLL that the rule ranks by.
+#: The rows that compose into the eighth configuration, and its rule, fixed before any run was scored. Hard
+#: SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, which the rule cannot rank.
 COMPONENTS = ("mlrf", "deeprep", "fgla")
 COMPOSITION = "composition"
 COMPOSITION_RULE = (
@@ -372,17 +361,14 @@ def choose_components(best_nll: Dict[str, float], baseline_nll: float, builds) -
     return chosen if len(chosen) >= 2 else greedy(ranked)[:2]
 
 
-def composed_method(components: Sequence[str]) -> Method:
+def composed_method(components: Sequence[str] = ()) -> Method:
+    """The composition of ``components``; without any, its placeholder until they are chosen."""
     parts = [METHODS[name] for name in components]
-    return Method(
-        COMPOSITION, "Composition: " + " + ".join(components), "fusion_transformer features composed",
-        "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
-        criterion=next((part.criterion for part in parts if part.criterion), ()),
-        note=f"chosen by rule: {COMPOSITION_RULE}")
-
-
-COMPOSITION_PLACEHOLDER = Method(COMPOSITION, "Composition (chosen after the first seed)", "fusion_transformer features "
-                                 "composed", "fusion_transformer", note=f"chosen by rule: {COMPOSITION_RULE}")
+    return Method(COMPOSITION, "Composition: " + " + ".join(components) if components else
+                  "Composition (chosen after the first seed)", "fusion_transformer features composed",
+                  "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
+                  criterion=next((part.criterion for part in parts if part.criterion), ()),
+                  note=f"chosen by rule: {COMPOSITION_RULE}")
 
 
 INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
@@ -414,12 +400,9 @@ def checkpoint_updates(path: str) -> Optional[int]:
 
 
 def resume_from_newest_intact(save_dir: str) -> None:
-    """Make ``checkpoint_last.pt``, which fairseq resumes from, the newest checkpoint that reads.
-
-    fairseq writes ``checkpoint_last.pt`` by copying the interval checkpoint (not atomically), so a
-    run killed during the copy leaves it truncated and every later resume fails; killed between the
-    two writes, it is older than the interval checkpoint. Either way the newest intact interval
-    checkpoint replaces it (atomically); an unreadable file is kept beside it, renamed, and said."""
+    """Make ``checkpoint_last.pt``, which fairseq resumes from, the newest checkpoint that reads: fairseq
+    copies it from the interval checkpoint (not atomically), so a run killed during the copy leaves it
+    truncated, and killed between the two writes, older. An unreadable one is kept beside it, renamed."""
     last = os.path.join(save_dir, "checkpoint_last.pt")
     last_updates = checkpoint_updates(last) if os.path.exists(last) else None
     intact = None
@@ -459,28 +442,15 @@ def run_dir(out: str, method: str, seed: int) -> str:
 def check_config(rdir: str, config: dict) -> None:
     """Refuse a run directory started with other training flags (the plugin's location aside: a pinned
     checkout of the same code may resume or evaluate it)."""
+    def flags(argv):  # "--flag value ..." of each flag
+        return {item for item in re.split(r" (?=--)", shlex.join(argv)) if not item.startswith("--user-dir ")}
+
     stored = _read_json(os.path.join(rdir, "config.json"))
-    if stored is None:
-        return
-    old, new = _flag_values(stored.get("train_argv") or []), _flag_values(config["train_argv"])
-    diff = [f"{flag} {' '.join(old.get(flag, ['(absent)']))} -> {' '.join(new.get(flag, ['(absent)']))}"
-            for flag in sorted(set(old) | set(new)) if flag != "--user-dir" and old.get(flag) != new.get(flag)]
-    if diff:
-        raise ComparisonError(
-            f"{rdir} was started with other settings ({'; '.join(diff)[:600]}); "
-            "use another --out, the original settings, or delete that run directory")
-
-
-def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
-    values: Dict[str, List[str]] = {"": []}
-    flag = ""
-    for item in argv:
-        if item.startswith("--"):
-            flag = item
-            values.setdefault(flag, [])
-        else:
-            values[flag].append(item)
-    return values
+    old, new = flags((stored or config).get("train_argv") or []), flags(config["train_argv"])
+    if old != new:
+        raise ComparisonError(f"{rdir} was started with other settings (was: {'; '.join(sorted(old - new))[:300]}; "
+                              f"now: {'; '.join(sorted(new - old))[:300]}); use another --out, the original settings, "
+                              "or delete that run directory")
 
 
 #: the runner's line in run.log before every fairseq-train it starts (the run's training record)
@@ -488,10 +458,9 @@ TRAINING_MARK = "==== fairseq-train "
 
 
 def train_run(rdir: str, target: int) -> None:
-    """``python -m fairseq_cli.train`` up to update ``target``, its output appended to the run's log: a new run
-    starts, an unfinished one resumes from its ``checkpoint_last.pt`` (fairseq's default ``--restore-file`` in
-    the same ``--save-dir``). The plugin is the one beside this file (``--user-dir``, and first on the path),
-    and ``-m`` imports from the working directory first: the run directory, never another checkout."""
+    """``python -m fairseq_cli.train`` up to update ``target`` (resumed from ``checkpoint_last.pt``), appending
+    to run.log. The plugin is the one beside this file (``--user-dir``, first on the path), and ``-m`` imports
+    from the working directory first: the run directory, never another checkout."""
     import torch
 
     config = _read_json(os.path.join(rdir, "config.json"))
@@ -512,11 +481,7 @@ def train_run(rdir: str, target: int) -> None:
         rc = subprocess.call([sys.executable, "-m", "fairseq_cli.train", *argv], stdout=f, stderr=subprocess.STDOUT,
                              env=env, cwd=rdir)
     if rc != 0 or saved_updates(save_dir) < target:
-        raise RunFailed(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")
-
-
-class RunFailed(Exception):
-    pass
+        raise ComparisonError(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")
 
 
 FAIRSEQ_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
@@ -524,8 +489,8 @@ LOGGED_UPDATE = re.compile(r'"(?:valid_|train_)?num_updates": "?(\d+)')
 
 
 def training_record(log_path: str) -> dict:
-    """Training time, speed, devices and code commits of a run, from its log: every fairseq-train the runner
-    started (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
+    """Training time, speed, devices and commits from run.log: every fairseq-train the runner started
+    (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
     starts = []
     for line in _log_lines(log_path):
         if line.startswith(TRAINING_MARK):
@@ -581,15 +546,15 @@ GENERATING = threading.Lock()
 
 
 def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
-    """fairseq-generate with the average of the last checkpoints up to ``budget`` on every test set, scored as
-    ``corpus evaluate`` scores; ``done.json`` is written last, then the checkpoints that only served resuming go."""
+    """fairseq-generate with the final average on every test set, scored as ``corpus evaluate`` scores;
+    ``done.json`` is written last, then the checkpoints that only served resuming go."""
     import fairseq_cli.generate as fairseq_generate
     import torch
     from fairseq import options
 
     config = _read_json(os.path.join(rdir, "config.json"))
     recipe, save_dir, log_path = config["recipe"], os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
-    interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
+    interval = int(config["train_argv"][config["train_argv"].index("--save-interval-updates") + 1])
     average = final_average(save_dir, budget, interval)
     started, scores = time.time(), {}
     for name, test_set in test_sets.items():
@@ -634,8 +599,7 @@ AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follo
 
 
 def run_statistics(rdir: str):
-    """The sentence statistics of a scored run on the test sets together (:func:`report.sentence_statistics`),
-    computed once into ``sentence-statistics.json``."""
+    """:func:`report.sentence_statistics` of a scored run's test sets together, cached in its directory."""
     import numpy as np
 
     path = os.path.join(rdir, "sentence-statistics.json")
@@ -650,8 +614,8 @@ def run_statistics(rdir: str):
 
 
 def paired_with_baseline(out: str, method: str, seed: int, baseline: str) -> Optional[dict]:
-    """:func:`report.paired_bootstrap` against the baseline of the same seed once both are scored (kept in
-    paired.json while neither is scored anew); None for a method that is its own baseline."""
+    """:func:`report.paired_bootstrap` against the baseline of the same seed once both are scored (cached
+    while neither is scored anew); None for a method that is its own baseline."""
     rdir = run_dir(out, method, seed)
     system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))
     if method == baseline or not (system and base):
@@ -886,7 +850,7 @@ class Experiment:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     run = running.pop(future)
-                    if isinstance(future.exception(), (RunFailed, ComparisonError)):
+                    if isinstance(future.exception(), ComparisonError):
                         log(f"{run[0]} seed {run[1]} FAILED: {future.exception()}")
                         failed.add(run)
                     else:
