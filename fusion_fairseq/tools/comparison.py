@@ -133,9 +133,8 @@ class Width:
 
 DEFAULT_WIDTH = "3+3:256:1024:4"
 SMALL_WIDTH = "3+3:128:512:4"
-#: ``--deep``: the 6+6 comparison (examples/comparison/README.md, "The 6+6 comparison"): this width, the
-#: polynomial schedule to a fixed budget, these methods, the averaged checkpoint only, the verdict of
-#: :func:`seed_sentence_bootstrap` and a third seed where two do not decide (:data:`THIRD_SEED_RULE`)
+#: ``--deep``: the 6+6 comparison (examples/comparison/README.md): this width, the polynomial schedule, these
+#: methods, and a third seed where two do not decide (:data:`THIRD_SEED_RULE`)
 DEEP_WIDTH = "6+6:128:512:4"
 DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", "transformer_continued", "deeprep_finetuned",
                 "composition")
@@ -728,8 +727,7 @@ class Experiment:
         return composed_method(chosen["components"]) if chosen else None
 
     def concrete_methods(self, keep_unchosen: bool = False) -> List[Method]:
-        """The methods, the composition as chosen; before it is chosen it is left out, or with
-        ``keep_unchosen`` kept as its placeholder (for the report)."""
+        """The methods, the composition as chosen; before that left out, or kept as its placeholder."""
         resolved = [(self.method(method.name), method) for method in self.methods]
         return [chosen or method for chosen, method in resolved if chosen is not None or keep_unchosen]
 
@@ -860,9 +858,8 @@ class Experiment:
     def collect(self) -> dict:
         settings, budget = self.settings, self.settings.max_update
         methods = self.concrete_methods(keep_unchosen=True)
-        rows = [method_row(m, [collect_run(self.out, m.name, seed, settings.finetune_update if m.init else budget,
-                                           m.baseline) for seed in self.seeds_of(m.name)], self.plan.get(m.name, {}))
-                for m in methods]
+        rows = [method_row(m, [collect_run(self.out, m.name, seed, self.run_budget(m.name), m.baseline)
+                               for seed in self.seeds_of(m.name)], self.plan.get(m.name, {})) for m in methods]
         by_name = {row["method"]: row for row in rows}
         for row in rows:
             base = by_name.get(row["baseline"])
