@@ -1,14 +1,7 @@
-"""One benchmark for all methods: translation quality at a matched size and an identical budget.
-
-``python scripts/compare_methods.py`` (:func:`main`) trains fairseq's vanilla ``transformer`` and one headline
-configuration of every paper in the plugin on Multi30k De->En with the *same* data (one joint BPE, one joined
-dictionary), optimiser, learning-rate schedule, batch size, update budget (``--max-update``) and
-seeds; the models without an N+M depth are matched to the Transformer's size
-(:func:`match_parameter`). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
-resumed by fairseq from ``checkpoint_last.pt``; a trained run is scored with the average of its last
-:data:`AVERAGED` checkpoints, and its ``done.json``, written last, marks it as finished: it is never retrained.
-The report is :mod:`fusion_fairseq.tools.comparison_report`'s.
-"""
+"""One benchmark for all methods: translation quality at a matched size and an identical budget
+(examples/comparison/README.md). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
+resumed by fairseq from ``checkpoint_last.pt``; its ``done.json``, written last after the evaluation, marks it as
+finished: it is never retrained. The report is :mod:`fusion_fairseq.tools.comparison_report`'s."""
 
 import argparse
 import bisect
@@ -31,11 +24,10 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fusion_fairseq.tools import comparison_report as report, corpus
-from fusion_fairseq.tools.common import (claim_out_dir, count_parameters, cpu_name, device_name, learning_curve,
-                                         positive_int, replace_atomically)
+from fusion_fairseq.tools.common import (PLUGIN_DIR, claim_out_dir, count_parameters, cpu_name, device_name,
+                                         learning_curve, positive_int, replace_atomically)
 from fusion_fairseq.tools.comparison_report import TEST_SETS
 
-PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
 
 
@@ -68,57 +60,45 @@ class Method:
 
 DIVERSITY_CRITERION = ("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
                        "--diversity-lambda", "1.0")
-#: One headline configuration per paper, at the common width. Order = table order.
+#: One headline configuration per paper, at the common width. Order = table order. The notes are the report's
+#: one-line summaries: examples/comparison/README.md ("The methods") gives each choice in full.
 METHODS: Dict[str, Method] = {m.name: m for m in (
     Method("transformer", "Transformer (baseline)", "fairseq's vanilla Transformer", "transformer",
            note="post-norm, sinusoidal positions"),
     Method("mlrf", "MLRF Both-FNN-SA", "Wang et al. 2018, multi-layer representation fusion",
-           "fusion_transformer", ("--fuse-encoder", "fnn", "--fuse-decoder", "sa"),
-           note="the paper's best system; fusion sizes from the architecture (attention 4d, FFN 2d, 4 hops)",
+           "fusion_transformer", ("--fuse-encoder", "fnn", "--fuse-decoder", "sa"), note="the paper's best system",
            paper_gap=(+0.92, "IWSLT14 De-En, Table 2: 33.59 vs the 3-layer Transformer with restarted Adam, 32.67")),
     Method("deeprep", "Deep representations: hierarchical + diversity", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
-           criterion=DIVERSITY_CRITERION,
-           note="hierarchical layer aggregation on both sides + layer-diversity regulariser, lambda 1.0 (the "
-                "paper's final system); trained from scratch like every row (the paper fine-tunes from the vanilla model)",
+           criterion=DIVERSITY_CRITERION, note="the paper's final system, trained from scratch like every row",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
     Method("surface_fusion", "Encoder layer fusion: SurfaceFusion (hard, 0.8)", "Liu et al. 2021",
            "fusion_transformer", ("--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"),
-           note="the paper's proposed method: the source embedding fused into the output layer",
+           note="the paper's proposed method",
            paper_gap=(+1.3, "WMT16 Ro-En, Table 2: hard fusion 35.1 vs vanilla 33.8")),
     Method("fgla", "Encoder layer fusion: fine-grained layer attention", "Liu et al. 2021",
-           "fusion_transformer", ("--layer-attention", "fine"),
-           note="the fine-grained layer attention the paper analyses (second row of the same paper)",
+           "fusion_transformer", ("--layer-attention", "fine"), note="the second row of the same paper",
            paper_gap=(+0.65, "WMT16 Ro-En, Table 1: 34.45 vs 33.80")),
     Method("layerwise_coordination", "Layer-wise coordination", "He et al. 2018 (NeurIPS)",
            "layerwise_coordination", style="shared", match="--layers",
-           note="one shared stack, mixed attention; depth chosen to match the Transformer's parameters as the paper "
-                "does (14 layers ~ 6+6); input/output embedding shared by construction",
+           note="one shared stack; depth matched to the Transformer's parameters, as the paper does",
            paper_gap=(+2.21, "IWSLT14 De-En, Table 1: 35.07 vs the small Transformer, 32.86")),
     Method("dense_transformer", "DenseNMT (dense Transformer, DenseAtt-2)", "Shen et al. 2018 (NAACL)",
            "dense_transformer", ("--dense-attention", "2", "--summary-every", "0"), match="--growth-dim",
-           note="dense encoder + dense decoder + DenseAtt-2, no summary layers (the paper's shallow 4L setting); growth "
-                "dimension chosen to match the Transformer's parameters as the paper does (DenseNMT-4L ~ BASE-4L)",
+           note="growth dimension matched to the Transformer's parameters, as the paper does",
            paper_gap=(+0.02, "IWSLT14 De-En, Table 1, embedding 128: DenseNMT-4L-2 30.01 vs the convolutional "
                              "BASE-4L 29.99 (+0.80 at 64, +0.97 at 256)")),
     Method("denseformer", "DenseFormer 1x1", "Pagliardini et al. 2024", "fusion_transformer",
-           ("--denseformer-encoder", "--denseformer-decoder"),
-           note="a depth-weighted average of the embedding and every earlier block's output after each block, "
-                "on both sides (dilation 1, period 1); the paper measures language models (perplexity), no translation BLEU"),
+           ("--denseformer-encoder", "--denseformer-decoder"), note="the paper measures language models, no BLEU"),
     Method("hyper_connections", "Hyper-connections DHCx4", "Zhu et al. 2025 (ICLR)", "fusion_transformer",
            ("--hyper-connections-encoder", "dynamic", "--hyper-connections-decoder", "dynamic",
-            "--hyper-connections-rate", "4"),
-           note="dynamic hyper-connections, expansion rate 4, on both sides; the paper measures language models, no "
-                "translation BLEU"),
+            "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
     Method("transformer_continued", "Transformer, continued", "fairseq's vanilla Transformer", "transformer",
-           init="transformer",
-           note="the Transformer's final averaged checkpoint trained --finetune-update more updates with the same "
-                "schedule: the baseline of deeprep_finetuned"),
+           init="transformer", note="the baseline of deeprep_finetuned"),
     Method("deeprep_finetuned", "Deep representations, fine-tuned from the Transformer", "Dou et al. 2018 (EMNLP)",
            "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
            criterion=DIVERSITY_CRITERION, init="transformer", baseline="transformer_continued",
-           note="as deeprep, but starting from the Transformer's final averaged checkpoint of the same seed and "
-                "trained --finetune-update more updates with the same schedule, as the paper trains it",
+           note="as deeprep, fine-tuned as the paper trains it",
            paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
 )}
 #: the methods of the 3+3 (shallow) comparison: the default of --methods without --deep
@@ -128,7 +108,7 @@ SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "
 
 def resolve_methods(names: Sequence[str]) -> List[Method]:
     wanted = [name.strip() for item in names for name in item.split(",") if name.strip()]
-    known = {**METHODS, COMPOSITION: COMPOSITION_PLACEHOLDER}
+    known = {**METHODS, COMPOSITION: composed_method()}
     unknown = [name for name in wanted if name not in known]
     if unknown or not wanted:
         problem = f"unknown method(s) {', '.join(map(repr, unknown))}" if unknown else "no method given"
@@ -153,9 +133,8 @@ class Width:
 
 DEFAULT_WIDTH = "3+3:256:1024:4"
 SMALL_WIDTH = "3+3:128:512:4"
-#: ``--deep``: the 6+6 comparison (examples/comparison/README.md, "The 6+6 comparison"): this width, the
-#: polynomial schedule to a fixed budget, these methods, the averaged checkpoint only, the verdict of
-#: :func:`seed_sentence_bootstrap` and a third seed where two do not decide (:data:`THIRD_SEED_RULE`)
+#: ``--deep``: the 6+6 comparison (examples/comparison/README.md): this width, the polynomial schedule, these
+#: methods, and a third seed where two do not decide (:data:`THIRD_SEED_RULE`)
 DEEP_WIDTH = "6+6:128:512:4"
 DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", "transformer_continued", "deeprep_finetuned",
                 "composition")
@@ -212,9 +191,8 @@ def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) ->
     """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
     fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
     if settings.lr_schedule == "polynomial":
-        total = total or (settings.max_update if isinstance(settings.max_update, int) else settings.warmup + 1)
         return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(settings.warmup),
-                "--end-learning-rate", "0", "--total-num-update", str(total)]
+                "--end-learning-rate", "0", "--total-num-update", str(total or settings.max_update)]
     return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup), "--warmup-init-lr", "1e-07"]
 
 
@@ -313,19 +291,17 @@ def make_plan(methods: List[Method], settings, data_bin: str, recipe: dict) -> d
     target = count(baseline, model_flags(baseline, width))
     entries = {}
     for method in methods:
-        entry = {"vocab": 4 + sum(1 for line in texts[0] if line.strip())}
+        value = None
         if method.match:
             value, params, tried = match_parameter(
                 lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
-            entry.update(matched_flag=method.match, matched_value=value, matched_to=target,
-                         match_tried={str(k): v for k, v in sorted(tried.items())})
             log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
                 f"(transformer: {target:,}; tried {len(tried)} values)")
         else:
             params = count(method, model_flags(method, width))
-        entries[method.name] = dict(entry, model_flags=model_flags(method, width, entry.get("matched_value")),
-                                    params=params)
-    _write_json(os.path.join(settings.out, "plan.json"), {"entries": entries})
+        entries[method.name] = {"model_flags": model_flags(method, width, value), "params": params,
+                                "matched": {method.match: value} if method.match else None}
+    _write_json(os.path.join(settings.out, "plan.json"), {"max_update": settings.max_update, "entries": entries})
     return entries
 
 
@@ -347,9 +323,8 @@ DONE_KEYS = ("sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds"
 
 
 def finished_run(rdir: str) -> Optional[dict]:
-    """The run's ``done.json`` once it is evaluated, else None. One that is unreadable or of another
-    shape (truncated, written by hand) stops the runner in one line, wherever it is read: its scores
-    cannot be trusted, and the checkpoints it scored are gone."""
+    """The run's ``done.json`` once it is evaluated, else None. One unreadable or of another shape stops the
+    runner, wherever it is read: its scores cannot be trusted, and the checkpoints it scored are gone."""
     path = os.path.join(rdir, "done.json")
     if not os.path.lexists(path):
         return None
@@ -360,10 +335,8 @@ def finished_run(rdir: str) -> Optional[dict]:
     return done
 
 
-#: The fusion_transformer rows that compose into the eighth configuration, and its rule, fixed before
-#: any run of the comparison has been scored.
-#: Hard SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, not a likelihood,
-#: so it cannot be compared with the others' NLL that the rule ranks by.
+#: The rows that compose into the eighth configuration, and its rule, fixed before any run was scored. Hard
+#: SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, which the rule cannot rank.
 COMPONENTS = ("mlrf", "deeprep", "fgla")
 COMPOSITION = "composition"
 COMPOSITION_RULE = (
@@ -387,17 +360,14 @@ def choose_components(best_nll: Dict[str, float], baseline_nll: float, builds) -
     return chosen if len(chosen) >= 2 else greedy(ranked)[:2]
 
 
-def composed_method(components: Sequence[str]) -> Method:
+def composed_method(components: Sequence[str] = ()) -> Method:
+    """The composition of ``components``; without any, its placeholder until they are chosen."""
     parts = [METHODS[name] for name in components]
-    return Method(
-        COMPOSITION, "Composition: " + " + ".join(components), "fusion_transformer features composed",
-        "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
-        criterion=next((part.criterion for part in parts if part.criterion), ()),
-        note=f"chosen by rule: {COMPOSITION_RULE}")
-
-
-COMPOSITION_PLACEHOLDER = Method(COMPOSITION, "Composition (chosen after the first seed)", "fusion_transformer features "
-                                 "composed", "fusion_transformer", note=f"chosen by rule: {COMPOSITION_RULE}")
+    return Method(COMPOSITION, "Composition: " + " + ".join(components) if components else
+                  "Composition (chosen after the first seed)", "fusion_transformer features composed",
+                  "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
+                  criterion=next((part.criterion for part in parts if part.criterion), ()),
+                  note=f"chosen by rule: {COMPOSITION_RULE}")
 
 
 INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
@@ -429,12 +399,9 @@ def checkpoint_updates(path: str) -> Optional[int]:
 
 
 def resume_from_newest_intact(save_dir: str) -> None:
-    """Make ``checkpoint_last.pt``, which fairseq resumes from, the newest checkpoint that reads.
-
-    fairseq writes ``checkpoint_last.pt`` by copying the interval checkpoint (not atomically), so a
-    run killed during the copy leaves it truncated and every later resume fails; killed between the
-    two writes, it is older than the interval checkpoint. Either way the newest intact interval
-    checkpoint replaces it (atomically); an unreadable file is kept beside it, renamed, and said."""
+    """Make ``checkpoint_last.pt``, which fairseq resumes from, the newest checkpoint that reads: fairseq
+    copies it from the interval checkpoint (not atomically), so a run killed during the copy leaves it
+    truncated, and killed between the two writes, older. An unreadable one is kept beside it, renamed."""
     last = os.path.join(save_dir, "checkpoint_last.pt")
     last_updates = checkpoint_updates(last) if os.path.exists(last) else None
     intact = None
@@ -474,28 +441,15 @@ def run_dir(out: str, method: str, seed: int) -> str:
 def check_config(rdir: str, config: dict) -> None:
     """Refuse a run directory started with other training flags (the plugin's location aside: a pinned
     checkout of the same code may resume or evaluate it)."""
+    def flags(argv):  # "--flag value ..." of each flag
+        return {item for item in re.split(r" (?=--)", shlex.join(argv)) if not item.startswith("--user-dir ")}
+
     stored = _read_json(os.path.join(rdir, "config.json"))
-    if stored is None:
-        return
-    old, new = _flag_values(stored.get("train_argv") or []), _flag_values(config["train_argv"])
-    diff = [f"{flag} {' '.join(old.get(flag, ['(absent)']))} -> {' '.join(new.get(flag, ['(absent)']))}"
-            for flag in sorted(set(old) | set(new)) if flag != "--user-dir" and old.get(flag) != new.get(flag)]
-    if diff:
-        raise ComparisonError(
-            f"{rdir} was started with other settings ({'; '.join(diff)[:600]}); "
-            "use another --out, the original settings, or delete that run directory")
-
-
-def _flag_values(argv: Sequence[str]) -> Dict[str, List[str]]:
-    values: Dict[str, List[str]] = {"": []}
-    flag = ""
-    for item in argv:
-        if item.startswith("--"):
-            flag = item
-            values.setdefault(flag, [])
-        else:
-            values[flag].append(item)
-    return values
+    old, new = flags((stored or config).get("train_argv") or []), flags(config["train_argv"])
+    if old != new:
+        raise ComparisonError(f"{rdir} was started with other settings (was: {'; '.join(sorted(old - new))[:300]}; "
+                              f"now: {'; '.join(sorted(new - old))[:300]}); use another --out, the original settings, "
+                              "or delete that run directory")
 
 
 #: the runner's line in run.log before every fairseq-train it starts (the run's training record)
@@ -503,10 +457,9 @@ TRAINING_MARK = "==== fairseq-train "
 
 
 def train_run(rdir: str, target: int) -> None:
-    """``python -m fairseq_cli.train`` up to update ``target``, its output appended to the run's log: a new run
-    starts, an unfinished one resumes from its ``checkpoint_last.pt`` (fairseq's default ``--restore-file`` in
-    the same ``--save-dir``). The plugin is the one beside this file (``--user-dir``, and first on the path),
-    and ``-m`` imports from the working directory first: the run directory, never another checkout."""
+    """``python -m fairseq_cli.train`` up to update ``target`` (resumed from ``checkpoint_last.pt``), appending
+    to run.log. The plugin is the one beside this file (``--user-dir``, first on the path), and ``-m`` imports
+    from the working directory first: the run directory, never another checkout."""
     import torch
 
     config = _read_json(os.path.join(rdir, "config.json"))
@@ -527,11 +480,7 @@ def train_run(rdir: str, target: int) -> None:
         rc = subprocess.call([sys.executable, "-m", "fairseq_cli.train", *argv], stdout=f, stderr=subprocess.STDOUT,
                              env=env, cwd=rdir)
     if rc != 0 or saved_updates(save_dir) < target:
-        raise RunFailed(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")
-
-
-class RunFailed(Exception):
-    pass
+        raise ComparisonError(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")
 
 
 FAIRSEQ_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
@@ -539,8 +488,8 @@ LOGGED_UPDATE = re.compile(r'"(?:valid_|train_)?num_updates": "?(\d+)')
 
 
 def training_record(log_path: str) -> dict:
-    """Training time, speed, devices and code commits of a run, from its log: every fairseq-train the runner
-    started (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
+    """Training time, speed, devices and commits from run.log: every fairseq-train the runner started
+    (:data:`TRAINING_MARK`) lasts until its last timestamped fairseq line (killed or not)."""
     starts = []
     for line in _log_lines(log_path):
         if line.startswith(TRAINING_MARK):
@@ -569,16 +518,14 @@ def _last_number(log_path: str, pattern) -> Optional[int]:
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
     """The average of the last :data:`AVERAGED` checkpoints up to ``budget`` (:func:`averaged_updates`), made
-    once into ``save_dir`` (with a note of its updates beside it) and kept: it is scored, and the runs that
-    start from a trained model start from it."""
+    once (atomically) into ``save_dir`` and kept: it is scored, and the runs that start from a trained model
+    start from it."""
     from fusion_fairseq.tools.averaging import average_checkpoints
 
     path = os.path.join(save_dir, f"average-last{AVERAGED}-to-{budget}.pt")
-    if not (os.path.isfile(path) and os.path.isfile(path + ".json")):
+    if not os.path.isfile(path):
         checkpoints = interval_checkpoints(save_dir)
-        updates = averaged_updates(checkpoints, budget, interval)
-        average_checkpoints([checkpoints[u] for u in updates], path)
-        _write_json(path + ".json", {"updates": updates})
+        average_checkpoints([checkpoints[u] for u in averaged_updates(checkpoints, budget, interval)], path)
     return path
 
 
@@ -598,15 +545,15 @@ GENERATING = threading.Lock()
 
 
 def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
-    """fairseq-generate with the average of the last checkpoints up to ``budget`` on every test set, scored as
-    ``corpus evaluate`` scores; ``done.json`` is written last, then the checkpoints that only served resuming go."""
+    """fairseq-generate with the final average on every test set, scored as ``corpus evaluate`` scores;
+    ``done.json`` is written last, then the checkpoints that only served resuming go."""
     import fairseq_cli.generate as fairseq_generate
     import torch
     from fairseq import options
 
     config = _read_json(os.path.join(rdir, "config.json"))
     recipe, save_dir, log_path = config["recipe"], os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
-    interval = int(_flag_values(config["train_argv"])["--save-interval-updates"][-1])
+    interval = int(config["train_argv"][config["train_argv"].index("--save-interval-updates") + 1])
     average = final_average(save_dir, budget, interval)
     started, scores = time.time(), {}
     for name, test_set in test_sets.items():
@@ -632,7 +579,8 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
         "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
         "sacrebleu_signature": headline["sacrebleu_signature"], "scores": {"average": scores},
         "params": _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)") or config["params"],
-        "updates": budget, "averaged_updates": _read_json(average + ".json")["updates"], **training_record(log_path),
+        "updates": budget, "averaged_updates": averaged_updates(interval_checkpoints(save_dir), budget, interval),
+        **training_record(log_path),
         "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
         "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
@@ -650,8 +598,7 @@ AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follo
 
 
 def run_statistics(rdir: str):
-    """The sentence statistics of a scored run on the test sets together (:func:`report.sentence_statistics`),
-    computed once into ``sentence-statistics.json``."""
+    """:func:`report.sentence_statistics` of a scored run's test sets together, cached in its directory."""
     import numpy as np
 
     path = os.path.join(rdir, "sentence-statistics.json")
@@ -666,8 +613,8 @@ def run_statistics(rdir: str):
 
 
 def paired_with_baseline(out: str, method: str, seed: int, baseline: str) -> Optional[dict]:
-    """:func:`report.paired_bootstrap` against the baseline of the same seed once both are scored (kept in
-    paired.json while neither is scored anew); None for a method that is its own baseline."""
+    """:func:`report.paired_bootstrap` against the baseline of the same seed once both are scored (cached
+    while neither is scored anew); None for a method that is its own baseline."""
     rdir = run_dir(out, method, seed)
     system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))
     if method == baseline or not (system and base):
@@ -710,7 +657,7 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
         "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
         "baseline": method.baseline, "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
         "criterion": list(method.criterion or DEFAULT_CRITERION), "params": plan_entry.get("params"),
-        "matched": {plan_entry["matched_flag"]: plan_entry["matched_value"]} if "matched_flag" in plan_entry else None,
+        "matched": plan_entry.get("matched"),
         "note": method.note, "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
         **{key: report.summarise([r[key] for r in finished]) for key in ("sacrebleu", "tokenized_bleu")},
         "length_ratio": report.summarise([r["length_ratio"] for r in finished]),
@@ -722,19 +669,16 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
 class Experiment:
     """The runs of one ``--out``: which step each needs next, in which order, and the report.
 
-    Every decision is read back from the run directories (interval checkpoints, logs, ``budget.json``,
+    Every decision is read back from the run directories (interval checkpoints, logs, ``plan.json``,
     ``composition.json``, ``third_seed.json``), so an invocation killed at any point is continued by the next."""
 
     def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
         self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
         self.out = settings.out
-        # budget.json holds the budget of --out; another one is refused
-        known, asked = _read_json(os.path.join(self.out, "budget.json")), settings.max_update
-        if known and known.get("max_update") != asked:
-            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known.get('max_update')} "
-                                  f"-> {asked}); use another --out or the original settings")
-        if not known and not settings.report_only:
-            _write_json(os.path.join(self.out, "budget.json"), {"max_update": asked, "budget": asked})
+        known = (_read_json(os.path.join(self.out, "plan.json")) or {}).get("max_update", settings.max_update)
+        if known != settings.max_update:  # plan.json holds the budget of --out; another one is refused
+            raise ComparisonError(f"{self.out} was started with other settings (--max-update {known} -> "
+                                  f"{settings.max_update}); use another --out or the original settings")
         self.plan = make_plan(self.concrete_methods(), settings, data_bin, recipe)
 
     def test_sets(self) -> Dict[str, dict]:
@@ -783,8 +727,7 @@ class Experiment:
         return composed_method(chosen["components"]) if chosen else None
 
     def concrete_methods(self, keep_unchosen: bool = False) -> List[Method]:
-        """The methods, the composition as chosen; before it is chosen it is left out, or with
-        ``keep_unchosen`` kept as its placeholder (for the report)."""
+        """The methods, the composition as chosen; before that left out, or kept as its placeholder."""
         resolved = [(self.method(method.name), method) for method in self.methods]
         return [chosen or method for chosen, method in resolved if chosen is not None or keep_unchosen]
 
@@ -794,12 +737,9 @@ class Experiment:
     def save_dir(self, name: str, seed: int) -> str:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
-    def budget(self) -> int:
-        return self.settings.max_update
-
     def run_budget(self, name: str) -> int:
         method = self.method(name)
-        return self.settings.finetune_update if method and method.init else self.budget()
+        return self.settings.finetune_update if method and method.init else self.settings.max_update
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
         """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
@@ -807,7 +747,7 @@ class Experiment:
 
     def choose_composition(self) -> None:
         """Write composition.json once every component's first seed has reached the budget."""
-        budget = self.budget()
+        budget = self.settings.max_update
         if (COMPOSITION not in [m.name for m in self.methods]
                 or os.path.isfile(os.path.join(self.out, "composition.json"))):
             return
@@ -858,7 +798,7 @@ class Experiment:
         method, stage = self.method(name), self.settings.stage
         if method is None or finished_run(self.rdir(name, seed)):
             return None
-        if method.init and not self.trained_to(method.init, seed, self.budget()):
+        if method.init and not self.trained_to(method.init, seed, self.settings.max_update):
             return None  # it starts from that run's final model
         saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
         if saved >= budget:
@@ -873,7 +813,7 @@ class Experiment:
         if step == "evaluate":
             evaluate_run(rdir, updates, self.test_sets())
         else:
-            init = (final_average(self.save_dir(method.init, seed), self.budget(), self.settings.eval_every)
+            init = (final_average(self.save_dir(method.init, seed), self.settings.max_update, self.settings.eval_every)
                     if method.init else None)
             settings, src, tgt = self.settings, self.recipe["SRC"], self.recipe["TGT"]
             config = {  # fairseq-train's argv without the budget, the save dir and the device (see train_run)
@@ -908,7 +848,7 @@ class Experiment:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     run = running.pop(future)
-                    if isinstance(future.exception(), (RunFailed, ComparisonError)):
+                    if isinstance(future.exception(), ComparisonError):
                         log(f"{run[0]} seed {run[1]} FAILED: {future.exception()}")
                         failed.add(run)
                     else:
@@ -916,11 +856,10 @@ class Experiment:
                 self.report(quiet=True)
 
     def collect(self) -> dict:
-        settings, budget = self.settings, self.budget()
+        settings, budget = self.settings, self.settings.max_update
         methods = self.concrete_methods(keep_unchosen=True)
-        rows = [method_row(m, [collect_run(self.out, m.name, seed, settings.finetune_update if m.init else budget,
-                                           m.baseline) for seed in self.seeds_of(m.name)], self.plan.get(m.name, {}))
-                for m in methods]
+        rows = [method_row(m, [collect_run(self.out, m.name, seed, self.run_budget(m.name), m.baseline)
+                               for seed in self.seeds_of(m.name)], self.plan.get(m.name, {})) for m in methods]
         by_name = {row["method"]: row for row in rows}
         for row in rows:
             base = by_name.get(row["baseline"])
@@ -1059,7 +998,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 #: what this tool writes into --out: a folder holding one of them without its stamp is refused (without --force)
-OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "budget.json", "composition.json",
+OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "composition.json",
              "runs", "data", "test-sets")
 
 

@@ -1,10 +1,7 @@
 """The comparison's scores and report: sacreBLEU's paired bootstrap, the verdict, the budget check,
 ``results.md`` and ``learning_curves.png`` from the results :mod:`fusion_fairseq.tools.comparison` collects.
-
-Every score comes from sacreBLEU's public interface: ``BLEU.corpus_score``, ``BLEU.sentence_score``
-(per sentence, the n-gram statistics that summed over any set of sentences give its corpus BLEU through
-``BLEU.compute_bleu``) and ``sacrebleu.significance.PairedTest``.
-"""
+Every score comes from sacreBLEU's public interface (``corpus_score``, ``sentence_score``, ``compute_bleu``,
+``PairedTest``)."""
 
 import statistics
 from typing import Dict, List, Optional, Sequence
@@ -37,7 +34,7 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
 
 def sentence_statistics(hypotheses: List[str], references: List[str], lowercase: bool):
     """Per sentence, sacreBLEU's n-gram matches and totals (n = 1..4) and both lengths: summed over any
-    set of sentences they give its corpus BLEU (:func:`corpus_bleu`)."""
+    set of sentences, its corpus BLEU's (:func:`corpus_bleu`)."""
     import numpy as np
     from sacrebleu.metrics import BLEU
 
@@ -74,12 +71,8 @@ def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
             "length_ratio": round(score.sys_len / score.ref_len, 3)}
 
 
-#: The verdict, fixed before any of the 6+6 comparison's test scores existed: a method's Δ is its mean
-#: corpus BLEU over its seeds minus its baseline's, on the four test sets together (the average of the
-#: last checkpoints); its 95% interval comes from VERDICT_SAMPLES bootstrap replicates, each drawing the
-#: seeds of the method and of the baseline with replacement (so seed-to-seed variance counts) and then
-#: one set of sentences with replacement, shared by every run (test-set sampling). Better: the interval
-#: is above 0; worse: below 0; otherwise undecided.
+#: The verdict, fixed before any of the 6+6 comparison's test scores existed: resampling the seeds makes
+#: seed-to-seed variance count, resampling the sentences the test-set sampling.
 VERDICT_SAMPLES = 1000
 VERDICT_SEED = 12345
 VERDICT_RULE = ("Δ: mean sacreBLEU over the method's seeds minus its baseline's, on the four test sets together; "
@@ -111,9 +104,7 @@ def seed_sentence_bootstrap(system: List, baseline: List, samples: int = VERDICT
             "verdict": "better" if low > 0 else "worse" if high < 0 else "undecided"}
 
 
-#: With a fixed budget, the check after training that it was enough: for every seed of the Transformer,
-#: the validation NLL (bits) changes by less than CHECK_DELTA over each of the last CHECK_WINDOWS windows
-#: of CHECK_WINDOW updates before the budget. The report says whether it held.
+#: With a fixed budget, the check after training that it was enough; the report says whether it held.
 CHECK_DELTA = 0.02
 CHECK_WINDOW = 500
 CHECK_WINDOWS = 3
@@ -124,7 +115,7 @@ CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by
 def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
     """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget`` (None: none did, or the budget
     does not hold the windows)."""
-    if baseline_row is None or not isinstance(budget, int) or budget <= CHECK_WINDOWS * CHECK_WINDOW:
+    if baseline_row is None or budget <= CHECK_WINDOWS * CHECK_WINDOW:
         return None
     ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
     seeds = {}
