@@ -71,7 +71,7 @@ def test_the_comparison_command_trains_and_scores(kit, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     methods = json.load(open(tmp_path / "out" / "results.json"))["methods"]
     runs = {(m["method"], run["seed"]): run["status"] for m in methods for run in m["runs"]}
-    assert runs == {("transformer", 1): "done"}
+    assert runs == {("transformer", 1): "done", ("transformer", 2): "done"}  # --deep: a third seed for the Transformer
     scored = {"test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr", "all"}
     assert all(set(m["test"]) == scored for m in methods), [m["test"].keys() for m in methods]
 

@@ -5,7 +5,7 @@
 #   bash examples/gpu/run.sh install [KIT]   GPU machine: fusion-fairseq from KIT, beside its CUDA torch
 #   bash examples/gpu/run.sh half OUT        GPU: every architecture in fp16, bf16, memory-efficient fp16
 #   bash examples/gpu/run.sh speed OUT       GPU: the papers' speed ratios at Transformer-Base size, bf16
-#   bash examples/gpu/run.sh compare OUT [KIT]  GPU: the comparison's eight configurations at 6+6, d=512
+#   bash examples/gpu/run.sh compare OUT [KIT]  GPU: the 6+6 comparison's plan (examples/comparison/deep.sh)
 #
 # KIT (default: gpu-kit/ in this checkout, ignored by git) travels with the checkout to the GPU
 # machine: 26 MB. OUT receives small results only (logs, JSON, Markdown). SMOKE=1 runs prepare
@@ -24,12 +24,10 @@ IMAGE_HAS=torch,torchaudio,numpy,scipy,scikit-learn,matplotlib,pillow,fonttools,
 RAW=${MULTI30K_RAW:-$REPO/../shared/data/multi30k/raw}
 TEST_SETS=(test_2016_flickr test_2017_flickr test_2017_mscoco test_2018_flickr)
 
-# the comparison at a paper's depth: the CPU comparison's methods, data, optimiser and budget rule at
-# Transformer-Base widths; dropout 0.3, the usual Base-size value on a corpus of 29,000 sentences
-# (0.1 at d=128 on the CPU)
-COMPARE=(--width 6+6:512:2048:8 --dropout 0.3 --max-update auto --eval-every 250 --seeds 1 2 --device cuda
-         --jobs 8 --threads 2 --train-args=--bf16
-         --methods transformer,mlrf,deeprep,surface_fusion,fgla,layerwise_coordination,dense_transformer,composition)
+# the 6+6 comparison's plan, as examples/comparison/deep.sh runs it on the CPU (same width, budget, seeds and
+# rules, float32), so that the CPU runs replicate it on another device; 8 runs at a time on the one GPU
+COMPARE=(--deep --max-update 3000 --finetune-update 1000 --eval-every 250 --seeds 1 2 --device cuda
+         --jobs 8 --threads 2)
 # Dou et al. Table 1, MLRF's Dec-SA and Both-FNN-SA, SurfaceFusion; every ratio against fairseq's transformer
 SPEED=(--encoder-layers 6 --decoder-layers 6 --embed-dim 512 --ffn-dim 2048 --heads 8 --vocab 32000
        --batch-size 64 --device cuda --dtype bf16 --repeats 5 --archs
@@ -50,7 +48,7 @@ SPEED_DENSENMT=(--baseline-arch fconv_iwslt_de_en --archs --vocab 32000 --batch-
                 --repeats 5 --variant 'BASE-4L=fconv_iwslt_de_en:--decoder-layers "[(256, 3)] * 4"'
                 --variant "DenseNMT-4L-2=dense_fconv_iwslt_de_en:")
 if [[ "${SMOKE:-0}" == 1 ]]; then  # the same commands at toy size on the CPU: later flags override earlier ones
-    COMPARE+=(--width 1+1:16:32:2 --dropout 0.1 --max-update 4 --provisional-update 4 --eval-every 2 --seeds 1
+    COMPARE+=(--width 1+1:16:32:2 --dropout 0.1 --max-update 4 --finetune-update 2 --eval-every 2 --seeds 1
               --device cpu --jobs 1 --threads 1 --train-args= --max-tokens 512 --warmup 2
               --methods transformer --gen-args="--max-len-a 0 --max-len-b 12")
     SMOKE_SIZE=(--encoder-layers 3 --decoder-layers 3 --embed-dim 16 --ffn-dim 32 --heads 2 --vocab 64
