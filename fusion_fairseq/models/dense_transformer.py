@@ -28,7 +28,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 from fairseq.models.transformer import Linear, TransformerEncoder, TransformerModel
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.models.transformer import base_architecture as transformer_base_architecture, transformer_iwslt_de_en
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
 
@@ -316,8 +316,6 @@ def dense_transformer_iwslt_de_en(args):
     FFN 1024, 4 heads): embedding size d0 = 512, growth (layer width) 384, FFN 1024, DenseAtt-2 and
     summary layers with sumlen = 4 (one after layer 3 of 6), chosen so that the model has about the
     size of the residual baseline (41.6M vs 42.9M parameters, see examples/dense_nmt/README.md)."""
-    set_defaults(
-        args, encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, encoder_layers=6,
-        decoder_embed_dim=512, decoder_ffn_embed_dim=1024, decoder_attention_heads=4, decoder_layers=6,
-        growth_dim=384, summary_every=4)
+    set_defaults(args, growth_dim=384, summary_every=4)
+    transformer_iwslt_de_en(args)
     dense_transformer(args)

@@ -12,7 +12,8 @@ import logging
 from typing import Optional
 
 from torch import nn
-from fairseq.models.transformer import TransformerModel, base_architecture
+from fairseq.models.transformer import TransformerModel, base_architecture, transformer_iwslt_de_en
+from fairseq.models.transformer import transformer_vaswani_wmt_en_de_big
 
 from fusion_fairseq.checkpoint_safety import (
     may_start_parameters_fresh, missing_parameters_error, require_literal_transformer_config,
@@ -204,10 +205,9 @@ def mlrf_iwslt_de_en(args):
     """MLRF's German-English setting (Sec. 4.2): 3+3 layers, d=256, FFN 1024, da=1024, df=512,
     dropout 0.1, and the best system of Table 2, Both-FNN-SA with 4 hops.
     Reading: the paper gives no head count; 4 heads, as fairseq's IWSLT transformer."""
-    set_defaults(
-        args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
-        encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
-        dropout=0.1, fuse_encoder="fnn", fuse_decoder="sa", fusion_hops=4, fusion_attn_dim=1024, fusion_ffn_dim=512)
+    set_defaults(args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
+                 fuse_encoder="fnn", fuse_decoder="sa", fusion_attn_dim=1024, fusion_ffn_dim=512)
+    transformer_iwslt_de_en(args)
     fusion_transformer(args)
 
 
@@ -219,15 +219,8 @@ def mlrf_nist_zh_en(args):
     Reading: the IWSLT ratios carried over to d = 512, da = 4d = 2048 and df = 2d = 1024 (the
     defaults of :class:`FusionTransformerConfig`), and fairseq's 8 heads; Table 3 prints no parameter
     counts to check them against."""
-    set_defaults(args, fuse_encoder="none", fuse_decoder="sa", fusion_independent_w1=True, dropout=0.1)
+    set_defaults(args, fuse_encoder="none", fuse_decoder="sa", fusion_independent_w1=True)
     fusion_transformer(args)
-
-
-def transformer_big_dimensions(args):
-    """fairseq's transformer_vaswani_wmt_en_de_big: d=1024, FFN 4096, 16 heads, dropout 0.3."""
-    set_defaults(
-        args, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16, decoder_embed_dim=1024,
-        decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3)
 
 
 @register_model_architecture("fusion_transformer", "surface_fusion_wmt_en_ro")
@@ -242,7 +235,7 @@ def surface_fusion_wmt_en_ro(args):
 def surface_fusion_wmt_en_de_big(args):
     """Liu et al. (2021) En-De (Appendix Table 4): Transformer big, dropout 0.3, hard
     SurfaceFusion with lambda 0.9 and tau 1."""
-    transformer_big_dimensions(args)
+    transformer_vaswani_wmt_en_de_big(args)
     set_defaults(args, surface_fusion="hard", surface_fusion_lambda=0.9)
     fusion_transformer(args)
 
@@ -267,5 +260,5 @@ def deeprep_transformer_wmt_en_de(args):
 @register_model_architecture("fusion_transformer", "deeprep_transformer_wmt_en_de_big")
 def deeprep_transformer_wmt_en_de_big(args):
     """As ``deeprep_transformer_wmt_en_de`` on Transformer-Big (d=1024, FFN 4096, 16 heads, dropout 0.3)."""
-    transformer_big_dimensions(args)
+    transformer_vaswani_wmt_en_de_big(args)
     deeprep_transformer_wmt_en_de(args)
