@@ -140,6 +140,15 @@ def add_flags(parser, config) -> None:
             action.metavar = meta["metavar"]
 
 
+class FlagsOfConfig:
+    """A model mixin: ``add_args`` adds the base model's flags, then its registered dataclass's (:func:`add_flags`)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_flags(parser, getattr(cls, "__dataclass"))  # set by fairseq's register_model
+
+
 def flat_fields(config) -> list:
     """``(name, type, field)`` of fairseq's nested ``config`` (``TransformerConfig``) under its flat legacy
     names (``encoder.embed_dim`` as ``encoder_embed_dim``), for ``dataclasses.make_dataclass``."""

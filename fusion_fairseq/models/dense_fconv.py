@@ -39,8 +39,8 @@ from fusion_fairseq.modules.densenmt_connection import (
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, SWITCH, Feature, Values, add_flags, as_namespace, check_values, choice, fill_defaults,
-    flag_of, option, set_defaults, warn_idle_flags,
+    POSITIVE_INT, PROBABILITY, SWITCH, Feature, FlagsOfConfig, Values, as_namespace, check_values, choice,
+    fill_defaults, flag_of, option, set_defaults, warn_idle_flags,
 )
 from fusion_fairseq.errors import ConfigurationError
 
@@ -412,13 +412,8 @@ def side_layers(args, side: str) -> List[Tuple[int, int]]:
 
 
 @register_model("dense_fconv", dataclass=DenseFConvConfig)
-class DenseFConvModel(FConvModel):
+class DenseFConvModel(FlagsOfConfig, FConvModel):
     """DenseNMT (Shen et al. 2018) on fairseq's ConvS2S."""
-
-    @staticmethod
-    def add_args(parser):
-        FConvModel.add_args(parser)
-        add_flags(parser, DenseFConvConfig)
 
     @classmethod
     def build_model(cls, args, task):

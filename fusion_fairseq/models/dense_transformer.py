@@ -41,7 +41,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import layer_checkpointing
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, add_flags, as_namespace, fill_defaults, option, set_defaults,
+    POSITIVE_INT, FlagsOfConfig, as_namespace, fill_defaults, option, set_defaults,
 )
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
@@ -263,14 +263,9 @@ class DenseTransformerConfig(DenseConfig, TransformerDropouts):
 
 
 @register_model("dense_transformer", dataclass=DenseTransformerConfig)
-class DenseTransformerModel(TransformerModel):
+class DenseTransformerModel(FlagsOfConfig, TransformerModel):
     """DenseNMT's dense encoder/decoder, dense attention, summary layers and small embeddings on
     fairseq's Transformer."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_flags(parser, DenseTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):

@@ -24,7 +24,7 @@ from fusion_fairseq.modules.hyper_connection import HyperConnectedStack
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from fusion_fairseq.config_fields import add_flags, as_namespace, fill_defaults, set_defaults
+from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, fill_defaults, set_defaults
 from .fusion_config import FusionTransformerConfig, check_fusion_args
 from .fusion_decoder import FusionTransformerDecoder
 from .fusion_encoder import FusionTransformerEncoder
@@ -132,13 +132,8 @@ def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_di
 
 
 @register_model("fusion_transformer", dataclass=FusionTransformerConfig)
-class FusionTransformerModel(TransformerModel):
+class FusionTransformerModel(FlagsOfConfig, TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_flags(parser, FusionTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):

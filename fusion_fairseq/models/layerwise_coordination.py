@@ -27,7 +27,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 from fusion_fairseq.errors import ConfigurationError
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, SWITCH, add_flags, as_namespace, check_values, fill_defaults, option, set_defaults,
+    POSITIVE_INT, PROBABILITY, SWITCH, FlagsOfConfig, as_namespace, check_values, fill_defaults, option, set_defaults,
 )
 
 SOURCE, TARGET = 0, 1
@@ -220,12 +220,8 @@ class LayerwiseCoordinationConfig(FairseqDataclass):
 
 
 @register_model("layerwise_coordination", dataclass=LayerwiseCoordinationConfig)
-class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
+class LayerwiseCoordinationModel(FlagsOfConfig, FairseqEncoderDecoderModel):
     """He et al. (2018): one shared stack, mixed attention, resettable positions, language embeddings."""
-
-    @staticmethod
-    def add_args(parser):
-        add_flags(parser, LayerwiseCoordinationConfig)
 
     @classmethod
     def build_model(cls, args, task):
