@@ -41,13 +41,9 @@ class FusionTransformerDecoder(TransformerDecoder):
 
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state: Optional[IncrementalState] = None, features_only: bool = False,
-                full_context_alignment: bool = False, alignment_layer: Optional[int] = None,
-                alignment_heads: Optional[int] = None, src_lengths: Optional[Any] = None,
-                return_all_hiddens: bool = False):
-        features, extra = self.extract_features(
-            prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
-            full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
-            alignment_heads=alignment_heads)
+                src_lengths: Optional[Any] = None, return_all_hiddens: bool = False, **alignment):
+        """fairseq's; ``alignment``: ``full_context_alignment``, ``alignment_layer``, ``alignment_heads``."""
+        features, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, **alignment)
         if features_only:
             return features, extra
         if self.surface_fusion is None:
@@ -139,12 +135,9 @@ class FusionTransformerDecoder(TransformerDecoder):
         already (incremental decoding after the first step: the memories would be unused)."""
         if self.layer_attention is None or encoder_out is None:
             return None
-        if incremental_state is not None and self.source_keys_cached(incremental_state):
+        cache = {} if incremental_state is None else self.layers[0].encoder_attn._get_input_buffer(incremental_state)
+        if "prev_key" in cache:
             return None
         word_embeddings = encoder_out["encoder_embedding"][0].transpose(0, 1)  # X_0: no positions
         layer_outputs = stack_with_normalised_top(encoder_out["encoder_states"], encoder_out["encoder_out"][0])[1:]
         return self.layer_attention([word_embeddings] + layer_outputs)
-
-    def source_keys_cached(self, incremental_state: IncrementalState) -> bool:
-        first_attention = self.layers[0].encoder_attn
-        return first_attention is not None and "prev_key" in first_attention._get_input_buffer(incremental_state)
