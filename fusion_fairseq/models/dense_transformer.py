@@ -46,7 +46,7 @@ from fusion_fairseq.config_fields import (
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
 from .fusion_config import TransformerDropouts
-from .fusion_decoder import FusionTransformerDecoder
+from .fusion_stacks import FusionTransformerDecoder
 from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
 

@@ -26,8 +26,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, fill_defaults, set_defaults
 from .fusion_config import FusionTransformerConfig, check_fusion_args
-from .fusion_decoder import FusionTransformerDecoder
-from .fusion_encoder import FusionTransformerEncoder
+from .fusion_stacks import FusionTransformerDecoder, FusionTransformerEncoder
 from .hyper_connected_layers import install_hyper_connections
 from .layer_stack import install_multi_layer_attention
 from fusion_fairseq.errors import ConfigurationError
