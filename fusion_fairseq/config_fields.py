@@ -74,11 +74,8 @@ class Feature:
     absence: Callable[[argparse.Namespace], str]
 
 
-def _is_set(value) -> bool:
-    return value not in ("none", False)
-
-
-def flag_feature(name: str, present: Callable[[Any], bool] = _is_set, *, sides: bool = False) -> Feature:
+def flag_feature(name: str, present: Callable[[Any], bool] = lambda value: value not in ("none", False), *,
+                 sides: bool = False) -> Feature:
     """The feature that flag ``name`` (``sides``: ``--NAME-encoder`` or ``--NAME-decoder``) switches on where
     ``present(value)``."""
     names, verb = ((f"{name}_encoder", f"{name}_decoder"), "are") if sides else ((name,), "is")
