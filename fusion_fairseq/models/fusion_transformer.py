@@ -60,7 +60,6 @@ def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
 
 
 def side_widths(args, side: str):
-    """``(layers, embed_dim, ffn_embed_dim, attention_heads)`` of the encoder or the decoder."""
     return tuple(getattr(args, f"{side}_{name}") for name in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads"))
 
 
@@ -82,17 +81,6 @@ def build_side_aggregation(args, side: str):
         return HyperConnectedStack(layers, args.hyper_connections_rate)
     return build_layer_aggregation(getattr(args, f"aggregate_{side}"), layers, embed_dim, ffn_dim, args.aggregation_fn,
                                    args.aggregation_residual, heads, args.dense_connection, args.dropout)
-
-
-def install_side_layer_changes(args, side: str, layers):
-    """Multi-layer attention (Dou et al. Eq. 8) and hyper-connections go into fairseq's own layers."""
-    _, embed_dim, ffn_dim, heads = side_widths(args, side)
-    if args.multi_layer_attention > 1:
-        install_multi_layer_attention(layers, args.multi_layer_attention, embed_dim, heads, args.attention_dropout,
-                                      ffn_dim, args.aggregation_fn, args.aggregation_residual)
-    kind = getattr(args, f"hyper_connections_{side}")
-    if kind != "none":
-        install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim)
 
 
 def build_layer_attention(args) -> Optional[LayerAttention]:
@@ -151,8 +139,16 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
             args, task.target_dictionary, decoder_embed_tokens, build_side_fusion(args, "decoder", layer_embedding),
             layer_attention=build_layer_attention(args), surface_fusion=build_surface_fusion(args),
             aggregation=build_side_aggregation(args, "decoder"), no_encoder_attn=getattr(args, "no_cross_attention", False))
-        for side, module in (("encoder", encoder), ("decoder", decoder)):
-            install_side_layer_changes(args, side, module.layers)
+        for side, layers in (("encoder", encoder.layers), ("decoder", decoder.layers)):
+            # multi-layer attention (Dou et al. Eq. 8) and hyper-connections go into fairseq's own layers
+            _, embed_dim, ffn_dim, heads = side_widths(args, side)
+            if args.multi_layer_attention > 1:
+                install_multi_layer_attention(layers, args.multi_layer_attention, embed_dim, heads,
+                                              args.attention_dropout, ffn_dim, args.aggregation_fn,
+                                              args.aggregation_residual)
+            kind = getattr(args, f"hyper_connections_{side}")
+            if kind != "none":
+                install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim)
         return cls(args, encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
