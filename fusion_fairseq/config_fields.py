@@ -74,11 +74,8 @@ class Feature:
     absence: Callable[[argparse.Namespace], str]
 
 
-def _is_set(value) -> bool:
-    return value not in ("none", False)
-
-
-def flag_feature(name: str, present: Callable[[Any], bool] = _is_set, *, sides: bool = False) -> Feature:
+def flag_feature(name: str, present: Callable[[Any], bool] = lambda value: value not in ("none", False), *,
+                 sides: bool = False) -> Feature:
     """The feature that flag ``name`` (``sides``: ``--NAME-encoder`` or ``--NAME-decoder``) switches on where
     ``present(value)``."""
     names, verb = ((f"{name}_encoder", f"{name}_decoder"), "are") if sides else ((name,), "is")
@@ -138,6 +135,15 @@ def add_flags(parser, config) -> None:
         elif meta["values"] is not SWITCH:
             action.type = argparse_type(meta["values"], flag_of(field.name), meta["check"])
             action.metavar = meta["metavar"]
+
+
+class FlagsOfConfig:
+    """A model mixin: ``add_args`` adds the base model's flags, then its registered dataclass's (:func:`add_flags`)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_flags(parser, getattr(cls, "__dataclass"))  # set by fairseq's register_model
 
 
 def flat_fields(config) -> list:

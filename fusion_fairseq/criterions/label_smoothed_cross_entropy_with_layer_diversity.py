@@ -136,10 +136,8 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
                 raise ConfigurationError(
                     f"--criterion {NAME}: the model returned no {side} layer states "
                     f"(extra[{STATES[side]!r}] is empty); it must be run with return_all_hiddens=True")
-            if side == "encoder":
-                padding_mask = (extra.get("encoder_padding_mask") or [None])[0]
-            else:
-                padding_mask = sample["target"].eq(self.padding_idx)
+            padding_mask = ((extra.get("encoder_padding_mask") or [None])[0] if side == "encoder"
+                            else sample["target"].eq(self.padding_idx))
             result[side] = (list(states), padding_mask)
         return result
 

@@ -29,15 +29,6 @@ def call_checkpointed(function: Callable, *args, enabled: bool, offload: bool = 
         return checkpoint(function, *args, use_reentrant=False, **kwargs)
 
 
-def fairseq_checkpointing(layer: torch.nn.Module):
-    """``(original forward, offload)`` of a layer wrapped by fairseq's ``checkpoint_wrapper``, or
-    ``None`` for a plain layer."""
-    original = getattr(layer, "precheckpoint_forward", None)
-    if original is None:
-        return None
-    return original, bool(layer.forward.args[1])  # functools.partial(_checkpointed_forward, forward, offload)
-
-
 def layer_checkpointing(args) -> Callable:
     """``--checkpoint-activations`` / ``--offload-activations`` of a stack whose layers are not
     built through fairseq's ``build_encoder_layer`` / ``build_decoder_layer`` (where fairseq

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from fairseq.models.fconv import (
     ConvTBC, Embedding, FConvDecoder, FConvEncoder, FConvModel, Linear, LinearizedConv1d, extend_conv_spec,
-    base_architecture as fconv_base_architecture,
+    base_architecture as fconv_base_architecture, fconv_iwslt_de_en, fconv_wmt_en_de,
 )
 from fairseq.dataclass import FairseqDataclass
 from fairseq.modules import GradMultiply
@@ -39,8 +39,8 @@ from fusion_fairseq.modules.densenmt_connection import (
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, SWITCH, Feature, Values, add_flags, as_namespace, check_values, choice, fill_defaults,
-    flag_of, option, set_defaults, warn_idle_flags,
+    POSITIVE_INT, PROBABILITY, SWITCH, Feature, FlagsOfConfig, Values, as_namespace, check_values, choice,
+    fill_defaults, flag_of, option, set_defaults, warn_idle_flags,
 )
 from fusion_fairseq.errors import ConfigurationError
 
@@ -53,7 +53,6 @@ _PLACEHOLDER_SPEC = ((1, 1),)
 SUMMARY_INTERVAL = Values(
     "must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary layer after every sumlen-1 "
     "layers)", lambda value: type(value) is int and (value == 0 or value >= 2), int)
-SUMMARY_LAYER_KINDS = ("conv", "linear")
 DENSE_SIDE = Feature(lambda a: not (a.no_dense_encoder and a.no_dense_decoder),
                      lambda a: "both --no-dense-encoder and --no-dense-decoder are set")
 RESIDUAL_SIDE = Feature(lambda a: a.no_dense_encoder or a.no_dense_decoder,
@@ -104,7 +103,7 @@ class DenseFConvConfig(DenseConfig):
     summary_layer: str = option(
         "conv", "Sec. 3.3 summary layer: conv = a convolution layer + GLU of the stack's kernel width (default; "
         "reproduces En-De-15's 20%% fewer parameters than ConvS2S), linear = a position-wise linear projection",
-        choice(SUMMARY_LAYER_KINDS), structural=True, read_by=SUMMARY_LAYERS,
+        choice(("conv", "linear")), structural=True, read_by=SUMMARY_LAYERS,
         idle_reason="it is the kind of the summary layers")
     residual_dim: Optional[int] = option(
         None, "width of every layer of a residual side (--no-dense-encoder/--no-dense-decoder): the residual BASE "
@@ -412,13 +411,8 @@ def side_layers(args, side: str) -> List[Tuple[int, int]]:
 
 
 @register_model("dense_fconv", dataclass=DenseFConvConfig)
-class DenseFConvModel(FConvModel):
+class DenseFConvModel(FlagsOfConfig, FConvModel):
     """DenseNMT (Shen et al. 2018) on fairseq's ConvS2S."""
-
-    @staticmethod
-    def add_args(parser):
-        FConvModel.add_args(parser)
-        add_flags(parser, DenseFConvConfig)
 
     @classmethod
     def build_model(cls, args, task):
@@ -453,9 +447,9 @@ def dense_fconv_iwslt_de_en(args):
     """DenseNMT-4L-2 (Sec. 4.2, Table 1): 4-layer encoder and decoder, embedding size 256, hidden
     (growth) size 128 "in order to keep the model size consistent" with BASE-4L (256 everywhere),
     DenseAtt-2, no summary layers; ``--dense-attention 1`` gives DenseNMT-4L-1."""
-    set_defaults(args, encoder_embed_dim=256, encoder_layers="[(128, 3)] * 4", decoder_embed_dim=256,
-                 decoder_layers="[(128, 3)] * 4", decoder_out_embed_dim=256,
+    set_defaults(args, encoder_layers="[(128, 3)] * 4", decoder_layers="[(128, 3)] * 4",
                  residual_dim=256)  # BASE-4L's width, for the Table 2 ablations
+    fconv_iwslt_de_en(args)  # embedding 256
     dense_fconv(args)
 
 
@@ -483,6 +477,6 @@ def dense_fconv_wmt_en_de(args):
     ``fconv_wmt_en_de``'s parameters with 40k vocabularies, the paper's "20% fewer" (linear summary
     layers: 0.661)."""
     layers = "[(128, 3)] * 9 + [(256, 3)] * 4 + [(512, 1)] * 2"
-    set_defaults(args, encoder_embed_dim=768, encoder_layers=layers, decoder_embed_dim=768, decoder_layers=layers,
-                 decoder_out_embed_dim=512, summary_every=6)
+    set_defaults(args, encoder_layers=layers, decoder_layers=layers, summary_every=6)
+    fconv_wmt_en_de(args)
     dense_fconv(args)

@@ -28,7 +28,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 from fairseq.models.transformer import Linear, TransformerEncoder, TransformerModel
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.models.transformer import base_architecture as transformer_base_architecture, transformer_iwslt_de_en
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
 
@@ -41,12 +41,12 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import layer_checkpointing
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, add_flags, as_namespace, fill_defaults, option, set_defaults,
+    POSITIVE_INT, FlagsOfConfig, as_namespace, fill_defaults, option, set_defaults,
 )
 
 from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
 from .fusion_config import TransformerDropouts
-from .fusion_decoder import FusionTransformerDecoder
+from .fusion_stacks import FusionTransformerDecoder
 from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
 
@@ -55,33 +55,42 @@ def with_changes(args, **changes) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **changes})
 
 
-def build_dense_side(stack, args, side: str, new_features: int, make_layer):
-    """Fill ``stack.layers`` with a dense stack of ``--{side}-layers`` layers, each adding ``new_features``
-    (``make_layer(layer_args, in_dim)``, ``layer_args`` at the growth width), and its linear summary layers
-    (Sec. 3.3); the dense plan."""
-    plan = dense_plan([new_features] * getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim"),
-                      args.summary_every)
-    layer_args = with_changes(args, **{f"{side}_embed_dim": args.growth_dim})
-    layers, summaries = build_dense_stack(
-        plan, lambda index, step: make_layer(layer_args, step.in_dim),
-        lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
-    stack.layers.extend(layers)
-    stack.summaries = nn.ModuleDict(summaries)
-    stack.layer_norm = None
-    stack.layer_input_widths = [step.in_dim for step in plan]
+def build_side(stack, args, side: str, new_features: int, make_layer):
+    """Fill ``stack.layers`` with ``--{side}-layers`` layers ``make_layer(layer_args, in_dim)``: fairseq's residual
+    stack (``in_dim`` None) under ``--no-dense-{side}``, else a dense stack, each layer adding ``new_features``
+    (``layer_args`` at the growth width), and its linear summary layers (Sec. 3.3); the dense plan, or None."""
+    stack.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_encoder/decoder_layer
+    count, d0 = getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim")
+    plan = None
+    if getattr(args, f"no_dense_{side}"):
+        stack.layers.extend(make_layer(args, None) for _ in range(count))
+        stack.layer_input_widths = [d0] * count
+    else:
+        plan = dense_plan([new_features] * count, d0, args.summary_every)
+        layer_args = with_changes(args, **{f"{side}_embed_dim": args.growth_dim})
+        layers, summaries = build_dense_stack(
+            plan, lambda index, step: make_layer(layer_args, step.in_dim),
+            lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
+        stack.layers.extend(layers)
+        stack.summaries = nn.ModuleDict(summaries)
+        stack.layer_norm = None
+        stack.layer_input_widths = [step.in_dim for step in plan]
+    stack.num_layers = len(stack.layers)
     return plan
 
 
 class DenseTransformerEncoderLayer(TransformerEncoderLayer):
-    """H of Eq. 6 for the Transformer: project the concatenated features to the layer width,
-    then fairseq's encoder layer."""
+    """H of Eq. 6 for the Transformer: project the concatenated features to the layer width (in a
+    dense stack, where ``in_dim`` is given), then fairseq's encoder layer."""
 
-    def __init__(self, args, in_dim: int):
+    def __init__(self, args, in_dim: Optional[int]):
         super().__init__(args)
-        self.input_projection = Linear(in_dim, args.encoder_embed_dim)
+        self.input_projection = Linear(in_dim, args.encoder_embed_dim) if in_dim is not None else None
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
-        return super().forward(self.input_projection(x), encoder_padding_mask, attn_mask)
+        if self.input_projection is not None:
+            x = self.input_projection(x)
+        return super().forward(x, encoder_padding_mask, attn_mask)
 
 
 class DenseTransformerDecoderLayer(TransformerDecoderLayer):
@@ -134,7 +143,6 @@ class DenseTransformerEncoder(TransformerEncoder):
         self.embed_dim = d0
         self.dense = not args.no_dense_encoder
         self.dense_attention = args.dense_attention
-        self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_encoder_layer
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(d0)
         token_dim = embed_tokens.embedding_dim
         self.project_in_dim = Linear(token_dim, d0, bias=False) if token_dim != d0 else None
@@ -144,14 +152,8 @@ class DenseTransformerEncoder(TransformerEncoder):
                     args.max_source_positions, d0, self.padding_idx, learned=args.encoder_learned_pos)
             if self.layernorm_embedding is not None:
                 self.layernorm_embedding = LayerNorm(d0)
-        if self.dense:
-            plan = build_dense_side(self, args, "encoder", args.growth_dim, DenseTransformerEncoderLayer)
-            top_block = block_sizes(plan)
-        else:
-            self.layers.extend(TransformerEncoderLayer(args) for _ in range(args.encoder_layers))
-            top_block = [d0] * args.encoder_layers
-            self.layer_input_widths = [d0] * args.encoder_layers
-        self.num_layers = len(self.layers)
+        plan = build_side(self, args, "encoder", args.growth_dim, DenseTransformerEncoderLayer)
+        top_block = block_sizes(plan) if self.dense else [d0] * args.encoder_layers
         sources = top_block[-1:] if self.dense_attention == "none" else top_block
         self.source_projections = None
         if self.dense or self.dense_attention != "none":
@@ -219,17 +221,10 @@ class DenseTransformerDecoder(FusionTransformerDecoder):
         super().__init__(with_changes(args, decoder_layers=0), dictionary, embed_tokens, no_encoder_attn=False)
         d0 = args.decoder_embed_dim
         self.dense = not args.no_dense_decoder
-        self.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_decoder_layer
-        if self.dense:  # Eq. 7: every layer adds z_l and a_l, d features each
-            plan = build_dense_side(self, args, "decoder", 2 * args.growth_dim, lambda layer_args, in_dim:
-                                    DenseTransformerDecoderLayer(layer_args, in_dim, source_groups, True))
-            top = final_width(plan, d0)
-        else:
-            self.layers.extend(DenseTransformerDecoderLayer(args, None, source_groups, False)
-                               for _ in range(args.decoder_layers))
-            top = d0
-            self.layer_input_widths = [d0] * args.decoder_layers
-        self.num_layers = len(self.layers)
+        # Eq. 7: every dense layer adds z_l and a_l, d features each (a_l recorded)
+        plan = build_side(self, args, "decoder", 2 * args.growth_dim, lambda layer_args, in_dim:
+                          DenseTransformerDecoderLayer(layer_args, in_dim, source_groups, self.dense))
+        top = final_width(plan, d0) if self.dense else d0
         self.aggregation.num_layers = self.num_layers
         # Sec. 3.1: the output is a linear transformation of the concatenation of the top block
         self.project_out_dim = Linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
@@ -263,14 +258,9 @@ class DenseTransformerConfig(DenseConfig, TransformerDropouts):
 
 
 @register_model("dense_transformer", dataclass=DenseTransformerConfig)
-class DenseTransformerModel(TransformerModel):
+class DenseTransformerModel(FlagsOfConfig, TransformerModel):
     """DenseNMT's dense encoder/decoder, dense attention, summary layers and small embeddings on
     fairseq's Transformer."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_flags(parser, DenseTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
@@ -316,8 +306,6 @@ def dense_transformer_iwslt_de_en(args):
     FFN 1024, 4 heads): embedding size d0 = 512, growth (layer width) 384, FFN 1024, DenseAtt-2 and
     summary layers with sumlen = 4 (one after layer 3 of 6), chosen so that the model has about the
     size of the residual baseline (41.6M vs 42.9M parameters, see examples/dense_nmt/README.md)."""
-    set_defaults(
-        args, encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, encoder_layers=6,
-        decoder_embed_dim=512, decoder_ffn_embed_dim=1024, decoder_attention_heads=4, decoder_layers=6,
-        growth_dim=384, summary_every=4)
+    set_defaults(args, growth_dim=384, summary_every=4)
+    transformer_iwslt_de_en(args)
     dense_transformer(args)

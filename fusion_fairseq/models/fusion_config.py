@@ -241,7 +241,13 @@ def check_fusion_args(args) -> None:
         raise ConfigurationError(
             f"--layer-attention {args.layer_attention} and --fuse-encoder {args.fuse_encoder} both define the "
             "decoder's source memory (per-layer mixtures vs one fused memory); choose one of them")
-    check_masked_encoder_layer(args)
+    layer = args.mask_encoder_layer
+    if layer is not None and args.layer_attention == "none":
+        raise ConfigurationError(f"--mask-encoder-layer {layer} masks a layer-attention weight, which needs "
+                                 "--layer-attention coarse or fine")
+    if layer is not None and not 0 <= layer <= args.encoder_layers:
+        raise ConfigurationError(f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
+                                 f"to {args.encoder_layers}")
     if args.layer_attention != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
         raise ConfigurationError(f"--layer-attention needs {_equal_widths(args)}")
     if args.surface_fusion != "none" and getattr(args, "adaptive_softmax_cutoff", None):
@@ -289,14 +295,3 @@ def chosen(args, *names) -> list:
 
 def _equal_widths(args) -> str:
     return f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
-
-
-def check_masked_encoder_layer(args):
-    layer = args.mask_encoder_layer
-    if layer is not None and args.layer_attention == "none":
-        raise ConfigurationError(f"--mask-encoder-layer {layer} masks a layer-attention weight, which needs "
-                                 "--layer-attention coarse or fine")
-    if layer is not None and not 0 <= layer <= args.encoder_layers:
-        raise ConfigurationError(f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
-                                 f"to {args.encoder_layers}")
-

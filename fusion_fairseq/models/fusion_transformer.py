@@ -12,7 +12,8 @@ import logging
 from typing import Optional
 
 from torch import nn
-from fairseq.models.transformer import TransformerModel, base_architecture
+from fairseq.models.transformer import TransformerModel, base_architecture, transformer_iwslt_de_en
+from fairseq.models.transformer import transformer_vaswani_wmt_en_de_big
 
 from fusion_fairseq.checkpoint_safety import (
     may_start_parameters_fresh, missing_parameters_error, require_literal_transformer_config,
@@ -23,10 +24,9 @@ from fusion_fairseq.modules.hyper_connection import HyperConnectedStack
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from fusion_fairseq.config_fields import add_flags, as_namespace, fill_defaults, set_defaults
+from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, fill_defaults, set_defaults
 from .fusion_config import FusionTransformerConfig, check_fusion_args
-from .fusion_decoder import FusionTransformerDecoder
-from .fusion_encoder import FusionTransformerEncoder
+from .fusion_stacks import FusionTransformerDecoder, FusionTransformerEncoder
 from .hyper_connected_layers import install_hyper_connections
 from .layer_stack import install_multi_layer_attention
 from fusion_fairseq.errors import ConfigurationError
@@ -60,7 +60,6 @@ def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
 
 
 def side_widths(args, side: str):
-    """``(layers, embed_dim, ffn_embed_dim, attention_heads)`` of the encoder or the decoder."""
     return tuple(getattr(args, f"{side}_{name}") for name in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads"))
 
 
@@ -82,17 +81,6 @@ def build_side_aggregation(args, side: str):
         return HyperConnectedStack(layers, args.hyper_connections_rate)
     return build_layer_aggregation(getattr(args, f"aggregate_{side}"), layers, embed_dim, ffn_dim, args.aggregation_fn,
                                    args.aggregation_residual, heads, args.dense_connection, args.dropout)
-
-
-def install_side_layer_changes(args, side: str, layers):
-    """Multi-layer attention (Dou et al. Eq. 8) and hyper-connections go into fairseq's own layers."""
-    _, embed_dim, ffn_dim, heads = side_widths(args, side)
-    if args.multi_layer_attention > 1:
-        install_multi_layer_attention(layers, args.multi_layer_attention, embed_dim, heads, args.attention_dropout,
-                                      ffn_dim, args.aggregation_fn, args.aggregation_residual)
-    kind = getattr(args, f"hyper_connections_{side}")
-    if kind != "none":
-        install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim)
 
 
 def build_layer_attention(args) -> Optional[LayerAttention]:
@@ -131,13 +119,8 @@ def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_di
 
 
 @register_model("fusion_transformer", dataclass=FusionTransformerConfig)
-class FusionTransformerModel(TransformerModel):
+class FusionTransformerModel(FlagsOfConfig, TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_flags(parser, FusionTransformerConfig)
 
     @classmethod
     def build_model(cls, args, task):
@@ -156,8 +139,16 @@ class FusionTransformerModel(TransformerModel):
             args, task.target_dictionary, decoder_embed_tokens, build_side_fusion(args, "decoder", layer_embedding),
             layer_attention=build_layer_attention(args), surface_fusion=build_surface_fusion(args),
             aggregation=build_side_aggregation(args, "decoder"), no_encoder_attn=getattr(args, "no_cross_attention", False))
-        for side, module in (("encoder", encoder), ("decoder", decoder)):
-            install_side_layer_changes(args, side, module.layers)
+        for side, layers in (("encoder", encoder.layers), ("decoder", decoder.layers)):
+            # multi-layer attention (Dou et al. Eq. 8) and hyper-connections go into fairseq's own layers
+            _, embed_dim, ffn_dim, heads = side_widths(args, side)
+            if args.multi_layer_attention > 1:
+                install_multi_layer_attention(layers, args.multi_layer_attention, embed_dim, heads,
+                                              args.attention_dropout, ffn_dim, args.aggregation_fn,
+                                              args.aggregation_residual)
+            kind = getattr(args, f"hyper_connections_{side}")
+            if kind != "none":
+                install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim)
         return cls(args, encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
@@ -204,10 +195,9 @@ def mlrf_iwslt_de_en(args):
     """MLRF's German-English setting (Sec. 4.2): 3+3 layers, d=256, FFN 1024, da=1024, df=512,
     dropout 0.1, and the best system of Table 2, Both-FNN-SA with 4 hops.
     Reading: the paper gives no head count; 4 heads, as fairseq's IWSLT transformer."""
-    set_defaults(
-        args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
-        encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
-        dropout=0.1, fuse_encoder="fnn", fuse_decoder="sa", fusion_hops=4, fusion_attn_dim=1024, fusion_ffn_dim=512)
+    set_defaults(args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
+                 fuse_encoder="fnn", fuse_decoder="sa", fusion_attn_dim=1024, fusion_ffn_dim=512)
+    transformer_iwslt_de_en(args)
     fusion_transformer(args)
 
 
@@ -219,15 +209,8 @@ def mlrf_nist_zh_en(args):
     Reading: the IWSLT ratios carried over to d = 512, da = 4d = 2048 and df = 2d = 1024 (the
     defaults of :class:`FusionTransformerConfig`), and fairseq's 8 heads; Table 3 prints no parameter
     counts to check them against."""
-    set_defaults(args, fuse_encoder="none", fuse_decoder="sa", fusion_independent_w1=True, dropout=0.1)
+    set_defaults(args, fuse_encoder="none", fuse_decoder="sa", fusion_independent_w1=True)
     fusion_transformer(args)
-
-
-def transformer_big_dimensions(args):
-    """fairseq's transformer_vaswani_wmt_en_de_big: d=1024, FFN 4096, 16 heads, dropout 0.3."""
-    set_defaults(
-        args, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16, decoder_embed_dim=1024,
-        decoder_ffn_embed_dim=4096, decoder_attention_heads=16, dropout=0.3)
 
 
 @register_model_architecture("fusion_transformer", "surface_fusion_wmt_en_ro")
@@ -242,7 +225,7 @@ def surface_fusion_wmt_en_ro(args):
 def surface_fusion_wmt_en_de_big(args):
     """Liu et al. (2021) En-De (Appendix Table 4): Transformer big, dropout 0.3, hard
     SurfaceFusion with lambda 0.9 and tau 1."""
-    transformer_big_dimensions(args)
+    transformer_vaswani_wmt_en_de_big(args)
     set_defaults(args, surface_fusion="hard", surface_fusion_lambda=0.9)
     fusion_transformer(args)
 
@@ -267,5 +250,5 @@ def deeprep_transformer_wmt_en_de(args):
 @register_model_architecture("fusion_transformer", "deeprep_transformer_wmt_en_de_big")
 def deeprep_transformer_wmt_en_de_big(args):
     """As ``deeprep_transformer_wmt_en_de`` on Transformer-Big (d=1024, FFN 4096, 16 heads, dropout 0.3)."""
-    transformer_big_dimensions(args)
+    transformer_vaswani_wmt_en_de_big(args)
     deeprep_transformer_wmt_en_de(args)

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from fusion_fairseq.modules import MultiLayerSelfAttention
 
-from .activation_checkpointing import call_checkpointed, fairseq_checkpointing
+from .activation_checkpointing import call_checkpointed
 from .hyper_connected_layers import forward_on_streams
 
 
@@ -25,14 +25,14 @@ def run_layer(layer: nn.Module, states: List[Tensor], *args, **kwargs):
     attention that fairseq wrapped for ``--checkpoint-activations`` runs under torch's
     non-re-entrant checkpoint instead, which hands the lower states over again when backward
     recomputes the layer and passes their gradients (see ``activation_checkpointing``)."""
-    wrapped = fairseq_checkpointing(layer)
+    forward = getattr(layer, "precheckpoint_forward", None)  # set by fairseq's checkpoint_wrapper
+    offload = forward is not None and bool(layer.forward.args[1])  # partial(_checkpointed_forward, forward, offload)
     if hasattr(layer, "hyper_connections"):  # ``args[0]`` holds the streams; fairseq's forward would take one
-        enabled, offload = (True, wrapped[1]) if wrapped is not None else (False, False)
-        return call_checkpointed(forward_on_streams, layer, *args, enabled=enabled, offload=offload, **kwargs)
-    if wrapped is None or not isinstance(layer.self_attn, MultiLayerSelfAttention):
+        return call_checkpointed(forward_on_streams, layer, *args, enabled=forward is not None, offload=offload,
+                                 **kwargs)
+    if forward is None or not isinstance(layer.self_attn, MultiLayerSelfAttention):
         hand_lower_layers(layer, states)
         return layer(*args, **kwargs)
-    forward, offload = wrapped
     states = list(states)  # as now: the stack appends to its list before backward recomputes
 
     def forward_with_lower_layers(*args, **kwargs):

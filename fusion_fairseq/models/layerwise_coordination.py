@@ -27,7 +27,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 from fusion_fairseq.errors import ConfigurationError
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, SWITCH, add_flags, as_namespace, check_values, fill_defaults, option, set_defaults,
+    POSITIVE_INT, PROBABILITY, SWITCH, FlagsOfConfig, as_namespace, check_values, fill_defaults, option, set_defaults,
 )
 
 SOURCE, TARGET = 0, 1
@@ -220,12 +220,8 @@ class LayerwiseCoordinationConfig(FairseqDataclass):
 
 
 @register_model("layerwise_coordination", dataclass=LayerwiseCoordinationConfig)
-class LayerwiseCoordinationModel(FairseqEncoderDecoderModel):
+class LayerwiseCoordinationModel(FlagsOfConfig, FairseqEncoderDecoderModel):
     """He et al. (2018): one shared stack, mixed attention, resettable positions, language embeddings."""
-
-    @staticmethod
-    def add_args(parser):
-        add_flags(parser, LayerwiseCoordinationConfig)
 
     @classmethod
     def build_model(cls, args, task):
@@ -262,19 +258,14 @@ def build_layers(args, count: int) -> nn.ModuleList:
         for _ in range(count))
 
 
+@register_model_architecture("layerwise_coordination", "layerwise_coordination_iwslt_de_en")
 @register_model_architecture("layerwise_coordination", "layerwise_coordination")
 def layerwise_coordination(args):
-    """Defaults: the paper's small configuration (d=256, d_ff=1024, 4 heads, 14 layers)."""
+    """Defaults: the paper's small configuration for IWSLT14 (Sec. 4.2): 14 layers, d=256, d_ff=1024,
+    4 heads. Reading: dropout is not given; 0.1 (the Transformer's)."""
     fill_defaults(args, LayerwiseCoordinationConfig)
     args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
     args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
-
-
-@register_model_architecture("layerwise_coordination", "layerwise_coordination_iwslt_de_en")
-def layerwise_coordination_iwslt_de_en(args):
-    """Sec. 4.2 small configuration for IWSLT14: 14 layers, d=256, d_ff=1024, 4 heads.
-    Reading: dropout is not given; 0.1 (the Transformer's)."""
-    layerwise_coordination(args)
 
 
 @register_model_architecture("layerwise_coordination", "layerwise_coordination_wmt_en_de")
