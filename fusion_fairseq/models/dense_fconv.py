@@ -392,8 +392,11 @@ class DenseFConvDecoder(FConvDecoder):
             x = run_dense(target_embedding, len(self.convolutions), apply_layer, self.summaries,
                           lambda summary, features: self.convolve(summary, features, incremental_state)).concat()
         else:
-            x = run_residual(self.input_projection(target_embedding), self.residual_projections, lambda index, x: attend(
-                index, self.convolve(self.convolutions[index], x, incremental_state)))[-1]
+            def convolve_and_attend(index, x):
+                return attend(index, self.convolve(self.convolutions[index], x, incremental_state))
+
+            x = run_residual(self.input_projection(target_embedding), self.residual_projections,
+                             convolve_and_attend)[-1]
         x = self.fc3(self.dropout_module(self.fc2(x)))
         # as fairseq's Transformer decoder: fairseq's --print-alignment reads extra["attn"][0]
         return x, {"attn": [attention_sum]}
