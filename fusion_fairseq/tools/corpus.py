@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing import Pool
 
 from fusion_fairseq.cli import user_dir
-from fusion_fairseq.tools.common import positive_int
+from fusion_fairseq.tools.common import claim_out_dir, positive_int
 
 SPLITS = ("train", "valid", "test")
 
@@ -516,9 +516,8 @@ def evaluate(args):
     lowercase = recipe.get("LOWERCASE", "0") == "1" if args.lowercase is None else args.lowercase
     compound = recipe.get("COMPOUND_SPLIT", "0") == "1" if args.compound_split is None else args.compound_split
     out = args.out or os.path.join(os.path.dirname(args.checkpoint), f"eval-{subset}-beam{args.beam}")
-    names = [name.format(subset=subset) for name in EVAL_OUTPUTS] + [".written_by"]
-    check_own_outputs(out, names, EVAL_STAMP, args.force)
-    write_lines(os.path.join(out, ".written_by"), [EVAL_STAMP])
+    claim_out_dir(out, [name.format(subset=subset) for name in EVAL_OUTPUTS], EVAL_STAMP, args.force, "corpus evaluate",
+                  usage_error)
     generated = os.path.join(out, f"generate-{subset}.txt")
     command = [sys.executable, "-m", "fairseq_cli.generate", data, "--path", args.checkpoint, "--gen-subset", subset,
                "--source-lang", src, "--target-lang", tgt, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
@@ -535,14 +534,6 @@ def evaluate(args):
         if subprocess.call(command, stdout=stdout, stderr=stderr):
             raise SystemExit(f"corpus: error: fairseq-generate failed (log: {log_path})")
     score(generated, out, tgt, ref, tok_ref, lowercase, compound)
-
-
-def check_own_outputs(out, names, stamp, force):
-    """--out as :func:`fusion_fairseq.tools.common.claim_out_dir` claims it: refused when it holds any of
-    ``names`` that this tool did not write (no stamp) unless --force; outputs that are links are removed."""
-    from fusion_fairseq.tools.common import claim_out_dir
-
-    claim_out_dir(out, names, stamp, force, "corpus evaluate", usage_error)
 
 
 def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_split=False):
