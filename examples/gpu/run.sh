@@ -28,9 +28,11 @@ TEST_SETS=(test_2016_flickr test_2017_flickr test_2017_mscoco test_2018_flickr)
 # rules, float32), so that the CPU runs replicate it on another device; 8 runs at a time on the one GPU
 COMPARE=(--deep --max-update 3000 --finetune-update 1000 --eval-every 250 --seeds 1 2 --device cuda
          --jobs 8 --threads 2)
-# Dou et al. Table 1, MLRF's Dec-SA and Both-FNN-SA, SurfaceFusion; every ratio against fairseq's transformer
+# Dou et al. Table 1, MLRF's Dec-SA and Both-FNN-SA, SurfaceFusion; every ratio against fairseq's transformer.
+# Batches of 128 sentence pairs of 32 tokens a side: the papers' 4,096 tokens per GPU and step, so that
+# the matrix products, not the kernel launches of a tiny batch, set the pace
 SPEED=(--encoder-layers 6 --decoder-layers 6 --embed-dim 512 --ffn-dim 2048 --heads 8 --vocab 32000
-       --batch-size 64 --device cuda --dtype bf16 --repeats 5 --archs
+       --batch-size 128 --src-len 32 --tgt-len 32 --steps 10 --device cuda --dtype bf16 --repeats 5 --archs
        --variant "no fusion=fusion_transformer:"
        --variant "Dense=fusion_transformer:--aggregate-encoder dense --aggregate-decoder dense"
        --variant "Linear=fusion_transformer:--aggregate-encoder linear --aggregate-decoder linear"
@@ -44,8 +46,8 @@ SPEED=(--encoder-layers 6 --decoder-layers 6 --embed-dim 512 --ffn-dim 2048 --he
        --variant "Coarse-LA=fusion_transformer:--layer-attention coarse"
        --variant "Fine-LA=fusion_transformer:--layer-attention fine")
 # DenseNMT against its convolutional baseline of similar size (Shen et al.: 8.1% slower per step)
-SPEED_DENSENMT=(--baseline-arch fconv_iwslt_de_en --archs --vocab 32000 --batch-size 64 --device cuda --dtype bf16
-                --repeats 5 --variant 'BASE-4L=fconv_iwslt_de_en:--decoder-layers "[(256, 3)] * 4"'
+SPEED_DENSENMT=(--baseline-arch fconv_iwslt_de_en --archs --vocab 32000 --batch-size 128 --src-len 32 --tgt-len 32
+                --steps 10 --device cuda --dtype bf16 --repeats 5 --variant 'BASE-4L=fconv_iwslt_de_en:--decoder-layers "[(256, 3)] * 4"'
                 --variant "DenseNMT-4L-2=dense_fconv_iwslt_de_en:")
 if [[ "${SMOKE:-0}" == 1 ]]; then  # the same commands at toy size on the CPU: later flags override earlier ones
     COMPARE+=(--width 1+1:16:32:2 --dropout 0.1 --max-update 4 --finetune-update 2 --eval-every 2 --seeds 1
