@@ -86,8 +86,13 @@ case "$STEP" in
         "$PY" -c 'import torch, fairseq, fusion_fairseq; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "fairseq", fairseq.__version__)' ;;
     half)
         need_out "${2:-}"
-        "$PY" -m pytest -q -p no:cacheprovider "$REPO/tests/test_gpu_training.py" "$REPO/tests/test_half_precision.py" -k "cuda or trains_and_decodes" \
-            -m "slow or not slow" -n "${WORKERS:-8}" --junitxml "$2/half.xml" 2>&1 | tee "$2/half.log" ;;
+        # a passing test's folder goes at once (54 checkpoints at the presets' sizes fill a 64 GB disk);
+        # -rfE lists every failure with its message at the end of half.log
+        PARALLEL=(); ((${WORKERS:-8} > 1)) && PARALLEL=(-n "${WORKERS:-8}")  # pytest-xdist; WORKERS=1 runs without it
+        "$PY" -m pytest -q -rfE -p no:cacheprovider -p no:benchmark -o tmp_path_retention_policy=failed \
+            "$REPO/tests/test_gpu_training.py" "$REPO/tests/test_half_precision.py" -k "cuda or trains_and_decodes" \
+            -m "slow or not slow" "${PARALLEL[@]}" --junitxml "$2/half.xml" \
+            2>&1 | tee "$2/half.log" ;;
     speed)
         need_out "${2:-}"
         "$PY" "$REPO/scripts/benchmark.py" "${SPEED[@]}" --json "$2/speed.json" --markdown "$2/speed.md"
