@@ -77,8 +77,9 @@ CONFIGURATIONS = [
     pytest.param(variant, dtype, "cpu", id=f"{variant.id}-{name}",
                  marks=() if (variant.id, name) in ALWAYS else pytest.mark.slow)
     for variant in VARIANTS if variant.id not in GPU_ONLY for name, dtype in DTYPES
-] + [  # on a GPU every configuration is quick
-    pytest.param(variant, dtype, "cuda", id=f"{variant.id}-{name}-cuda", marks=CUDA)
+] + [  # on a GPU every configuration is quick; the 982M-parameter one waits for the others of its group
+    pytest.param(variant, dtype, "cuda", id=f"{variant.id}-{name}-cuda",
+                 marks=(CUDA, pytest.mark.xdist_group("one_at_a_time")) if variant.id in GPU_ONLY else CUDA)
     for variant in VARIANTS for name, dtype in DTYPES
 ]
 VOCABULARY, SOURCE_LENGTH, TARGET_LENGTH = 100, 6, 4

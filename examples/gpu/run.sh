@@ -87,8 +87,9 @@ case "$STEP" in
     half)
         need_out "${2:-}"
         # a passing test's folder goes at once (54 checkpoints at the presets' sizes fill a 64 GB disk);
-        # -rfE lists every failure with its message at the end of half.log
-        PARALLEL=(); ((${WORKERS:-8} > 1)) && PARALLEL=(-n "${WORKERS:-8}")  # pytest-xdist; WORKERS=1 runs without it
+        # -rfE lists every failure with its message at the end of half.log; loadgroup keeps the largest
+        # models from training at the same time (tests/test_gpu_training.py, ONE_AT_A_TIME)
+        PARALLEL=(); ((${WORKERS:-8} > 1)) && PARALLEL=(-n "${WORKERS:-8}" --dist loadgroup)  # WORKERS=1: no xdist
         "$PY" -m pytest -q -rfE -p no:cacheprovider -p no:benchmark -o tmp_path_retention_policy=failed \
             "$REPO/tests/test_gpu_training.py" "$REPO/tests/test_half_precision.py" -k "cuda or trains_and_decodes" \
             -m "slow or not slow" "${PARALLEL[@]}" --junitxml "$2/half.xml" \
