@@ -1,13 +1,12 @@
 #!/usr/bin/env python
 """Scale of Dou et al.'s dense connection (Eq. 4) under each reading, from the same vanilla weights.
 
-Builds ``fusion_transformer`` (Transformer-Base unless ``--model-flags`` say otherwise) once as
-the vanilla model and once per ``--dense-connection`` reading with ``--aggregate-encoder dense
---aggregate-decoder dense``, gives every one the vanilla model's weights (dense connection has
-no parameters of its own), runs one teacher-forced forward pass in eval mode on a random batch
-and prints, per model: the mean L2 norm of the top encoder and decoder states, the standard
-deviation of the logits relative to the vanilla model's, the mean max-softmax probability and
-how often the most probable word is the decoder's own input word.
+Builds ``fusion_transformer`` (Transformer-Base unless ``--model-flags`` say otherwise) as the vanilla
+model and once per ``--dense-connection`` reading with ``--aggregate-encoder dense --aggregate-decoder
+dense``, each with the vanilla model's weights (dense connection has no parameters of its own); one
+teacher-forced forward pass in eval mode on a random batch gives, per model: the mean L2 norm of the top
+encoder and decoder states, the standard deviation of the logits relative to the vanilla model's, the
+mean max-softmax probability and how often the most probable word is the decoder's own input word.
 Forward only; about half a minute on one CPU core at Transformer-Base size.
 
     python scripts/dense_connection_readings.py                      # Transformer-Base, vocabulary 32k

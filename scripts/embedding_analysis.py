@@ -1,16 +1,14 @@
-"""Embedding analyses of Liu et al. (ICLR 2021): singular-value spectra (Figures 3 and 4) and the
-cosine similarity of aligned source/target word embeddings (Table 3); see
-examples/surface_fusion/README.md.
+"""Embedding analyses of Liu et al. (ICLR 2021): singular-value spectra (Figures 3 and 4) and the cosine similarity
+of aligned source/target word embeddings (Table 3); see examples/surface_fusion/README.md.
 
-spectrum: for each embedding matrix E (|V| x d, rows = words, every row included, no centring) the
-singular values s_i / s_1 on a log scale as in the paper; a slowly decaying curve is a more
-expressive embedding. Tied matrices are analysed once (``encoder=decoder=output``).
-``--split-by-attention`` (Figure 3): the encoder embedding's dimensions ordered by the top decoder
-layer's weight w_{M,0,d} and split into the more and the less attended half, beside a random half.
+spectrum: for each embedding matrix E (|V| x d, rows = words, every row included, no centring) the singular values
+s_i / s_1 on a log scale as in the paper; a slowly decaying curve is a more expressive embedding. Tied matrices are
+analysed once (``encoder=decoder=output``). ``--split-by-attention`` (Figure 3): the encoder embedding's dimensions
+ordered by the top decoder layer's weight w_{M,0,d} and split into the more and the less attended half, beside a
+random half.
 
-cosine (Table 3): for each ``--dict`` pair, the cosine of the source word's encoder embedding and
-the target word's decoder embedding; "All" is the mean over the pairs used, "Non-Shared" over the
-pairs whose two words differ.
+cosine (Table 3): for each ``--dict`` pair, the cosine of the source word's encoder embedding and the target word's
+decoder embedding; "All" is the mean over the pairs used, "Non-Shared" over the pairs whose two words differ.
 """
 
 import argparse
@@ -33,8 +31,7 @@ THRESHOLD = 0.1  # index_below: the first i with s_i / s_1 below it
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="Singular-value spectra (Liu et al. 2021, Figures 3-4) and "
-                                     "aligned-word cosine similarity (Table 3) of a checkpoint's embeddings.")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     spectrum = checkpoint_arguments(commands.add_parser("spectrum", help="normalised singular values (Figs. 3-4)"),
                                     paths=2)
@@ -156,9 +153,9 @@ def run_spectrum(args) -> Dict:
 
 def plot_spectrum(curves: List[Dict], x_axis: str):
     fig, ax = plt.subplots(figsize=(5.6, 3.8), layout="constrained")
-    several = len({c["checkpoint"] for c in curves}) > 1
-    styles = ["-", "--", ":", "-."]
     checkpoints = list(dict.fromkeys(c["checkpoint"] for c in curves))
+    several = len(checkpoints) > 1
+    styles = ["-", "--", ":", "-."]
     for c in curves:
         k = c["k"]
         xs = [(i + 1) / k for i in range(k)] if x_axis == "fraction" else list(range(1, k + 1))

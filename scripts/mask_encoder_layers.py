@@ -1,18 +1,16 @@
 #!/usr/bin/env python
-"""Mask one encoder layer at a time in layer attention and measure the change in BLEU and output
-length, as in Liu et al. (ICLR 2021) Sec. 3.3, Figure 2 (see examples/surface_fusion/README.md).
+"""Mask one encoder layer at a time in layer attention and measure the change in BLEU and output length, as in Liu
+et al. (ICLR 2021) Sec. 3.3, Figure 2 (see examples/surface_fusion/README.md). Unknown flags are passed to every
+fairseq-generate run.
 
-For each encoder layer n = 0 ("Emb") .. N, and once unmasked, the real ``fairseq-generate`` runs
-with ``--model-overrides "{'mask_encoder_layer': n}"``, which zeroes layer n's layer-attention
-weight and renormalises the others; unknown flags go to every run. ``--required-batch-size-multiple
-1`` is added unless given: with a larger multiple this fairseq drops a last, smaller batch.
-Per run: fairseq-generate's own ``BLEU4`` line, sacreBLEU of the H- against the T- strings, tokens
-per H- string and the mean hypothesis score, which tells masked and unmasked runs apart even when
-the strings coincide; changes are 100 * (masked - unmasked) / unmasked percent. Exit status 1
-when a fairseq-generate run fails.
+For each encoder layer n = 0 ("Emb") .. N, and once unmasked, the real ``fairseq-generate`` runs with
+``--model-overrides "{'mask_encoder_layer': n}"``, which zeroes layer n's layer-attention weight and renormalises
+the others. ``--required-batch-size-multiple 1`` is added unless given: with a larger multiple this fairseq drops a
+last, smaller batch. Per run: fairseq-generate's own ``BLEU4`` line, sacreBLEU of the H- against the T- strings,
+tokens per H- string and the mean hypothesis score, which tells masked and unmasked runs apart even when the strings
+coincide; changes are 100 * (masked - unmasked) / unmasked percent. Exit status 1 when a run fails.
 """
 
-import argparse
 import glob
 import os
 import re
@@ -21,10 +19,11 @@ import sys
 from typing import Dict, List, Optional
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from fusion_fairseq.checkpoint_safety import stored_model_config  # noqa: E402
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, check_masked_layer, \
-    checkpoint_arguments, checkpoint_setting, finite, format_matrix, model_args, number, positive, pyplot, \
-    read_checkpoint, run_parallel, script_main, write_outputs  # noqa: E402
+    checkpoint_setting, finite, format_matrix, number, positive, pyplot, read_checkpoint, run_parallel, \
+    script_main, script_parser, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
 
 plt = pyplot()
@@ -41,10 +40,7 @@ FORBIDDEN_FORWARDED = {
 
 
 def parse_args(argv: Optional[List[str]] = None):
-    parser = checkpoint_arguments(argparse.ArgumentParser(
-        description="Mask each encoder layer of layer attention in turn and run fairseq-generate "
-        "(Liu et al. 2021, Sec. 3.3, Figure 2). Unknown flags are passed to fairseq-generate.", allow_abbrev=False),
-        data_required=True, out_required=False, user_dir=False)
+    parser = script_parser(__doc__, allow_abbrev=False, data_required=True, out_required=False, user_dir=False)
     parser.add_argument("--gen-subset", default="test", help="subset to translate (default: test)")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=4, help="beam size (default: 4, Ro-En)")
     parser.add_argument("--lenpen", type=finite("--lenpen"), default=1.0, help="length penalty (default: 1.0, Ro-En)")
@@ -195,7 +191,7 @@ def run(args) -> Dict:
         for earlier in sorted(glob.glob(os.path.join(args.keep_outputs, "generate-*.txt"))):
             refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
     check_data_dir(args.data)
-    config = model_args(read_checkpoint(args.path))
+    config = stored_model_config(read_checkpoint(args.path))
     kind = checkpoint_setting(config, "layer-attention", ("coarse", "fine"), f"--path {args.path}",
                               "there is no layer-attention weight to mask")
     num_encoder_layers = int(config.encoder_layers)

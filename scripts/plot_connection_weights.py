@@ -1,31 +1,25 @@
 #!/usr/bin/env python
 """Plot the learned connection weights of DenseFormer and hyper-connections in a checkpoint.
 
-DenseFormer (``--denseformer-*``, Pagliardini et al. 2024, as the paper draws them): one row per
-depth-weighted average (after layer i), one column per output X_j it may read (j = 0 is the
-embedding); cells it does not read are blank. Hyper-connections (``--hyper-connections-*``, Zhu et
-al. 2025): for every sublayer, the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of its
-input-independent part (static weights; for mHC the maps at zero dynamic input, sigmoid(b_pre),
-2 sigmoid(b_post) and SinkhornKnopp(b_res)), side by side. One panel per side that has either.
+DenseFormer (``--denseformer-*``, Pagliardini et al. 2024, as the paper draws them): one row per depth-weighted
+average (after layer i), one column per output X_j it may read (j = 0 is the embedding); cells it does not read are
+blank. Hyper-connections (``--hyper-connections-*``, Zhu et al. 2025): for every sublayer, the (n+1) x (n+1) matrix
+[[0, B], [A_m, A_r]] of its input-independent part (static weights; for mHC the maps at zero dynamic input,
+sigmoid(b_pre), 2 sigmoid(b_post) and SinkhornKnopp(b_res)), side by side. One panel per side that has either.
 """
 
-import argparse
 import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage  # noqa: E402
 from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection, sinkhorn  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, heatmap, load_model, pyplot, \
-    script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, heatmap, load_model, pyplot, script_main, script_parser, \
+    write_outputs  # noqa: E402
 
 plt = pyplot()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-
-PARSER = checkpoint_arguments(argparse.ArgumentParser(
-    description="Plot DenseFormer's and hyper-connections' learned weights."))
 
 
 def connection_matrix(connection) -> np.ndarray:
@@ -85,4 +79,4 @@ def run(args) -> dict:
                                 for name, matrix in weights.items()}, plot(weights))
 
 
-main = script_main(PARSER.parse_args, run, "plot_connection_weights.py", __name__)
+main = script_main(script_parser(__doc__).parse_args, run, "plot_connection_weights.py", __name__)

@@ -3,22 +3,18 @@
 2018, Sec. 4.8): one panel per hop; x-axis the words, y-axis the layers including the word
 embedding layer l0; white is probability 1, black 0.
 
-    python scripts/plot_fusion_attention.py --path CKPT --data DATA_BIN \\
-        --source "w3 w17 w5" [--target "W5 W17 W3"] [--side decoder|encoder] --out fig.png
-
 Decoder side (``--fuse-decoder sa``): ``extra["fusion_attn"]`` of the teacher-forced forward, one
 column per decoder position; without ``--target``, of the beam-search translation. Encoder side
 (``--fuse-encoder sa``): the encoder's ``fusion_weights``, one column per source word plus EOS.
 Rows are l0..lL, or l1..lL for a checkpoint trained with ``--fusion-no-embedding-layer``.
 """
 
-import argparse
 import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import checkpoint_arguments, checkpoint_setting, format_matrix, heatmap, \
-    load_model, positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import checkpoint_setting, format_matrix, heatmap, load_model, positive, \
+    pyplot, script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
@@ -30,9 +26,7 @@ X_AXIS = {"predicted": "target word predicted at each position (fed: the previou
           "both": "target word fed -> word predicted at each position"}
 
 
-PARSER = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
-    description="Plot the hop-by-layer attention of self-attention layer fusion (MLRF Figure 5)."),
-    data_required=True))
+PARSER = script_parser(__doc__, sentence=True, data_required=True)
 PARSER.add_argument("--side", choices=("decoder", "encoder"), default="decoder",
                     help="which fusion layer to plot (default: decoder, MLRF Dec-SA)")
 PARSER.add_argument("--xlabels", choices=tuple(X_AXIS), default="predicted",

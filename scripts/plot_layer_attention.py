@@ -8,21 +8,19 @@ n = 0..N (0 = the word embeddings, "Emb"). The weights do not depend on the inpu
 (m, n, d); as in the paper each cell is the mean over the D dimensions (still summing to 1 over n).
 """
 
-import argparse
 import os
 import sys
 import textwrap
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import check_masked_layer, checkpoint_arguments, checkpoint_setting, \
-    format_matrix, heatmap, load_model, pyplot, script_main, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import check_masked_layer, checkpoint_setting, format_matrix, heatmap, \
+    load_model, pyplot, script_main, script_parser, write_outputs  # noqa: E402
 
 plt = pyplot()
 import torch  # noqa: E402
 
 
-PARSER = checkpoint_arguments(argparse.ArgumentParser(
-    description="Plot the decoder-layer x encoder-layer weights of layer attention (Liu et al. 2021, Figure 1)."))
+PARSER = script_parser(__doc__)
 PARSER.add_argument("--per-dim", action="store_true",
                     help="fine: also write the per-dimension weights W[m][n][d] to --json")
 PARSER.add_argument("--mask-encoder-layer", type=int, metavar="N",

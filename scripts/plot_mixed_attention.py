@@ -1,9 +1,6 @@
 #!/usr/bin/env python
 """The mixed attention of a layer-wise coordination model, as in He et al. (2018) Figure 4.
 
-    python scripts/plot_mixed_attention.py --path CKPT --data DATA_BIN \\
-        --source "zwei minuten später ..." [--target "two minutes later ..."] --layer 1 [--out fig.png]
-
 ``--layer I`` is 1-based; the paper's Figure 4 shows layer 1, the lowest. Plotted: the layer's
 mixed-attention weights (Eq. 3) averaged over heads, ``extra["mixed_attn"]`` of the decoder's
 teacher-forced forward with ``alignment_layer=I-1``; without ``--target``, of the beam-search
@@ -12,14 +9,13 @@ translation (``--beam 6 --lenpen 1.1``, the paper's IWSLT setting). Rows: the ta
 target positions, which Eq. 3 masks, are exactly 0: hatched in the figure, ``-`` in the text.
 """
 
-import argparse
 import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, finite, format_matrix, heatmap, \
-    load_model, positive, pyplot, script_main, sentence_arguments, sentence_pair, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, finite, format_matrix, heatmap, load_model, positive, \
+    pyplot, script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
 
 plt = pyplot()
 import matplotlib  # noqa: E402
@@ -28,10 +24,7 @@ import torch  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = sentence_arguments(checkpoint_arguments(argparse.ArgumentParser(
-        prog="plot_mixed_attention.py", description="Plot the mixed-attention weights of one layer of a layer-wise "
-        "coordination model over source and target positions (He et al. 2018, Figure 4)."),
-        data_required=True, out_required=False))
+    parser = script_parser(__doc__, sentence=True, data_required=True, out_required=False)
     parser.add_argument("--layer", required=True, type=int, metavar="I",
                         help="layer to plot, 1-based: 1 = the lowest layer (the paper's Figure 4), N = the top layer")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=6, help="beam size when translating")

@@ -47,8 +47,7 @@ class UsageError(ReportedError):
 
 
 def checked(flag: str, convert: Callable, valid: Callable, allowed: str):
-    """argparse type: ``convert(text)`` where ``valid``; otherwise an error naming the flag, what is
-    allowed and the value."""
+    """argparse type: ``convert(text)`` where ``valid``, else an error naming the flag, what it allows, the value."""
     def parse(text):
         try:
             value = convert(text)
@@ -71,15 +70,12 @@ def finite(flag: str):
 
 
 def add_force_argument(parser):
-    """``--force``: the only way a script overwrites an existing output file (see :func:`check_outputs`)."""
-    parser.add_argument("--force", action="store_true",
-                        help="overwrite an existing output file, which is refused otherwise")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output file (refused otherwise)")
 
 
 def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1, user_dir=True):
-    """The flags every analysis script has: ``--path`` (``paths`` > 1: repeatable), ``--data``,
-    ``--out`` (a PNG; ``out_required`` None: no figure) with ``--dpi``, ``--json``, ``--user-dir``
-    and ``--force``. Returns ``parser``."""
+    """Adds the flags every analysis script has: ``--path`` (``paths`` > 1: repeatable), ``--data``, ``--out``
+    (a PNG; ``out_required`` None: no figure) with ``--dpi``, ``--json``, ``--user-dir`` and ``--force``."""
     parser.add_argument("--path", required=True, action="append" if paths > 1 else "store",
                         help="checkpoint file (fairseq-train output)" + ("; repeat to compare several" * (paths > 1)))
     parser.add_argument("--data", required=data_required, help="binarised data directory (for the dictionaries)"
@@ -96,16 +92,21 @@ def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1
     return parser
 
 
-def sentence_arguments(parser):
-    """``--source``, ``--target`` (teacher-forced; default: the beam-search translation), ``--bpe``,
-    ``--bpe-codes`` and ``--allow-unk`` for the sentence pair of an attention plot. Returns ``parser``."""
-    parser.add_argument("--source", required=True, help="source sentence, tokens separated by spaces")
-    parser.add_argument("--target", help="target sentence to teacher-force; default: translate --source with beam "
-                        "search and plot the hypothesis")
-    parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")
-    parser.add_argument("--bpe-codes", help="BPE codes file for --bpe subword_nmt")
-    parser.add_argument("--allow-unk", action="store_true",
-                        help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
+def script_parser(doc: str, sentence: bool = False, allow_abbrev: bool = True, **arguments):
+    """An analysis script's parser, described by the first paragraph of its docstring ``doc``, with the flags
+    of :func:`checkpoint_arguments` (``arguments``); with ``sentence``, also those of the sentence pair of an
+    attention plot: ``--source``, ``--target`` (teacher-forced; default: the beam-search translation),
+    ``--bpe``, ``--bpe-codes`` and ``--allow-unk``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=allow_abbrev)
+    checkpoint_arguments(parser, **arguments)
+    if sentence:
+        parser.add_argument("--source", required=True, help="source sentence, tokens separated by spaces")
+        parser.add_argument("--target", help="target sentence to teacher-force; default: translate --source with "
+                            "beam search and plot the hypothesis")
+        parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")
+        parser.add_argument("--bpe-codes", help="BPE codes file for --bpe subword_nmt")
+        parser.add_argument("--allow-unk", action="store_true",
+                            help="map words missing from the dictionary to <unk> (with a warning) instead of failing")
     return parser
 
 
@@ -242,26 +243,18 @@ def check_data_dir(data: str) -> None:
         raise UsageError(f"--data {data}: no such directory")
 
 
-def model_args(state):
-    """The model's argparse namespace / config of a checkpoint state (new ``cfg`` or legacy ``args``)."""
-    if state.get("cfg") is not None and state["cfg"].get("model") is not None:
-        return state["cfg"]["model"]
-    return state.get("args")
-
-
 def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--path"):
     """The state of checkpoint ``path`` (``overrides`` applied to its configuration). A file
     that is missing, damaged, not a torch file or not a fairseq checkpoint of a registered task and
     architecture is a one-line :class:`UsageError` naming the flag and the file."""
     from fairseq import checkpoint_utils
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
 
-    from fusion_fairseq.checkpoint_safety import CheckpointContentError, architecture, stored_value
+    from fusion_fairseq.checkpoint_safety import CheckpointContentError, stored_value
 
     if not os.path.isfile(path):
         raise UsageError(f"{flag} {path}: no such checkpoint file")
-    try:
+    try:  # the plugin's reader refuses a file without a model or of an architecture fairseq does not know
         state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
     except CheckpointContentError as error:  # it names the file
         raise UsageError(f"{flag} {error}") from None
@@ -269,18 +262,11 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--
         reason = " ".join(str(error).split())[:300]
         raise UsageError(f"{flag} {path}: cannot read the checkpoint, the file is damaged or not a fairseq "
                          f"checkpoint ({type(error).__name__}: {reason})") from None
-    if not isinstance(state, dict) or "model" not in state or model_args(state) is None:
-        raise UsageError(f"{flag} {path}: cannot read the checkpoint, a torch file without a fairseq model "
-                         "and configuration")
-    # an unknown task or architecture (a plugin not imported, a crafted name) fails deep inside fairseq
-    cfg = state.get("cfg")
-    task = stored_value(stored_value(cfg, "task"), "_name") if cfg is not None else getattr(state["args"], "task", None)
-    arch = architecture(model_args(state))
-    for kind, name, known in (("task", task, TASK_REGISTRY),
-                              ("architecture", arch, {**MODEL_REGISTRY, **ARCH_MODEL_REGISTRY})):
-        if not isinstance(name, str) or name not in known:
-            raise UsageError(f"{flag} {path}: the checkpoint's {kind} {name!r} is not one fairseq knows; pass the "
-                             "--user-dir that registers it, or give a checkpoint of a registered one")
+    # an unknown task (a plugin not imported, a crafted name) fails deep inside fairseq
+    task = stored_value(stored_value(state.get("cfg"), "task"), "_name")  # fairseq's reader made legacy args a cfg
+    if not isinstance(task, str) or task not in TASK_REGISTRY:
+        raise UsageError(f"{flag} {path}: the checkpoint's task {task!r} is not one fairseq knows; pass the "
+                         "--user-dir that registers it, or give a checkpoint of a registered one")
     return state
 
 
@@ -361,11 +347,10 @@ def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool 
 
 
 def sentence_pair(args, model, task, with_target: bool = True, **generation) -> SimpleNamespace:
-    """The sentences of an attention plot as the model reads them (after ``--bpe``): ``src_tokens``
-    and ``src_lengths`` (a batch of 1) and the ``source`` strings; ``with_target``, also the target's
-    strings ending with EOS (``predicted``), those fed to the decoder (``fed``, EOS first) as
-    ``prev_output_tokens`` and ``target_from``. The target is ``--target`` when given, else the best
-    beam-search hypothesis; ``generation`` are fields of fairseq's ``GenerationConfig``."""
+    """The sentences of an attention plot as the model reads them (after ``--bpe``): ``src_tokens``, ``src_lengths``
+    (a batch of 1) and the ``source`` strings; ``with_target``, also the target's strings ending with EOS
+    (``predicted``), those fed to the decoder (``fed``, EOS first) as ``prev_output_tokens``, and ``target_from``:
+    ``--target``, else the best beam-search hypothesis (``generation``: fields of fairseq's ``GenerationConfig``)."""
     from fairseq.data import encoders
     from fairseq.dataclass.configs import GenerationConfig
 

@@ -246,11 +246,10 @@ class _Runner:
         self.decoded_lengths |= lengths
 
     def measure(self, what, sync) -> float:
-        """One round's value of ``what``: "train", target tokens/s of training steps; "decode", sentences/s
-        of decode batches; a source length N, milliseconds of one decoding step over N-token sources,
-        (t(L) - t(L/2)) / (L - L/2): the difference of two whole ``generate`` calls with L and L/2 output
-        tokens, so that what is paid once per sentence (the encoder, the first step's projection of the
-        source, the generator's set-up) cancels."""
+        """One round's value of ``what``: "train", target tokens/s of training steps; "decode", sentences/s of
+        decode batches; a source length N, milliseconds of one decoding step over N-token sources, (t(L) - t(L/2)) /
+        (L - L/2): the difference of two whole ``generate`` calls with L and L/2 output tokens, so that what is paid
+        once per sentence (the encoder, the first step's projection of the source, the generator's set-up) cancels."""
         settings = self.settings
         self.model.train(what == "train")
         torch.manual_seed(settings.seed)
@@ -310,11 +309,10 @@ def cuda_transient_peak(fn) -> int:
 
 
 def cpu_transient_peak(fn) -> Optional[int]:
-    """Peak of the net bytes allocated by PyTorch's CPU allocator while ``fn`` runs: the running
-    sum, in time order, of the allocation / free events torch.profiler records (the events'
-    ``total_allocated`` is cumulative across profiling sessions). A block allocated before and freed
-    during ``fn`` is not subtracted, so the peak can only be overestimated. None where this torch's
-    profiler does not expose allocation events."""
+    """Peak of the net bytes allocated by PyTorch's CPU allocator while ``fn`` runs: the running sum, in time order,
+    of the allocation / free events torch.profiler records (the events' ``total_allocated`` is cumulative across
+    profiling sessions). A block allocated before and freed during ``fn`` is not subtracted, so the peak can only be
+    overestimated. None where this torch's profiler does not expose allocation events."""
     try:
         from torch._C._profiler import _EventType
         from torch.profiler import ProfilerActivity, profile
@@ -460,9 +458,8 @@ def _ratios(stats):
 
 
 def markdown_table(result: Dict) -> str:
-    """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds);
-    then, with --source-lengths, per source length each configuration's median ms per decoding step and
-    its speed ratio."""
+    """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds); then,
+    with --source-lengths, per source length each configuration's median ms per decoding step and its speed ratio."""
     env, settings, configs = result["environment"], result["settings"], result["configs"]
     rows = []
     for name, row in configs.items():
@@ -581,33 +578,30 @@ def build_parser() -> argparse.ArgumentParser:
             ("--warmup", count, 1, "untimed training steps per round"),
             ("--steps", positive, 3, "timed training steps per round"),
             ("--repeats", positive, 3, "rounds over all configurations"), ("--label-smoothing", float, 0.1, None),
-            ("--lr", float, 5e-4, None)],
+            ("--lr", float, 5e-4, None), ("--criterion", one_of("--criterion", CRITERIA), CRITERIA[0], None)],
         "decoding measurement": [
             ("--beam", positive, 5, None), ("--decode-batch-size", positive, 8, None),
             ("--decode-len", positive, None, "output tokens per hypothesis, forced with min_len = max_len "
                                              "(default: --tgt-len)"),
             ("--decode-warmup", count, 1, "untimed decode batches per round"),
             ("--decode-batches", positive, 2, "timed decode batches per round")],
+        "device and output": [
+            ("--device", one_of("--device", DEVICES), "cpu", " or ".join(DEVICES)),
+            ("--dtype", one_of("--dtype", tuple(AUTOCAST)), "fp32", "fp32, or fp16 / bf16 (autocast, CUDA only)"),
+            ("--threads", positive, None, "torch.set_num_threads (default: torch's)"),
+            ("--clock", one_of("--clock", tuple(CLOCKS)), "wall", "wall: elapsed time; process: this process's CPU "
+             "time (CPU only; less sensitive to other work sharing the cores, but it sums the time of all threads)"),
+            ("--seed", int, 1, None)],
     }
     for title, arguments in groups.items():
         group = parser.add_argument_group(title)
         for flag, kind, default, text in arguments:
             group.add_argument(flag, type=kind, default=default, help=text)
-        if title == "training measurement":
-            group.add_argument("--criterion", choices=CRITERIA, default=CRITERIA[0])
-    group.add_argument("--source-lengths", type=length_list, default=[], metavar="N,N,...",
-                       help="also time one decoding step as the source grows, for each source length N (e.g. "
-                            "He et al.'s point that layer-wise coordination attends to the source in every layer)")
-
-    group = parser.add_argument_group("device and output")
-    group.add_argument("--device", type=one_of("--device", DEVICES), default="cpu", help=" or ".join(DEVICES))
-    group.add_argument("--dtype", type=one_of("--dtype", tuple(AUTOCAST)), default="fp32",
-                       help="fp32, or fp16 / bf16 (autocast, CUDA only)")
-    group.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
-    group.add_argument("--clock", type=one_of("--clock", tuple(CLOCKS)), default="wall",
-                       help="wall: elapsed time; process: this process's CPU time (CPU only; less sensitive to "
-                            "other work sharing the cores, but with several threads it sums their CPU time)")
-    group.add_argument("--seed", type=int, default=1)
+        if title == "decoding measurement":
+            group.add_argument("--source-lengths", type=length_list, default=[], metavar="N,N,...",
+                               help="also time one decoding step as the source grows, for each source length N (e.g. "
+                                    "He et al.'s point that layer-wise coordination attends to the source in every "
+                                    "layer)")
     group.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory pass")
     group.add_argument("--no-flops", dest="flops", action="store_false", help="skip counting the matrix-product FLOPs")
     group.add_argument("--json", metavar="FILE", help="write the full results as JSON")
