@@ -400,8 +400,7 @@ def prepare(corpus, args):
         "# written by fusion_fairseq.tools.corpus prepare; read by its evaluate", f"RECIPE={args.corpus}", f"SRC={src}",
         f"TGT={tgt}", f"LOWERCASE={int(args.lowercase)}", "BPE=subword_nmt", f"BPE_MERGES={args.bpe_merges}",
         f"COMPOUND_SPLIT={int(corpus.compound_split and tgt == 'de')}", f"TEST_SET={args.test_set}", *refs])
-    for split in SPLITS:
-        log(f"  {split}: {len(text['bpe'][split][src]):,} sentence pairs")
+    log("sentence pairs: " + ", ".join(f"{split} {len(text['bpe'][split][src]):,}" for split in SPLITS))
     print(f"Binarised data ({src} -> {tgt}) is in: {os.path.abspath(args.databin)}")
     print(f"BPE'd text and codes are in: {os.path.abspath(args.dest)}")
 

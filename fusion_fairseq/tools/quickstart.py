@@ -181,8 +181,7 @@ class TrainProgress:
 
     def train_tokens_per_second(self):
         """Target tokens per second over all epochs (each epoch's wps and wpb; its updates from num_updates)."""
-        tokens = seconds = 0.0
-        previous_updates = 0
+        tokens = seconds = previous_updates = 0
         for stats in self.epochs:
             updates = int(float(stats["train_num_updates"])) - previous_updates
             previous_updates += updates
@@ -253,8 +252,7 @@ def build_parser():
         prog="fusion-fairseq-quickstart", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
         "synthetic corpus (default) or on raw parallel text (--data), then compare BLEU and speed.")
-    p.add_argument("--out", default="quickstart_out",
-                   help="output directory (created; files of an earlier run are overwritten, nothing else)")
+    p.add_argument("--out", default="quickstart_out", help="output directory (an earlier run's files are overwritten)")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="directory of raw (tokenised) parallel text with train.SRC/TGT, a validation and "
                    "a test split; default: generate the synthetic corpus")
