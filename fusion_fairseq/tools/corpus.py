@@ -2,13 +2,9 @@
 
 Prepare: raw text (downloaded, or found in ``--from``: a folder or an archive) -> sacremoses' Moses
 tokenisation -> clean-corpus-n cleaning -> joint subword-nmt BPE -> ``fairseq-preprocess``; each
-corpus is data (a :class:`Corpus` in :data:`CORPORA`). Evaluate: ``fairseq-generate`` -> BPE-free
-hypotheses in order -> sacremoses detokenisation -> sacreBLEU against the raw reference, and
-tokenised BLEU (``--tokenize none``, as multi-bleu.perl; compound-split for WMT14 En-De).
-
-``--dest`` gets ``raw/`` and ``tok/`` (every split), the BPE ``code``, the BPE'd ``{train,valid,test}.{SRC,TGT}``
-and ``data-bin/`` (with ``recipe.env``, what ``evaluate`` reads). Nothing is written through a link, and
-existing outputs are replaced only with ``--force``. Commands: examples/data/README.md.
+corpus is data (a :class:`Corpus` in :data:`CORPORA`). Evaluate: ``fairseq-generate`` -> sacremoses
+detokenisation -> sacreBLEU against the raw reference, and tokenised BLEU (as multi-bleu.perl).
+Outputs and commands: examples/data/README.md.
 """
 
 import argparse
@@ -138,8 +134,7 @@ def write_splits(text, directory, langs):
 
 
 def download(url, directory, timeout, work):
-    """``url`` into ``directory`` unless it is there already, through the scratch folder ``work`` (so that a
-    failed download leaves no part of it in ``directory``)."""
+    """``url`` into ``directory`` unless it is there already, through ``work`` (a failed download leaves nothing)."""
     path, part = os.path.join(directory, url.rsplit("/", 1)[-1]), os.path.join(work, "download.part")
     if os.path.isfile(path) and os.path.getsize(path):
         return log(f"using the already downloaded {path}")
@@ -156,8 +151,7 @@ def download(url, directory, timeout, work):
 
 
 def extract(archive, destination):
-    """Unpack a .tgz/.tar/.zip into ``destination``; no member leaves it (zipfile drops '..' and leading '/'
-    from member names, tarfile's data filter refuses them)."""
+    """Unpack a .tgz/.tar/.zip into ``destination``; no member leaves it (zipfile drops '..' and a leading '/')."""
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as z:
             return z.extractall(destination)
@@ -168,8 +162,7 @@ def extract(archive, destination):
 
 
 def find(names, root, work):
-    """The first of ``names`` (``a|b``) found under ``root``, else in the archives there, which the first
-    miss unpacks into ``work``."""
+    """The first of ``names`` (``a|b``) under ``root``, else in its archives (which the first miss unpacks)."""
     unpacked = os.path.join(work, "unpacked")
     for folder in (root, unpacked):
         for name in names.split("|"):
@@ -310,8 +303,7 @@ def keep_pairs(text, splits, kinds, langs, max_len, ratio):
 
 
 def learn_and_apply_bpe(text, src, tgt, merges, codes, workers=1):
-    """Joint BPE codes learnt by subword-nmt on ``text['train']`` of both languages (written to
-    ``codes``), applied to every split: ``{split: {lang: lines}}``."""
+    """Joint BPE ``codes`` learnt by subword-nmt on ``text['train']``, applied to every split of ``text``."""
     from subword_nmt.learn_bpe import learn_bpe
 
     joint = [line + "\n" for lang in (src, tgt) for line in text["train"][lang]]
@@ -408,8 +400,7 @@ def prepare(corpus, args):
         "# written by fusion_fairseq.tools.corpus prepare; read by its evaluate", f"RECIPE={args.corpus}", f"SRC={src}",
         f"TGT={tgt}", f"LOWERCASE={int(args.lowercase)}", "BPE=subword_nmt", f"BPE_MERGES={args.bpe_merges}",
         f"COMPOUND_SPLIT={int(corpus.compound_split and tgt == 'de')}", f"TEST_SET={args.test_set}", *refs])
-    for split in SPLITS:
-        log(f"  {split}: {len(text['bpe'][split][src]):,} sentence pairs")
+    log("sentence pairs: " + ", ".join(f"{split} {len(text['bpe'][split][src]):,}" for split in SPLITS))
     print(f"Binarised data ({src} -> {tgt}) is in: {os.path.abspath(args.databin)}")
     print(f"BPE'd text and codes are in: {os.path.abspath(args.dest)}")
 
@@ -456,8 +447,8 @@ def hypotheses(generate_output, expect=None):
     return [unbpe(found["H"][i]) for i in ids], [unbpe(found["T"].get(i, "")) for i in ids]
 
 
-def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_split=False):
-    """sacreBLEU of detokenised hypotheses against the raw reference, and tokenised BLEU: (report, scores)."""
+def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_split=False, json_path=None):
+    """sacreBLEU of detokenised hypotheses against the raw reference, and tokenised BLEU, printed: (report, scores)."""
     from sacrebleu.metrics import BLEU
 
     hyp, refs, hyp_t, refs_t = (read_lines(path) for path in (hyp_detok, ref, hyp_tok, tok_ref))
@@ -474,11 +465,15 @@ def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_spli
     how += ", compound-split" if compound_split else ""
     report = (f"sacreBLEU (detokenized, {case}) vs {ref}: {detok_score}\nsacreBLEU signature: {detok.get_signature()}\n"
               f"Tokenized BLEU ({case}; {how}) vs {tok_ref}: {tok_score}")
-    return report, {"sacrebleu": round(detok_score.score, 2), "sacrebleu_signature": str(detok.get_signature()),
-            "sacrebleu_full": str(detok_score), "tokenized_bleu": round(tok_score.score, 2),
-            "tokenized_bleu_full": str(tok_score), "tokenized_bleu_signature": str(tok.get_signature()),
-            "case_insensitive": lowercase, "compound_split": compound_split, "reference": os.path.abspath(ref),
-            "tokenized_reference": os.path.abspath(tok_ref), "sentences": len(hyp)}
+    scores = {"sacrebleu": round(detok_score.score, 2), "sacrebleu_signature": str(detok.get_signature()),
+              "sacrebleu_full": str(detok_score), "tokenized_bleu": round(tok_score.score, 2),
+              "tokenized_bleu_full": str(tok_score), "tokenized_bleu_signature": str(tok.get_signature()),
+              "case_insensitive": lowercase, "compound_split": compound_split, "reference": os.path.abspath(ref),
+              "tokenized_reference": os.path.abspath(tok_ref), "sentences": len(hyp)}
+    print(report)
+    if json_path:
+        write_lines(json_path, [json.dumps(scores, indent=2)])
+    return report, scores
 
 
 EVAL_OUTPUTS = ("generate-{subset}.txt", "generate-{subset}.log", "hyp.tok", "hyp.detok", "ref.fairseq.tok", "bleu.txt",
@@ -548,10 +543,8 @@ def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_spli
     if not tok_ref:
         log("no tokenised reference given or recorded: tokenised BLEU uses fairseq's T- lines (may contain <unk>)")
     report, scores = bleu_scores(path["hyp.detok"], ref, path["hyp.tok"], tok_ref or path["ref.fairseq.tok"],
-                                 lowercase, compound_split)
-    print(report)
+                                 lowercase, compound_split, os.path.join(out, "scores.json"))
     write_lines(os.path.join(out, "bleu.txt"), [report])
-    write_lines(os.path.join(out, "scores.json"), [json.dumps(scores, indent=2)])
     return scores
 
 
@@ -645,11 +638,8 @@ def main(argv=None):
         args.extra = argv[cut + 1:]
         evaluate(args)
     else:
-        report, scores = bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase,
-                                     args.compound_split)
-        print(report)
-        if args.json:
-            write_lines(args.json, [json.dumps(scores, indent=2)])
+        bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase, args.compound_split,
+                    args.json)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,10 @@
 """The main job: a vanilla Transformer vs. MLRF (Both-FNN-SA) at the same size and budget.
 
- 1. data     -- the synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` (default), or raw
-                parallel text given with ``--data DIR --src de --tgt en``
- 2. BPE      -- one joint BPE learnt with subword-nmt (:func:`corpus.learn_and_apply_bpe`)
- 3. binarise -- ``fairseq-preprocess --joined-dictionary`` (:func:`corpus.binarise`)
- 4. train    -- ``fairseq-train`` of each model with the same dimensions, updates, batch and
-                schedule. Without a GPU they run side by side, one process per core with one
-                thread each: two OpenMP threads per process on a shared machine are many times slower.
- 5. test     -- ``fairseq-generate --beam 5 --remove-bpe``, BLEU by sacrebleu against the raw references
-
-and prints a table: model, BLEU, parameters, training target tokens/s (fairseq's ``wps``), decoding
-sentences/s. Everything goes under ``--out``; a re-run overwrites only the files it wrote. Stages,
-outputs and options: examples/README.md.
+The synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` (or raw parallel text: ``--data DIR --src de
+--tgt en``) -> one joint subword-nmt BPE -> ``fairseq-preprocess --joined-dictionary`` -> ``fairseq-train``
+of each model with the same dimensions, updates, batch and schedule -> ``fairseq-generate`` and sacrebleu,
+then a table of BLEU, parameters and speeds. Everything goes under ``--out``; a re-run overwrites only the
+files it wrote. Stages, outputs and options: examples/README.md.
 
 Why a peak learning rate of 1e-3: at 2e-3 or 3e-3 the MLRF model's self-attention fusion over
 decoder layers puts ~99% of its weight on the two lowest layers (h0, h1) within ~200 updates and
@@ -39,8 +32,7 @@ from fusion_fairseq.tools.common import non_negative_int, positive_int
 BPE_MERGES = {"synthetic": 1000, "data": 8000}
 SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev", "validation", "newsdev", "tst-dev"),
                "test": ("test", "tst", "newstest", "eval")}
-# name -> (arch, description, fusion flags). fgla and surface_fusion are there so that the
-# encoder-layer-fusion analyses (examples/surface_fusion/analyses.sh) have a checkpoint to read.
+# name -> (arch, description, fusion flags); fgla and surface_fusion feed examples/surface_fusion/analyses.sh.
 MODELS = {
     "transformer": ("transformer", "fairseq's Transformer", []),
     "mlrf": ("fusion_transformer", "MLRF Both-FNN-SA", ["--fuse-encoder", "fnn", "--fuse-decoder", "sa"]),
@@ -133,8 +125,7 @@ def run_logged(command, log_path, env, on_line=None):
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = returncode = os.waitstatus_to_exitcode(status)
     if returncode != 0:
-        with open(log_path, encoding="utf-8") as f:
-            tail = f.read()[-4000:]
+        tail = "\n".join(corpus.read_lines(log_path))[-4000:]
         raise SystemExit(f"error: {' '.join(command[:3])} ... failed (exit {returncode}); log {log_path}:\n{tail}")
     return usage.ru_utime + usage.ru_stime
 
@@ -190,8 +181,7 @@ class TrainProgress:
 
     def train_tokens_per_second(self):
         """Target tokens per second over all epochs (each epoch's wps and wpb; its updates from num_updates)."""
-        tokens = seconds = 0.0
-        previous_updates = 0
+        tokens = seconds = previous_updates = 0
         for stats in self.epochs:
             updates = int(float(stats["train_num_updates"])) - previous_updates
             previous_updates += updates
@@ -262,8 +252,7 @@ def build_parser():
         prog="fusion-fairseq-quickstart", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
         "synthetic corpus (default) or on raw parallel text (--data), then compare BLEU and speed.")
-    p.add_argument("--out", default="quickstart_out",
-                   help="output directory (created; files of an earlier run are overwritten, nothing else)")
+    p.add_argument("--out", default="quickstart_out", help="output directory (an earlier run's files are overwritten)")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="directory of raw (tokenised) parallel text with train.SRC/TGT, a validation and "
                    "a test split; default: generate the synthetic corpus")
@@ -301,7 +290,6 @@ def build_parser():
                    "(0: one per CPU core without a GPU, else 1)")
     g.add_argument("--threads", type=non_negative_int, default=0, help="OMP/MKL threads of each fairseq process "
                    "(0: cores / jobs when jobs > 1, else torch's default)")
-    g.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     g.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq (default: GPU when there is one)")
     g.add_argument("--log-interval", type=int, default=0, help="updates between progress lines (0: max-update/10)")
     g.add_argument("--verbose", action="store_true", help="echo every fairseq log line")
@@ -369,8 +357,7 @@ def prepare_corpus(args, synthetic, dirs):
     words, pieces = (sum(len(line.split()) for line in t["train"][args.tgt]) for t in (text, bpe))
     log(f"  {args.bpe_merges} merges -> {codes}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
     stage(3, "fairseq-preprocess --joined-dictionary")
-    corpus.binarise(dirs.bpe, dirs.bin, args.src, args.tgt, max(1, args.workers),
-                    log_path=os.path.join(dirs.logs, "preprocess.log"))
+    corpus.binarise(dirs.bpe, dirs.bin, args.src, args.tgt, log_path=os.path.join(dirs.logs, "preprocess.log"))
     types = len(corpus.read_lines(os.path.join(dirs.bin, f"dict.{args.src}.txt")))
     log(f"  joined dictionary: {types:,} types (+4 specials) -> {dirs.bin}")
 
@@ -413,9 +400,9 @@ def run_quickstart(argv=None):
         raise SystemExit("error: --out must not be (the parent of) the --data directory")
     os.makedirs(dirs.logs, exist_ok=True)
     cpus = len(os.sched_getaffinity(0))
-    # one model per CPU core on a CPU-only machine, one at a time with a GPU
+    # Without a GPU one model per core, one thread each: OpenMP threads fighting over the cores are many times slower.
     jobs = args.jobs or (1 if torch.cuda.is_available() else max(1, min(len(models), cpus)))
-    if not args.threads and jobs > 1:  # share the cores: OpenMP threads fighting over them are far slower
+    if not args.threads and jobs > 1:
         args.threads = max(1, cpus // jobs)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if args.threads:

@@ -5,18 +5,11 @@ same seeds, same files, byte for byte. The source is English-like (SVO, adjectiv
 noun), the target verb-final with postpositions, adjectives after the noun in mirror order and
 agreement suffixes; the grammar in full: examples/README.md, "The synthetic language pair".
 
-Why translating it needs the lower layers: the target's agreement suffixes (on determiners,
-adjectives and verbs) are decided by *lexical* features -- the gender of a noun stem and the
-number suffix of the source noun -- that live in the word embeddings and the lowest layers, and
-they must be copied onto words that sit elsewhere in the sentence (a verb's suffix depends on the
-subject, which may be separated from the verb by a postpositional phrase and the object). At the
-same time the clause must be reordered (SVO -> S PP O V, adjectives moved behind their noun in
-mirror order), which is the more abstract, positional information built up by the higher layers.
-A model whose decoder only sees the top encoder layer has to carry the fine-grained morphology
-through every layer; layer fusion (MLRF) gives it direct access to the lower layers.
-
-``python -m fusion_fairseq.tools.synthetic --out DIR --train-size 8000 --valid-size 300 --test-size 300``
-writes ``DIR/{train,valid,test}.{src,tgt}`` (one sentence per line, tokens separated by spaces).
+Why translating it needs the lower layers: the target's agreement suffixes are decided by *lexical*
+features (a noun stem's gender, the source noun's number suffix) that live in the embeddings and the
+lowest layers, and must be copied onto words elsewhere in the sentence (a verb agrees with a subject
+that a postpositional phrase and the object may separate from it), while the clause is reordered
+(SVO -> S PP O V, adjectives mirrored behind their noun): the positional work of the higher layers.
 """
 
 import argparse
@@ -240,9 +233,8 @@ def dictionary_path(out_dir: str, src_lang: str = "src", tgt_lang: str = "tgt") 
 
 def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, test_size: int = 300,
                  seed: int = 1, lexicon_seed: int = 0, src_lang: str = "src", tgt_lang: str = "tgt"):
-    """Write ``{train,valid,test}.{src_lang,tgt_lang}`` and the bilingual dictionary (:meth:`Lexicon.word_pairs`,
-    one ``source target`` pair a line) into ``out_dir``, never through a link; returns
-    ``{split: (source_path, target_path)}``."""
+    """Write ``{train,valid,test}.{src_lang,tgt_lang}`` and the bilingual dictionary (:meth:`Lexicon.word_pairs`)
+    into ``out_dir``, never through a link; returns ``{split: (source_path, target_path)}``."""
     lexicon = build_lexicon(lexicon_seed)
     corpus = generate_sentences(list(zip(SPLITS, (train_size, valid_size, test_size))), seed, lexicon=lexicon)
     write_lines(dictionary_path(out_dir, src_lang, tgt_lang), [f"{src} {tgt}" for src, tgt in lexicon.word_pairs()])
