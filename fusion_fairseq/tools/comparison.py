@@ -172,8 +172,8 @@ def match_candidates(method: Method, width: Width) -> List[int]:
 
 
 def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int, int, Dict[int, int]]:
-    """(the candidate whose ``count`` is closest to ``target``, ties the smaller; its count; every count computed)
-    by binary search, so few models are built, over a ``count`` that does not decrease along ``candidates``."""
+    """Binary search (few models built) for the candidate whose ``count`` is closest to ``target`` (ties: the
+    smaller), ``count`` not decreasing along ``candidates``. Returns (value, its count, every count computed)."""
     seen: Dict[int, int] = {}
 
     def at(i):
@@ -573,9 +573,9 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
         "params": _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)") or config["params"],
         "updates": budget, "averaged_updates": averaged_updates(interval_checkpoints(save_dir), budget, interval),
         **training_record(log_path), "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "packages": sorted(  # what it ran with
-            {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions() if d.metadata["Name"]},
-            key=str.lower),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                            if d.metadata["Name"]}, key=str.lower),  # what the run ran with
     }
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
     run_statistics(rdir)
