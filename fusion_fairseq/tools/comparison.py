@@ -172,9 +172,8 @@ def match_candidates(method: Method, width: Width) -> List[int]:
 
 
 def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int, int, Dict[int, int]]:
-    """The candidate whose ``count(candidate)`` is closest to ``target`` (ties: the smaller one), for a
-    ``count`` that does not decrease along ``candidates``; binary search, so few models are built.
-    Returns (value, its count, every count computed)."""
+    """Binary search (few models built) for the candidate whose ``count`` is closest to ``target`` (ties: the
+    smaller), ``count`` not decreasing along ``candidates``. Returns (value, its count, every count computed)."""
     seen: Dict[int, int] = {}
 
     def at(i):
@@ -243,9 +242,9 @@ def prepare_data(args) -> str:
         raise ComparisonError(f"--raw: not given, and {data_bin} holds no prepared data; give --raw DIR (the Multi30k "
                               "task-1 raw files train/val/test_*.de/.en) or --data-bin DIR")
     argv = ["prepare", "multi30k", "--from", os.path.abspath(args.raw), "--dest", dest, "--src", "de", "--tgt", "en",
-            "--test-set", "test_2016_flickr", "--bpe-merges", str(args.bpe_merges),
-            "--workers", str(max(1, min(os.cpu_count() or 1, 8)))]
-    log(f"preparing the data: python -m fusion_fairseq.tools.corpus {' '.join(shlex.quote(a) for a in argv)}")
+            "--test-set", TEST_SETS[0], "--bpe-merges", str(args.bpe_merges),
+            "--workers", str(min(os.cpu_count() or 1, 8))]
+    log(f"preparing the data: python -m fusion_fairseq.tools.corpus {shlex.join(argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
@@ -323,8 +322,8 @@ DONE_KEYS = ("sacrebleu", "tokenized_bleu", "params", "updates", "train_seconds"
 
 
 def finished_run(rdir: str) -> Optional[dict]:
-    """The run's ``done.json`` once it is evaluated, else None. One unreadable or of another shape stops the
-    runner, wherever it is read: its scores cannot be trusted, and the checkpoints it scored are gone."""
+    """The run's ``done.json`` once it is evaluated, else None. One unreadable or of another shape stops the runner
+    wherever it is read: its scores cannot be trusted, and the checkpoints it scored are gone."""
     path = os.path.join(rdir, "done.json")
     if not os.path.lexists(path):
         return None
@@ -374,8 +373,7 @@ INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
 
 
 def interval_checkpoints(save_dir: str) -> Dict[int, str]:
-    """{update: path} of fairseq's interval checkpoints, which it writes atomically (a temporary
-    file renamed), so one that exists is complete."""
+    """{update: path} of fairseq's interval checkpoints (written atomically: one that exists is complete)."""
     names = os.listdir(save_dir) if os.path.isdir(save_dir) else []
     return dict(sorted((int(m.group(1)), os.path.join(save_dir, m.group(0)))
                        for m in map(INTERVAL_CHECKPOINT.fullmatch, names) if m))
@@ -426,7 +424,7 @@ def resume_from_newest_intact(save_dir: str) -> None:
 def code_commit() -> Optional[str]:
     """The commit of the code that runs (``+modified`` when tracked files differ from it); None outside git."""
     def git(*args):
-        return subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.check_output(["git", "-C", REPO_ROOT, *args], text=True, stderr=subprocess.DEVNULL).strip()
 
     try:
         return git("rev-parse", "HEAD") + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
@@ -517,9 +515,8 @@ def _last_number(log_path: str, pattern) -> Optional[int]:
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
-    """The average of the last :data:`AVERAGED` checkpoints up to ``budget`` (:func:`averaged_updates`), made
-    once (atomically) into ``save_dir`` and kept: it is scored, and the runs that start from a trained model
-    start from it."""
+    """The average of :func:`averaged_updates`, made once (atomically) into ``save_dir`` and kept: it is scored,
+    and the runs that start from a trained model start from it."""
     from fusion_fairseq.tools.averaging import average_checkpoints
 
     path = os.path.join(save_dir, f"average-last{AVERAGED}-to-{budget}.pt")
@@ -530,8 +527,7 @@ def final_average(save_dir: str, budget: int, interval: int) -> str:
 
 
 def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) -> List[int]:
-    """The updates of the last :data:`AVERAGED` interval checkpoints up to ``budget`` (fewer only when
-    the budget holds fewer); an error when one is missing."""
+    """The last :data:`AVERAGED` interval updates up to ``budget`` (fewer only where it holds fewer), all saved."""
     wanted = list(range(budget - budget % interval, 0, -interval))[:AVERAGED][::-1]
     missing = [u for u in wanted if u not in checkpoints]
     if missing:
@@ -548,17 +544,16 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
     """fairseq-generate with the final average on every test set, scored as ``corpus evaluate`` scores;
     ``done.json`` is written last, then the checkpoints that only served resuming go."""
     import fairseq_cli.generate as fairseq_generate
-    import torch
     from fairseq import options
 
     config = _read_json(os.path.join(rdir, "config.json"))
     recipe, save_dir, log_path = config["recipe"], os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
+    lowercase, compound_split = (recipe.get(key, "0") == "1" for key in ("LOWERCASE", "COMPOUND_SPLIT"))
     interval = int(config["train_argv"][config["train_argv"].index("--save-interval-updates") + 1])
     average = final_average(save_dir, budget, interval)
     started, scores = time.time(), {}
     for name, test_set in test_sets.items():
-        out_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average", name)
-        os.makedirs(out_dir, exist_ok=True)
+        out_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average", name)  # made by fairseq-generate
         gen_argv = [test_set["data"], "--path", average, "--gen-subset", "test", "--source-lang", recipe["SRC"],
                     "--target-lang", recipe["TGT"], "--beam", str(config["beam"]), "--lenpen", "1.0", "--remove-bpe",
                     "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128", "--user-dir", PLUGIN_DIR,
@@ -568,21 +563,17 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
         with GENERATING:
             fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
         found = corpus.score(os.path.join(out_dir, "generate-test.txt"), out_dir, recipe["TGT"], test_set["raw_ref"],
-                             test_set["tok_ref"], recipe.get("LOWERCASE", "0") == "1",
-                             recipe.get("COMPOUND_SPLIT", "0") == "1")
+                             test_set["tok_ref"], lowercase, compound_split)
         scores[name] = {key: found[key] for key in ("sacrebleu", "tokenized_bleu", "sacrebleu_signature", "sentences")}
         scores[name].update(hyp_detok=os.path.join(out_dir, "hyp.detok"), raw_ref=test_set["raw_ref"])
-    scores["all"] = report.concatenated_bleu(scores, recipe.get("LOWERCASE", "0") == "1")
-    headline = scores[TEST_SETS[0]]
+    scores["all"] = report.concatenated_bleu(scores, lowercase)
     done = {
-        "method": config["method"], "seed": config["seed"], "arch": config["arch"],
-        "sacrebleu": headline["sacrebleu"], "tokenized_bleu": headline["tokenized_bleu"],
-        "sacrebleu_signature": headline["sacrebleu_signature"], "scores": {"average": scores},
+        **{key: config[key] for key in ("method", "seed", "arch")}, "scores": {"average": scores},
+        **{key: scores[TEST_SETS[0]][key] for key in ("sacrebleu", "tokenized_bleu", "sacrebleu_signature")},
         "params": _last_number(log_path, r"num\. (?:shared )?model params: ([\d,]+)") or config["params"],
         "updates": budget, "averaged_updates": averaged_updates(interval_checkpoints(save_dir), budget, interval),
-        **training_record(log_path),
-        "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+        **training_record(log_path), "generate_seconds": round(time.time() - started, 1), "evaluated_by": code_commit(),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "packages": sorted({f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
                             if d.metadata["Name"]}, key=str.lower),  # what the run ran with
     }
@@ -650,18 +641,17 @@ def collect_run(out: str, method: str, seed: int, budget: int, baseline: str = "
 
 
 def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
-    finished = [r for r in runs if r["status"] == "done"]
+    done = [r for r in runs if r["status"] == "done"]
     # the figure's mean: over the finished seeds, or over the unfinished ones while none has finished
-    curves = [{int(u): v for u, v in r["curve"].items()} for r in (finished or runs) if r["curve"]]
+    curves = [{int(u): v for u, v in r["curve"].items()} for r in (done or runs) if r["curve"]]
     return {
         "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
         "baseline": method.baseline, "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
         "criterion": list(method.criterion or DEFAULT_CRITERION), "params": plan_entry.get("params"),
-        "matched": plan_entry.get("matched"),
-        "note": method.note, "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
-        **{key: report.summarise([r[key] for r in finished]) for key in ("sacrebleu", "tokenized_bleu")},
-        "length_ratio": report.summarise([r["length_ratio"] for r in finished]),
-        "test": {name: report.summarise([r["test"][name] for r in finished]) for name in (*TEST_SETS, "all")},
+        "matched": plan_entry.get("matched"), "note": method.note,
+        "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
+        **{key: report.summarise([r[key] for r in done]) for key in ("sacrebleu", "tokenized_bleu", "length_ratio")},
+        "test": {name: report.summarise([r["test"][name] for r in done]) for name in (*TEST_SETS, "all")},
         "mean_curve": {str(u): round(v, 4) for u, v in report.mean_curve(curves).items()}, "curve_seeds": len(curves),
     }
 
@@ -747,13 +737,10 @@ class Experiment:
 
     def choose_composition(self) -> None:
         """Write composition.json once every component's first seed has reached the budget."""
-        budget = self.settings.max_update
-        if (COMPOSITION not in [m.name for m in self.methods]
-                or os.path.isfile(os.path.join(self.out, "composition.json"))):
-            return
-        seed = self.settings.seeds[0]
-        names = ["transformer", *COMPONENTS]
-        if not all(self.trained_to(name, seed, budget) for name in names):
+        budget, seed, names = self.settings.max_update, self.settings.seeds[0], ["transformer", *COMPONENTS]
+        path = os.path.join(self.out, "composition.json")
+        if (COMPOSITION not in [m.name for m in self.methods] or os.path.isfile(path)
+                or not all(self.trained_to(name, seed, budget) for name in names)):
             return
         best = {name: min(nll for u, nll in learning_curve(os.path.join(self.rdir(name, seed), "run.log")).items()
                           if u <= budget) for name in names}
@@ -768,9 +755,8 @@ class Experiment:
                 return False
 
         components = choose_components({n: best[n] for n in COMPONENTS}, best["transformer"], builds)
-        _write_json(os.path.join(self.out, "composition.json"), {
-            "components": components, "rule": COMPOSITION_RULE, "seed": seed, "budget": budget,
-            "best_valid_nll": best})
+        _write_json(path, {"components": components, "rule": COMPOSITION_RULE, "seed": seed, "budget": budget,
+                           "best_valid_nll": best})
         log(f"composition chosen: {' + '.join(components)}")
         self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
 
@@ -806,16 +792,16 @@ class Experiment:
         return None if stage == "evaluate" else ("train", budget)
 
     def start(self, name: str, seed: int, step: str, updates: int) -> None:
-        method, rdir = self.method(name), self.rdir(name, seed)
+        method, rdir, settings = self.method(name), self.rdir(name, seed), self.settings
         log(f"{name} seed {seed}: {'training up to update' if step == 'train' else 'evaluating at update'} {updates} "
             f"-> {rdir}/run.log")
         started = time.time()
         if step == "evaluate":
             evaluate_run(rdir, updates, self.test_sets())
         else:
-            init = (final_average(self.save_dir(method.init, seed), self.settings.max_update, self.settings.eval_every)
-                    if method.init else None)
-            settings, src, tgt = self.settings, self.recipe["SRC"], self.recipe["TGT"]
+            init = method.init and final_average(self.save_dir(method.init, seed), settings.max_update,
+                                                 settings.eval_every)
+            src, tgt = self.recipe["SRC"], self.recipe["TGT"]
             config = {  # fairseq-train's argv without the budget, the save dir and the device (see train_run)
                 "method": name, "seed": seed, "arch": method.arch, "params": self.plan[name]["params"],
                 "train_argv": [self.data_bin, "--user-dir", PLUGIN_DIR, *self.plan[name]["model_flags"],
@@ -856,8 +842,7 @@ class Experiment:
                 self.report(quiet=True)
 
     def collect(self) -> dict:
-        settings, budget = self.settings, self.settings.max_update
-        methods = self.concrete_methods(keep_unchosen=True)
+        settings, methods = self.settings, self.concrete_methods(keep_unchosen=True)
         rows = [method_row(m, [collect_run(self.out, m.name, seed, self.run_budget(m.name), m.baseline)
                                for seed in self.seeds_of(m.name)], self.plan.get(m.name, {})) for m in methods]
         by_name = {row["method"]: row for row in rows}
@@ -870,14 +855,13 @@ class Experiment:
         return {
             "task": "Multi30k De->En (train / val / " + ", ".join(TEST_SETS) + ")", "data_bin": self.data_bin,
             "settings": {**{k: v for k, v in vars(settings).items() if k not in ("width", "out", "force")},
-                         "max_update": budget, "methods": [m.name for m in methods],
-                         "seeds": sorted({seed for _, seed in self.runs()}), "width": str(settings.width),
-                         "width_text": settings.width.describe(), "averaged": AVERAGED,
+                         "methods": [m.name for m in methods], "seeds": sorted({seed for _, seed in self.runs()}),
+                         "width": str(settings.width), "width_text": settings.width.describe(), "averaged": AVERAGED,
                          "common_flags": common_train_flags(settings, "SRC", "TGT"),
                          "default_criterion": list(DEFAULT_CRITERION)},
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
             "third_seed": _read_json(os.path.join(self.out, "third_seed.json")),
-            "budget_check": report.budget_check(by_name.get("transformer"), budget),
+            "budget_check": report.budget_check(by_name.get("transformer"), settings.max_update),
             "cpu_hours": {"planned": settings.planned_cpu_hours,
                           "actual": round(seconds * (settings.threads or 1) / 3600, 1)},
         }
@@ -913,8 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
     g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en): to prepare the data and the test sets")
-    g.add_argument("--data-bin", help="already binarised data made by python -m fusion_fairseq.tools.corpus prepare "
-                   "multi30k (joined dictionary)")
+    g.add_argument("--data-bin", help="binarised data made by python -m fusion_fairseq.tools.corpus prepare multi30k")
     g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
     g = p.add_argument_group("models")
     w = g.add_mutually_exclusive_group()
@@ -932,9 +915,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "anneals) or polynomial: linear from the warm-up to 0 at the run's budget (the default with --deep)")
     g.add_argument("--finetune-update", type=positive_int, default=2000, help="updates of the runs that start from the "
                    "Transformer's final averaged checkpoint (transformer_continued, deeprep_finetuned)")
-    g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, which the report puts beside the actual")
-    g.add_argument("--eval-every", type=positive_int, default=100,
-                   help="updates between validations (learning curve) and checkpoints (resume points)")
+    g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, put beside the actual in the report")
+    g.add_argument("--eval-every", type=positive_int, default=100, help="updates between validations and checkpoints")
     g.add_argument("--beam", type=positive_int, default=5)
     g.add_argument("--train-args", default="", help="extra fairseq-train flags for every run (e.g. '--fp16')")
     g.add_argument("--gen-args", default="", help="extra fairseq-generate flags for every run's test translation")
@@ -943,11 +925,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--jobs", type=positive_int, default=1, help="runs in parallel")
     g.add_argument("--threads", type=positive_int,
                    help="torch threads per run (default: torch's own; with --jobs N on CPU: cores / N)")
-    g.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep every checkpoint of evaluated runs (default: only the scored average is kept)")
-    g.add_argument("--stage", choices=("all", "train", "evaluate"), default="all",
-                   help="train: train every run to the budget and evaluate none (e.g. from a pinned checkout); "
-                   "evaluate: evaluate the runs that reached it and train none")
+    g.add_argument("--keep-checkpoints", action="store_true", help="keep every checkpoint, not only the scored average")
+    g.add_argument("--stage", choices=("all", "train", "evaluate"), default="all", help="train: train every run to its "
+                   "budget and evaluate none (e.g. from a pinned checkout); evaluate: only evaluate the runs that did")
     g.add_argument("--report-only", action="store_true", help="train nothing; collect what exists and write the report")
     g.add_argument("--force", action="store_true",
                    help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
@@ -977,7 +957,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     # the root logger on the console, before fairseq-generate would bind it to its first output file
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
                         stream=sys.stdout)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     settings.out = os.path.abspath(settings.out)
     claim_out_dir(settings.out, OUT_NAMES, "fusion-fairseq compare_methods.py", settings.force, "compare_methods.py",
                   ComparisonError)

@@ -6,6 +6,8 @@ Every score comes from sacreBLEU's public interface (``corpus_score``, ``sentenc
 import statistics
 from typing import Dict, List, Optional, Sequence
 
+from fusion_fairseq.tools.corpus import read_lines
+
 #: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
 BOOTSTRAP_SAMPLES = 1000
@@ -25,10 +27,9 @@ def paired_bootstrap(references: List[str], baseline: List[str], system: List[st
     stats = [sentence_statistics(hyps, references, lowercase) for hyps in (baseline, system)]
     indices = np.random.default_rng(BOOTSTRAP_SEED).choice(len(references), size=(BOOTSTRAP_SAMPLES, len(references)))
     differences = [corpus_bleu(stats[1][i].sum(0)) - corpus_bleu(stats[0][i].sum(0)) for i in indices]
-    return {"baseline": round(base.score, 2), "system": round(found.score, 2),
-            "difference": round(found.score - base.score, 2),
+    return {"baseline": round(base.score, 2), "system": round(found.score, 2), "p_value": found.p_value,
+            "difference": round(found.score - base.score, 2), "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
             "ci95": [round(float(x), 2) for x in np.percentile(differences, [2.5, 97.5])],
-            "p_value": found.p_value, "samples": BOOTSTRAP_SAMPLES, "seed": BOOTSTRAP_SEED,
             "signature": str(bleu.get_signature())}
 
 
@@ -52,11 +53,7 @@ def corpus_bleu(statistics_sum) -> float:
 
 def read_concatenated(scores: Dict[str, dict], key: str) -> List[str]:
     """The lines of the file ``key`` names of every test set, in :data:`TEST_SETS` order."""
-    lines: List[str] = []
-    for name in TEST_SETS:
-        with open(scores[name][key], encoding="utf-8") as f:
-            lines += [line.rstrip("\n") for line in f]
-    return lines
+    return [line for name in TEST_SETS for line in read_lines(scores[name][key])]
 
 
 def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
@@ -134,9 +131,8 @@ def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
 
 def summarise(values: Sequence[float]) -> Optional[dict]:
     values = [float(v) for v in values]
-    return {"n": len(values), "mean": round(statistics.fmean(values), 2),
-            "std": round(statistics.stdev(values), 2) if len(values) > 1 else None,
-            "min": min(values), "max": max(values)} if values else None
+    return {"n": len(values), "mean": round(statistics.fmean(values), 2), "min": min(values), "max": max(values),
+            "std": round(statistics.stdev(values), 2) if len(values) > 1 else None} if values else None
 
 
 def mean_curve(curves: List[Dict[int, float]]) -> Dict[int, float]:
@@ -275,13 +271,11 @@ def methods_table(rows: List[dict]) -> List[str]:
 
 
 def plot_curves(results: dict, path: str) -> None:
-    import matplotlib
+    from fusion_fairseq.tools.analysis import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     # the right panel repeats the second half of training at a scale where the methods come apart
-    fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
     half = max((int(u) for r in results["methods"] for u in r["mean_curve"]), default=0) // 2
     for r in results["methods"]:
         curve = {int(u): v for u, v in r["mean_curve"].items()}
@@ -293,12 +287,10 @@ def plot_curves(results: dict, path: str) -> None:
     whole.set_title(f"Multi30k De->En, {results['settings']['width_text']}, mean over seeds", fontsize=10)
     tail.set_title(f"from update {half} on", fontsize=10)
     for ax in (whole, tail):
-        ax.set_xlabel("updates")
-        ax.set_ylabel("validation NLL (bits per target token)")
+        ax.set(xlabel="updates", ylabel="validation NLL (bits per target token)")
         ax.grid(alpha=0.3)
     if whole.lines:
         whole.legend(fontsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
