@@ -23,7 +23,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from omegaconf import OmegaConf
 
 import fusion_fairseq  # noqa: F401  (registers the architectures)
-from conftest import TINY_MLRF_FLAGS
+from conftest import TINY_MLRF_FLAGS, run_cli
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools import common
 from fusion_fairseq.models import activation_checkpointing
@@ -437,24 +437,11 @@ def cli_pipeline(data_bin: str, arch: str, flags: Sequence[str], save_dir: str) 
     ]
 
 
-def run_cli_with_stdin(module, *args, stdin: str, timeout: int = 600):
-    """``conftest.run_cli`` with text on standard input (fairseq-interactive reads its source
-    sentences from stdin)."""
-    result = subprocess.run(
-        [sys.executable, "-m", module, *map(str, args)],
-        input=stdin, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    if result.returncode != 0:
-        raise AssertionError(f"{module} {' '.join(map(str, args))} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result
-
-
 def run_each_in_fresh_interpreter(runs: List[CliRun]) -> List[CliRun]:
     """``python -m MODULE ARGS`` per run, a new interpreter each (conftest.run_cli)."""
     for run in runs:
         try:
-            result = run_cli_with_stdin(run.module, *run.args, stdin=run.stdin)
+            result = run_cli(run.module, *run.args, stdin=run.stdin)
             run.stdout, run.log = result.stdout, result.stderr
         except AssertionError as failure:
             run.error = str(failure)

@@ -81,11 +81,12 @@ def write_multi30k_slice(directory):
                     out.write(" ".join(state.choice(words[lang]) for _ in range(rng.randint(3, 9))).capitalize() + ".\n")
 
 
-def run_cli(module, *args, cwd=None, timeout=600):
-    """Run a fairseq console entry point (``fairseq_cli.train`` ...) in a fresh interpreter."""
+def run_cli(module, *args, cwd=None, timeout=600, stdin=None):
+    """Run a fairseq console entry point (``fairseq_cli.train`` ...) in a fresh interpreter, with ``stdin`` as
+    its standard input (fairseq-interactive reads its source sentences there)."""
     result = subprocess.run(
         [sys.executable, "-m", module, *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        input=stdin, cwd=cwd, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     if result.returncode != 0:

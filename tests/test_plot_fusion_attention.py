@@ -23,12 +23,6 @@ def plot_script():
     return load_script("plot_fusion_attention")
 
 
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def encoder_sa_checkpoint(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path_factory):
     """The tiny checkpoint rebuilt as Enc-SA + Dec-FNN without the embedding layer (freshly
