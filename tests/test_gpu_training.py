@@ -39,11 +39,15 @@ JOINED = {"layerwise_coordination"}  # models that need one dictionary for both 
 # Three of them at once beside the others overflow an 80 GB GPU, so pytest-xdist runs them one after
 # another on one worker (``--dist loadgroup``, as examples/gpu/run.sh half does).
 ONE_AT_A_TIME = {"dense_fconv"}
+# ConvS2S trains with gradient clipping (fairseq's recipe and examples/dense_nmt/train.sh: --clip-norm 0.1):
+# without it dense_fconv_wmt_en_de diverges within these 20 Adam updates in float32 too (gradient norm 50,288)
+FAMILY_FLAGS = {"dense_fconv": ("--clip-norm", "0.1")}
 
 
 def half_precision_pipeline(data_bin: str, arch: str, mode_flag: str, save_dir: str, extra=()) -> List[CliRun]:
     train = CliRun("train", "fairseq_cli.train", [
-        data_bin, "--user-dir", user_dir(), "--arch", arch, *extra, mode_flag,
+        data_bin, "--user-dir", user_dir(), "--arch", arch, *FAMILY_FLAGS.get(ARCHITECTURES[arch], ()), *extra,
+        mode_flag,
         "--optimizer", "adam", "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", "1000", "--max-update", str(UPDATES), "--seed", "1", "--disable-validation",
@@ -106,6 +110,16 @@ def test_the_pipeline_and_its_checks_run_on_the_cpu(mode, tiny_data_bin, tmp_pat
     only with the plugin's fix of fairseq issue #4696)."""
     tiny = (*TINY_OVERRIDES["fusion_transformer"].flags, "--cpu")
     runs = half_precision_pipeline(tiny_data_bin, "mlrf_iwslt_de_en", MODES[mode], str(tmp_path / "ck"), extra=tiny)
+    runs[1].args.append("--cpu")
+    assert_half_precision_pipeline_worked(run_in_one_interpreter(runs, str(tmp_path)), test_sentences=12)
+
+
+@pytest.mark.slow
+def test_a_deep_convolutional_preset_trains_without_diverging(tiny_data_bin, tmp_path):
+    """The 15 layers of dense_fconv_wmt_en_de at the preset's own size, in bfloat16 on the CPU: the
+    family's gradient clipping keeps the 20 updates from diverging, as the GPU runs need."""
+    runs = half_precision_pipeline(tiny_data_bin, "dense_fconv_wmt_en_de", "--bf16", str(tmp_path / "ck"),
+                                   extra=("--cpu",))
     runs[1].args.append("--cpu")
     assert_half_precision_pipeline_worked(run_in_one_interpreter(runs, str(tmp_path)), test_sentences=12)
 
