@@ -3,7 +3,7 @@
 Every registered architecture, at its preset's own width and depth, trains 20 updates through
 ``fairseq-train`` with each of ``--fp16``, ``--bf16`` and ``--memory-efficient-fp16`` on the toy
 reversal corpus (Adam, lr 5e-4 after 5 warm-up updates, label smoothing 0.1, <= 1,000 tokens per
-batch), then ``fairseq-generate`` decodes the test set with the checkpoint: in float16 (``--fp16``)
+batch; the convolutional models with their recipe's gradient clipping), then ``fairseq-generate`` decodes the test set with the checkpoint: in float16 (``--fp16``)
 after the float16 modes, in float32 after ``--bf16`` (fairseq-generate has no bfloat16 path: it
 accepts ``--bf16`` and ignores it; bfloat16 decoding is checked by ``tests/test_half_precision.py``).
 Passing means: every logged loss is finite, no more than :data:`MAX_SKIPPED_UPDATES` updates were
