@@ -25,7 +25,8 @@ from typing import List
 import pytest
 import torch
 
-from conformance_utils import ARCHITECTURES, CliRun, IN_PROCESS, TINY_OVERRIDES, hypothesis_ids, run_in_one_interpreter
+from conformance_utils import (ARCHITECTURES, LARGEST_ARCHITECTURES, CliRun, IN_PROCESS, TINY_OVERRIDES, hypothesis_ids,
+                               run_in_one_interpreter)
 from fusion_fairseq.cli import user_dir
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -35,18 +36,14 @@ UPDATES = 20
 # settles are fairseq's design; more than this in 20 updates is a model that overflows.
 MAX_SKIPPED_UPDATES = 4
 JOINED = {"layerwise_coordination"}  # models that need one dictionary for both languages
-# ConvS2S's defaults densely connected: 982M parameters, about 20 GB each in fp16 training with Adam.
-# Three of them at once beside the others overflow an 80 GB GPU, so pytest-xdist runs them one after
-# another on one worker (``--dist loadgroup``, as examples/gpu/run.sh half does).
-ONE_AT_A_TIME = {"dense_fconv"}
 # ConvS2S trains with gradient clipping (fairseq's recipe and examples/dense_nmt/train.sh: --clip-norm 0.1):
 # without it dense_fconv_wmt_en_de diverges within these 20 Adam updates in float32 too (gradient norm 50,288)
-FAMILY_FLAGS = {"dense_fconv": ("--clip-norm", "0.1")}
+FAMILY_TRAINING_FLAGS = {"dense_fconv": ("--clip-norm", "0.1")}
 
 
 def half_precision_pipeline(data_bin: str, arch: str, mode_flag: str, save_dir: str, extra=()) -> List[CliRun]:
     train = CliRun("train", "fairseq_cli.train", [
-        data_bin, "--user-dir", user_dir(), "--arch", arch, *FAMILY_FLAGS.get(ARCHITECTURES[arch], ()), *extra,
+        data_bin, "--user-dir", user_dir(), "--arch", arch, *FAMILY_TRAINING_FLAGS.get(ARCHITECTURES[arch], ()), *extra,
         mode_flag,
         "--optimizer", "adam", "--lr", "0.0005", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -94,7 +91,8 @@ def assert_half_precision_pipeline_worked(runs: List[CliRun], test_sentences: in
 @CUDA
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("arch", [
-    pytest.param(arch, marks=pytest.mark.xdist_group("one_at_a_time")) if arch in ONE_AT_A_TIME else arch
+    # the largest run one after another on one pytest-xdist worker (``--dist loadgroup``, as run.sh half does)
+    pytest.param(arch, marks=pytest.mark.xdist_group("largest")) if arch in LARGEST_ARCHITECTURES else arch
     for arch in sorted(ARCHITECTURES)])
 def test_every_architecture_trains_and_decodes_in_half_precision(arch, mode, request, tmp_path):
     data_bin = request.getfixturevalue("tiny_joined_data_bin" if ARCHITECTURES[arch] in JOINED else "tiny_data_bin")

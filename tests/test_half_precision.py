@@ -39,7 +39,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conformance_utils import ARCHITECTURES, Variant, decode_incrementally, full_forward
+from conformance_utils import ARCHITECTURES, LARGEST_ARCHITECTURES, Variant, decode_incrementally, full_forward
 from model_building import build_model
 
 BASE_WIDTH = ("--encoder-embed-dim", "512", "--decoder-embed-dim", "512", "--encoder-ffn-embed-dim", "2048",
@@ -72,14 +72,13 @@ FEATURES = [
 DTYPES = (("bfloat16", torch.bfloat16), ("float16", torch.float16))
 VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES] + FEATURES
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-GPU_ONLY = {"dense_fconv"}
 CONFIGURATIONS = [
     pytest.param(variant, dtype, "cpu", id=f"{variant.id}-{name}",
                  marks=() if (variant.id, name) in ALWAYS else pytest.mark.slow)
-    for variant in VARIANTS if variant.id not in GPU_ONLY for name, dtype in DTYPES
+    for variant in VARIANTS if variant.id not in LARGEST_ARCHITECTURES for name, dtype in DTYPES
 ] + [  # on a GPU every configuration is quick; the 982M-parameter one waits for the others of its group
     pytest.param(variant, dtype, "cuda", id=f"{variant.id}-{name}-cuda",
-                 marks=(CUDA, pytest.mark.xdist_group("one_at_a_time")) if variant.id in GPU_ONLY else CUDA)
+                 marks=(CUDA, pytest.mark.xdist_group("largest")) if variant.id in LARGEST_ARCHITECTURES else CUDA)
     for variant in VARIANTS for name, dtype in DTYPES
 ]
 VOCABULARY, SOURCE_LENGTH, TARGET_LENGTH = 100, 6, 4

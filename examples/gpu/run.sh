@@ -88,7 +88,7 @@ case "$STEP" in
         need_out "${2:-}"
         # a passing test's folder goes at once (54 checkpoints at the presets' sizes fill a 64 GB disk);
         # -rfE lists every failure with its message at the end of half.log; loadgroup keeps the largest
-        # models from training at the same time (tests/test_gpu_training.py, ONE_AT_A_TIME)
+        # models from training at the same time (tests/conformance_utils.py, LARGEST_ARCHITECTURES)
         PARALLEL=(); ((${WORKERS:-8} > 1)) && PARALLEL=(-n "${WORKERS:-8}" --dist loadgroup)  # WORKERS=1: no xdist
         "$PY" -m pytest -q -rfE -p no:cacheprovider -p no:benchmark -o tmp_path_retention_policy=failed \
             "$REPO/tests/test_gpu_training.py" "$REPO/tests/test_half_precision.py" -k "cuda or trains_and_decodes" \
