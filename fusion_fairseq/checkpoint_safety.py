@@ -6,6 +6,7 @@ import ast
 import collections
 import contextvars
 import functools
+import itertools
 import os
 import pickle
 import re
@@ -15,6 +16,7 @@ import typing
 import torch
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
+from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
 
 from .errors import ConfigurationError
@@ -61,10 +63,12 @@ class _TorchReadingWeightsOnly:
 
 
 def read_checkpoints_safely():
-    """Allow-list :data:`FAIRSEQ_CHECKPOINT_TYPES` and make fairseq's reader read weights only (idempotent)."""
+    """Allow-list :data:`FAIRSEQ_CHECKPOINT_TYPES` and the placeholders of the tensors in the checkpoint that rank 0
+    broadcasts when a training resumes on several ranks; make fairseq's reader read weights only (idempotent)."""
     from fairseq import checkpoint_utils
+    from fairseq.distributed.utils import _TensorPlaceholder
 
-    torch.serialization.add_safe_globals(list(FAIRSEQ_CHECKPOINT_TYPES))
+    torch.serialization.add_safe_globals([*FAIRSEQ_CHECKPOINT_TYPES, _TensorPlaceholder])
     if not isinstance(checkpoint_utils.torch, _TorchReadingWeightsOnly):
         checkpoint_utils.torch = _TorchReadingWeightsOnly()
 
@@ -108,20 +112,20 @@ def _literal(node, refuse):
 
     if isinstance(node, ast.Constant) and isinstance(node.value, _LITERAL_CONSTANTS):
         return node.value, 0
-    if isinstance(node, (ast.Tuple, ast.List)) or isinstance(node, ast.Dict) and None not in node.keys:
-        is_dict = isinstance(node, ast.Dict)
-        parts = [_literal(child, refuse) for child in (node.keys + node.values if is_dict else node.elts)]
+    if isinstance(node, (ast.Tuple, ast.List)):
+        parts = [_literal(child, refuse) for child in node.elts]
+        items = bounded(len(parts) + sum(count for _, count in parts))
         values = [value for value, _ in parts]
-        items = len(parts) // (2 if is_dict else 1) + sum(count for _, count in parts)
-        if not is_dict:
-            return tuple(values) if isinstance(node, ast.Tuple) else values, bounded(items)
-        keys = values[:len(node.keys)]
+        return (tuple(values) if isinstance(node, ast.Tuple) else values), items
+    if isinstance(node, ast.Dict) and None not in node.keys:  # an entry counts once, not as a key and a value
+        (keys, key_items), (values, value_items) = (_literal(ast.Tuple(node.keys), refuse),
+                                                    _literal(ast.List(node.values), refuse))
         for key in keys:
             try:
                 hash(key)
             except TypeError:
                 raise refuse(f"the dict key {key!r} is not hashable") from None
-        return dict(zip(keys, values[len(keys):])), bounded(items)
+        return dict(zip(keys, values)), bounded(key_items + value_items - len(keys))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         operand, _ = _literal(node.operand, refuse)
         if isinstance(operand, (int, float)) and not isinstance(operand, bool):
@@ -129,8 +133,7 @@ def _literal(node, refuse):
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
         (left, left_items), (right, right_items) = _literal(node.left, refuse), _literal(node.right, refuse)
         if isinstance(node.op, ast.Add) and isinstance(left, (list, tuple)) and type(left) is type(right):
-            items = bounded(left_items + right_items)
-            return left + right, items
+            return left + right, bounded(left_items + right_items)
         sequence, items, count = (left, left_items, right) if isinstance(left, (list, tuple)) \
             else (right, right_items, left)
         if isinstance(node.op, ast.Mult) and isinstance(sequence, (list, tuple)) and type(count) is int \
@@ -168,35 +171,27 @@ _ABSENT = object()
 def stored_value(section, field: str):
     """``field`` of a stored Namespace, omegaconf node or dict; ``_ABSENT`` when it has none or its
     interpolation does not resolve (then fairseq cannot read it either)."""
-    from omegaconf.errors import OmegaConfBaseException
-
     if isinstance(section, argparse.Namespace):
-        return getattr(section, field, _ABSENT)
-    if not isinstance(section, (dict, DictConfig)) or field not in section:
-        return _ABSENT
+        section = vars(section)
     try:
-        return section[field]
+        return section[field] if isinstance(section, (dict, DictConfig)) and field in section else _ABSENT
     except OmegaConfBaseException:
         return _ABSENT
 
 
 def require_literal_task_and_criterion(state, path):
-    """Refuse, naming ``path`` and the field, a field of :data:`EVALUATED_FIELDS` that is not a literal."""
-    args = state.get("args")
-    sections = [("task", args), ("criterion", args)] if isinstance(args, argparse.Namespace) else []
-    sections += [(name, stored_value(state.get("cfg"), name)) for name in EVALUATED_FIELDS]
-    for name, section in sections:
-        for field, kind in EVALUATED_FIELDS[name].items():
-            text = stored_value(section, field)
-            if not isinstance(text, str):
-                continue
-            where = f"checkpoint {path}: {name} {field}"
-            evaluated = f"fairseq would evaluate it when building the {name}"
+    """Refuse, naming ``path`` and the field, a field of :data:`EVALUATED_FIELDS` that is not a literal, in the
+    legacy flat ``args`` or the ``cfg`` section."""
+    for name, fields in EVALUATED_FIELDS.items():
+        evaluated = f"fairseq would evaluate it when building the {name}"
+        for section, (field, kind) in itertools.product((state.get("args"), stored_value(state.get("cfg"), name)),
+                                                        fields.items()):
+            text, where = stored_value(section, field), f"checkpoint {path}: {name} {field}"
             try:
                 value = parse_config_literal(text, where)
             except ConfigurationError as error:
                 value = error
-            if kind is bool and not isinstance(value, bool):
+            if kind is bool and isinstance(text, str) and not isinstance(value, bool):
                 raise ConfigurationError(f"{where} {text!r} is not True or False; {evaluated}")
             if isinstance(value, ConfigurationError):
                 raise ConfigurationError(f"{value}; {evaluated}")
@@ -214,10 +209,7 @@ def forget_embedding_files(state):
         places += [(stored_value(config, side), "embed_path") for side in ("encoder", "decoder")]
         for section, field in places:
             if stored_value(section, field) not in (_ABSENT, None):
-                if isinstance(section, argparse.Namespace):
-                    setattr(section, field, None)
-                else:
-                    section[field] = None
+                (vars(section) if isinstance(section, argparse.Namespace) else section)[field] = None
 
 
 # --- the structure a checkpoint was trained with ---------------------------------------------
@@ -238,11 +230,8 @@ ARCHITECTURE_FIELDS = ("_name", "arch")
 
 
 def architecture(model_config):
-    for field in ARCHITECTURE_FIELDS:
-        value = stored_value(model_config, field)
-        if isinstance(value, str):
-            return value
-    return None
+    names = [stored_value(model_config, field) for field in ARCHITECTURE_FIELDS]
+    return next((name for name in names if isinstance(name, str)), None)
 
 
 def structural_flags(model_config):
@@ -320,9 +309,9 @@ def require_known_architecture(state, path):
 # fresh; so may a ``model.load_state_dict(...)`` in code, the caller's own initialisation.
 
 class _Load:
-    def __init__(self, fine_tuning=False, overrides_checked=False, resumed_with=None, hub=False):
-        self.fine_tuning, self.overrides_checked, self.hub = fine_tuning, overrides_checked, hub
-        self.resumed_with = resumed_with  # the command line's model configuration of a resumed training
+    def __init__(self, fine_tuning=False, resumed_with=None, hub=False):
+        self.fine_tuning, self.hub = fine_tuning, hub
+        self.resumed_with = resumed_with  # the command line's model configuration of a training (fairseq-train)
         self.conflicts = []  # structural changes found by the reader
 
 
@@ -363,12 +352,12 @@ def _checked_reader(read):
         require_literal_task_and_criterion(state, path)
         forget_embedding_files(state)
         load = _load.get()
-        if load and load.overrides_checked and arg_overrides and \
+        if load and arg_overrides and \
                 {*structure(stored_model_config(state)), *ARCHITECTURE_FIELDS} & set(arg_overrides):
             # the state holds the overridden values: read the stored ones (only for such overrides)
             stored = stored_model_config(read(path, None, load_on_all_ranks))
             load.conflicts.extend(structural_override_errors(path, stored, arg_overrides))
-        if load and load.resumed_with is not None:
+        if load and load.resumed_with is not None and not load.fine_tuning:  # fine-tuning changes it on purpose
             load.conflicts.extend(ConfigurationError(
                 f"fairseq-train resumes from {path}, trained with {flag} {trained!r}, but the command line gives "
                 f"{flag} {given!r}: a structural flag cannot change when training resumes; train into another "
@@ -380,13 +369,13 @@ def _checked_reader(read):
     return load_checkpoint_to_cpu
 
 
-def _recording(entry_point, describe, after=None):
-    """``entry_point`` run with the :class:`_Load` ``describe(*args, **kwargs)`` recorded; the first
-    structural change found is raised, also instead of the error of a load it made fail, unless that
-    error is the plugin's own (the error of missing parameters names them)."""
+def _recording(entry_point, describe=None, after=None):
+    """``entry_point`` run with the :class:`_Load` ``describe(*args, **kwargs)`` (else a plain one) recorded. The first
+    structural change found, or error ``after(loaded, *args, **kwargs)`` finds, is raised, also instead of the error
+    of a load it made fail unless that error is the plugin's own (the error of missing parameters names them)."""
     @functools.wraps(entry_point)
     def wrapper(*args, **kwargs):
-        load = describe(*args, **kwargs)
+        load = describe(*args, **kwargs) if describe else _Load()
         token = _load.set(load)
         try:
             loaded = entry_point(*args, **kwargs)
@@ -397,7 +386,7 @@ def _recording(entry_point, describe, after=None):
         finally:
             _load.reset(token)
         if after:
-            load.conflicts.extend(after(load, loaded, *args, **kwargs))
+            load.conflicts.extend(after(loaded, *args, **kwargs))
         if load.conflicts:
             raise load.conflicts[0]
         return loaded
@@ -405,23 +394,17 @@ def _recording(entry_point, describe, after=None):
     return wrapper
 
 
-def _training_load(cfg, trainer, **passthrough_args):
-    """fine-tuning starts a new configuration on purpose; resuming compares the command line's."""
-    fine_tuning = starts_from_pretrained_model(cfg, trainer)
-    return _Load(fine_tuning=fine_tuning, resumed_with=None if fine_tuning else trainer.cfg.model)
-
-
 # --- hub models read and fetch only the files the user names ----------------------------------
 # ``from_pretrained`` builds the loaded configuration's BPE, which reads or downloads its files, and
 # reads the ``generation.replace_unk`` dictionary: such a setting must come from the keywords (or be
 # the BPE's default). fairseq's tokenizers read no files.
 
-def _hub_file_setting_errors(load, loaded, filenames, arg_overrides=None, *args, **kwargs):
-    """An error for each setting of the loaded configuration that reads or fetches files and that the keywords
-    (``arg_overrides``) do not give."""
+def _hub_file_setting_errors(loaded, filenames, arg_overrides=None, *args, **kwargs):
+    """In a hub load (``from_pretrained``'s, recorded around this one), an error for each setting of the loaded
+    configuration that reads or fetches files and that the keywords (``arg_overrides``) do not give."""
     from fairseq.registry import REGISTRIES
 
-    if not load.hub:
+    if not getattr(_load.get(), "hub", False):
         return []
     cfg, overrides, found = loaded[1], arg_overrides or {}, []
     bpe = stored_value(cfg, "bpe")
@@ -452,11 +435,10 @@ def check_loaded_configurations():
     if getattr(checkpoint_utils.load_checkpoint_to_cpu, "checks_loaded_configurations", False):
         return
     checkpoint_utils.load_checkpoint_to_cpu = _checked_reader(checkpoint_utils.load_checkpoint_to_cpu)
-    checkpoint_utils.load_model_ensemble_and_task = _recording(
-        checkpoint_utils.load_model_ensemble_and_task,
-        lambda *args, **kwargs: _Load(overrides_checked=True, hub=getattr(_load.get(), "hub", False)),  # in a hub load?
-        after=_hub_file_setting_errors)
-    checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, _training_load)
+    checkpoint_utils.load_model_ensemble_and_task = _recording(checkpoint_utils.load_model_ensemble_and_task,
+                                                               after=_hub_file_setting_errors)
+    checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, lambda cfg, trainer, **kwargs: (
+        _Load(fine_tuning=starts_from_pretrained_model(cfg, trainer), resumed_with=trainer.cfg.model)))
     hub_utils.from_pretrained = _recording(hub_utils.from_pretrained, lambda *args, **kwargs: _Load(hub=True))
 
 
@@ -467,10 +449,8 @@ def check_loaded_configurations():
 def configuration_error(error):
     """``error`` or the one it was raised while handling (fairseq's trainer re-raises a failed load),
     whichever is a :class:`ConfigurationError`; else None."""
-    for candidate in (error, error.__cause__ or error.__context__):
-        if isinstance(candidate, ConfigurationError):
-            return candidate
-    return None
+    candidates = (error, error.__cause__ or error.__context__)
+    return next((candidate for candidate in candidates if isinstance(candidate, ConfigurationError)), None)
 
 
 def print_configuration_errors_in_one_line():

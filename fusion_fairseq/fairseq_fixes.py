@@ -100,17 +100,19 @@ _LEFT_OVER = ("set by torchrun; a shell they were left in trains in one process 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def whole_number(number, lowest, highest, named, note=""):
+    """``number`` if it is a whole number from ``lowest`` to ``highest`` (None: no bound), else a one-line error
+    naming it (``named``: the flag or variable and its value)."""
+    if type(number) is not int or number < lowest or (highest is not None and number > highest):
+        allowed = f"from {lowest} to {highest}" if highest is not None else f"of {lowest} or more"
+        raise ConfigurationError(f"{named}: a whole number {allowed} is allowed{note}")
+    return number
+
+
 def environment_number(name, lowest, highest=None):
     value = os.environ[name]
-    try:
-        number = int(value.strip())
-    except ValueError:
-        number = None
-    if number is None or number < lowest or (highest is not None and number > highest):
-        allowed = f"from {lowest} to {highest}" if highest is not None else f"of {lowest} or more"
-        raise ConfigurationError(f"{name}={value!r} in the environment: a whole number {allowed} is allowed "
-                                 f"({_LEFT_OVER})")
-    return number
+    number = int(value) if value.strip().removeprefix("-").isdecimal() else None
+    return whole_number(number, lowest, highest, f"{name}={value!r} in the environment", f" ({_LEFT_OVER})")
 
 
 def environment_world():
@@ -119,9 +121,8 @@ def environment_world():
         return None
     world_size, rank = environment_number("WORLD_SIZE", 1), environment_number("RANK", 0)
     port = environment_number("MASTER_PORT", 1, 65535)
-    if rank >= world_size:
-        raise ConfigurationError(f"RANK={rank} in the environment with WORLD_SIZE={world_size}: a rank from 0 to "
-                                 f"{world_size - 1} is allowed ({_LEFT_OVER})")
+    whole_number(rank, 0, world_size - 1, f"RANK={rank} in the environment with WORLD_SIZE={world_size}",
+                 f" ({_LEFT_OVER})")
     host = os.environ["MASTER_ADDR"].strip()
     if not host:
         raise ConfigurationError(f"MASTER_ADDR={os.environ['MASTER_ADDR']!r} in the environment: the address of "
@@ -145,9 +146,7 @@ def loopback_tcp_address(init_method):
         port = url.port
     except ValueError:  # not a number, or out of range
         port = None
-    if not port:
-        raise ConfigurationError(f"--distributed-init-method {init_method}: a tcp:// address needs a port from 1 to "
-                                 "65535 (tcp://127.0.0.1:PORT)")
+    whole_number(port, 1, 65535, f"--distributed-init-method {init_method}", " as its port (tcp://127.0.0.1:PORT)")
     return ("127.0.0.1" if url.hostname == "localhost" else url.hostname), port
 
 
@@ -178,7 +177,7 @@ def wait_for_listener(host, port, deadline):
             time.sleep(0.5)
 
 
-def meet(backend, host, port, rank, world_size, hosts_store, origin, advice=""):
+def meet(backend, host, port, rank, world_size, hosts_store, origin):
     """The process group of ``rank``, made before fairseq's ``distributed_init`` (which keeps it): with
     ``hosts_store`` this rank serves the store, on a loopback ``host`` there only, where gloo uses ``lo``
     too. A rendezvous that fails within :data:`RENDEZVOUS_SECONDS` is one line starting with ``origin``."""
@@ -203,7 +202,7 @@ def meet(backend, host, port, rank, world_size, hosts_store, origin, advice=""):
     except (torch.distributed.DistError, TimeoutError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigurationError(f"{origin}: the {world_size} ranks did not all meet at {host}:{port} within "
-                                 f"{RENDEZVOUS_SECONDS} s (rank {rank}: {reason}){advice}") from None
+                                 f"{RENDEZVOUS_SECONDS} s (rank {rank}: {reason})") from None
     store.set_timeout(torch.distributed.default_pg_timeout)  # torch's, for the groups fairseq makes later
     warnings.filterwarnings("ignore", message=re.escape(_GROUP_EXISTS))  # fairseq's, finding this group
     logger.info(f"initialized host {socket.gethostname()} as rank {rank}")
@@ -236,17 +235,15 @@ def spawn_cpu_processes(cfg, main, kwargs):
         raise ConfigurationError(f"--distributed-rank {distributed.distributed_rank}: fairseq-train --cpu "
                                  f"--distributed-world-size {world_size} starts ranks 0 to {world_size - 1} itself; "
                                  "give a rank only with --distributed-no-spawn")
-    address = store = None
+    store = None
     if init_method is None:
         port = distributed.distributed_port
-        if port > 65535:
-            raise ConfigurationError(f"--distributed-port {port}: a port from 1 to 65535 is allowed "
-                                     "(none: a free one)")
-        address = ("127.0.0.1", max(port, 0), f"--distributed-port {port}")
-    elif loopback_tcp_address(init_method):
-        address = (*loopback_tcp_address(init_method), f"--distributed-init-method {init_method}")
+        named = f"--distributed-port {port}"
+        address = ("127.0.0.1", whole_number(max(port, 0), 0, 65535, named, " (0 or none: a free one)"))
+    else:  # an address elsewhere: fairseq's own rendezvous
+        address, named = loopback_tcp_address(init_method), f"--distributed-init-method {init_method}"
     if address is not None:
-        store = loopback_store(*address, None, torch.distributed.default_pg_timeout, wait_for_workers=False)
+        store = loopback_store(*address, named, None, torch.distributed.default_pg_timeout, wait_for_workers=False)
         host = address[0]
         distributed.distributed_init_method = f"tcp://{f'[{host}]' if ':' in host else host}:{store.port}"
     kwargs["start_rank"] = 0
@@ -273,9 +270,7 @@ def with_cpu_processes(call_main):
     def wrapper(cfg, main, **kwargs):
         distributed = cfg.distributed_training
         world_size, init_method = distributed.distributed_world_size, distributed.distributed_init_method
-        if world_size < 1:
-            raise ConfigurationError(f"--distributed-world-size {world_size}: the number of processes to train in "
-                                     "must be 1 or more")
+        whole_number(world_size, 1, None, f"--distributed-world-size {world_size}")
         if cfg.common.tpu or not (cfg.common.cpu or not torch.cuda.is_available()):  # fairseq's Trainer's rule
             return call_main(cfg, main, **kwargs)
         if distributed.distributed_backend == "nccl":  # fairseq's default; NCCL moves CUDA tensors only
@@ -288,18 +283,16 @@ def with_cpu_processes(call_main):
             agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent serves it
             variables = " ".join(f"{name}={os.environ[name]}" for name in TORCHRUN_VARIABLES)
             meet(distributed.distributed_backend, host, port, rank, world_size,
-                 hosts_store=rank == 0 and not agent_store, origin=f"the environment's {variables}",
-                 advice=f"; the variables are {_LEFT_OVER}")
+                 hosts_store=rank == 0 and not agent_store, origin=f"the environment's {variables} ({_LEFT_OVER})")
             call_main(cfg, main, **kwargs)
             return leave_process_group()
         if world_size > 1 and not distributed.distributed_no_spawn:
             return spawn_cpu_processes(cfg, main, kwargs)
         address = init_method and loopback_tcp_address(init_method)
         if world_size > 1 and address:  # one rank of a world started by hand
-            rank = distributed.distributed_rank
-            if not 0 <= rank < world_size:
-                raise ConfigurationError(f"--distributed-rank {rank}: a rank from 0 to {world_size - 1} is allowed "
-                                         f"with --distributed-world-size {world_size}")
+            rank = whole_number(distributed.distributed_rank, 0, world_size - 1,
+                                f"--distributed-rank {distributed.distributed_rank}",
+                                f" with --distributed-world-size {world_size}")
             meet(distributed.distributed_backend, *address, rank, world_size, hosts_store=rank == 0,
                  origin=f"--distributed-init-method {init_method}")
         return call_main(cfg, main, **kwargs)
@@ -326,7 +319,6 @@ class DistributedDataParallelOnCpu(torch.nn.parallel.DistributedDataParallel):
 def train_in_cpu_processes():
     _wrap_once(distributed_utils, "call_main", with_cpu_processes, "_trains_in_cpu_processes")
     distributed_fairseq_model.DistributedDataParallel = DistributedDataParallelOnCpu
-    torch.serialization.add_safe_globals([distributed_utils._TensorPlaceholder])  # resuming on several ranks
 
 
 # --- bfloat16 without a TPU ------------------------------------------------------------------

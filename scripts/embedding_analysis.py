@@ -15,16 +15,12 @@ import argparse
 import math
 import os
 import sys
-from typing import Dict, List, Tuple
+
+import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, checkpoint_setting, format_matrix, \
     load_model, pyplot, script_main, write_outputs  # noqa: E402
-
-plt = pyplot()
-import matplotlib.ticker  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 MATRICES = ("encoder", "decoder", "output")
 THRESHOLD = 0.1  # index_below: the first i with s_i / s_1 below it
@@ -49,15 +45,14 @@ def parse_args(argv=None):
     cosine.add_argument("--dict", required=True, help="bilingual dictionary: 'source_word target_word' per line")
     cosine.add_argument("--target-embedding", choices=("input", "output"), default="input",
                         help="target rows from the decoder input embeddings (default) or the output projection")
-    args = parser.parse_args(argv)
-    if args.label is not None and len(args.label) != len(args.path):
-        parser.error(f"--label was given {len(args.label)} times for {len(args.path)} --path; give one per --path")
-    return args
+    return parser.parse_args(argv)
 
 
 def checkpoints(args):
     """``(path, label, model, cfg, task)`` of each ``--path`` in turn; the label is ``--label``, else the file
     name, with its directory where two are alike (checkpoint_best.pt of two runs)."""
+    if args.label is not None and len(args.label) != len(args.path):
+        raise UsageError(f"--label was given {len(args.label)} times for {len(args.path)} --path; give one per --path")
     labels = args.label or [os.path.basename(path) for path in args.path]
     if len(set(labels)) < len(labels) and not args.label:
         labels = [os.path.join(os.path.basename(os.path.dirname(os.path.abspath(p))), n)
@@ -66,7 +61,7 @@ def checkpoints(args):
         yield (path, label, *load_model(path, args.data, args.user_dir))
 
 
-def embedding_matrices(model, path: str, needed) -> Dict[str, torch.Tensor]:
+def embedding_matrices(model, path: str, needed) -> dict[str, torch.Tensor]:
     """The encoder / decoder / output weight tensors of a fairseq encoder-decoder model; an error
     when one of ``needed`` is missing."""
     decoder = getattr(model, "decoder", None)
@@ -79,12 +74,7 @@ def embedding_matrices(model, path: str, needed) -> Dict[str, torch.Tensor]:
     return matrices
 
 
-def storage(tensor: torch.Tensor):
-    """What tied matrices share: one memory of one shape."""
-    return tensor.data_ptr(), tuple(tensor.shape)
-
-
-def spectrum_curve(matrix: torch.Tensor) -> Dict:
+def spectrum_curve(matrix: torch.Tensor) -> dict:
     """s_i / s_1 from largest to smallest (float64) and its summary: ``auc``, their mean (1 for a
     flat spectrum); ``index_below``, the first i with s_i / s_1 < THRESHOLD; ``min``, s_k / s_1."""
     values = torch.linalg.svdvals(matrix.detach().double().cpu())  # in descending order
@@ -99,46 +89,40 @@ def spectrum_curve(matrix: torch.Tensor) -> Dict:
 
 
 def attention_split(model, cfg, path: str):
-    """(M, more, less, random halves of the encoder embedding's dimensions), by w[M, 0, d] of the top
-    decoder layer M; the random half is the same on every run."""
+    """``[(name, dimensions)]`` of the more and the less attended half of the encoder embedding's dimensions,
+    by w[M, 0, d] of the top decoder layer M, and of a random half, the same on every run."""
     checkpoint_setting(cfg.model, "layer-attention", ("fine",), f"--split-by-attention: --path {path}",
                        "there are no per-dimension weights to order the dimensions by")
-    attention = model.decoder.layer_attention.eval()
-    with torch.no_grad():
-        weights = attention.weights().float()  # (M, N+1, D)
+    weights = model.decoder.layer_attention.weights().detach().float()  # (M, N+1, D); eval mode: no DropConnect
     order = torch.argsort(weights[-1, 0], descending=True, stable=True)
     half = order.numel() // 2
     random = torch.randperm(order.numel(), generator=torch.Generator().manual_seed(1))[:half]
-    return weights.size(0), order[:half], order[-half:], torch.sort(random).values
+    m = weights.size(0)
+    return [(f"more attended (w[{m},Emb,d])", order[:half]), (f"less attended (w[{m},Emb,d])", order[-half:]),
+            ("random dims", torch.sort(random).values)]
 
 
-def run_spectrum(args) -> Dict:
-    which = args.which
-    if which is None:
-        names = [] if args.split_by_attention else list(MATRICES)
-    else:
-        names = [name.strip() for name in which.split(",") if name.strip()]
-        for name in names:
-            if name not in MATRICES:
-                raise UsageError(f"--which {which}: unknown matrix {name!r}; choose from {', '.join(MATRICES)}")
+def run_spectrum(args) -> dict:
+    which = args.which if args.which is not None else "" if args.split_by_attention else ",".join(MATRICES)
+    names = [name.strip() for name in which.split(",") if name.strip()]
+    for name in names:
+        if name not in MATRICES:
+            raise UsageError(f"--which {which}: unknown matrix {name!r}; choose from {', '.join(MATRICES)}")
     if not names and not args.split_by_attention:
         raise UsageError(f"--which {which!r}: no matrix to analyse")
 
     curves = []
     for path, label, model, cfg, _ in checkpoints(args):
         matrices = embedding_matrices(model, path, names + ["encoder"] * args.split_by_attention)
-        tied = {}  # the matrices that are one parameter are analysed once, e.g. as ('encoder=decoder', E)
+        tied = {}  # the matrices that are one parameter (one memory) are analysed once, e.g. as 'encoder=decoder'
         for name in names:
-            tied.setdefault(storage(matrices[name]), []).append(name)
-        entries = [("=".join(group), matrices[group[0]], None) for group in tied.values()]
+            tied.setdefault(matrices[name].data_ptr(), []).append(name)
+        entries = [("=".join(group), matrices[group[0]], {}) for group in tied.values()]
         if args.split_by_attention:
-            m, more, less, random = attention_split(model, cfg, path)
-            for name, dims in ((f"more attended (w[{m},Emb,d])", more), (f"less attended (w[{m},Emb,d])", less),
-                               ("random dims", random)):
-                entries.append((name, matrices["encoder"][:, dims], dims.tolist()))
-        for name, tensor, dims in entries:
-            curves.append({"checkpoint": path, "label": label, "matrix": name, **spectrum_curve(tensor),
-                           **({} if dims is None else {"dims": dims})})
+            entries += [(name, matrices["encoder"][:, dims], {"dims": dims.tolist()})
+                        for name, dims in attention_split(model, cfg, path)]
+        curves += [{"checkpoint": path, "label": label, "matrix": name, **spectrum_curve(tensor), **dims}
+                   for name, tensor, dims in entries]
 
     title = (f"normalised singular values s_i/s_1 of the embedding matrices (rows = words); auc = mean of s_i/s_1 "
              f"(area under the curve, index scaled to [0,1]); below{THRESHOLD:g} = first index i with "
@@ -151,23 +135,20 @@ def run_spectrum(args) -> Dict:
                          plot_spectrum(curves, args.x_axis))
 
 
-def plot_spectrum(curves: List[Dict], x_axis: str):
-    fig, ax = plt.subplots(figsize=(5.6, 3.8), layout="constrained")
+def plot_spectrum(curves: list[dict], x_axis: str):
+    fig, ax = pyplot().subplots(figsize=(5.6, 3.8), layout="constrained")
     checkpoints = list(dict.fromkeys(c["checkpoint"] for c in curves))
     several = len(checkpoints) > 1
     styles = ["-", "--", ":", "-."]
     for c in curves:
-        k = c["k"]
-        xs = [(i + 1) / k for i in range(k)] if x_axis == "fraction" else list(range(1, k + 1))
-        label = f"{c['label']}: {c['matrix']}" if several else c["matrix"]
-        ax.plot(xs, c["normalized"], styles[checkpoints.index(c["checkpoint"]) % len(styles)], label=label,
-                linewidth=1.4)
+        xs = [i / (c["k"] if x_axis == "fraction" else 1) for i in range(1, c["k"] + 1)]
+        ax.plot(xs, c["normalized"], styles[checkpoints.index(c["checkpoint"]) % len(styles)], linewidth=1.4,
+                label=f"{c['label']}: {c['matrix']}" if several else c["matrix"])
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
-    low = min(min(c["normalized"]) for c in curves)
-    if low > 0.02:  # a decade or so: label the minor ticks 2 and 5 too
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}" if round(
-            value / 10 ** math.floor(math.log10(value) + 1e-9)) in (2, 5) else ""))
+    ax.yaxis.set_major_formatter("{x:g}")
+    if min(min(c["normalized"]) for c in curves) > 0.02:  # a decade or so: label the minor ticks 2 and 5 too
+        ax.yaxis.set_minor_formatter(lambda value, _: f"{value:g}" if round(
+            value / 10 ** math.floor(math.log10(value) + 1e-9)) in (2, 5) else "")
     ax.set_xlabel("Index of Singular Value" + (" / k" if x_axis == "fraction" else ""), fontsize=9)
     ax.set_ylabel("normalised singular value s_i / s_1 (log scale)", fontsize=8)
     ax.set_title("Singular values of the embeddings" + ("" if several else f": {curves[0]['label']}"), fontsize=9)
@@ -177,7 +158,7 @@ def plot_spectrum(curves: List[Dict], x_axis: str):
     return fig
 
 
-def read_bilingual_dict(path: str) -> Tuple[List[Tuple[str, str]], int]:
+def read_bilingual_dict(path: str) -> tuple[list[tuple[str, str]], int]:
     """Distinct (source, target) pairs in file order, and the number of pair lines read."""
     if not os.path.isfile(path):
         raise UsageError(f"--dict {path}: no such file")
@@ -198,7 +179,7 @@ def read_bilingual_dict(path: str) -> Tuple[List[Tuple[str, str]], int]:
     return pairs, lines
 
 
-def aligned_cosine(model, path: str, task, pairs: List[Tuple[str, str]], args) -> Dict:
+def aligned_cosine(model, path: str, task, pairs: list[tuple[str, str]], args) -> dict:
     target_name = "decoder" if args.target_embedding == "input" else "output"
     matrices = embedding_matrices(model, path, ["encoder", target_name])
     source, target = matrices["encoder"], matrices[target_name]
@@ -212,11 +193,10 @@ def aligned_cosine(model, path: str, task, pairs: List[Tuple[str, str]], args) -
     if not used:
         raise UsageError(f"--dict {args.dict}: none of its {len(pairs)} pairs has both words in the dictionaries "
                          f"(source: {len(src_dict)} types, target: {len(tgt_dict)} types)")
-    with torch.no_grad():
-        cosines = F.cosine_similarity(source.detach().float()[[src_dict.index(s) for s, _ in used]],
+    cosines = torch.cosine_similarity(source.detach().float()[[src_dict.index(s) for s, _ in used]],
                                       target.detach().float()[[tgt_dict.index(t) for _, t in used]], dim=-1)
     non_shared = [i for i, (s, t) in enumerate(used) if s != t]
-    return {"shared_embeddings": storage(source) == storage(target),
+    return {"shared_embeddings": source.data_ptr() == target.data_ptr(),
             "joined_dictionary": src_dict is tgt_dict or src_dict.symbols == tgt_dict.symbols,
             "target_embedding": args.target_embedding, "pairs": len(pairs), "used": len(used),
             "skipped": len(pairs) - len(used), "source_oov": len(src_oov), "target_oov": len(tgt_oov),
@@ -226,7 +206,7 @@ def aligned_cosine(model, path: str, task, pairs: List[Tuple[str, str]], args) -
             "per_pair": [{"source": s, "target": t, "cosine": float(c)} for (s, t), c in zip(used, cosines)]}
 
 
-def run_cosine(args) -> Dict:
+def run_cosine(args) -> dict:
     pairs, lines = read_bilingual_dict(args.dict)
     rows = [{"checkpoint": path, "label": label, **aligned_cosine(model, path, task, pairs, args)}
             for path, label, model, _, task in checkpoints(args)]

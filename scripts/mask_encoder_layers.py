@@ -5,10 +5,11 @@ fairseq-generate run.
 
 For each encoder layer n = 0 ("Emb") .. N, and once unmasked, the real ``fairseq-generate`` runs with
 ``--model-overrides "{'mask_encoder_layer': n}"``, which zeroes layer n's layer-attention weight and renormalises
-the others. ``--required-batch-size-multiple 1`` is added unless given: with a larger multiple this fairseq drops a
-last, smaller batch. Per run: fairseq-generate's own ``BLEU4`` line, sacreBLEU of the H- against the T- strings,
-tokens per H- string and the mean hypothesis score, which tells masked and unmasked runs apart even when the strings
-coincide; changes are 100 * (masked - unmasked) / unmasked percent. Exit status 1 when a run fails.
+the others. ``--required-batch-size-multiple 1`` comes before the forwarded flags, which may override it: with a
+larger multiple this fairseq drops a last, smaller batch. Per run: fairseq-generate's own ``BLEU4`` line, sacreBLEU
+of the H- against the T- strings, tokens per H- string and the mean hypothesis score, which tells masked and unmasked
+runs apart even when the strings coincide; changes are 100 * (masked - unmasked) / unmasked percent. Exit status 1
+when a run fails.
 """
 
 import glob
@@ -16,18 +17,15 @@ import os
 import re
 import subprocess
 import sys
-from typing import Dict, List, Optional
+
+import sacrebleu
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.checkpoint_safety import stored_model_config  # noqa: E402
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
-from fusion_fairseq.tools.analysis import ReportedError, UsageError, check_data_dir, check_masked_layer, \
-    checkpoint_setting, finite, format_matrix, number, positive, pyplot, read_checkpoint, run_parallel, \
-    script_main, script_parser, write_outputs  # noqa: E402
+from fusion_fairseq.tools.analysis import ReportedError, UsageError, checkpoint_setting, finite, format_matrix, \
+    number, positive, pyplot, read_checkpoint, run_parallel, script_main, script_parser, write_outputs  # noqa: E402
 from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
-
-plt = pyplot()
-import matplotlib.ticker  # noqa: E402
 
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
 LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")
@@ -39,7 +37,7 @@ FORBIDDEN_FORWARDED = {
 }
 
 
-def parse_args(argv: Optional[List[str]] = None):
+def parse_args(argv: list[str] | None = None):
     parser = script_parser(__doc__, allow_abbrev=False, data_required=True, out_required=False, user_dir=False)
     parser.add_argument("--gen-subset", default="test", help="subset to translate (default: test)")
     parser.add_argument("--beam", type=positive(int, "--beam"), default=4, help="beam size (default: 4, Ro-En)")
@@ -63,35 +61,31 @@ def parse_args(argv: Optional[List[str]] = None):
     return args
 
 
-def layers_to_mask(spec: Optional[str], num_encoder_layers: int) -> List[int]:
+def layers_to_mask(spec: str | None, num_encoder_layers: int) -> list[int]:
     if spec is None:
         return list(range(num_encoder_layers + 1))
-    layers = []
-    for item in spec.split(","):
-        item = "0" if item.strip().lower() == "emb" else item.strip()
-        try:
-            layer = int(item)
-        except ValueError:
+    items = ["0" if item.strip().lower() == "emb" else item.strip() for item in spec.split(",")]
+    for item in items:
+        if not re.fullmatch(r"-?\d+", item):
             raise UsageError(f"--layers {spec}: {item!r} is not an encoder layer index (0 = Emb .. "
-                             f"{num_encoder_layers})") from None
-        check_masked_layer(layer, num_encoder_layers, f"--layers {spec}: ")
-        layers.append(layer)
-    return list(dict.fromkeys(layers))
+                             f"{num_encoder_layers})")
+        if not 0 <= int(item) <= num_encoder_layers:  # the model's own message (check_fusion_args)
+            raise UsageError(f"--layers {spec}: --mask-encoder-layer {int(item)} does not exist: the encoder has "
+                             f"layers 0 (embedding) to {num_encoder_layers}")
+    return list(dict.fromkeys(map(int, items)))
 
 
-def layer_label(layer: Optional[int]) -> str:
+def layer_label(layer: int | None) -> str:
     return "none" if layer is None else ("Emb" if layer == 0 else str(layer))
 
 
-def run_generate(args, layer: Optional[int]) -> Dict:
+def run_generate(args, layer: int | None) -> dict:
     command = [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", plugin_user_dir(),
                "--path", args.path, "--gen-subset", args.gen_subset, "--beam", str(args.beam),
                "--lenpen", str(args.lenpen), "--model-overrides", repr({"mask_encoder_layer": layer})]
     if args.remove_bpe is not None:
         command += ["--remove-bpe", args.remove_bpe]
-    if not any(flag.split("=", 1)[0] == "--required-batch-size-multiple" for flag in args.forwarded):
-        command += ["--required-batch-size-multiple", "1"]
-    command += args.forwarded
+    command += ["--required-batch-size-multiple", "1", *args.forwarded]  # the last of a flag given twice counts
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if args.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
@@ -99,7 +93,8 @@ def run_generate(args, layer: Optional[int]) -> Dict:
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) ran past --timeout {args.timeout}s")
-    if args.keep_outputs:
+    if args.keep_outputs:  # a directory, made if missing
+        os.makedirs(args.keep_outputs, exist_ok=True)
         with open(os.path.join(args.keep_outputs, f"generate-{layer_label(layer)}.txt"), "w") as handle:
             handle.write(result.stdout)
     if result.returncode != 0:
@@ -111,7 +106,7 @@ def run_generate(args, layer: Optional[int]) -> Dict:
     return {**scores, "command": command}
 
 
-def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
+def parse_generate_output(stdout: str, stderr: str, subset: str) -> dict:
     hypotheses, targets = {}, {}  # sentence id -> (score, H- string) / T- string
     for line in stdout.splitlines():
         fields = line.split("\t") + [""]
@@ -121,12 +116,8 @@ def parse_generate_output(stdout: str, stderr: str, subset: str) -> Dict:
             targets[int(fields[0][2:])] = fields[1]
     ids = sorted(hypotheses)
     strings = [hypotheses[i][1] for i in ids]
-    sacrebleu_score = None
-    if ids and all(i in targets for i in ids):
-        import sacrebleu
-
-        sacrebleu_score = float(sacrebleu.corpus_bleu(strings, [[targets[i] for i in ids]],
-                                                    force=True).score)  # tokenised on purpose: no warning
+    scored = ids and all(i in targets for i in ids)  # force: tokenised text on purpose, no warning
+    sacrebleu_score = sacrebleu.corpus_bleu(strings, [[targets[i] for i in ids]], force=True).score if scored else None
     match = BLEU_LINE.search(stdout)
     return {"bleu": float(match.group(1)) if match else None, "sacrebleu": sacrebleu_score,
             "avg_len": sum(len(h.split()) for h in strings) / len(ids) if ids else 0.0,
@@ -141,13 +132,13 @@ COLUMNS = {"BLEU": ("bleu", ".2f"), "dBLEU%": ("bleu_change_pct", "+.2f"), "sacr
            "dlen%": ("len_change_pct", "+.2f"), "avg score": ("avg_score", ".4f"), "sents": ("sentences", "d")}
 
 
-def plot(rows: List[Dict], metric: str, title: str):
+def plot(rows: list[dict], metric: str, title: str):
     masked = [row for row in rows if row["layer"] is not None]
-    colors = plt.get_cmap("viridis")([i / max(1, len(masked) - 1) for i in range(len(masked))])
+    colors = pyplot().get_cmap("viridis")([i / max(1, len(masked) - 1) for i in range(len(masked))])
     metric_name = "BLEU (fairseq BLEU4)" if metric == "bleu" else "BLEU (sacrebleu)"
     panels = [(f"{metric}_change_pct", f"(a) Model performance: {metric_name}"),
               ("len_change_pct", "(b) Length of output")]
-    fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 1.1 * len(masked) + 4.0), 3.4), layout="constrained")
+    fig, axes = pyplot().subplots(1, 2, figsize=(max(7.0, 1.1 * len(masked) + 4.0), 3.4), layout="constrained")
     for ax, (key, panel_title) in zip(axes, panels):
         values = [row[key] for row in masked]
         heights = [0.0 if v is None else v for v in values]
@@ -157,7 +148,7 @@ def plot(rows: List[Dict], metric: str, title: str):
         ax.set_xticks(range(len(masked)), [row["masked"] for row in masked], fontsize=8)
         ax.set_xlabel("masked encoder layer", fontsize=8)
         ax.set_ylabel("relative change to unmasked (%)", fontsize=8)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
+        ax.yaxis.set_major_formatter("{x:g}%")
         ax.tick_params(labelsize=7)
         ax.set_title(panel_title, fontsize=9)
         if any(v is None for v in values):
@@ -169,7 +160,7 @@ def plot(rows: List[Dict], metric: str, title: str):
     return fig
 
 
-def table_row(layer: Optional[int], result: Dict, base: Dict, gen_subset: str) -> Dict:
+def table_row(layer: int | None, result: dict, base: dict, gen_subset: str) -> dict:
     """The scores of a run and their change relative to the unmasked ``base``."""
     if result["subset_size"] is not None and result["sentences"] != result["subset_size"]:
         print(f"warning: mask {layer_label(layer)}: fairseq-generate returned {result['sentences']} hypotheses "
@@ -184,24 +175,22 @@ def table_row(layer: Optional[int], result: Dict, base: Dict, gen_subset: str) -
             "command": result["command"]}
 
 
-def run(args) -> Dict:
-    if args.keep_outputs:  # a directory (made if missing); its earlier generate-*.txt only with --force
+def run(args) -> dict:
+    if args.keep_outputs:  # its earlier generate-*.txt are replaced only with --force
         if os.path.exists(args.keep_outputs) and not os.path.isdir(args.keep_outputs):
             raise UsageError(f"--keep-outputs {args.keep_outputs} is a file; give a directory")
         for earlier in sorted(glob.glob(os.path.join(args.keep_outputs, "generate-*.txt"))):
             refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
-    check_data_dir(args.data)
+    if not os.path.isdir(args.data):
+        raise UsageError(f"--data {args.data}: no such directory")
     config = stored_model_config(read_checkpoint(args.path))
     kind = checkpoint_setting(config, "layer-attention", ("coarse", "fine"), f"--path {args.path}",
                               "there is no layer-attention weight to mask")
     num_encoder_layers = int(config.encoder_layers)
-    runs: List[Optional[int]] = [None] + layers_to_mask(args.layers, num_encoder_layers)
-    if args.keep_outputs:
-        os.makedirs(args.keep_outputs, exist_ok=True)
+    runs: list[int | None] = [None] + layers_to_mask(args.layers, num_encoder_layers)
     results = run_parallel(lambda layer: run_generate(args, layer), runs, args.jobs)
     rows = [table_row(layer, results[layer], results[None], args.gen_subset) for layer in runs]
-    kind_name = "fine-grained" if kind == "fine" else "coarse-grained"
-    print(format_matrix(f"encoder-layer masking ({kind_name} layer attention, encoder layers Emb.."
+    print(format_matrix(f"encoder-layer masking ({kind}-grained layer attention, encoder layers Emb.."
                         f"{num_encoder_layers}): {args.path}\n--gen-subset {args.gen_subset}, beam {args.beam}, "
                         f"lenpen {args.lenpen}, remove-bpe {args.remove_bpe!r}; BLEU = fairseq-generate's BLEU4 "
                         "line, sacreBLEU = sacrebleu on the H-/T- lines;\navg len = mean tokens per H- line; "
@@ -213,7 +202,7 @@ def run(args) -> Dict:
               "encoder_layers": num_encoder_layers, "metric": args.metric,
               "bleu_source": "fairseq-generate's final 'BLEU4 = ' line",
               "sacrebleu_source": "sacrebleu.corpus_bleu on the H-/T- strings (13a tokenisation)", "rows": rows}
-    title = (f"Relative changes when masking one encoder layer: {os.path.basename(args.path)} ({kind_name} layer "
+    title = (f"Relative changes when masking one encoder layer: {os.path.basename(args.path)} ({kind}-grained layer "
              f"attention), {args.gen_subset}, beam {args.beam}")
     return write_outputs(args, result, plot(rows, args.metric, title) if args.out else None)
 

@@ -11,15 +11,14 @@ sigmoid(b_pre), 2 sigmoid(b_post) and SinkhornKnopp(b_res)), side by side. One p
 import os
 import sys
 
+import numpy as np
+import torch
+
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage  # noqa: E402
 from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection, sinkhorn  # noqa: E402
 from fusion_fairseq.tools.analysis import UsageError, heatmap, load_model, pyplot, script_main, script_parser, \
     write_outputs  # noqa: E402
-
-plt = pyplot()
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 
 def connection_matrix(connection) -> np.ndarray:
@@ -54,16 +53,13 @@ def side_weights(model) -> dict:
 
 
 def plot(weights: dict):
-    fig, axes = plt.subplots(len(weights), 1, figsize=(8, 2.6 * len(weights)), layout="constrained", squeeze=False)
+    fig, axes = pyplot().subplots(len(weights), 1, figsize=(8, 2.6 * len(weights)), layout="constrained",
+                                  squeeze=False)
     for ax, (name, matrix) in zip(axes[:, 0], weights.items()):
-        limit = np.nanmax(np.abs(matrix))
-        heatmap(ax, matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, colorbar="weight")
-        ax.set_title(name, fontsize=9)
-        if "DenseFormer" in name:
-            ax.set_xlabel("output X_j (0 = embedding)", fontsize=8)
-            ax.set_ylabel("average after layer", fontsize=8)
-        else:
-            ax.set_xlabel("sublayers, each [[0, B], [A_m, A_r]]", fontsize=8)
+        limit, dense = np.nanmax(np.abs(matrix)), "DenseFormer" in name
+        heatmap(ax, matrix, cmap="RdBu_r", vmin=-limit, vmax=limit, colorbar="weight", title=name,
+                xlabel="output X_j (0 = embedding)" if dense else "sublayers, each [[0, B], [A_m, A_r]]",
+                ylabel="average after layer" if dense else "")
     return fig
 
 
@@ -73,8 +69,7 @@ def run(args) -> dict:
         raise UsageError(f"--path {args.path}: the checkpoint's model has neither DenseFormer averages nor "
                          "hyper-connections; one trained with --denseformer-* or --hyper-connections-* is needed")
     for name, matrix in weights.items():
-        print(name)
-        print(np.array2string(matrix, precision=3, max_line_width=200))
+        print(f"{name}\n{np.array2string(matrix, precision=3, max_line_width=200)}")
     return write_outputs(args, {name: [[None if np.isnan(v) else float(v) for v in row] for row in matrix]
                                 for name, matrix in weights.items()}, plot(weights))
 

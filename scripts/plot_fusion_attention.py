@@ -12,15 +12,12 @@ Rows are l0..lL, or l1..lL for a checkpoint trained with ``--fusion-no-embedding
 import os
 import sys
 
+import torch
+
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.tools.analysis import checkpoint_setting, format_matrix, heatmap, load_model, positive, \
     pyplot, script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
 
-plt = pyplot()
-import torch  # noqa: E402
-
-FUSION_NAMES = {"none": "no fusion, the top layer only", "avg": "average-pooling fusion",
-                "fnn": "single-hidden-layer FNN fusion", "sa": "multi-hop self-attention fusion"}
 X_AXIS = {"predicted": "target word predicted at each position (fed: the previous word, EOS first)",
           "fed": "target word fed into the decoder at each position (EOS first)",
           "both": "target word fed -> word predicted at each position"}
@@ -41,14 +38,11 @@ def hop_title(hop: int) -> str:
 
 def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
     nhop, num_layers, length = weights.shape
-    panel_height = 0.32 * num_layers + 1.1
-    fig, axes = plt.subplots(nhop, 1, figsize=(max(4.0, 0.45 * length + 1.5) + 1.0, panel_height * nhop + 0.6),
-                             squeeze=False, layout="constrained")
+    fig, axes = pyplot().subplots(nhop, 1, squeeze=False, layout="constrained", figsize=(
+        max(4.0, 0.45 * length + 1.5) + 1.0, (0.32 * num_layers + 1.1) * nhop + 0.6))
     for hop, ax in enumerate(axes[:, 0]):
-        image = heatmap(ax, weights[hop], x_labels, y_labels, cmap="gray", origin="lower", rotate_x=True)
-        ax.set_title(hop_title(hop), fontsize=10)
-        ax.set_ylabel("layer", fontsize=8)
-    axes[-1][0].set_xlabel(x_axis_label, fontsize=8)
+        image = heatmap(ax, weights[hop], x_labels, y_labels, cmap="gray", origin="lower", rotate_x=True,
+                        title=hop_title(hop), ylabel="layer", xlabel=x_axis_label if hop == nhop - 1 else "")
     fig.suptitle(suptitle, fontsize=9)
     fig.colorbar(image, ax=list(axes[:, 0]), fraction=0.04, pad=0.02, shrink=0.6).set_label(
         "probability (white = 1, black = 0)", fontsize=8)
@@ -59,7 +53,7 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
 def run(args) -> dict:
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     checkpoint_setting(cfg.model, "fuse", ("sa",), f"--side {args.side}", "there is no layer attention to plot",
-                       FUSION_NAMES, args.side)
+                       side=args.side)
     fusion = getattr(model, args.side).output_fusion
     pair = sentence_pair(args, model, task, args.side == "decoder", beam=args.beam)
     first = 0 if fusion.include_embedding_layer else 1
@@ -81,7 +75,7 @@ def run(args) -> dict:
     print(f"{args.side} self-attention fusion over layers, {weights.shape[0]} hops; source: "
           f"{' '.join(result['source_tokens'][:-1])}\nrows = layers, columns = {x_axis_label}")
     for hop, matrix in enumerate(weights):  # rows = layers, the top layer first as in the figure
-        print(format_matrix(hop_title(hop), matrix, result["layer_labels"], x_labels, top_first=True))
+        print(format_matrix(hop_title(hop), matrix.flip(0), result["layer_labels"][::-1], x_labels))
     side = "Dec" if args.side == "decoder" else "Enc"
     return write_outputs(args, result, plot(weights.numpy(), x_labels, result["layer_labels"], x_axis_label,
                                             f"{side}-SA ({weights.shape[0]} hops): {os.path.basename(args.path)}"))

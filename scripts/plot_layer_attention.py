@@ -12,13 +12,11 @@ import os
 import sys
 import textwrap
 
+import torch
+
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import check_masked_layer, checkpoint_setting, format_matrix, heatmap, \
-    load_model, pyplot, script_main, script_parser, write_outputs  # noqa: E402
-
-plt = pyplot()
-import torch  # noqa: E402
-
+from fusion_fairseq.tools.analysis import checkpoint_setting, format_matrix, heatmap, load_model, pyplot, \
+    script_main, script_parser, write_outputs  # noqa: E402
 
 PARSER = script_parser(__doc__)
 PARSER.add_argument("--per-dim", action="store_true",
@@ -37,31 +35,20 @@ def plot(matrix, dec_labels, enc_labels, layout: str, title: str):
     rows, cols = data.shape
     width = max(4.6, 0.62 * cols + 2.4)
     title = "\n".join(textwrap.fill(line, width=int(width * 13)) for line in title.splitlines())
-    fig, ax = plt.subplots(figsize=(width, 0.5 * rows + 1.4 + 0.14 * title.count("\n")), layout="constrained")
-    vmin, vmax = float(matrix.min()), float(matrix.max())
-    if vmax - vmin < 1e-6:
-        vmin, vmax = vmin - 0.01, vmax + 0.01
-    heatmap(ax, data, x_labels, y_labels, vmin=vmin, vmax=vmax, origin=origin, colorbar="weight",
-            annotate=lambda value: f"{value:.2f}".removeprefix("0"))  # ".15" as in the paper's Figure 1
-    ax.set_xlabel(f"{x_name} Layer", fontsize=9)
-    ax.set_ylabel(f"{y_name} Layer", fontsize=9)
-    ax.set_title(title, fontsize=8)
+    fig, ax = pyplot().subplots(figsize=(width, 0.5 * rows + 1.4 + 0.14 * title.count("\n")), layout="constrained")
+    heatmap(ax, data, x_labels, y_labels, vmin=float(matrix.min()), vmax=float(matrix.max()), origin=origin,
+            colorbar="weight", annotate=lambda value: f"{value:.2f}".removeprefix("0"),  # ".15" as in Figure 1
+            xlabel=f"{x_name} Layer", ylabel=f"{y_name} Layer", title=title)
     return fig
 
 
 def run(args) -> dict:
-    # the stored weights, whatever the checkpoint was saved with
-    model, cfg, _ = load_model(args.path, args.data, args.user_dir, {"mask_encoder_layer": None})
+    masked = args.mask_encoder_layer  # None: the stored weights, whatever the checkpoint was saved with
+    model, cfg, _ = load_model(args.path, args.data, args.user_dir, {"mask_encoder_layer": masked})
     checkpoint_setting(cfg.model, "layer-attention", ("coarse", "fine"), f"--path {args.path}",
                        "there are no layer-attention weights to plot")
     attention = model.decoder.layer_attention
-    masked = args.mask_encoder_layer
-    if masked is not None:
-        check_masked_layer(masked, attention.num_inputs - 1)
-        attention.mask_layer(masked)
-    attention.eval()
-    with torch.no_grad():
-        weights = attention.weights().float().cpu()  # (M, N+1, D or 1)
+    weights = attention.weights().detach().float()  # (M, N+1, D or 1); load_model set eval mode: no DropConnect
     matrix = weights.mean(dim=-1)  # fine: mean over dimensions; coarse: the scalar itself
     num_decoder_layers, num_inputs, dims = weights.shape
     dec_labels = [str(m) for m in range(1, num_decoder_layers + 1)]
@@ -70,11 +57,10 @@ def run(args) -> dict:
     what = (f"fine-grained layer attention, mean over the {dims} dimensions of w[m,n,d]" if fine
             else "coarse-grained layer attention w[m,n]")
     masking = "" if masked is None else f"encoder layer {enc_labels[masked]} masked (others renormalised)"
-    sums = matrix.sum(dim=1, keepdim=True)
     print(format_matrix(f"{'; '.join(filter(None, [what, masking]))}: {args.path}\nrows = decoder layers "
                         f"1..{num_decoder_layers}, columns = encoder layers (Emb = word-embedding layer 0); each row "
-                        "sums to 1 over encoder layers", torch.cat([matrix, sums], dim=1).tolist(), dec_labels,
-                        enc_labels + ["sum"], corner="dec\\enc"))
+                        "sums to 1 over encoder layers", torch.cat([matrix, matrix.sum(dim=1, keepdim=True)], dim=1),
+                        dec_labels, enc_labels + ["sum"], corner="dec\\enc"))
     result = {"checkpoint": args.path, "kind": attention.kind, "dims": dims,
               "cell_value": "mean over dimensions of w[m,n,d]" if fine else "w[m,n]", "masked_layer": masked,
               "decoder_labels": dec_labels, "encoder_labels": enc_labels, "weights": matrix.tolist()}

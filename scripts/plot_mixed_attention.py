@@ -12,15 +12,14 @@ target positions, which Eq. 3 masks, are exactly 0: hatched in the figure, ``-``
 import os
 import sys
 
+import matplotlib.patches
+import numpy as np
+import torch
+
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, finite, format_matrix, heatmap, load_model, positive, \
-    pyplot, script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
-
-plt = pyplot()
-import matplotlib  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from fusion_fairseq.tools.analysis import UsageError, finite, format_matrix, heatmap, load_model, positive, pyplot, \
+    script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -38,22 +37,20 @@ def parse_args(argv=None):
 
 def plot(weights, mask, row_labels, column_labels, source_length: int, title: str):
     rows, columns = weights.shape
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.42 * columns + 2.5), max(3.0, 0.38 * rows + 2.0)), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(max(5.0, 0.42 * columns + 2.5), max(3.0, 0.38 * rows + 2.0)),
+                                layout="constrained")
     heatmap(ax, np.where(mask, np.nan, weights), column_labels, row_labels, rotate_x=True,  # masked cells blank
-            colorbar="attention weight")
-    for row in range(rows):  # hatch the masked span of each row
-        first = source_length + row + 1
-        if first < columns:
-            ax.add_patch(matplotlib.patches.Rectangle((first - 0.5, row - 0.5), columns - first, 1.0, fill=False,
-                                                      hatch="///", edgecolor="0.8", linewidth=0.0))
+            colorbar="attention weight", ylabel="target position (token fed -> token predicted)",
+            xlabel="source words (EOS appended)  |  target positions (tokens fed, </s> = start)",
+            title=title + "\nred line: source | target; hatched: masked future target positions")
+    for row in range(rows - 1):  # hatch the masked span of each row: the target positions after it
+        ax.add_patch(matplotlib.patches.Rectangle((source_length + row + 0.5, row - 0.5), rows - row - 1, 1.0,
+                                                  fill=False, hatch="///", edgecolor="0.8", linewidth=0.0))
     ax.axvline(source_length - 0.5, color="crimson", linewidth=2.0)  # source | target separator
-    ax.set_ylabel("target position (token fed -> token predicted)", fontsize=8)
-    ax.set_xlabel("source words (EOS appended)  |  target positions (tokens fed, </s> = start)", fontsize=8)
     top = ax.secondary_xaxis("top")
     top.set_xticks([(source_length - 1) / 2.0, source_length + (columns - source_length - 1) / 2.0],
                    ["source", "target"], fontsize=9)
     top.tick_params(length=0)
-    ax.set_title(title + "\nred line: source | target; hatched: masked future target positions", fontsize=9)
     return fig
 
 
@@ -78,8 +75,7 @@ def run(args) -> dict:
     values = extra["mixed_attn"][0][0].float().numpy()
     source, predicted, fed = pair.source, pair.predicted, pair.fed
     row_labels = [f"{f}->{p}" for f, p in zip(fed, predicted)]
-    mask = np.zeros(values.shape, dtype=bool)  # Eq. 3 masks target row i, target column j > i
-    mask[:, len(source):] = np.triu(np.ones((len(fed), len(fed)), dtype=bool), k=1)
+    mask = np.arange(len(source) + len(fed)) > len(source) + np.arange(len(fed))[:, None]  # Eq. 3: in row i, j > i
     result = {
         "checkpoint": args.path, "layer": args.layer, "layer_index": layer_index,
         "layer_numbering": "--layer is 1-based (1 = lowest layer); layer_index is the 0-based decoder alignment_layer",

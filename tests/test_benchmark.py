@@ -242,6 +242,8 @@ def test_cli_errors(capsys):
     assert "--clock must be one of wall, process" in err
     err = cli_error(capsys, "--steps", "0")
     assert "--steps" in err and "positive integer" in err
+    err = cli_error(capsys, "--src-len", "1")
+    assert "--src-len must be an integer of at least 2 (the last token is EOS), got '1'" in err
 
 
 def test_flags_rejected_by_fairseq_name_the_config(capsys):
@@ -285,6 +287,6 @@ def test_decoding_step_cost_as_the_source_grows(capsys, tmp_path):
 
 def test_source_lengths_are_checked(capsys):
     assert "--source-lengths must be integers of at least 2" in cli_error(capsys, "--source-lengths", "1,8")
-    assert "--source-lengths: must be integers separated by commas, got '8,x'" in cli_error(
-        capsys, "--source-lengths", "8,x")
+    assert "--source-lengths must be integers of at least 2 (the last token is EOS) separated by commas, got '8,x'" \
+        in cli_error(capsys, "--source-lengths", "8,x")
     assert "--decode-len must be at least 2" in cli_error(capsys, "--source-lengths", "8", "--decode-len", "1")

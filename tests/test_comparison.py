@@ -601,7 +601,7 @@ def test_the_verdict_counts_the_seed_to_seed_spread_and_the_sentences():
     # which a per-seed test of the sentences alone (each seed's interval) could not see as one verdict
     spread = report.seed_sentence_bootstrap([_statistics(9), _statistics(5)], [_statistics(6), _statistics(6)])
     assert spread["verdict"] == "undecided" and spread["ci95"][0] < 0 < spread["ci95"][1]
-    assert spread["seeds"] == [2, 2] and spread["samples"] == report.VERDICT_SAMPLES
+    assert spread["seeds"] == [2, 2] and spread["samples"] == report.BOOTSTRAP_SAMPLES
 
 
 def test_the_deep_preset_and_its_schedule():

@@ -16,6 +16,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.tools.common import refuse_existing_output
 
 # Figures are a few inches wide: 1200 dots per inch is print quality, and far more exhausts memory.
@@ -203,11 +204,10 @@ def markdown_rows(columns, rows, left: int = 1, pad: bool = False) -> List[str]:
 
 
 def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda value: f"{float(value):.3f}",
-                  top_first: bool = False, corner: str = "") -> str:
+                  corner: str = "") -> str:
     """``title``, the column labels and one line per row of ``matrix``: its label, then ``cell(value)``
-    right-aligned; ``top_first``: the last row first, as a figure drawn with its origin below."""
-    order = list(reversed(range(len(row_labels)))) if top_first else range(len(row_labels))
-    rows = [[row_labels[i]] + [cell(value) for value in matrix[i]] for i in order]
+    right-aligned."""
+    rows = [[label] + [cell(value) for value in values] for label, values in zip(row_labels, matrix)]
     widths = [max(len(text) for text in column) for column in zip([corner] + list(column_labels), *rows)]
     return "\n".join([title] + ["  ".join(text.ljust(width) if j == 0 else text.rjust(width)
                                            for j, (text, width) in enumerate(zip(line, widths)))
@@ -215,11 +215,14 @@ def format_matrix(title: str, matrix, row_labels, column_labels, cell=lambda val
 
 
 def heatmap(ax, matrix, x_labels=None, y_labels=None, cmap="Blues", vmin=0.0, vmax=1.0, origin="upper",
-            annotate=None, colorbar=None, rotate_x=False):
-    """``matrix`` drawn on ``ax`` with NaN cells blank and the tick labels given; ``annotate(value)``
-    writes each cell's value (white on the darker cells); ``colorbar`` labels a colour bar. Returns the image."""
+            annotate=None, colorbar=None, rotate_x=False, xlabel="", ylabel="", title=""):
+    """``matrix`` drawn on ``ax`` with NaN cells blank, the tick labels, axis labels and title given;
+    ``annotate(value)`` writes each cell's value (white on the darker cells); ``colorbar`` labels a
+    colour bar. Returns the image."""
     import numpy as np
 
+    if vmax - vmin < 1e-6:  # one value everywhere (say, uniform weights): a colour scale around it
+        vmin, vmax = vmin - 0.01, vmax + 0.01
     matrix = np.asarray(matrix, dtype=float)
     cmap = pyplot().get_cmap(cmap).with_extremes(bad="white")
     image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=vmin, vmax=vmax, origin=origin, aspect="auto",
@@ -235,42 +238,40 @@ def heatmap(ax, matrix, x_labels=None, y_labels=None, cmap="Blues", vmin=0.0, vm
         ax.set_yticks(range(matrix.shape[0]), y_labels, fontsize=8)
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.05, pad=0.03).set_label(colorbar, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
     return image
 
 
-def check_data_dir(data: str) -> None:
-    if not os.path.isdir(data):
-        raise UsageError(f"--data {data}: no such directory")
-
-
-def read_checkpoint(path: str, overrides: Optional[dict] = None, flag: str = "--path"):
+def read_checkpoint(path: str, overrides: Optional[dict] = None):
     """The state of checkpoint ``path`` (``overrides`` applied to its configuration). A file
     that is missing, damaged, not a torch file or not a fairseq checkpoint of a registered task and
-    architecture is a one-line :class:`UsageError` naming the flag and the file."""
+    architecture is a one-line :class:`UsageError` naming ``--path`` and the file."""
     from fairseq import checkpoint_utils
     from fairseq.tasks import TASK_REGISTRY
 
     from fusion_fairseq.checkpoint_safety import CheckpointContentError, stored_value
 
     if not os.path.isfile(path):
-        raise UsageError(f"{flag} {path}: no such checkpoint file")
+        raise UsageError(f"--path {path}: no such checkpoint file")
     try:  # the plugin's reader refuses a file without a model or of an architecture fairseq does not know
         state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
     except CheckpointContentError as error:  # it names the file
-        raise UsageError(f"{flag} {error}") from None
+        raise UsageError(f"--path {error}") from None
     except Exception as error:  # noqa: BLE001 - any unreadable file: truncated, not a zip, refused pickle ...
         reason = " ".join(str(error).split())[:300]
-        raise UsageError(f"{flag} {path}: cannot read the checkpoint, the file is damaged or not a fairseq "
+        raise UsageError(f"--path {path}: cannot read the checkpoint, the file is damaged or not a fairseq "
                          f"checkpoint ({type(error).__name__}: {reason})") from None
     # an unknown task (a plugin not imported, a crafted name) fails deep inside fairseq
     task = stored_value(stored_value(state.get("cfg"), "task"), "_name")  # fairseq's reader made legacy args a cfg
     if not isinstance(task, str) or task not in TASK_REGISTRY:
-        raise UsageError(f"{flag} {path}: the checkpoint's task {task!r} is not one fairseq knows; pass the "
+        raise UsageError(f"--path {path}: the checkpoint's task {task!r} is not one fairseq knows; pass the "
                          "--user-dir that registers it, or give a checkpoint of a registered one")
     return state
 
 
-def checkpoint_setting(model_config, option: str, allowed, flag: str, lacking: str, names=None, side=None) -> str:
+def checkpoint_setting(model_config, option: str, allowed, flag: str, lacking: str, side=None) -> str:
     """The checkpoint's ``--OPTION`` (``--OPTION-SIDE`` with ``side``), one of ``allowed``; otherwise an error
     naming ``flag``, what the checkpoint has, so ``lacking``, what is needed and, where the other side
     has it, ``try --side OTHER``."""
@@ -285,18 +286,11 @@ def checkpoint_setting(model_config, option: str, allowed, flag: str, lacking: s
         option = f"{option}-{side}"
     found = value(option)
     if found not in allowed:
-        having = f"no --{option}" if found is None else f"--{option} {found}" + (
-            f" ({names[found]})" if found in (names or {}) else "")
+        having = f"no --{option}" if found is None else f"--{option} {found}"
         raise UsageError(f"{flag}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, so "
                          f"{lacking}; a fusion_transformer checkpoint trained with --{option} {' or '.join(allowed)} "
                          f"is needed{hint}")
     return found
-
-
-def check_masked_layer(layer: int, num_encoder_layers: int, where: str = "") -> None:
-    if not 0 <= layer <= num_encoder_layers:  # the model's own message (check_fusion_args)
-        raise UsageError(f"{where}--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
-                         f"to {num_encoder_layers}")
 
 
 def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, overrides: Optional[dict] = None):
@@ -307,29 +301,28 @@ def load_model(path: str, data: Optional[str], user_dir: Optional[str] = None, o
     if user_dir:
         utils.import_user_module(argparse.Namespace(user_dir=user_dir))
     state = read_checkpoint(path, {**(overrides or {}), **({"data": data} if data is not None else {})})
-    if data is not None:
-        check_data_dir(data)
-    else:
-        cfg = state.get("cfg")
-        stored = cfg["task"].get("data") if cfg is not None and cfg.get("task") is not None else \
-            getattr(state.get("args"), "data", None)
-        if not stored or not os.path.isdir(str(stored).split(os.pathsep)[0]):
-            raise UsageError(f"--data: the data directory stored in {path} ({stored}) does not exist; pass --data "
-                             "DATA_BIN (the binarised data the model was trained on, for its dictionaries)")
+    if data is not None and not os.path.isdir(data):
+        raise UsageError(f"--data {data}: no such directory")
+    stored = state["cfg"]["task"].get("data")  # read_checkpoint made legacy args a cfg with a task
+    if data is None and (not stored or not os.path.isdir(str(stored).split(os.pathsep)[0])):
+        raise UsageError(f"--data: the data directory stored in {path} ({stored}) does not exist; pass --data "
+                         "DATA_BIN (the binarised data the model was trained on, for its dictionaries)")
     state["last_optimizer_state"] = None  # not needed; frees memory before the model is built
     try:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], state=state)
     except OSError as error:  # a data directory without the dictionaries
         raise UsageError(f"--data {data or stored}: cannot set up the task ({type(error).__name__}: {error}); pass "
                          "--data DATA_BIN, the binarised data the model was trained on") from None
+    except ConfigurationError as error:  # an override the model refuses, in the words of its own flag
+        raise UsageError(str(error)) from None
     models[0].eval()
     return models[0], cfg, task
 
 
-def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool = False,
-                    max_tokens: Optional[int] = None) -> torch.Tensor:
-    """Token ids of ``text`` (``flag``'s value) followed by EOS, as fairseq binarises sentences; an
-    unknown word (without ``allow_unk``) or more than ``max_tokens`` is a :class:`UsageError`."""
+def encode_sentence(args, flag: str, dictionary, bpe, max_tokens: int) -> torch.Tensor:
+    """Token ids of the sentence of ``flag`` (``--source`` or ``--target``) followed by EOS, as fairseq binarises
+    sentences; an unknown word (without ``--allow-unk``) or more than ``max_tokens`` is a :class:`UsageError`."""
+    text = getattr(args, flag[2:])
     words = (text if bpe is None else bpe.encode(text)).split()
     if not words:
         raise UsageError(f"{flag} is empty")
@@ -337,10 +330,10 @@ def encode_sentence(text: str, dictionary, flag: str, bpe=None, allow_unk: bool 
     for word in (word for word, index in zip(words, ids) if index == dictionary.unk()):
         message = f"{flag}: word {word!r}{' after BPE' * (bpe is not None)} is not in the dictionary " \
                   f"({len(dictionary)} types)"
-        if not allow_unk:
+        if not args.allow_unk:
             raise UsageError(message + "; pass --allow-unk to map it to <unk>")
         print(f"warning: {message}; mapped to {dictionary.unk_word}", file=sys.stderr)
-    if max_tokens is not None and len(ids) > max_tokens:
+    if len(ids) > max_tokens:
         raise UsageError(f"{flag} has {len(ids)} tokens (end of sentence included), but the model reads at most "
                          f"{max_tokens} positions; give a shorter sentence")
     return torch.tensor(ids, dtype=torch.long)
@@ -360,15 +353,13 @@ def sentence_pair(args, model, task, with_target: bool = True, **generation) -> 
     if args.bpe and not os.path.isfile(args.bpe_codes):
         raise UsageError(f"--bpe-codes {args.bpe_codes}: no such file")
     bpe = encoders.build_bpe(argparse.Namespace(bpe=args.bpe, bpe_codes=args.bpe_codes)) if args.bpe else None
-    src_tokens = encode_sentence(args.source, task.source_dictionary, "--source", bpe, args.allow_unk,
-                                 max_tokens=model.encoder.max_positions())
+    src_tokens = encode_sentence(args, "--source", task.source_dictionary, bpe, model.encoder.max_positions())
     pair = SimpleNamespace(src_tokens=src_tokens.unsqueeze(0), src_lengths=torch.tensor([src_tokens.numel()]),
                            source=[task.source_dictionary[int(i)] for i in src_tokens])
     if not with_target:
         return pair
     if args.target is not None:
-        tgt_tokens = encode_sentence(args.target, task.target_dictionary, "--target", bpe, args.allow_unk,
-                                     max_tokens=model.decoder.max_positions())
+        tgt_tokens = encode_sentence(args, "--target", task.target_dictionary, bpe, model.decoder.max_positions())
         pair.target_from = "--target"
     else:
         generator = task.build_generator([model], GenerationConfig(**generation))

@@ -24,15 +24,19 @@ import shlex
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy
 import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq
-from fairseq import criterions, options
+from fairseq import criterions, options, utils
+from fairseq.data.language_pair_dataset import collate
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
@@ -48,7 +52,6 @@ from fusion_fairseq.tools.corpus import read_lines
 PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
 BASELINE_NAME = "vanilla"
 AUTOCAST = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-DEVICES = ("cpu", "cuda")
 CRITERIA = ("label_smoothed_cross_entropy", "cross_entropy")
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 VARIANT_EXAMPLE = '"Enc-FNN=fusion_transformer:--fuse-encoder fnn"'
@@ -115,11 +118,10 @@ def build_configs(archs: Optional[Sequence[str]] = None, variants: Sequence[str]
         check_arch(arch, "--archs")
         configs.append(BenchmarkConfig(arch, arch, []))
     configs.extend(parse_variant(spec) for spec in variants)
-    names = [config.name for config in configs]
-    for name in names:
-        if names.count(name) > 1:
-            raise BenchmarkError(f"duplicate configuration name {name!r} ({BASELINE_NAME!r} is the baseline's name, "
-                                 "architectures are named after themselves); give each --variant its own NAME")
+    twice = [name for name, count in Counter(config.name for config in configs).items() if count > 1]
+    if twice:
+        raise BenchmarkError(f"duplicate configuration name {twice[0]!r} ({BASELINE_NAME!r} is the baseline's name, "
+                             "architectures are named after themselves); give each --variant its own NAME")
     return configs
 
 
@@ -132,11 +134,9 @@ def model_option_actions(arch: str) -> Dict[str, argparse.Action]:
 
 def takes_number(action: argparse.Action, value) -> bool:
     """Whether the option parses ``value`` into a number (fconv's ``--encoder-layers`` is a str
-    expression; flags with validating types such as ``positive_int`` qualify)."""
-    if action.nargs not in (None, 1) or action.const is not None:
-        return False
+    expression; flags with validating types such as ``positive_int`` qualify; switches take nothing)."""
     try:
-        return type(action.type(str(value))) in (int, float)
+        return action.nargs is None and type(action.type(str(value))) in (int, float)
     except (argparse.ArgumentTypeError, TypeError, ValueError):  # TypeError: no type at all
         return False
 
@@ -181,11 +181,11 @@ class _Runner:
     """One configuration: its model, optimiser, criterion, generators and the shared batches."""
 
     def __init__(self, config, settings, dictionary, samples, device):
-        self.config, self.settings, self.device = config, settings, device
+        self.config, self.settings = config, settings
         self.where = f"configuration {config.name!r} ({config.arch})"
-        self.train_sample, self.decode_sample, self.sweep_samples = samples
-        self.width_flags, self.skipped_width_flags = width_flags(config.arch, settings)
-        self.flags = self.width_flags + list(settings.common_flags) + list(config.flags)
+        train_sample, decode_sample, self.sweep_samples = samples
+        flags, self.skipped_width_flags = width_flags(config.arch, settings)
+        self.flags = flags + list(settings.common_flags) + list(config.flags)
         criterion_flags = ["--criterion", settings.criterion] + (
             ["--label-smoothing", str(settings.label_smoothing)] if settings.criterion == CRITERIA[0] else [])
         torch.manual_seed(settings.seed)
@@ -193,107 +193,94 @@ class _Runner:
         self.model.to(device)
         self.model_args = json.loads(json.dumps({action.dest: getattr(args, action.dest, None) for action in
                                                  model_option_actions(config.arch).values()}, default=str))
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.trainable_parameters = sum(p.numel() for p in trainable)
-        self.optimizer = torch.optim.Adam(trainable, lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
         self.scaler = torch.amp.GradScaler("cuda", enabled=settings.dtype == "fp16")
         self.criterion = criterions.build_criterion(args, task)
+        dtype = AUTOCAST[settings.dtype]
+        self.autocast = functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype is not None)
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
         # min_len = max_len: every hypothesis has exactly that many tokens + EOS, whatever the untrained model
         self.generators = {length: SequenceGenerator([self.model], dictionary, beam_size=settings.beam, max_len_a=0,
                                                      max_len_b=length, min_len=length)
                            for length in (settings.decode_len, settings.decode_len // 2)}
-        self.values, self.decoded_lengths, self.memory, self.flops = {}, set(), {}, {}  # values: per measure, per round
+        # measure -> (its step, untimed and timed steps a round, what a step processes: target tokens, sentences)
+        self.loops = {"train": (functools.partial(self.train_step, train_sample), settings.warmup, settings.steps,
+                                train_sample["ntokens"]),
+                      "decode": (functools.partial(self.decode, decode_sample, settings.decode_len),
+                                 settings.decode_warmup, settings.decode_batches, decode_sample["nsentences"])}
+        self.values, self.memory, self.flops = {}, {}, {}  # values: per measure, per round
 
-    def autocast(self):
-        dtype = AUTOCAST[self.settings.dtype]
-        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
-
-    def train_step(self):
+    def train_step(self, sample):
         with self.autocast():
-            loss, sample_size, _ = self.criterion(self.model, self.train_sample)
+            loss, sample_size, _ = self.criterion(self.model, sample)
         self.scaler.scale(loss / sample_size).backward()  # a scaler that is not enabled passes everything through
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def timed(self, step, warmup: int, repeats: int, sync, failed: str) -> float:
+    def decode(self, sample, length: int):
+        """One batch decoded by the generator of ``length``, checked to give ``length`` tokens + EOS a hypothesis."""
+        with self.autocast():
+            hypos = self.generators[length].generate([self.model], sample)
+        lengths = {len(h["tokens"]) for sentence in hypos for h in sentence}
+        if len(hypos) != sample["nsentences"] or lengths != {length + 1}:
+            raise ValueError(f"min_len = max_len = {length} should give {sample['nsentences']} sentences of exactly "
+                             f"{length + 1} tokens (EOS included), got {len(hypos)} with lengths {sorted(lengths)}")
+
+    def timed(self, step, warmup: int, repeats: int, failed: str) -> float:
         """Seconds of ``repeats`` calls of ``step`` after ``warmup`` untimed ones."""
         clock = CLOCKS[self.settings.clock]
         try:
             for _ in range(warmup):
                 step()
-            sync()
+            self.sync()
             start = clock()
             for _ in range(repeats):
                 step()
-            sync()
+            self.sync()
             return clock() - start
-        except BenchmarkError:
-            raise
         except Exception as exc:
             raise BenchmarkError(f"{self.where}: {failed} failed: {exc}") from exc
 
-    def decode_batch(self):
-        with self.autocast():
-            hypos = self.generators[self.settings.decode_len].generate([self.model], self.decode_sample)
-        expected = self.settings.decode_len + 1
-        lengths = {len(h["tokens"]) for sentence in hypos for h in sentence}
-        if len(hypos) != self.decode_sample["nsentences"] or lengths != {expected}:
-            raise BenchmarkError(
-                f"{self.where}: decoding with min_len = max_len = {self.settings.decode_len} should give "
-                f"{self.decode_sample['nsentences']} sentences of exactly {expected} tokens (EOS included), "
-                f"got {len(hypos)} sentences with lengths {sorted(lengths)}")
-        self.decoded_lengths |= lengths
-
-    def measure(self, what, sync) -> float:
+    def measure(self, what) -> float:
         """One round's value of ``what``: "train", target tokens/s of training steps; "decode", sentences/s of
         decode batches; a source length N, milliseconds of one decoding step over N-token sources, (t(L) - t(L/2)) /
         (L - L/2): the difference of two whole ``generate`` calls with L and L/2 output tokens, so that what is paid
         once per sentence (the encoder, the first step's projection of the source, the generator's set-up) cancels."""
-        settings = self.settings
         self.model.train(what == "train")
-        torch.manual_seed(settings.seed)
-        if what == "train":
-            elapsed = self.timed(self.train_step, settings.warmup, settings.steps, sync, "training step")
-            value = settings.steps * self.train_sample["ntokens"] / elapsed
-        elif what == "decode":
-            elapsed = self.timed(self.decode_batch, settings.decode_warmup, settings.decode_batches, sync, "decoding")
-            value = settings.decode_batches * self.decode_sample["nsentences"] / elapsed
-        else:
-            times = {}
-            with self.autocast(), torch.no_grad():
-                for steps, generator in self.generators.items():  # one untimed call warms the caches
-                    times[steps] = self.timed(lambda: generator.generate([self.model], self.sweep_samples[what]), 1,
-                                              1, sync, f"decoding a {what}-token source")
+        torch.manual_seed(self.settings.seed)
+        if what in self.loops:
+            step, warmup, repeats, items = self.loops[what]
+            value = repeats * items / self.timed(step, warmup, repeats, f"{what} step")
+        else:  # one untimed call of each length warms the caches
             full, half = self.generators
-            value = 1000 * (times[full] - times[half]) / (full - half)
+            seconds = [self.timed(functools.partial(self.decode, self.sweep_samples[what], length), 1, 1,
+                                  f"decoding a {what}-token source") for length in (full, half)]
+            value = 1000 * (seconds[0] - seconds[1]) / (full - half)
         self.values.setdefault(what, []).append(value)
         return value
 
-    def once(self, measure: Callable[[Callable[[], None]], object]) -> list:
-        """``[measure(one training step), measure(one decode batch)]``, untimed."""
+    def once(self, measure: Callable[[Callable[[], None]], object]) -> Dict[str, object]:
+        """``{"train": measure(one training step), "decode": measure(one decode batch)}``, untimed."""
         torch.manual_seed(self.settings.seed)
-        self.optimizer.zero_grad(set_to_none=True)
-        results = []
-        for training, step in ((True, self.train_step), (False, self.decode_batch)):
-            self.model.train(training)
-            results.append(measure(step))
+        results = {}
+        for what, (step, *_) in self.loops.items():
+            self.model.train(what == "train")
+            results[what] = measure(step)
         return results
 
     def measure_memory(self, transient_peak: Callable[[Callable[[], None]], Optional[int]]):
-        train_peak, decode_peak = self.once(transient_peak)
+        peak = self.once(transient_peak)
         parameters = sum(p.numel() * p.element_size() for p in self.model.parameters())
         train_state = parameters + sum(v.numel() * v.element_size() for state in self.optimizer.state.values()
                                        for v in state.values() if torch.is_tensor(v))  # + Adam's moments
-        self.memory = {"train_peak_bytes": None if train_peak is None else train_state + train_peak,
-                       "decode_peak_bytes": None if decode_peak is None else parameters + decode_peak,
+        self.memory = {"train_peak_bytes": None if peak["train"] is None else train_state + peak["train"],
+                       "decode_peak_bytes": None if peak["decode"] is None else parameters + peak["decode"],
                        "parameter_bytes": parameters, "train_state_bytes": train_state}
 
 
 def count_flops(step) -> int:
     """Matrix-product FLOPs of ``step``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops()
@@ -313,16 +300,12 @@ def cpu_transient_peak(fn) -> Optional[int]:
     of the allocation / free events torch.profiler records (the events' ``total_allocated`` is cumulative across
     profiling sessions). A block allocated before and freed during ``fn`` is not subtracted, so the peak can only be
     overestimated. None where this torch's profiler does not expose allocation events."""
-    try:
-        from torch._C._profiler import _EventType
-        from torch.profiler import ProfilerActivity, profile
-    except ImportError:
-        return None
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    try:
+    try:  # the profiler's private interfaces
+        from torch._C._profiler import _EventType
         stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    except AttributeError:
+    except (ImportError, AttributeError):
         return None
     events = []
     while stack:
@@ -344,23 +327,21 @@ MEMORY_METHOD = {
 
 def synthetic_samples(settings: argparse.Namespace, dictionary, device):
     """One training batch, one decode batch and one decode batch per ``--source-lengths`` length:
-    random symbols of ``dictionary``, EOS last, no padding."""
+    random symbols of ``dictionary``, EOS last, collated by fairseq's translation data set (no padding)."""
     generator = torch.Generator().manual_seed(settings.seed)
 
-    def tokens(rows, length):
-        t = torch.randint(dictionary.nspecial, len(dictionary), (rows, length), generator=generator)
-        t[:, -1] = dictionary.eos()
-        return t.to(device)
+    def sentence(length):
+        tokens = torch.randint(dictionary.nspecial, len(dictionary), (length,), generator=generator)
+        tokens[-1] = dictionary.eos()
+        return tokens
 
-    def batch(rows, length):
-        return {"id": torch.arange(rows).to(device), "nsentences": rows, "net_input": {
-            "src_tokens": tokens(rows, length), "src_lengths": torch.full((rows,), length).to(device)}}
+    def batch(rows, src_len, tgt_len=None):
+        pairs = [{"id": i, "source": sentence(src_len), "target": tgt_len and sentence(tgt_len)} for i in range(rows)]
+        return utils.apply_to_sample(lambda t: t.to(device), collate(pairs, dictionary.pad(), dictionary.eos()))
 
-    train, target = batch(settings.batch_size, settings.src_len), tokens(settings.batch_size, settings.tgt_len)
-    train.update(target=target, ntokens=target.numel())
-    train["net_input"]["prev_output_tokens"] = torch.cat([target[:, -1:], target[:, :-1]], dim=1)  # EOS first
     decode = functools.partial(batch, settings.decode_batch_size)
-    return train, decode(settings.src_len), {length: decode(length) for length in settings.source_lengths}
+    return (batch(settings.batch_size, settings.src_len, settings.tgt_len), decode(settings.src_len),
+            {length: decode(length) for length in settings.source_lengths})
 
 
 def check_settings(settings: argparse.Namespace) -> None:
@@ -376,11 +357,6 @@ def check_settings(settings: argparse.Namespace) -> None:
     if settings.source_lengths and settings.decode_len < 2:
         raise BenchmarkError(f"--source-lengths times L and L/2 output tokens: --decode-len must be at least 2, "
                              f"got {settings.decode_len}")
-    if any(not isinstance(n, int) or n < 2 for n in settings.source_lengths):
-        raise BenchmarkError(f"--source-lengths must be integers of at least 2 (the last token is EOS), "
-                             f"got {','.join(map(str, settings.source_lengths))}")
-    if settings.src_len < 2 or settings.tgt_len < 2:
-        raise BenchmarkError("--src-len and --tgt-len must be at least 2 (the last token is EOS)")
     if settings.vocab <= 4 + settings.beam:
         raise BenchmarkError(f"--vocab {settings.vocab} is too small for --beam {settings.beam} (4 special symbols)")
 
@@ -396,10 +372,11 @@ def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) 
     return {
         "arch": runner.config.arch, "baseline": runner.config.baseline, "variant_flags": runner.config.flags,
         "flags": runner.flags, "skipped_width_flags": runner.skipped_width_flags, "model_args": runner.model_args,
-        "parameters": count_parameters(runner.model), "trainable_parameters": runner.trainable_parameters,
+        "parameters": count_parameters(runner.model),
+        "trainable_parameters": sum(p.numel() for p in runner.model.parameters() if p.requires_grad),
         "train": summary("train", "tokens_per_s"),
-        "decode": {**summary("decode", "sentences_per_s"),
-                   "decoder_steps": settings.decode_len + 1, "hypothesis_lengths": sorted(runner.decoded_lengths)},
+        "decode": {**summary("decode", "sentences_per_s"), "decoder_steps": settings.decode_len + 1,
+                   "hypothesis_lengths": [settings.decode_len + 1]},  # decode() refuses any other length
         "memory": runner.memory or None,
         "flops": {**runner.flops, **{f"{kind}_ratio": base.flops[kind] / runner.flops[kind] if runner.flops[kind]
                                      else None for kind in runner.flops}} if settings.flops else None,
@@ -414,7 +391,6 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     device = torch.device(settings.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     env = {"device": settings.device, "device_name": device_name(device), "dtype": settings.dtype,
            "torch": torch.__version__, "fairseq": fairseq.__version__, "fusion_fairseq": fusion_fairseq.__version__,
            "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
@@ -434,40 +410,39 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
         order = runners[repeat % len(runners):] + runners[:repeat % len(runners)]
         for what, unit in units.items():
             for runner in order:
-                value = unit.format(runner.measure(what, sync))
+                value = unit.format(runner.measure(what))
                 log(f"[round {repeat + 1}/{settings.repeats}] {what if what in ('train', 'decode') else 'step':6} "
                     f"{runner.config.name}: {value}")
     timing_seconds = time.perf_counter() - started
     for runner in runners:
         if settings.flops:
-            runner.flops = dict(zip(("train_step", "decode_batch"), runner.once(count_flops)))
+            runner.flops = dict(zip(("train_step", "decode_batch"), runner.once(count_flops).values()))
         if settings.memory:
             runner.measure_memory(cuda_transient_peak if device.type == "cuda" else cpu_transient_peak)
     base = next(r for r in runners if r.config.baseline)
     results = {runner.config.name: config_result(runner, base, settings) for runner in runners}
     env["load_average_end"] = load_average()
     settings_record = {**vars(settings), "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), eps=1e-8), loss / "
-                       "target tokens", "width_flags": {k: [list(g) for g in v] for k, v in WIDTH_FLAGS.items()}}
+                       "target tokens", "width_flags": WIDTH_FLAGS}
     return {"environment": env, "settings": settings_record, "baseline": base.config.name,
             "memory_method": MEMORY_METHOD[device.type] if settings.memory else None,
             "timing_seconds": timing_seconds, "configs": results}
 
 
-def _ratios(stats):
-    return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
-
-
 def markdown_table(result: Dict) -> str:
     """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds); then,
     with --source-lengths, per source length each configuration's median ms per decoding step and its speed ratio."""
+    def ratios(stats):
+        return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
+
     env, settings, configs = result["environment"], result["settings"], result["configs"]
     rows = []
     for name, row in configs.items():
         memory, flops = row["memory"] or {}, row["flops"] or {}
         rows.append([name + " (baseline)" * row["baseline"], row["arch"], f"{row['parameters']:,}",
-                     f"{row['train']['median_tokens_per_s']:,.0f}", _ratios(row["train"]["ratio"]),
+                     f"{row['train']['median_tokens_per_s']:,.0f}", ratios(row["train"]["ratio"]),
                      number(flops.get("train_step_ratio"), ".3f"), f"{row['decode']['median_sentences_per_s']:,.2f}",
-                     _ratios(row["decode"]["ratio"]), number(flops.get("decode_batch_ratio"), ".3f")]
+                     ratios(row["decode"]["ratio"]), number(flops.get("decode_batch_ratio"), ".3f")]
                     + [number(memory.get(f"{kind}_peak_bytes") and memory[f"{kind}_peak_bytes"] / 2**20, ",.1f")
                        for kind in ("train", "decode")])
     lines = [f"Device: {env['device']} ({env['device_name']}), dtype {env['dtype']}, {env['threads']} thread(s); "
@@ -541,10 +516,6 @@ def time_to_loss_table(result: Dict) -> str:
                          ["best NLL", "updates", "ratio", "train s", "ratio"], cell=str, corner="log")
 
 
-def one_of(flag: str, allowed) -> Callable[[str], str]:
-    return checked(flag, str, lambda value: value in allowed, f"one of {', '.join(allowed)}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -556,25 +527,30 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"a named configuration, repeatable, e.g. {VARIANT_EXAMPLE}")
     group.add_argument("--baseline-arch", default="transformer",
                        help=f"architecture of the baseline configuration {BASELINE_NAME!r}")
-    group.add_argument("--common-flags", default="", metavar="FLAGS",
+    group.add_argument("--common-flags", type=lambda text: split_flags(text, "--common-flags"), default="",
+                       metavar="FLAGS",
                        help="model flags for every configuration, the baseline included, e.g. '--share-all-embeddings'")
     group.add_argument("--time-to-loss", nargs="+", metavar="LOG",
                        help="instead of measuring: read fairseq-train json logs, the first the reference, and report "
                             "the updates and training time each needs to reach the reference's best validation NLL")
 
+    def one_of(flag, allowed):
+        return checked(flag, str, lambda value: value in allowed, f"one of {', '.join(allowed)}")
+
+    def with_eos(flag):  # a sentence length: its last token is EOS
+        return checked(flag, int, lambda value: value >= 2, "an integer of at least 2 (the last token is EOS)")
+
     positive, count = positive_int, non_negative_int
-    groups = {  # (flag, type, default, help)
+    groups = {  # (flag, type, default, help; a width setting's help: the model flags it sets, from WIDTH_FLAGS)
         "matched width (applied where an architecture defines the flag)": [
             ("--encoder-layers", positive, 3, None), ("--decoder-layers", positive, 3, None),
-            ("--embed-dim", positive, 256, "--encoder-embed-dim and --decoder-embed-dim"),
-            ("--ffn-dim", positive, 1024, "--encoder-ffn-embed-dim and --decoder-ffn-embed-dim"),
-            ("--heads", positive, 4, "--encoder-attention-heads and --decoder-attention-heads"),
+            ("--embed-dim", positive, 256, None), ("--ffn-dim", positive, 1024, None), ("--heads", positive, 4, None),
             ("--dropout", checked("--dropout", float, lambda value: 0 <= value < 1, "in [0, 1)"), 0.1, None),
             ("--vocab", positive, 8000, "size of the joined dictionary")],
         "training measurement": [
             ("--batch-size", positive, 16, "sentences per batch"),
-            ("--src-len", positive, 16, "source tokens per sentence (EOS included)"),
-            ("--tgt-len", positive, 16, "target tokens per sentence (EOS included)"),
+            ("--src-len", with_eos("--src-len"), 16, "source tokens per sentence (EOS included)"),
+            ("--tgt-len", with_eos("--tgt-len"), 16, "target tokens per sentence (EOS included)"),
             ("--warmup", count, 1, "untimed training steps per round"),
             ("--steps", positive, 3, "timed training steps per round"),
             ("--repeats", positive, 3, "rounds over all configurations"), ("--label-smoothing", float, 0.1, None),
@@ -586,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("--decode-warmup", count, 1, "untimed decode batches per round"),
             ("--decode-batches", positive, 2, "timed decode batches per round")],
         "device and output": [
-            ("--device", one_of("--device", DEVICES), "cpu", " or ".join(DEVICES)),
+            ("--device", one_of("--device", ("cpu", "cuda")), "cpu", "cpu or cuda"),
             ("--dtype", one_of("--dtype", tuple(AUTOCAST)), "fp32", "fp32, or fp16 / bf16 (autocast, CUDA only)"),
             ("--threads", positive, None, "torch.set_num_threads (default: torch's)"),
             ("--clock", one_of("--clock", tuple(CLOCKS)), "wall", "wall: elapsed time; process: this process's CPU "
@@ -596,9 +572,14 @@ def build_parser() -> argparse.ArgumentParser:
     for title, arguments in groups.items():
         group = parser.add_argument_group(title)
         for flag, kind, default, text in arguments:
+            sets = WIDTH_FLAGS.get(flag[2:].replace("-", "_"))
+            text = text or (sets and "sets " + ", else ".join(" and ".join(model_flags) for model_flags in sets))
             group.add_argument(flag, type=kind, default=default, help=text)
         if title == "decoding measurement":
-            group.add_argument("--source-lengths", type=length_list, default=[], metavar="N,N,...",
+            lengths = checked("--source-lengths", lambda text: [int(n) for n in text.split(",")],
+                              lambda values: min(values) >= 2, "integers of at least 2 (the last token is EOS) "
+                              "separated by commas")
+            group.add_argument("--source-lengths", type=lengths, default=[], metavar="N,N,...",
                                help="also time one decoding step as the source grows, for each source length N (e.g. "
                                     "He et al.'s point that layer-wise coordination attends to the source in every "
                                     "layer)")
@@ -610,21 +591,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def length_list(text: str) -> List[int]:
-    """``8,16,32`` -> [8, 16, 32]; argparse names the flag in its error."""
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text!r}") from None
-
-
 def settings(argv=(), **changes) -> argparse.Namespace:
-    """The settings of a measurement: the command line ``argv`` parsed, ``changes`` applied, the
-    common flags split and the output length resolved (``decode_len``: ``--tgt-len`` by default)."""
+    """The settings of a measurement: the command line ``argv`` parsed, ``changes`` applied and the
+    output length resolved (``decode_len``: ``--tgt-len`` by default)."""
     args = build_parser().parse_args(list(argv))
     vars(args).update(changes)
-    if isinstance(args.common_flags, str):
-        args.common_flags = split_flags(args.common_flags, "--common-flags")
     args.decode_len = args.decode_len or args.tgt_len
     return args
 
@@ -639,10 +610,9 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
                       [("--time-to-loss", log) for log in logs])
         if logs:
             result = time_to_loss(logs[0], logs[1:])
-            table = time_to_loss_table(result)
         else:
             result = run_benchmark(build_configs(args.archs, args.variant, args.baseline_arch), args)
-            table = markdown_table(result)
+        table = time_to_loss_table(result) if logs else markdown_table(result)
     except UsageError as exc:
         build_parser().error(str(exc))
     result["command"] = shlex.join([PROG, *argv])

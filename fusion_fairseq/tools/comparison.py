@@ -6,6 +6,7 @@ finished: it is never retrained. The report is :mod:`fusion_fairseq.tools.compar
 import argparse
 import bisect
 import contextlib
+import functools
 import importlib.metadata
 import json
 import logging
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -95,12 +96,10 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
             "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
     Method("transformer_continued", "Transformer, continued", "fairseq's vanilla Transformer", "transformer",
            init="transformer", note="the baseline of deeprep_finetuned"),
-    Method("deeprep_finetuned", "Deep representations, fine-tuned from the Transformer", "Dou et al. 2018 (EMNLP)",
-           "fusion_transformer", ("--aggregate-encoder", "hierarchical", "--aggregate-decoder", "hierarchical"),
-           criterion=DIVERSITY_CRITERION, init="transformer", baseline="transformer_continued",
-           note="as deeprep, fine-tuned as the paper trains it",
-           paper_gap=(+1.14, "WMT14 En-De, Transformer-Base, Table 1 row 9: 28.78 vs 27.64")),
 )}
+METHODS["deeprep_finetuned"] = replace(
+    METHODS["deeprep"], name="deeprep_finetuned", title="Deep representations, fine-tuned from the Transformer",
+    init="transformer", baseline="transformer_continued", note="as deeprep, fine-tuned as the paper trains it")
 #: the methods of the 3+3 (shallow) comparison: the default of --methods without --deep
 SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "layerwise_coordination",
                    "dense_transformer")
@@ -165,10 +164,8 @@ def width_flags(method: Method, width: Width) -> List[str]:
 def match_candidates(method: Method, width: Width) -> List[int]:
     if method.match == "--layers":
         return list(range(1, 4 * (width.encoder_layers + width.decoder_layers) + 1))
-    if method.match == "--growth-dim":
-        step = width.heads * 8 // math.gcd(width.heads, 8)  # divisible by the heads, a multiple of 8
-        return list(range(step, 2 * width.dim + 1, step))
-    raise ValueError(f"no candidates for {method.match}")
+    step = width.heads * 8 // math.gcd(width.heads, 8)  # --growth-dim: divisible by the heads, a multiple of 8
+    return list(range(step, 2 * width.dim + 1, step))
 
 
 def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int, int, Dict[int, int]]:
@@ -218,12 +215,8 @@ DEFAULT_CRITERION = ("--criterion", "label_smoothed_cross_entropy", "--label-smo
 
 
 def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> List[str]:
-    flags = ["--arch", method.arch, *width_flags(method, width), *method.flags]
-    if method.match:
-        if matched is None:
-            raise ValueError(f"{method.name}: {method.match} not matched yet")
-        flags += [method.match, str(matched)]
-    return flags
+    return ["--arch", method.arch, *width_flags(method, width), *method.flags,
+            *([method.match, str(matched)] if method.match else [])]
 
 
 def prepare_data(args) -> str:
@@ -242,8 +235,7 @@ def prepare_data(args) -> str:
         raise ComparisonError(f"--raw: not given, and {data_bin} holds no prepared data; give --raw DIR (the Multi30k "
                               "task-1 raw files train/val/test_*.de/.en) or --data-bin DIR")
     argv = ["prepare", "multi30k", "--from", os.path.abspath(args.raw), "--dest", dest, "--src", "de", "--tgt", "en",
-            "--test-set", TEST_SETS[0], "--bpe-merges", str(args.bpe_merges),
-            "--workers", str(min(os.cpu_count() or 1, 8))]
+            "--test-set", TEST_SETS[0], "--bpe-merges", str(args.bpe_merges)]
     log(f"preparing the data: python -m fusion_fairseq.tools.corpus {shlex.join(argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -286,8 +278,7 @@ def make_plan(methods: List[Method], settings, data_bin: str, recipe: dict) -> d
                               "vocabulary (binarise with --joined-dictionary)")
     log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
     count, width = _build_counter(data_bin, settings, recipe), settings.width
-    baseline = METHODS["transformer"]
-    target = count(baseline, model_flags(baseline, width))
+    target = count(METHODS["transformer"], model_flags(METHODS["transformer"], width))
     entries = {}
     for method in methods:
         value = None
@@ -578,7 +569,6 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
                             if d.metadata["Name"]}, key=str.lower),  # what the run ran with
     }
     _write_json(os.path.join(rdir, "done.json"), done)  # the marker, before anything is removed
-    run_statistics(rdir)
     if not config.get("keep_checkpoints"):
         for name in os.listdir(save_dir):
             if name.startswith("checkpoint") and name.endswith(".pt"):
@@ -588,19 +578,13 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
 AVERAGED = 5  # checkpoints averaged, as the Transformer setups the papers follow do
 
 
+@functools.lru_cache(maxsize=None)
 def run_statistics(rdir: str):
-    """:func:`report.sentence_statistics` of a scored run's test sets together, cached in its directory."""
-    import numpy as np
-
-    path = os.path.join(rdir, "sentence-statistics.json")
-    stored = _read_json(path)
-    if not stored:
-        scores = finished_run(rdir)["scores"]["average"]
-        hypotheses, references = (report.read_concatenated(scores, key) for key in ("hyp_detok", "raw_ref"))
-        found = report.sentence_statistics(hypotheses, references, "case:lc" in scores["all"]["sacrebleu_signature"])
-        stored = {"statistics": found.tolist()}
-        _write_json(path, stored)
-    return np.array(stored["statistics"], dtype=np.int64)
+    """:func:`report.sentence_statistics` of a scored run's test sets together (computed once: a scored run
+    is never scored again)."""
+    scores = finished_run(rdir)["scores"]["average"]
+    hypotheses, references = (report.read_concatenated(scores, key) for key in ("hyp_detok", "raw_ref"))
+    return report.sentence_statistics(hypotheses, references, "case:lc" in scores["all"]["sacrebleu_signature"])
 
 
 def paired_with_baseline(out: str, method: str, seed: int, baseline: str) -> Optional[dict]:
@@ -751,7 +735,7 @@ class Experiment:
             try:
                 count(method, model_flags(method, self.settings.width))
                 return True
-            except (ValueError, SystemExit):
+            except ComparisonError:
                 return False
 
         components = choose_components({n: best[n] for n in COMPONENTS}, best["transformer"], builds)
@@ -765,18 +749,19 @@ class Experiment:
         path = os.path.join(self.out, "third_seed.json")
         if not self.settings.deep or os.path.isfile(path) or not all(finished_run(self.rdir(*r)) for r in self.runs()):
             return
-        intervals = {method.name: self.verdict(method.name, method.baseline, self.settings.seeds)
+        intervals = {method.name: self.verdict(method.name, method.baseline)
                      for method in self.concrete_methods() if method.name != "transformer"}
         chosen = [name for name, found in intervals.items() if found["verdict"] == "undecided"]
-        methods = {"transformer", *chosen, *(self.method(name).baseline for name in chosen)}
+        wanted = {"transformer", *chosen, *(self.method(name).baseline for name in chosen)}
+        methods = [method.name for method in self.methods if method.name in wanted]
         _write_json(path, {"seed": max(self.settings.seeds) + 1, "rule": report.THIRD_SEED_RULE, "intervals": intervals,
-                           "methods": [m.name for m in self.methods if m.name in methods]})
-        log(f"third seed for: {', '.join(m.name for m in self.methods if m.name in methods)}")
+                           "methods": methods})
+        log(f"third seed for: {', '.join(methods)}")
 
-    def verdict(self, name: str, baseline: str, seeds: Optional[List[int]] = None) -> dict:
-        """:func:`report.seed_sentence_bootstrap` of a method's runs of ``seeds`` (default: all) and its baseline's."""
-        return report.seed_sentence_bootstrap(*[[run_statistics(self.rdir(n, seed)) for seed in
-                                                 seeds or self.seeds_of(n)] for n in (name, baseline)])
+    def verdict(self, name: str, baseline: str) -> dict:
+        """:func:`report.seed_sentence_bootstrap` of a method's runs and its baseline's."""
+        return report.seed_sentence_bootstrap(*[[run_statistics(self.rdir(n, seed)) for seed in self.seeds_of(n)]
+                                                for n in (name, baseline)])
 
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
         """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
@@ -882,7 +867,7 @@ class Experiment:
             return {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compare_methods.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train the vanilla Transformer and every paper's headline configuration at a matched size with "
@@ -932,11 +917,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true",
                    help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
     g.add_argument("--log-interval", type=positive_int, default=50, help=argparse.SUPPRESS)
-    return p
-
-
-def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    settings = build_parser().parse_args(argv)
+    settings = p.parse_args(argv)
     settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep else DEFAULT_WIDTH)
     settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep else "inverse_sqrt")
     settings.methods = settings.methods or [",".join(DEEP_METHODS if settings.deep else SHALLOW_METHODS)]

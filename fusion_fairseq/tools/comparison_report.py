@@ -10,6 +10,7 @@ from fusion_fairseq.tools.corpus import read_lines
 
 #: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
+#: both bootstraps: the paired one of each seed and the verdict's
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default
 
@@ -70,34 +71,32 @@ def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
 
 #: The verdict, fixed before any of the 6+6 comparison's test scores existed: resampling the seeds makes
 #: seed-to-seed variance count, resampling the sentences the test-set sampling.
-VERDICT_SAMPLES = 1000
-VERDICT_SEED = 12345
 VERDICT_RULE = ("Δ: mean sacreBLEU over the method's seeds minus its baseline's, on the four test sets together; "
-                f"95% interval of {VERDICT_SAMPLES} bootstrap replicates, each resampling the seeds of both (with "
+                f"95% interval of {BOOTSTRAP_SAMPLES} bootstrap replicates, each resampling the seeds of both (with "
                 "replacement), then the test sentences (one draw shared by every run); better: the interval is above "
                 "0, worse: below 0, otherwise undecided")
 THIRD_SEED_RULE = ("once every run of the first seeds is scored: one more seed for the Transformer, for every "
                    "configuration whose verdict is undecided, and for its baseline")
 
 
-def seed_sentence_bootstrap(system: List, baseline: List, samples: int = VERDICT_SAMPLES, seed: int = VERDICT_SEED) -> dict:
+def seed_sentence_bootstrap(system: List, baseline: List) -> dict:
     """:data:`VERDICT_RULE` on the sentence statistics of a method's runs (one per seed) and its baseline's."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
     n = len(system[0])
 
     def mean_bleu(runs, weights=None):
         return statistics.fmean(corpus_bleu(run.sum(0) if weights is None else weights @ run) for run in runs)
 
     differences = []
-    for _ in range(samples):
+    for _ in range(BOOTSTRAP_SAMPLES):
         picked = [[runs[i] for i in rng.integers(len(runs), size=len(runs))] for runs in (system, baseline)]
         weights = np.bincount(rng.integers(n, size=n), minlength=n)
         differences.append(mean_bleu(picked[0], weights) - mean_bleu(picked[1], weights))
     low, high = (round(float(x), 2) for x in np.percentile(differences, [2.5, 97.5]))
     return {"difference": round(mean_bleu(system) - mean_bleu(baseline), 2), "ci95": [low, high],
-            "seeds": [len(system), len(baseline)], "samples": samples,
+            "seeds": [len(system), len(baseline)], "samples": BOOTSTRAP_SAMPLES,
             "verdict": "better" if low > 0 else "worse" if high < 0 else "undecided"}
 
 
