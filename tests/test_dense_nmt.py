@@ -286,14 +286,14 @@ def test_dense_plan_widths():
     d0, d = 32, 8
     plan = dense_plan([d] * 4, d0)
     assert [(s.kind, s.in_dim) for s in plan] == [("layer", 32), ("layer", 40), ("layer", 48), ("layer", 56)]
-    assert final_width(plan, d0) == 64 and block_sizes(plan) == [8, 8, 8, 8]
+    assert final_width(plan) == 64 and block_sizes(plan) == [8, 8, 8, 8]
     assert summary_positions(7, 3) == [1, 3, 5]
     plan = dense_plan([d] * 7, d0, summary_every=3)
     assert [(s.kind, s.in_dim) for s in plan] == [
         ("layer", 32), ("layer", 40), ("summary", 48), ("layer", 32), ("layer", 40), ("summary", 48),
         ("layer", 32), ("layer", 40), ("summary", 48), ("layer", 32)]
     assert all(s.in_dim <= (3 - 1) * d + d0 for s in plan)
-    assert block_sizes(plan) == [32, 8] and final_width(plan, d0) == 40
+    assert block_sizes(plan) == [32, 8] and final_width(plan) == 40
 
 
 def test_model_layer_input_widths():

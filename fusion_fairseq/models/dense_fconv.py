@@ -15,6 +15,7 @@ hidden size d (a dense side's growth dimension, a residual side's width) and ker
 ``--growth-dim`` replaces every d at once.
 """
 
+import argparse
 import logging
 import math
 from dataclasses import dataclass, field
@@ -33,9 +34,7 @@ from omegaconf import II
 
 from fusion_fairseq.checkpoint_safety import parse_config_literal
 from fusion_fairseq.modules.dense_attention import DENSE_ATTENTION_KINDS, DenseConvAttention, weight_normed_linear
-from fusion_fairseq.modules.densenmt_connection import (
-    SummaryLayer, block_sizes, build_dense_stack, dense_plan, final_width, run_dense, summary_positions,
-)
+from fusion_fairseq.modules.densenmt_connection import SummaryLayer, build_dense_stack, run_dense, summary_positions
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import (
@@ -115,10 +114,14 @@ class DenseFConvConfig(DenseConfig):
         idle_reason="the dense_fconv decoder attends to the source in every layer (Sec. 3.2)")
 
 
-def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
-    """Errors naming the flag, the value and what is allowed, for args that did not come through
-    argparse (or combinations argparse cannot see), and for the fairseq flags ``unsupported``;
-    warnings for idle flags."""
+def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_dim: str) -> argparse.Namespace:
+    """The args a DenseNMT model builds from: the defaults of ``architecture`` (the model's base
+    architecture, which has the model's name); errors naming the flag, the value and what is
+    allowed, for args that did not come through argparse (or combinations argparse cannot see),
+    and for the fairseq flags ``unsupported``; warnings for idle flags; fairseq's default max
+    positions; and the softmax width (``softmax_dim``) of small embeddings."""
+    args = as_namespace(cfg)
+    architecture(args)
     check_values(args, config)
     for side in ("encoder", "decoder"):
         width = getattr(args, f"{side}_embed_dim")
@@ -132,7 +135,7 @@ def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
             "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)")
     for name in unsupported:
         if getattr(args, name, None):
-            raise ConfigurationError(f"{flag_of(name)} is not supported by {model}")
+            raise ConfigurationError(f"{flag_of(name)} is not supported by {architecture.__name__}")
     warn_idle_flags(args, config)
     # a warning, not an error (checkpoints trained with it keep loading), when --summary-every builds no
     # summary layer; --{side}-layers is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)
@@ -145,6 +148,11 @@ def check_dense_args(args, config, model: str, unsupported: Sequence[str]):
         stacks = ", ".join(f"{side} {depth}" for side, depth in depths.items())
         logger.warning("flag without effect: --summary-every %d builds no summary layer (one follows every %d "
                        "layers below the top layer; dense layers: %s)", args.summary_every, args.summary_every - 1, stacks)
+    args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
+    args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
+    if args.embed_bottleneck_dim is not None:  # Sec. 4.2: the softmax matrix shrinks with the embeddings
+        setattr(args, softmax_dim, args.embed_bottleneck_dim)
+    return args
 
 
 def layer_spec(spec_text: str, flag: str, growth_dim: Optional[int]) -> List[Tuple[int, int]]:
@@ -191,35 +199,44 @@ class SmallEmbedding(nn.Module):
         return self.project(self.tokens(tokens))
 
 
-def build_token_embedding(dictionary, embed_dim: int, bottleneck_dim: Optional[int]) -> nn.Module:
-    if bottleneck_dim is None:
-        return Embedding(len(dictionary), embed_dim, dictionary.pad())
-    return SmallEmbedding(len(dictionary), bottleneck_dim, embed_dim, dictionary.pad())
+def build_side(stack, args, side: str, growth: int, make_layer, make_conv) -> Tuple[list, List[int], int]:
+    """One side of a ConvS2S ``stack`` (built with the placeholder spec): its token embeddings
+    (small ones, Sec. 4.2) and its layers ``make_layer(in_dim, width, kernel)``, returned in order
+    with the widths of the top block (what dense attention reads) and the output width. Sets
+    ``stack.dense``, ``.summaries``, ``.input_projection``, ``.residual_projections`` and
+    ``.layer_input_widths``.
 
-
-def build_stack(args, dense: bool, embed_dim: int, layers: List[Tuple[int, int]], growth: int, make_layer,
-                make_conv):
-    """One side's ``(layers, summaries, input projection, residual projections, layer input widths, plan)``.
-    Dense: layer i adds ``growth`` times its width d (Eq. 6/7), a summary layer (Sec. 3.3) is
-    ``make_conv(in_dim, d0, kernel)`` with the kernel of the layer below it, or a linear one. Residual
-    (ConvS2S): fc1 from the embedding to the first width, then per layer a projection of the residual
-    where the width changes. Layers are ``make_layer(in_dim, width, kernel)``."""
-    dropout = args.dropout
-    if dense:
-        plan = dense_plan([growth * width for width, _ in layers], embed_dim, args.summary_every)
-        built, summaries = build_dense_stack(
-            plan, lambda index, step: make_layer(step.in_dim, *layers[index]),
-            lambda index, step: make_conv(step.in_dim, step.out_dim, layers[index][1])
-            if args.summary_layer == "conv" else SummaryLayer(step.in_dim, step.out_dim, dropout))
-        return built, summaries, None, None, [step.in_dim for step in plan], plan
-    input_projection = Linear(embed_dim, layers[0][0], dropout=dropout)  # ConvS2S's fc1
-    projections, built, input_widths, previous = nn.ModuleList(), [], [], layers[0][0]
+    Dense: layer i adds ``growth`` times its width d (Eq. 6/7); a summary layer (Sec. 3.3) is
+    ``make_conv(in_dim, d0, kernel)`` with the kernel of the layer below it, or a linear one.
+    Residual (ConvS2S): fc1 from the embedding to the first width, then per layer a projection of
+    the residual where the width changes."""
+    dropout, stack.dense = args.dropout, not getattr(args, f"no_dense_{side}")
+    layers = layer_spec(getattr(args, f"{side}_layers"), f"--{side}-layers", args.growth_dim)
+    if not stack.dense and args.residual_dim is not None:
+        # A residual side in a dense model (the Table 2 ablations) has the residual BASE model's width, not
+        # the growth size: "based on the residual connected BASE-4L model, DenseENC-4L only makes encoder
+        # side dense" and the 4-layer models have "roughly the same number of parameters".
+        layers = [(args.residual_dim, kernel) for _, kernel in layers]
+    stack.embed_dim = embed_dim = getattr(args, f"{side}_embed_dim")
+    vocabulary, pad = len(stack.dictionary), stack.dictionary.pad()
+    stack.embed_tokens = (Embedding(vocabulary, embed_dim, pad) if args.embed_bottleneck_dim is None
+                          else SmallEmbedding(vocabulary, args.embed_bottleneck_dim, embed_dim, pad))
+    if stack.dense:
+        stack.input_projection = stack.residual_projections = None
+        return build_dense_stack(
+            stack, [growth * width for width, _ in layers], embed_dim, args.summary_every,
+            lambda index, in_dim: make_layer(in_dim, *layers[index]),
+            lambda index, in_dim: make_conv(in_dim, embed_dim, layers[index][1])
+            if args.summary_layer == "conv" else SummaryLayer(in_dim, embed_dim, dropout))
+    stack.summaries = nn.ModuleDict()
+    stack.input_projection = Linear(embed_dim, layers[0][0], dropout=dropout)  # ConvS2S's fc1
+    stack.residual_projections, built, stack.layer_input_widths, previous = nn.ModuleList(), [], [], layers[0][0]
     for width, kernel in layers:
-        projections.append(Linear(previous, width) if previous != width else None)
+        stack.residual_projections.append(Linear(previous, width) if previous != width else None)
         built.append(make_layer(previous, width, kernel))
-        input_widths.append(previous)
+        stack.layer_input_widths.append(previous)
         previous = width
-    return built, {}, input_projection, projections, input_widths, None
+    return built, [width for width, _ in layers], previous
 
 
 def run_residual(x: Tensor, projections, apply_layer) -> List[Tensor]:
@@ -242,25 +259,20 @@ class DenseFConvEncoder(FConvEncoder):
     """
 
     def __init__(self, args, dictionary):
-        embed_dim, dropout, layers = args.encoder_embed_dim, args.dropout, side_layers(args, "encoder")
-        super().__init__(dictionary, embed_dim=embed_dim, max_positions=getattr(args, "max_source_positions", None)
-                         or 1024, convolutions=_PLACEHOLDER_SPEC, dropout=dropout)
+        super().__init__(dictionary, embed_dim=args.encoder_embed_dim, max_positions=args.max_source_positions,
+                         convolutions=_PLACEHOLDER_SPEC, dropout=args.dropout)
         del self.fc1, self.fc2, self.projections, self.convolutions, self.residuals
-        self.embed_tokens = build_token_embedding(dictionary, embed_dim, args.embed_bottleneck_dim)
-        self.embed_dim, self.dense, self.dense_attention = embed_dim, not args.no_dense_encoder, args.dense_attention
+        self.dense_attention = args.dense_attention
 
         def conv(in_dim: int, out_dim: int, kernel: int):
-            return ConvTBC(in_dim, out_dim * 2, kernel, dropout=dropout, padding=kernel // 2 if kernel % 2 else 0)
+            return ConvTBC(in_dim, out_dim * 2, kernel, dropout=args.dropout, padding=kernel // 2 if kernel % 2 else 0)
 
-        convolutions, summaries, input_projection, residual_projections, self.layer_input_widths, plan = build_stack(
-            args, self.dense, embed_dim, layers, 1, conv, conv)
-        self.layer_convolutions = nn.ModuleList(convolutions)
-        self.summaries = nn.ModuleDict(summaries)
-        self.input_projection, self.residual_projections = input_projection, residual_projections
-        top_block = block_sizes(plan) if self.dense else [width for width, _ in layers]
+        self.layer_convolutions = nn.ModuleList()  # first: checkpoints' parameters keep their order
+        convolutions, top_block, _ = build_side(self, args, "encoder", 1, conv, conv)
+        self.layer_convolutions.extend(convolutions)
         # L_i of Eq. 9/10 (ConvS2S's fc2 for the top layer when dense attention is off)
         sources = top_block[-1:] if self.dense_attention == "none" else top_block
-        self.source_projections = nn.ModuleList(Linear(width, embed_dim) for width in sources)
+        self.source_projections = nn.ModuleList(Linear(width, self.embed_dim) for width in sources)
         self.num_sources = len(sources) if self.dense_attention == "2" else 1
 
     def convolve(self, conv, x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
@@ -320,27 +332,23 @@ class DenseFConvDecoder(FConvDecoder):
     """
 
     def __init__(self, args, dictionary):
-        embed_dim, dropout, layers = args.decoder_embed_dim, args.dropout, side_layers(args, "decoder")
-        out_embed_dim, max_positions = args.decoder_out_embed_dim, getattr(args, "max_target_positions", None) or 1024
-        super().__init__(dictionary, embed_dim=embed_dim, out_embed_dim=out_embed_dim, max_positions=max_positions,
-                         convolutions=_PLACEHOLDER_SPEC, attention=True, dropout=dropout, share_embed=False)
+        embed_dim, dropout, out_embed_dim = args.decoder_embed_dim, args.dropout, args.decoder_out_embed_dim
+        super().__init__(dictionary, embed_dim=embed_dim, out_embed_dim=out_embed_dim,
+                         max_positions=args.max_target_positions, convolutions=_PLACEHOLDER_SPEC, attention=True,
+                         dropout=dropout, share_embed=False)
         del self.fc1, self.fc2, self.fc3, self.projections, self.convolutions, self.attention, self.residuals
-        self.embed_tokens = build_token_embedding(dictionary, embed_dim, args.embed_bottleneck_dim)
-        self.embed_dim, self.dense = embed_dim, not args.no_dense_decoder
 
         def causal_conv(in_dim, out_dim, kernel):
             return LinearizedConv1d(in_dim, 2 * out_dim, kernel, padding=kernel - 1, dropout=dropout)
 
         def layer(in_dim, width, kernel):  # Eq. 7: a dense layer adds its hidden state z (d) and attention value a (d)
-            return causal_conv(in_dim, width, kernel), DenseConvAttention(width, embed_dim, residual=not self.dense)
+            conv = causal_conv(in_dim, width, kernel)
+            return conv, DenseConvAttention(width, embed_dim, residual=args.no_dense_decoder)
 
-        built, summaries, input_projection, residual_projections, self.layer_input_widths, plan = build_stack(
-            args, self.dense, embed_dim, layers, 2, layer, causal_conv)
-        self.convolutions = nn.ModuleList(conv for conv, _ in built)
-        self.attention = nn.ModuleList(attention for _, attention in built)
-        self.summaries = nn.ModuleDict(summaries)
-        self.input_projection, self.residual_projections = input_projection, residual_projections
-        top_width = final_width(plan, embed_dim) if self.dense else layers[-1][0]
+        self.convolutions, self.attention = nn.ModuleList(), nn.ModuleList()  # first, as in the encoder
+        built, _, top_width = build_side(self, args, "decoder", 2, layer, causal_conv)
+        self.convolutions.extend(conv for conv, _ in built)
+        self.attention.extend(attention for _, attention in built)
         # Sec. 3.1: "the output of the decoder is a linear transformation of the concatenation of
         # all layers" (of the top block with summary layers); ConvS2S's fc2 for a residual stack.
         self.fc2 = Linear(top_width, out_embed_dim)
@@ -373,44 +381,24 @@ class DenseFConvDecoder(FConvDecoder):
             prev_output_tokens = prev_output_tokens[:, -1:]
         target_embedding = self.dropout_module(self.embed_tokens(prev_output_tokens) + positions)
 
-        collect = not self.training and self.need_attn
-        attention_sum: Optional[Tensor] = None
+        layer_weights = []  # summed: the layers' mean attention weights, for --print-alignment
 
-        def attend(layer_index: int, z: Tensor) -> Tensor:
-            nonlocal attention_sum
-            out, weights = self.attention[layer_index](z, target_embedding, keys, values, padding_mask)
-            if collect:
-                weights = weights / len(self.attention)
-                attention_sum = weights if attention_sum is None else attention_sum + weights
-            return out
+        def apply_layer(index: int, features: Tensor):
+            z = self.convolve(self.convolutions[index], features, incremental_state)
+            a, weights = self.attention[index](z, target_embedding, keys, values, padding_mask)
+            if not self.training and self.need_attn:
+                layer_weights.append(weights / len(self.attention))
+            return z, a  # Eq. 7: [z_l, a_l] join a dense stack; a residual layer outputs a (z added, as ConvS2S)
 
         if self.dense:
-            def apply_layer(index: int, features: Tensor):
-                z = self.convolve(self.convolutions[index], features, incremental_state)
-                return z, attend(index, z)  # Eq. 7: [z_l, a_l] join the stack
-
             x = run_dense(target_embedding, len(self.convolutions), apply_layer, self.summaries,
                           lambda summary, features: self.convolve(summary, features, incremental_state)).concat()
         else:
-            def convolve_and_attend(index, x):
-                return attend(index, self.convolve(self.convolutions[index], x, incremental_state))
-
             x = run_residual(self.input_projection(target_embedding), self.residual_projections,
-                             convolve_and_attend)[-1]
+                             lambda index, x: apply_layer(index, x)[1])[-1]
         x = self.fc3(self.dropout_module(self.fc2(x)))
         # as fairseq's Transformer decoder: fairseq's --print-alignment reads extra["attn"][0]
-        return x, {"attn": [attention_sum]}
-
-
-def side_layers(args, side: str) -> List[Tuple[int, int]]:
-    """``(width, kernel)`` per layer of one side. A residual side in a dense model (the Table 2
-    ablations) has the residual BASE model's width (``--residual-dim``), not the growth size:
-    "based on the residual connected BASE-4L model, DenseENC-4L only makes encoder side dense" and
-    the 4-layer models have "roughly the same number of parameters"."""
-    layers = layer_spec(getattr(args, f"{side}_layers"), f"--{side}-layers", args.growth_dim)
-    if getattr(args, f"no_dense_{side}") and args.residual_dim is not None:
-        layers = [(args.residual_dim, kernel) for _, kernel in layers]
-    return layers
+        return x, {"attn": [sum(layer_weights) if layer_weights else None]}
 
 
 @register_model("dense_fconv", dataclass=DenseFConvConfig)
@@ -419,16 +407,12 @@ class DenseFConvModel(FlagsOfConfig, FConvModel):
 
     @classmethod
     def build_model(cls, args, task):
-        args = as_namespace(args)
-        dense_fconv(args)
-        check_dense_args(args, DenseFConvConfig, "dense_fconv", unsupported=("encoder_embed_path", "decoder_embed_path"))
+        args = dense_args(args, dense_fconv, DenseFConvConfig, ("encoder_embed_path", "decoder_embed_path"),
+                          softmax_dim="decoder_out_embed_dim")
         if args.encoder_embed_dim != args.decoder_embed_dim:
             raise ConfigurationError(
                 f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim {args.decoder_embed_dim} "
                 "must be equal: the attention adds the target embedding to the query it compares with the keys")
-        if args.embed_bottleneck_dim is not None:
-            # Sec. 4.2: the softmax matrix shrinks together with the embeddings
-            args.decoder_out_embed_dim = args.embed_bottleneck_dim
         return cls(DenseFConvEncoder(args, task.source_dictionary), DenseFConvDecoder(args, task.target_dictionary))
 
 

@@ -23,28 +23,23 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
 import argparse
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from fairseq.models.transformer import Linear, TransformerEncoder, TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture, transformer_iwslt_de_en
-from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import LayerNorm, PositionalEmbedding, TransformerDecoderLayer, TransformerEncoderLayer
 
 from fusion_fairseq.checkpoint_safety import require_literal_transformer_config
 from fusion_fairseq.modules.dense_attention import DenseSourceAttention
-from fusion_fairseq.modules.densenmt_connection import (
-    SummaryLayer, block_sizes, build_dense_stack, dense_plan, final_width, run_dense,
-)
+from fusion_fairseq.modules.densenmt_connection import SummaryLayer, build_dense_stack, run_dense
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import layer_checkpointing
-from fusion_fairseq.config_fields import (
-    POSITIVE_INT, FlagsOfConfig, as_namespace, fill_defaults, option, set_defaults,
-)
+from fusion_fairseq.config_fields import POSITIVE_INT, FlagsOfConfig, fill_defaults, option, set_defaults
 
-from .dense_fconv import DENSE_SIDE, DenseConfig, check_dense_args
+from .dense_fconv import DENSE_SIDE, DenseConfig, dense_args
 from .fusion_config import TransformerDropouts
 from .fusion_stacks import FusionTransformerDecoder
 from .fusion_transformer import build_token_embeddings
@@ -55,28 +50,25 @@ def with_changes(args, **changes) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **changes})
 
 
-def build_side(stack, args, side: str, new_features: int, make_layer):
+def build_side(stack, args, side: str, new_features: int, make_layer) -> Tuple[List[int], int]:
     """Fill ``stack.layers`` with ``--{side}-layers`` layers ``make_layer(layer_args, in_dim)``: fairseq's residual
     stack (``in_dim`` None) under ``--no-dense-{side}``, else a dense stack, each layer adding ``new_features``
-    (``layer_args`` at the growth width), and its linear summary layers (Sec. 3.3); the dense plan, or None."""
+    (``layer_args`` at the growth width), and its linear summary layers (Sec. 3.3). Returns the widths of the
+    top block (what dense attention reads) and the stack's output width."""
     stack.call_layer = layer_checkpointing(args)  # the layers bypass fairseq's build_encoder/decoder_layer
     count, d0 = getattr(args, f"{side}_layers"), getattr(args, f"{side}_embed_dim")
-    plan = None
+    stack.num_layers = count
     if getattr(args, f"no_dense_{side}"):
         stack.layers.extend(make_layer(args, None) for _ in range(count))
         stack.layer_input_widths = [d0] * count
-    else:
-        plan = dense_plan([new_features] * count, d0, args.summary_every)
-        layer_args = with_changes(args, **{f"{side}_embed_dim": args.growth_dim})
-        layers, summaries = build_dense_stack(
-            plan, lambda index, step: make_layer(layer_args, step.in_dim),
-            lambda index, step: SummaryLayer(step.in_dim, step.out_dim, weight_norm=False))
-        stack.layers.extend(layers)
-        stack.summaries = nn.ModuleDict(summaries)
-        stack.layer_norm = None
-        stack.layer_input_widths = [step.in_dim for step in plan]
-    stack.num_layers = len(stack.layers)
-    return plan
+        return [d0] * count, d0
+    layer_args = with_changes(args, **{f"{side}_embed_dim": args.growth_dim})
+    layers, top_block, width = build_dense_stack(
+        stack, [new_features] * count, d0, args.summary_every, lambda index, in_dim: make_layer(layer_args, in_dim),
+        lambda index, in_dim: SummaryLayer(in_dim, d0, weight_norm=False))
+    stack.layers.extend(layers)
+    stack.layer_norm = None
+    return top_block, width
 
 
 class DenseTransformerEncoderLayer(TransformerEncoderLayer):
@@ -113,8 +105,7 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
         self.input_projection = Linear(in_dim, args.decoder_embed_dim) if in_dim is not None else None
         self.attention_value: Optional[Tensor] = None
 
-    def build_encoder_attention(self, embed_dim, args):
-        cfg = TransformerConfig.from_namespace(args)
+    def build_encoder_attention(self, embed_dim, cfg):  # fairseq's TransformerConfig
         return DenseSourceAttention(
             embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
             dropout=cfg.attention_dropout, encoder_decoder_attention=True,
@@ -139,10 +130,8 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
 class DenseTransformerEncoder(TransformerEncoder):
     def __init__(self, args, dictionary, embed_tokens):
         super().__init__(with_changes(args, encoder_layers=0), dictionary, embed_tokens)
-        d0 = args.encoder_embed_dim
-        self.embed_dim = d0
-        self.dense = not args.no_dense_encoder
-        self.dense_attention = args.dense_attention
+        self.embed_dim = d0 = args.encoder_embed_dim
+        self.dense, self.dense_attention = not args.no_dense_encoder, args.dense_attention
         self.embed_scale = 1.0 if args.no_scale_embedding else math.sqrt(d0)
         token_dim = embed_tokens.embedding_dim
         self.project_in_dim = Linear(token_dim, d0, bias=False) if token_dim != d0 else None
@@ -152,12 +141,10 @@ class DenseTransformerEncoder(TransformerEncoder):
                     args.max_source_positions, d0, self.padding_idx, learned=args.encoder_learned_pos)
             if self.layernorm_embedding is not None:
                 self.layernorm_embedding = LayerNorm(d0)
-        plan = build_side(self, args, "encoder", args.growth_dim, DenseTransformerEncoderLayer)
-        top_block = block_sizes(plan) if self.dense else [d0] * args.encoder_layers
+        top_block, _ = build_side(self, args, "encoder", args.growth_dim, DenseTransformerEncoderLayer)
         sources = top_block[-1:] if self.dense_attention == "none" else top_block
-        self.source_projections = None
-        if self.dense or self.dense_attention != "none":
-            self.source_projections = nn.ModuleList(Linear(width, d0) for width in sources)
+        self.source_projections = (nn.ModuleList(Linear(width, d0) for width in sources)
+                                   if self.dense or self.dense_attention != "none" else None)
         self.num_sources = len(sources) if self.dense_attention == "2" else 1
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
@@ -219,12 +206,10 @@ class DenseTransformerDecoder(FusionTransformerDecoder):
 
     def __init__(self, args, dictionary, embed_tokens, source_groups: int):
         super().__init__(with_changes(args, decoder_layers=0), dictionary, embed_tokens, no_encoder_attn=False)
-        d0 = args.decoder_embed_dim
         self.dense = not args.no_dense_decoder
         # Eq. 7: every dense layer adds z_l and a_l, d features each (a_l recorded)
-        plan = build_side(self, args, "decoder", 2 * args.growth_dim, lambda layer_args, in_dim:
-                          DenseTransformerDecoderLayer(layer_args, in_dim, source_groups, self.dense))
-        top = final_width(plan, d0) if self.dense else d0
+        _, top = build_side(self, args, "decoder", 2 * args.growth_dim, lambda layer_args, in_dim:
+                            DenseTransformerDecoderLayer(layer_args, in_dim, source_groups, self.dense))
         self.aggregation.num_layers = self.num_layers
         # Sec. 3.1: the output is a linear transformation of the concatenation of the top block
         self.project_out_dim = Linear(top, self.output_embed_dim, bias=False) if top != self.output_embed_dim else None
@@ -264,11 +249,9 @@ class DenseTransformerModel(FlagsOfConfig, TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        args = as_namespace(args)
-        dense_transformer(args)
+        args = dense_args(args, dense_transformer, DenseTransformerConfig,
+                          ("encoder_layers_to_keep", "decoder_layers_to_keep"), softmax_dim="decoder_output_dim")
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        check_dense_args(args, DenseTransformerConfig, "dense_transformer",
-                         unsupported=("encoder_layers_to_keep", "decoder_layers_to_keep"))
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")
             dense = not getattr(args, f"no_dense_{side}")
@@ -276,11 +259,6 @@ class DenseTransformerModel(FlagsOfConfig, TransformerModel):
             if width % heads:
                 flag = "--growth-dim" if dense else f"--{side}-embed-dim"
                 raise ConfigurationError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
-        args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
-        args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
-        if args.embed_bottleneck_dim is not None:
-            # Sec. 4.2: the softmax matrix shrinks together with the embeddings
-            args.decoder_output_dim = args.embed_bottleneck_dim
         src_width = args.embed_bottleneck_dim or args.encoder_embed_dim
         tgt_width = args.embed_bottleneck_dim or args.decoder_embed_dim
         encoder_embed, decoder_embed = build_token_embeddings(cls, args, task, src_width, tgt_width)

@@ -40,27 +40,24 @@ class DenseConvAttention(nn.Module):
     L(z_l) of Eq. 9/10. Per source i: weights ``softmax(q . k_i)`` over the source positions,
     context ``sum_j w_j v_ij`` scaled by ``sqrt(m)`` (m = number of real source tokens, as ConvS2S),
     the contexts of the sources summed (Eq. 10; with one source this is Eq. 9 / multi-step
-    attention), then projected to ``out_dim`` by ``W_out``.
+    attention), then projected back to ``conv_channels`` by ``W_out``.
 
     ``residual=True`` is ConvS2S's layer: the output is ``(W_out c + z_l) * sqrt(1/2)`` and is the
     layer's new state. ``residual=False`` is the dense decoder (Eq. 7): the output is the separate
     attention value ``a_l`` that is concatenated beside ``z_l``.
     """
 
-    def __init__(self, conv_channels: int, embed_dim: int, out_dim: Optional[int] = None, residual: bool = True):
+    def __init__(self, conv_channels: int, embed_dim: int, residual: bool = True):
         super().__init__()
-        out_dim = conv_channels if out_dim is None else out_dim
-        if residual and out_dim != conv_channels:
-            raise ValueError(f"a residual attention layer must output its input width {conv_channels}, got {out_dim}")
         self.in_projection = weight_normed_linear(conv_channels, embed_dim)
-        self.out_projection = weight_normed_linear(embed_dim, out_dim)
+        self.out_projection = weight_normed_linear(embed_dim, conv_channels)
         self.residual = residual
 
     def forward(self, x: Tensor, target_embedding: Tensor, keys: Tensor, values: Tensor,
                 padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """x: ``(batch, tgt, conv_channels)``; target_embedding: ``(batch, tgt, embed_dim)``;
         keys, values: ``(batch, sources, src, embed_dim)``; padding_mask: ``(batch, src)`` or None.
-        Returns the output ``(batch, tgt, out_dim)`` and the attention weights averaged over the
+        Returns the output ``(batch, tgt, conv_channels)`` and the attention weights averaged over the
         sources ``(batch, tgt, src)``."""
         query = (self.in_projection(x) + target_embedding) * math.sqrt(0.5)
         scores = torch.matmul(query.unsqueeze(1), keys.transpose(2, 3))  # batch x sources x tgt x src
@@ -104,15 +101,13 @@ class DenseSourceAttention(MultiheadAttention):
         self.last_output: Optional[Tensor] = None
 
     def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, need_weights=True,
-                static_kv=False, attn_mask=None, before_softmax=False, need_head_weights=False):
+                need_head_weights=False, **kwargs):
         if self.groups == 1:
-            out, weights = super().forward(
-                query, key, value, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
-                need_weights=need_weights, static_kv=static_kv, attn_mask=attn_mask,
-                before_softmax=before_softmax, need_head_weights=need_head_weights)
+            out, weights = super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
+                                           need_head_weights=need_head_weights, **kwargs)
         else:
-            out, weights = self.grouped_attention(query, key, key_padding_mask, need_weights or need_head_weights,
-                                                  need_head_weights, incremental_state)
+            out, weights = self.grouped_attention(query, key, key_padding_mask, incremental_state,
+                                                  need_weights or need_head_weights, need_head_weights)
         if self.record_output:
             self.last_output = out
         return out, weights
@@ -123,28 +118,22 @@ class DenseSourceAttention(MultiheadAttention):
         if self.groups == 1:
             super().set_beam_size(beam_size)
 
-    def grouped_memory(self, memory: Tensor, incremental_state) -> Tuple[Tensor, Tensor]:
-        """Keys and values ``(batch, heads, groups, src, head_dim)`` of the stacked memory; with
-        ``incremental_state`` computed at a sentence's first step only."""
-        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else {}
-        if saved.get("prev_key") is not None:
-            return saved["prev_key"], saved["prev_value"]
-        total, batch, _ = memory.shape
-        if total % self.groups:
-            raise ValueError(f"memory length {total} is not a multiple of the {self.groups} DenseAtt-2 sources")
-        shape = (self.groups, total // self.groups, batch, self.num_heads, self.head_dim)
-        k = self.k_proj(memory).view(shape).permute(2, 3, 0, 1, 4)
-        v = self.v_proj(memory).view(shape).permute(2, 3, 0, 1, 4)
-        if incremental_state is not None:
-            saved["prev_key"], saved["prev_value"] = k, v
-            self._set_input_buffer(incremental_state, saved)
-        return k, v
-
-    def grouped_attention(self, query: Tensor, memory: Tensor, padding_mask: Optional[Tensor], need_weights: bool,
-                          need_head_weights: bool, incremental_state=None):
+    def grouped_attention(self, query: Tensor, memory: Tensor, padding_mask: Optional[Tensor], incremental_state,
+                          need_weights: bool, need_head_weights: bool):
+        """Eq. 10 over the stacked memory, whose keys and values ``(batch, heads, groups, src, head_dim)``
+        are computed at a sentence's first step only when decoding incrementally."""
         tgt_len, batch, _ = query.shape
         heads, head_dim = self.num_heads, self.head_dim
-        k, v = self.grouped_memory(memory, incremental_state)
+        saved = self._get_input_buffer(incremental_state)  # empty when not decoding incrementally
+        if saved.get("prev_key") is None:
+            total = memory.size(0)
+            if total % self.groups:
+                raise ValueError(f"memory length {total} is not a multiple of the {self.groups} DenseAtt-2 sources")
+            shape = (self.groups, total // self.groups, memory.size(1), heads, head_dim)
+            saved["prev_key"] = self.k_proj(memory).view(shape).permute(2, 3, 0, 1, 4)
+            saved["prev_value"] = self.v_proj(memory).view(shape).permute(2, 3, 0, 1, 4)
+            self._set_input_buffer(incremental_state, saved)  # a no-op without incremental_state
+        k, v = saved["prev_key"], saved["prev_value"]
         src_len = k.size(3)
         q = (self.q_proj(query) * self.scaling).view(tgt_len, batch, heads, head_dim).permute(1, 2, 0, 3)
         scores = torch.matmul(q.unsqueeze(2), k.transpose(-1, -2))  # batch x heads x groups x tgt x src

@@ -10,7 +10,7 @@ Pure module code: the plan of widths is computed from plain integers (no argpars
 """
 
 from dataclasses import dataclass
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -58,12 +58,10 @@ def dense_plan(new_features: Sequence[int], embed_dim: int, summary_every: int =
     return plan
 
 
-def final_width(plan: Sequence[DenseStep], embed_dim: int) -> int:
-    """Width of the concatenation after the last step (what the output projection reads)."""
-    width = embed_dim
-    for step in plan:
-        width = step.out_dim if step.kind == "summary" else width + step.out_dim
-    return width
+def final_width(plan: Sequence[DenseStep]) -> int:
+    """Width of the concatenation after the last step (what the output projection reads): the top
+    layer's input and its new features, as no summary layer follows the top layer."""
+    return plan[-1].in_dim + plan[-1].out_dim
 
 
 def block_sizes(plan: Sequence[DenseStep]) -> List[int]:
@@ -83,16 +81,10 @@ class DenseFeatures:
 
     def __init__(self, first: Tensor):
         self.blocks: List[Tensor] = [first]
-        self.restarted = False
-
-    def append(self, *blocks: Tensor) -> None:
-        self.blocks.extend(blocks)
+        self.restarted = False  # by a summary layer, whose output is the first block
 
     def concat(self) -> Tensor:
         return self.blocks[0] if len(self.blocks) == 1 else torch.cat(self.blocks, dim=-1)
-
-    def restart(self, first: Tensor) -> None:
-        self.blocks, self.restarted = [first], True
 
     def top_block(self) -> List[Tensor]:
         """The blocks since the last summary layer, its output first (the embedding h0 is none of
@@ -100,17 +92,22 @@ class DenseFeatures:
         return self.blocks if self.restarted else self.blocks[1:]
 
 
-def build_dense_stack(plan: Sequence[DenseStep], make_layer: Callable, make_summary: Callable):
-    """The modules of a dense stack in the plan's order: ``make_layer(index, step)`` for each layer
-    and ``make_summary(index, step)`` for the summary layer after layer ``index``, the summaries
-    keyed by ``str(index)``."""
+def build_dense_stack(stack: nn.Module, new_features: Sequence[int], embed_dim: int, summary_every: int,
+                      make_layer: Callable, make_summary: Callable) -> Tuple[List[nn.Module], List[int], int]:
+    """The layers of a dense stack (:func:`dense_plan`), ``make_layer(index, in_dim)``, built in the
+    plan's order with the summary layers ``make_summary(index, in_dim)`` (after layer ``index``,
+    put in ``stack.summaries`` keyed by ``str(index)``); sets ``stack.layer_input_widths``. Returns
+    the layers, the widths of the top block (:func:`block_sizes`) and the output width."""
+    plan = dense_plan(new_features, embed_dim, summary_every)
     layers, summaries = [], {}
     for step in plan:
         if step.kind == "layer":
-            layers.append(make_layer(len(layers), step))
+            layers.append(make_layer(len(layers), step.in_dim))
         else:
-            summaries[str(len(layers) - 1)] = make_summary(len(layers) - 1, step)
-    return layers, summaries
+            summaries[str(len(layers) - 1)] = make_summary(len(layers) - 1, step.in_dim)
+    stack.summaries = nn.ModuleDict(summaries)
+    stack.layer_input_widths = [step.in_dim for step in plan]
+    return layers, block_sizes(plan), final_width(plan)
 
 
 def run_dense(x: Tensor, num_layers: int, apply_layer: Callable, summaries, summarise: Callable) -> DenseFeatures:
@@ -118,9 +115,9 @@ def run_dense(x: Tensor, num_layers: int, apply_layer: Callable, summaries, summ
     returns the blocks it adds; ``summarise(summary, features)`` restarts the stack (Sec. 3.3)."""
     features = DenseFeatures(x)
     for index in range(num_layers):
-        features.append(*apply_layer(index, features.concat()))
+        features.blocks.extend(apply_layer(index, features.concat()))
         if str(index) in summaries:
-            features.restart(summarise(summaries[str(index)], features.concat()))
+            features.blocks, features.restarted = [summarise(summaries[str(index)], features.concat())], True
     return features
 
 
