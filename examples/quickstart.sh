@@ -5,7 +5,7 @@
 #
 #   examples/quickstart.sh                                   # synthetic corpus, < 10 min on 2 CPU cores
 #   examples/quickstart.sh --train-size 300 --max-update 20  # smoke run
-#   examples/quickstart.sh --data data/multi30k.de-en/tok --src de --tgt en --out m30k_out   (after python -m fusion_fairseq.tools.corpus prepare multi30k --dest data/multi30k.de-en)
+#   examples/quickstart.sh --data data/multi30k.de-en --out m30k_out   # after python -m fusion_fairseq.tools.corpus prepare multi30k --dest data/multi30k.de-en
 #
 # PYTHON selects the interpreter (default: python3, else python) that has fusion-fairseq installed.
 set -euo pipefail

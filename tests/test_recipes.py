@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import write_multi30k_slice
 from fusion_fairseq.tools import corpus
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -307,7 +308,7 @@ def test_romanian_normalisation_is_for_the_romanian_side_only():
 
 # ------------------------------------------------------------------------------ failures: offline, bad flags
 
-@pytest.mark.parametrize("name", list(corpus.CORPORA))
+@pytest.mark.parametrize("name", [name for name, recipe in corpus.CORPORA.items() if recipe.urls])
 def test_offline_download_fails_with_a_clear_message(name, tmp_path):
     dest = tmp_path / "dest"
     dest.mkdir()
@@ -334,6 +335,9 @@ def test_offline_download_fails_with_a_clear_message(name, tmp_path):
     (["prepare", "wmt16-en-ro", "--tgt", "de"], ["--tgt", "'de'"]),
     (["prepare", "wmt16-en-ro", "--remove-diacritics"], ["--remove-diacritics"]),
     (["prepare", "iwslt14", "--valid-every", "1"], ["--valid-every", "'1'"]),
+    (["prepare", "text", "--src", "de", "--tgt", "en"], ["text needs --from DIR, --src and --tgt"]),
+    (["prepare", "text", "--from", "/"], ["text needs --from DIR, --src and --tgt"]),
+    (["prepare", "text", "--from", "/", "--src", "d e", "--tgt", "en"], ["--src must be a language code", "'d e'"]),
     (["evaluate", "--beam", "0"], ["--beam", "'0'"]),
     (["evaluate", "/", "/", "--lenpen", "nan"], ["--lenpen", "'nan'"]),
     (["evaluate", "/nonexistent-data-bin", "/nonexistent.pt"], ["DATA_BIN", "'/nonexistent-data-bin'"]),
@@ -345,6 +349,70 @@ def test_bad_options_are_rejected_by_name(args, expected, tmp_path):
     for fragment in expected:
         assert fragment in result.stderr, (fragment, result.stderr)
     assert result.stderr.startswith("corpus") and len(result.stderr.splitlines()) == 1, result.stderr
+
+
+# ---------------------------------------------------------------------------- your own parallel text
+
+def write_own_text(directory):
+    """{train,valid,test}.{de,en} of raw text, as ``corpus prepare text --from`` takes it."""
+    write_multi30k_slice(directory)
+    for name, split in (("val", "valid"), ("test_2016_flickr", "test")):
+        for lang in ("de", "en"):
+            os.replace(directory / f"{name}.{lang}", directory / f"{split}.{lang}")
+
+
+def test_own_parallel_text_is_prepared_as_a_corpus(tmp_path):
+    mine, dest = tmp_path / "mine", tmp_path / "dest"
+    write_own_text(mine)
+    result = run_corpus("prepare", "text", "--from", mine, "--src", "de", "--tgt", "en", "--dest", dest,
+                        "--workers", "1", "--bpe-merges", "50")
+    assert f"Binarised data (de -> en) is in: {dest / 'data-bin'}" in result.stdout
+    assert_binarised(dest / "data-bin", "de", "en")
+    env = dict(line.split("=", 1) for line in lines(dest / "data-bin" / "recipe.env") if "=" in line)
+    assert [env[key] for key in ("RECIPE", "SRC", "TGT", "LOWERCASE", "TEST_SET")] == ["text", "de", "en", "0", "test"]
+    for split in ("train", "valid", "test"):  # every pair kept; Moses-tokenised ("the." -> "the ."), cased
+        assert lines(dest / "raw" / f"{split}.en") == lines(mine / f"{split}.en")
+        assert lines(dest / "tok" / f"{split}.en") == [line[:-1] + " ." for line in lines(mine / f"{split}.en")]
+    assert lines(env["RAW_REF_test"]) == lines(mine / "test.en")
+
+
+def test_bytes_that_are_not_utf8_are_named_not_replaced_silently(tmp_path):
+    mine = tmp_path / "mine"
+    write_own_text(mine)
+    with open(mine / "train.de", "ab") as f:
+        f.write(b"caf\xe9\n")
+    with open(mine / "train.en", "a", encoding="utf-8") as f:
+        f.write("cafe\n")
+    result = run_corpus("prepare", "text", "--from", mine, "--src", "de", "--tgt", "en", "--dest", tmp_path / "dest",
+                        "--workers", "1", "--bpe-merges", "50")
+    assert f"warning: {mine / 'train.de'}: 1 lines have bytes that are not UTF-8, read as U+FFFD" in result.stderr
+
+
+@pytest.mark.parametrize("split, damage, message", [
+    ("train", "long", "line 301 of the train split (en) has "),
+    ("test", "long", "line 51 of the test split (en) has "),
+    ("valid", "empty", "the valid split has 0 lines in "),
+])
+def test_own_text_fairseq_cannot_take_is_refused_before_anything_is_written(tmp_path, split, damage, message):
+    """A side longer than fairseq's models take (fairseq-generate stops on such a test sentence after all
+    the training), or an empty split."""
+    mine = tmp_path / "mine"
+    write_own_text(mine)
+    if damage == "long":
+        with open(mine / f"{split}.en", "a", encoding="utf-8") as f:
+            f.write(" ".join(["word"] * 2000) + "\n")
+        with open(mine / f"{split}.de", "a", encoding="utf-8") as f:
+            f.write("kurz\n")
+    else:
+        (mine / f"{split}.de").write_text("")
+    result = run_corpus("prepare", "text", "--from", mine, "--src", "de", "--tgt", "en", "--dest", tmp_path / "dest",
+                        "--workers", "1", "--bpe-merges", "50", check=False)
+    error = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and error.startswith("corpus: error: ") and message in error, result.stderr
+    if damage == "long":
+        assert error.endswith("subword tokens after BPE; fairseq's models take at most 1023 (shorten or remove that "
+                              "line)")
+    assert not (tmp_path / "dest" / "data-bin").exists() and not (tmp_path / "dest" / "tok").exists()
 
 
 # ---------------------------------------------------------------------------------------- the steps

@@ -2,9 +2,9 @@
 
 Prepare: raw text (downloaded, or found in ``--from``: a folder or an archive) -> sacremoses' Moses
 tokenisation -> clean-corpus-n cleaning -> joint subword-nmt BPE -> ``fairseq-preprocess``; each
-corpus is data (a :class:`Corpus` in :data:`CORPORA`). Evaluate: ``fairseq-generate`` -> sacremoses
-detokenisation -> sacreBLEU against the raw reference, and tokenised BLEU (as multi-bleu.perl).
-Outputs and commands: examples/data/README.md.
+corpus is data (a :class:`Corpus` in :data:`CORPORA`), your own parallel text too (``text``). Evaluate:
+``fairseq-generate`` -> sacremoses detokenisation -> sacreBLEU against the raw reference, and tokenised
+BLEU (as multi-bleu.perl). Outputs and commands: examples/data/README.md.
 """
 
 import argparse
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from multiprocessing import Pool
 
 from fusion_fairseq.cli import user_dir
+from fusion_fairseq.tools.analysis import checked, finite
 from fusion_fairseq.tools.common import claim_out_dir, positive_int
 
 SPLITS = ("train", "valid", "test")
@@ -36,9 +37,9 @@ class Corpus:
     """A corpus as data. File names may hold ``{lang}``, ``{src}``, ``{tgt}``, ``{test}``; ``a|b`` are
     alternative names of one file. ``valid``: its files, or N (every N-th cleaned training pair)."""
 
-    langs: tuple  # the first two are the default --src and --tgt
+    langs: tuple  # the first two are the default --src and --tgt; none: any, --src and --tgt required
     dest: str
-    urls: tuple
+    urls: tuple  # none: local only, --from required
     train: tuple  # concatenated
     tests: dict  # --test-set NAME -> its files, concatenated; the first is the default
     valid: "int | tuple"
@@ -93,6 +94,9 @@ CORPORA = {
         valid=(wmt16_sgm("newsdev2016"),), tests={"newstest2016": (wmt16_sgm("newstest2016"),)},
         merges=32000, lowercase=False, steps=("normalize", "non_printing", "aggressive", "romanian"),
         clean=("bpe", 250, 1.5)),
+    "text": Corpus(  # your own: --from DIR holding train, valid and test .SRC and .TGT files of raw text
+        langs=(), dest="text.{src}-{tgt}", urls=(), train=("train.{lang}",), valid=("valid.{lang}",),
+        tests={"test": ("test.{lang}",)}, merges=8000, lowercase=False),
 }
 
 
@@ -100,10 +104,12 @@ def log(message):
     print(f"[corpus] {message}", file=sys.stderr, flush=True)
 
 
-def usage_error(message):
-    """A bad flag or value: one line, exit status 2, before any work."""
-    print(f"corpus: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+usage_error = Parser(prog="corpus").error  # a bad flag or value: one line, exit status 2, before any work
 
 
 def unlink_if_linked(path):
@@ -131,6 +137,30 @@ def write_splits(text, directory, langs):
     for split in text:
         for lang in langs:
             write_lines(os.path.join(directory, f"{split}.{lang}"), text[split][lang])
+
+
+def run_fairseq(tool, args, log_path=None, env=None, on_line=None):
+    """``fairseq-TOOL ARGS`` (``python -m fairseq_cli.TOOL``: this interpreter's fairseq), its output after the
+    command line in ``log_path``, each line handed to ``on_line``; the CPU seconds it used (its own, also when
+    several run at once). A failure is an error naming the tool and ending with the output's last lines."""
+    command, tail = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)], ""
+    with open(log_path or os.devnull, "w", encoding="utf-8") as log_file:
+        log_file.write("$ " + " ".join(command) + "\n")
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                   env=env or {**os.environ, "PYTHONWARNINGS": "ignore"})
+        for line in process.stdout:
+            log_file.write(line)
+            log_file.flush()
+            tail = (tail + line)[-4000:]
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
+        process.stdout.close()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        where = f"; log {log_path}" if log_path else ""
+        raise SystemExit(f"error: fairseq-{tool} failed (exit {process.returncode}){where}:\n{tail.rstrip()}")
+    return usage.ru_utime + usage.ru_stime
 
 
 def download(url, directory, timeout, work):
@@ -181,6 +211,9 @@ def read_raw_file(path):
     """The text of a corpus file: plain or .gz lines; the <seg> text of XML/SGML (’ -> ', as fairseq's
     prepare-iwslt14.sh); IWSLT's train.tags without <url>/<talkid>/<keywords> lines and <title>/<description> tags."""
     lines = [line.replace("\r", "") for line in read_lines(path)]
+    replaced = sum("\ufffd" in line for line in lines)
+    if replaced:  # read_lines replaces bytes that are not UTF-8
+        log(f"warning: {path}: {replaced:,} lines have bytes that are not UTF-8, read as U+FFFD")
     if path.endswith((".xml", ".sgm")):
         return [re.sub(r'<seg id="[0-9]*">\s*|\s*</seg>\s*', "", x).replace("\u2019", "'")
                 for x in lines if "<seg id" in x]
@@ -207,14 +240,15 @@ def read_raw(corpus, args, work):
     splits = {"train": corpus.train, "test": corpus.tests[args.test_set]}
     if not isinstance(corpus.valid, int):
         splits["valid"] = corpus.valid
-    text = {}
+    text, langs = {}, (args.src, args.tgt)
     for split, patterns in splits.items():
-        text[split] = {lang: [line for p in patterns for line in read_raw_file(find(
-            p.format(lang=lang, src=args.src, tgt=args.tgt, test=args.test_set), root, work))]
-            for lang in (args.src, args.tgt)}
-        if len(text[split][args.src]) != len(text[split][args.tgt]):
-            raise SystemExit(f"corpus: error: the {split} split has {len(text[split][args.src])} {args.src} lines "
-                             f"but {len(text[split][args.tgt])} {args.tgt} lines")
+        files = {lang: [find(p.format(lang=lang, src=args.src, tgt=args.tgt, test=args.test_set), root, work)
+                        for p in patterns] for lang in langs}
+        text[split] = {lang: [line for path in files[lang] for line in read_raw_file(path)] for lang in langs}
+        sizes = [len(text[split][lang]) for lang in langs]
+        if sizes[0] != sizes[1] or not sizes[0]:
+            raise SystemExit(f"corpus: error: the {split} split has {sizes[0]} lines in {' + '.join(files[args.src])} "
+                             f"and {sizes[1]} in {' + '.join(files[args.tgt])} (expected pairs of lines, at least one)")
     return text
 
 
@@ -325,18 +359,24 @@ def binarise(text_dir, databin, src, tgt, workers=1, joined=True, log_path=None,
             f"{s}.{src}-{tgt}.{lang}.{ext}" for s in splits for lang in (src, tgt) for ext in ("bin", "idx")]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(databin, name))
-    command = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
-               *[x for s in splits for x in (f"--{s}pref", os.path.join(text_dir, s))], "--destdir", databin,
-               "--workers", str(workers)]
-    command += ["--srcdict", dictionaries[0], "--tgtdict", dictionaries[1]] if dictionaries else \
+    dictionary = ["--srcdict", dictionaries[0], "--tgtdict", dictionaries[1]] if dictionaries else \
         ["--joined-dictionary"] if joined else []
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if log_path:
-        write_lines(log_path, ["$ " + " ".join(command), *result.stdout.splitlines()])
-    if result.returncode:
-        raise SystemExit(f"corpus: error: fairseq-preprocess failed (exit {result.returncode}):\n"
-                         f"{result.stdout[-3000:]}")
+    run_fairseq("preprocess", ["--source-lang", src, "--target-lang", tgt, *dictionary, "--destdir", databin,
+                               *[x for s in splits for x in (f"--{s}pref", os.path.join(text_dir, s))],
+                               "--workers", workers], log_path)
+
+
+def check_lengths(bpe, most=1023):
+    """Refused before anything is written: a line of more subwords than fairseq's models take (``most``: its
+    default --max-source/target-positions, 1024, less </s>); fairseq-generate would stop on such a test
+    sentence after all the training, fairseq-train skips such pairs."""
+    for split, sides in bpe.items():
+        for lang, lines in sides.items():
+            for number, line in enumerate(lines, 1):
+                if len(line.split()) > most:
+                    raise SystemExit(f"corpus: error: line {number} of the {split} split ({lang}) has "
+                                     f"{len(line.split()):,} subword tokens after BPE; fairseq's models take at most "
+                                     f"{most} (shorten or remove that line)")
 
 
 def check_outputs(args):
@@ -390,6 +430,7 @@ def prepare(corpus, args):
     for limits in ([(max_len, ratio)] if stage == "bpe" else []) + (
             [(args.max_subwords, math.inf)] if args.max_subwords else []):
         keep_pairs(text, held_out, ("bpe", "tok", "raw"), langs, *limits)
+    check_lengths(text["bpe"])
     for kind, directory in (("raw", "raw"), ("tok", "tok"), ("bpe", "")):
         write_splits(text[kind], os.path.join(args.dest, directory), langs)
     log(f"binarising with fairseq-preprocess into {args.databin}")
@@ -405,9 +446,8 @@ def prepare(corpus, args):
     print(f"BPE'd text and codes are in: {os.path.abspath(args.dest)}")
 
 
-RECIPE_VALUES = {"SRC": (r"[A-Za-z][A-Za-z0-9_-]*", "a language code such as de"),
-                 "TGT": (r"[A-Za-z][A-Za-z0-9_-]*", "a language code such as en"),
-                 "LOWERCASE": ("[01]", "0 or 1"), "COMPOUND_SPLIT": ("[01]", "0 or 1")}
+LANGUAGE, SWITCH = (r"[A-Za-z][A-Za-z0-9_-]*", "a language code such as de"), ("[01]", "0 or 1")
+RECIPE_VALUES = {"SRC": LANGUAGE, "TGT": LANGUAGE, "LOWERCASE": SWITCH, "COMPOUND_SPLIT": SWITCH}
 
 
 def read_recipe_env(data_bin):
@@ -483,14 +523,10 @@ EVAL_STAMP = "fusion-fairseq corpus evaluate"
 
 def evaluate(args):
     data, subset = args.data_bin, args.gen_subset
-    if not math.isfinite(args.lenpen):
-        usage_error(f"--lenpen: invalid value '{args.lenpen}' (expected a finite number)")
     if not os.path.isdir(data):
         usage_error(f"DATA_BIN: '{data}' is not a directory")
     if not os.path.isfile(args.checkpoint):
         usage_error(f"CHECKPOINT: '{args.checkpoint}' does not exist")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", subset):
-        usage_error(f"--gen-subset: invalid value '{subset}'")
     recipe = read_recipe_env(data)
     src, tgt = args.src or recipe.get("SRC"), args.tgt or recipe.get("TGT")
     if not (src and tgt):
@@ -513,21 +549,17 @@ def evaluate(args):
     out = args.out or os.path.join(os.path.dirname(args.checkpoint), f"eval-{subset}-beam{args.beam}")
     claim_out_dir(out, [name.format(subset=subset) for name in EVAL_OUTPUTS], EVAL_STAMP, args.force, "corpus evaluate",
                   usage_error)
-    generated = os.path.join(out, f"generate-{subset}.txt")
-    command = [sys.executable, "-m", "fairseq_cli.generate", data, "--path", args.checkpoint, "--gen-subset", subset,
-               "--source-lang", src, "--target-lang", tgt, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
-               "--remove-bpe", "@@ ",
-               # fairseq's batch_by_size drops a last batch that is not a multiple of this (default 8)
-               "--required-batch-size-multiple", "1",
-               *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else ["--batch-size", str(args.batch_size)]),
-               # the plugin lets torch >= 2.6's safe loader read fairseq's checkpoints
-               *([] if args.no_user_dir else ["--user-dir", args.user_dir or user_dir()]),
-               *args.extra]
+    generated = os.path.join(out, f"generate-{subset}.txt")  # fairseq-generate's name in --results-path
     log(f"fairseq-generate {subset} ({src} -> {tgt}), beam {args.beam} -> {generated}")
-    log_path = os.path.join(out, f"generate-{subset}.log")
-    with open(generated, "w", encoding="utf-8") as stdout, open(log_path, "w") as stderr:
-        if subprocess.call(command, stdout=stdout, stderr=stderr):
-            raise SystemExit(f"corpus: error: fairseq-generate failed (log: {log_path})")
+    run_fairseq("generate", [
+        data, "--path", args.checkpoint, "--gen-subset", subset, "--source-lang", src, "--target-lang", tgt,
+        "--beam", args.beam, "--lenpen", args.lenpen, "--remove-bpe", "@@ ", "--results-path", out,
+        # fairseq's batch_by_size drops a last batch that is not a multiple of this (default 8)
+        "--required-batch-size-multiple", "1",
+        *(["--max-tokens", args.max_tokens] if args.max_tokens else ["--batch-size", args.batch_size]),
+        # the plugin lets torch >= 2.6's safe loader read fairseq's checkpoints
+        *([] if args.no_user_dir else ["--user-dir", args.user_dir or user_dir()]), *args.extra],
+        os.path.join(out, f"generate-{subset}.log"))
     score(generated, out, tgt, ref, tok_ref, lowercase, compound)
 
 
@@ -548,26 +580,23 @@ def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_spli
     return scores
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser():
     p = Parser(prog="corpus", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("prepare", help="download (or read --from), tokenise, clean, BPE and binarise a corpus")
     s.add_argument("corpus", choices=list(CORPORA))
-    s.add_argument("--from", dest="from_", help="a folder holding the corpus files or archives, or an archive")
+    s.add_argument("--from", dest="from_", help="a folder holding the corpus files or archives, or an archive "
+                   "(text: required, with train, valid and test .SRC and .TGT files)")
     s.add_argument("--dest", help="output folder (default: e.g. multi30k.tokenized.de-en)")
     s.add_argument("--databin", help="binarised output (default: DEST/data-bin)")
-    s.add_argument("--src", help="source language (default: the corpus's)")
-    s.add_argument("--tgt", help="target language")
+    for flag, text in (("--src", "source language (default: the corpus's)"), ("--tgt", "target language")):
+        s.add_argument(flag, type=checked(flag, str, re.compile(LANGUAGE[0]).fullmatch, LANGUAGE[1]), help=text)
     s.add_argument("--test-set", help="which test set (default: the corpus's standard one)")
     s.add_argument("--bpe-merges", type=positive_int, help="joint BPE merges (default: the corpus's)")
     s.add_argument("--lowercase", action=argparse.BooleanOptionalAction, help="lowercase (default: the corpus's)")
     s.add_argument("--joined-dictionary", dest="joined", action=argparse.BooleanOptionalAction, default=True)
-    s.add_argument("--valid-every", type=positive_int, help="valid = every N-th cleaned training pair (iwslt14, wmt14)")
+    s.add_argument("--valid-every", type=checked("--valid-every", int, lambda n: n >= 2, "an integer >= 2"),
+                   help="valid = every N-th cleaned training pair (iwslt14, wmt14)")
     s.add_argument("--max-len", type=positive_int, help="cleaning: most tokens a side (default: the corpus's)")
     s.add_argument("--max-subwords", type=positive_int, help="after BPE, drop train/valid pairs with a longer side")
     s.add_argument("--remove-diacritics", action="store_true", help="Romanian source: ă â î ș ț -> a a i s t")
@@ -578,9 +607,10 @@ def build_parser():
     e = sub.add_parser("evaluate", help="fairseq-generate a binarised subset and score it (sacreBLEU, tokenised BLEU)")
     e.add_argument("data_bin")
     e.add_argument("checkpoint")
-    e.add_argument("--gen-subset", default="test")
+    subset_name = re.compile(r"[A-Za-z0-9_.-]+").fullmatch  # a file name part of fairseq's binarised data
+    e.add_argument("--gen-subset", default="test", type=checked("--gen-subset", str, subset_name, "a subset name"))
     e.add_argument("--beam", type=positive_int, default=5)
-    e.add_argument("--lenpen", type=float, default=1.0)
+    e.add_argument("--lenpen", type=finite("--lenpen"), default=1.0)
     e.add_argument("--batch-size", type=positive_int, default=128)
     e.add_argument("--max-tokens", type=positive_int)
     e.add_argument("--src", help="default: as recorded, else the one pair binarised")
@@ -605,17 +635,18 @@ def build_parser():
 def prepare_args(args):
     """The corpus's defaults for what was not given, then the values and outputs checked before any work."""
     corpus = CORPORA[args.corpus]
+    if not (corpus.urls or args.from_) or not (corpus.langs or args.src and args.tgt):
+        usage_error(f"{args.corpus} needs --from DIR, --src and --tgt: a folder holding train, valid and test "
+                    "files of raw text named by their language (train.de, train.en, ...)")
     args.src, args.tgt = args.src or corpus.langs[0], args.tgt or corpus.langs[1]
     for flag, lang in (("--src", args.src), ("--tgt", args.tgt)):
-        if lang not in corpus.langs:
+        if corpus.langs and lang not in corpus.langs:
             usage_error(f"{flag}: invalid value '{lang}' (choose from: {', '.join(corpus.langs)})")
     if args.src == args.tgt:
         usage_error(f"--src and --tgt are both '{args.src}'")
     args.test_set = args.test_set or next(iter(corpus.tests))
     if args.test_set not in corpus.tests:
         usage_error(f"--test-set: invalid value '{args.test_set}' (choose from: {', '.join(corpus.tests)})")
-    if args.valid_every == 1:
-        usage_error("--valid-every: invalid value '1' (expected an integer >= 2: every pair would be valid)")
     if args.remove_diacritics and args.src != "ro":
         usage_error("--remove-diacritics is for the Romanian source side (wmt16-en-ro --src ro --tgt en)")
     args.bpe_merges = args.bpe_merges or corpus.merges

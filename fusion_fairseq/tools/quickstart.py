@@ -1,10 +1,11 @@
 """The main job: a vanilla Transformer vs. MLRF (Both-FNN-SA) at the same size and budget.
 
-The synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` (or raw parallel text: ``--data DIR --src de
---tgt en``) -> one joint subword-nmt BPE -> ``fairseq-preprocess --joined-dictionary`` -> ``fairseq-train``
-of each model with the same dimensions, updates, batch and schedule -> ``fairseq-generate`` and sacrebleu,
-then a table of BLEU, parameters and speeds. Everything goes under ``--out``; a re-run overwrites only the
-files it wrote. Stages, outputs and options: examples/README.md.
+The synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` -> one joint subword-nmt BPE ->
+``fairseq-preprocess --joined-dictionary`` (or ``--data DIR``, the output of ``corpus prepare``, which did
+these stages) -> ``fairseq-train`` of each model with the same dimensions, updates, batch and schedule ->
+``fairseq-generate``, scored as ``corpus evaluate`` scores, then a table of BLEU, parameters and speeds.
+Everything goes under ``--out``; a re-run overwrites only the files it wrote. Stages, outputs and options:
+examples/README.md.
 
 Why a peak learning rate of 1e-3: at 2e-3 or 3e-3 the MLRF model's self-attention fusion over
 decoder layers puts ~99% of its weight on the two lowest layers (h0, h1) within ~200 updates and
@@ -13,25 +14,20 @@ stays on a language-model plateau (valid loss ~4.2) for hundreds of updates; at 
 
 import argparse
 import contextlib
-import glob
-import itertools
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections import defaultdict
 from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
+from fusion_fairseq.config_fields import flag_of
 from fusion_fairseq.tools import corpus
 from fusion_fairseq.tools.analysis import markdown_rows, number, run_parallel
 from fusion_fairseq.tools.common import non_negative_int, positive_int
 
-BPE_MERGES = {"synthetic": 1000, "data": 8000}
-SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev", "validation", "newsdev", "tst-dev"),
-               "test": ("test", "tst", "newstest", "eval")}
 # name -> (arch, description, fusion flags); fgla and surface_fusion feed examples/surface_fusion/analyses.sh.
 MODELS = {
     "transformer": ("transformer", "fairseq's Transformer", []),
@@ -41,8 +37,6 @@ MODELS = {
                        ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"]),
 }
 MLRF_FLAGS = ("fusion_hops", "fusion_attn_dim", "fusion_ffn_dim")  # left to fusion_transformer's defaults unless given
-# fairseq's default --max-source/target-positions, which the quickstart keeps; </s> takes one more.
-MAX_POSITIONS = 1024
 
 
 def log(message=""):
@@ -51,83 +45,6 @@ def log(message=""):
 
 def stage(number, title):
     log(f"\n=== [{number}/5] {title}")
-
-
-def flag(name):
-    return "--" + name.replace("_", "-")
-
-
-def detect_split(directory, src, tgt, kind, requested=None):
-    """The prefix P of a split with both P.src and P.tgt in ``directory``: ``requested`` if given, else
-    the first conventional name (valid: valid, val, dev...), else the first starting with one (test_2016_flickr)."""
-    found = [os.path.basename(p)[: -len(src) - 1] for p in glob.glob(os.path.join(glob.escape(directory), f"*.{src}"))]
-    prefixes = sorted(p for p in found if os.path.isfile(os.path.join(directory, f"{p}.{tgt}")))
-    listed = ", ".join(prefixes) or "none"
-    if requested:
-        if requested not in prefixes:
-            raise SystemExit(f"error: no {requested}.{src} + {requested}.{tgt} in {directory} (parallel splits there: "
-                             f"{listed})")
-        return requested
-    names = SPLIT_NAMES[kind]
-    candidates = [n for n in names if n in prefixes] or [p for n in names for p in prefixes if p.lower().startswith(n)]
-    if not candidates:
-        raise SystemExit(f"error: cannot find a {kind} split for {src}-{tgt} in {directory} (parallel splits "
-                         f"there: {listed}); name it with --{kind}-split")
-    return candidates[0]
-
-
-def read_data_file(source, output, limit=0):
-    """The first ``limit`` lines (all when 0) of ``source``, stripped; refused when empty, not UTF-8,
-    or the very file the quickstart writes at ``output``."""
-    if os.path.exists(output) and os.path.samefile(source, output):
-        raise SystemExit(f"error: --data: {source} is the quickstart's own output {output}; "
-                         "give --data and --out that do not overlap")
-    with open(source, "rb") as f:
-        lines = list(itertools.islice(f, limit or None))
-    for number, line in enumerate(lines):
-        try:
-            lines[number] = line.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise SystemExit(f"error: --data: {source} line {number + 1} is not UTF-8 text") from None
-    if not lines:
-        raise SystemExit(f"error: --data: {source} is empty")
-    return lines
-
-
-def prepare_real_data(args, raw_dir):
-    """The --data splits, written to ``raw_dir``."""
-    text = {}
-    for split in corpus.SPLITS:
-        prefix = detect_split(args.data, args.src, args.tgt, split, getattr(args, f"{split}_split"))
-        text[split] = {lang: read_data_file(os.path.join(args.data, f"{prefix}.{lang}"),
-                                            os.path.join(raw_dir, f"{split}.{lang}"), getattr(args, f"{split}_lines"))
-                       for lang in (args.src, args.tgt)}
-        n_src, n_tgt = (len(text[split][lang]) for lang in (args.src, args.tgt))
-        if n_src != n_tgt:
-            raise SystemExit(f"error: {prefix}.{args.src} has {n_src} lines but {prefix}.{args.tgt} has {n_tgt}")
-        log(f"  {split:5s} <- {os.path.join(args.data, prefix)}.{{{args.src},{args.tgt}}}: {n_src:,} sentence pairs")
-    corpus.write_splits(text, raw_dir, (args.src, args.tgt))
-
-
-def run_logged(command, log_path, env, on_line=None):
-    """Run ``command`` with its output in ``log_path``, each line handed to ``on_line``; the CPU
-    seconds it used (its own, also when several run at once). Fails with the log's tail."""
-    with open(log_path, "w", encoding="utf-8") as log_file:
-        log_file.write("$ " + " ".join(command) + "\n")
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                   bufsize=1)
-        for line in process.stdout:
-            log_file.write(line)
-            log_file.flush()
-            if on_line is not None:
-                on_line(line.rstrip("\n"))
-        process.stdout.close()
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = returncode = os.waitstatus_to_exitcode(status)
-    if returncode != 0:
-        tail = "\n".join(corpus.read_lines(log_path))[-4000:]
-        raise SystemExit(f"error: {' '.join(command[:3])} ... failed (exit {returncode}); log {log_path}:\n{tail}")
-    return usage.ru_utime + usage.ru_stime
 
 
 def model_flags(args, name):
@@ -139,7 +56,7 @@ def model_flags(args, name):
     if arch == "fusion_transformer":
         flags += ["--user-dir", user_dir(), *fusion]
     if name == "mlrf":
-        flags += [x for key in MLRF_FLAGS if getattr(args, key) is not None for x in (flag(key), getattr(args, key))]
+        flags += [x for key in MLRF_FLAGS if getattr(args, key) is not None for x in (flag_of(key), getattr(args, key))]
     return [str(f) for f in flags]
 
 
@@ -192,26 +109,25 @@ class TrainProgress:
 
 
 def train(args, name, dirs, env):
-    save_dir = os.path.join(dirs.checkpoints, name)
-    os.makedirs(save_dir, exist_ok=True)
+    save_dir = os.path.join(dirs.checkpoints, name)  # made by fairseq-train
     for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files of an earlier run: start afresh
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(save_dir, stale))
-    command = [
-        sys.executable, "-m", "fairseq_cli.train", dirs.bin, *model_flags(args, name),
+    flags = [
+        dirs.bin, *model_flags(args, name),
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-        "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup_updates),
+        "--lr", args.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", args.warmup_updates,
         "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update),
-        "--seed", str(args.seed), "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
-        "--log-format", "json", "--log-interval", str(args.log_interval or max(10, args.max_update // 10)),
+        "--max-tokens", args.max_tokens, "--max-update", args.max_update,
+        "--seed", args.seed, "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
+        "--log-format", "json", "--log-interval", args.log_interval or max(10, args.max_update // 10),
         "--skip-invalid-size-inputs-valid-test",
         # fairseq's batch_by_size drops a last, partial batch that is not a multiple of this (default 8)
         "--required-batch-size-multiple", "1", *(["--cpu"] if args.cpu else []),
     ]
     progress = TrainProgress(name, args.max_update, args.verbose)
-    cpu = run_logged(command, os.path.join(dirs.logs, f"train-{name}.log"), env, progress)
+    cpu = corpus.run_fairseq("train", flags, os.path.join(dirs.logs, f"train-{name}.log"), env, progress)
     wall = time.time() - progress.start
     log(f"  [{name}] trained in {wall:.0f}s (CPU time {cpu:.0f}s) -> {save_dir}")
     best, last = (os.path.join(save_dir, f"checkpoint_{which}.pt") for which in ("best", "last"))
@@ -223,13 +139,12 @@ def train(args, name, dirs, env):
 def generate(args, name, dirs, checkpoint, env):
     """fairseq-generate on the test split: the output file and fairseq's sentences/s."""
     results_dir, log_path = os.path.join(dirs.logs, f"generate-{name}"), os.path.join(dirs.logs, f"generate-{name}.log")
-    os.makedirs(results_dir, exist_ok=True)
     started = time.time()
-    run_logged([sys.executable, "-m", "fairseq_cli.generate", dirs.bin, "--path", checkpoint, "--gen-subset", "test",
-                "--beam", str(args.beam), "--remove-bpe", "--batch-size", str(args.batch_size), "--max-len-a", "1.2",
-                "--max-len-b", "10", "--num-workers", "0", "--required-batch-size-multiple", "1",
-                "--results-path", results_dir, "--user-dir", user_dir(), *(["--cpu"] if args.cpu else [])],
-               log_path, env)
+    corpus.run_fairseq("generate", [
+        dirs.bin, "--path", checkpoint, "--gen-subset", "test", "--beam", args.beam, "--remove-bpe",
+        "--batch-size", args.batch_size, "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0",
+        "--required-batch-size-multiple", "1", "--user-dir", user_dir(), *(["--cpu"] if args.cpu else []),
+        "--results-path", results_dir], log_path, env)  # a folder that fairseq-generate makes
     generated = os.path.join(results_dir, "generate-test.txt")
     # the summary line goes to the log (stderr), or into the results file
     speeds = re.findall(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s",
@@ -251,32 +166,24 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="fusion-fairseq-quickstart", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
-        "synthetic corpus (default) or on raw parallel text (--data), then compare BLEU and speed.")
+        "synthetic corpus (default) or on the output of corpus prepare (--data), then compare BLEU and speed.")
     p.add_argument("--out", default="quickstart_out", help="output directory (an earlier run's files are overwritten)")
     g = p.add_argument_group("data")
-    g.add_argument("--data", help="directory of raw (tokenised) parallel text with train.SRC/TGT, a validation and "
-                   "a test split; default: generate the synthetic corpus")
-    g.add_argument("--src", help="source language suffix (synthetic: src)")
-    g.add_argument("--tgt", help="target language suffix (synthetic: tgt)")
-    for split, default in (("train", "train"), ("valid", "first of valid, val, dev, ..."),
-                           ("test", "test, else the first test*/tst*...")):
-        g.add_argument(f"--{split}-split", help=f"prefix of the {split} split in --data (default: {default})")
-        g.add_argument(f"--{split}-lines", type=non_negative_int, default=0,
-                       help=f"use only the first N {split} pairs of --data (0: all)")
+    g.add_argument("--data", help="the --dest folder of `python -m fusion_fairseq.tools.corpus prepare` (its data-bin "
+                   "and recipe.env); default: generate the synthetic corpus")
     for split, size in (("train", 12000), ("valid", 300), ("test", 300)):
         g.add_argument(f"--{split}-size", type=int, default=size, help=f"synthetic {split} pairs")
     g.add_argument("--lexicon-seed", type=int, default=0, help="seed of the synthetic vocabulary")
-    g.add_argument("--bpe-merges", type=positive_int, help=f"joint BPE merges (default: {BPE_MERGES['synthetic']} "
-                   f"synthetic, {BPE_MERGES['data']} --data)")
+    g.add_argument("--bpe-merges", type=positive_int, default=1000, help="joint BPE merges of the synthetic corpus")
     g = p.add_argument_group("models (the same for both)")
     g.add_argument("--models", default="transformer,mlrf", help="comma-separated subset of: " + ", ".join(MODELS))
     for name, default, text in (("--layers", 3, "encoder and decoder layers"), ("--embed-dim", 128, None),
                                 ("--ffn-dim", 512, None), ("--heads", 4, None)):
         g.add_argument(name, type=positive_int, default=default, help=text)
     g.add_argument("--dropout", type=float, default=0.1)
-    g.add_argument("--fusion-hops", type=int, help="MLRF hops (default: 4)")
-    g.add_argument("--fusion-attn-dim", type=int, help="MLRF da (default: 4 x embed-dim)")
-    g.add_argument("--fusion-ffn-dim", type=int, help="MLRF df (default: 2 x embed-dim)")
+    g.add_argument("--fusion-hops", type=positive_int, help="MLRF hops (default: 4)")
+    g.add_argument("--fusion-attn-dim", type=positive_int, help="MLRF da (default: 4 x embed-dim)")
+    g.add_argument("--fusion-ffn-dim", type=positive_int, help="MLRF df (default: 2 x embed-dim)")
     g = p.add_argument_group("budget (the same for both)")
     g.add_argument("--max-update", type=positive_int, default=600)
     g.add_argument("--max-tokens", type=positive_int, default=2048, help="batch size in tokens")
@@ -297,107 +204,94 @@ def build_parser():
 
 
 def check_args(args):
-    """The models to train and whether the corpus is synthetic; fills in the defaults that depend
-    on it and refuses values out of range, naming the flag."""
+    """The models to train; values out of range are refused naming the flag."""
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         raise SystemExit(f"error: --models: unknown {unknown} (choose from {', '.join(MODELS)})")
-    synthetic = args.data is None
-    if synthetic:
-        args.src, args.tgt = args.src or "src", args.tgt or "tgt"
-    elif not os.path.isdir(args.data):
-        raise SystemExit(f"error: --data {args.data}: not a directory")
-    elif not args.src or not args.tgt:
-        languages = sorted(os.path.basename(p)[6:] for p in glob.glob(os.path.join(glob.escape(args.data), "train.*")))
-        raise SystemExit(f"error: --data needs --src and --tgt (languages of train.* in {args.data}: "
-                         f"{', '.join(languages) or 'none'})")
-    args.bpe_merges = args.bpe_merges or BPE_MERGES["synthetic" if synthetic else "data"]
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
-    # MLRF's flags must be positive, and are read only by the mlrf model: warned about without it
-    given = {flag(name): getattr(args, name) for name in MLRF_FLAGS if getattr(args, name) is not None}
-    for name, value in given.items():
-        if value <= 0:
-            raise SystemExit(f"error: {name} must be a positive integer, got {value}")
+    # MLRF's flags are read only by the mlrf model: warned about without it
+    given = {flag_of(name): getattr(args, name) for name in MLRF_FLAGS if getattr(args, name) is not None}
     if given and "mlrf" not in models:
         print(f"warning: flag without effect: {', '.join(f'{name} {value}' for name, value in given.items())}: only "
               f"the mlrf model reads it, and --models is {','.join(models)}", file=sys.stderr)
-    return models, synthetic
+    return models
 
 
-def prepare_corpus(args, synthetic, dirs):
-    """Stages 1 to 3: the raw corpus, the joint BPE and fairseq-preprocess."""
-    stage(1, f"data: {'synthetic corpus' if synthetic else args.data} ({args.src} -> {args.tgt})")
-    langs = (args.src, args.tgt)
-    if synthetic:
-        from fusion_fairseq.tools.synthetic import write_corpus
+def prepared_data(directory):
+    """Stage 1 of --data: the recipe.env of ``corpus prepare --dest DIRECTORY`` (languages, casing, references)."""
+    data_bin = os.path.join(directory, "data-bin")
+    recipe = corpus.read_recipe_env(data_bin)
+    references = [recipe.get(f"{kind}_REF_test", "") for kind in ("RAW", "TOK")]
+    if not ("SRC" in recipe and "TGT" in recipe and all(map(os.path.isfile, references))):
+        raise SystemExit(f"error: --data {directory}: expected the --dest folder of `python -m fusion_fairseq.tools."
+                         "corpus prepare` (its data-bin/recipe.env names the test references); run that first (your "
+                         "own text: corpus prepare text --from DIR --src L --tgt L --dest OUT, then --data OUT)")
+    stage(1, f"data: {data_bin} ({recipe['SRC']} -> {recipe['TGT']}), BPE'd and binarised by corpus prepare")
+    return recipe
 
-        write_corpus(dirs.raw, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, *langs)
-    else:
-        prepare_real_data(args, dirs.raw)
+
+def prepare_synthetic(args, dirs):
+    """Stages 1 to 3: the synthetic corpus, its joint BPE, fairseq-preprocess; its recipe as corpus prepare's."""
+    from fusion_fairseq.tools.synthetic import write_corpus
+
+    stage(1, "data: synthetic corpus (src -> tgt)")
+    langs = ("src", "tgt")
+    write_corpus(dirs.raw, args.train_size, args.valid_size, args.test_size, args.seed, args.lexicon_seed, *langs)
     text = {split: {lang: corpus.read_lines(os.path.join(dirs.raw, f"{split}.{lang}")) for lang in langs}
             for split in corpus.SPLITS}
-    for split in text if synthetic else ():
-        log(f"  {split:5s}: {len(text[split][args.src]):,} sentence pairs -> {dirs.raw}/{split}.{{{','.join(langs)}}}")
+    for split in text:
+        log(f"  {split:5s}: {len(text[split]['src']):,} sentence pairs -> {dirs.raw}/{split}.{{src,tgt}}")
     stage(2, f"joint BPE (subword-nmt, {args.bpe_merges} merges)")
     codes = os.path.join(dirs.bpe, "codes")
     os.makedirs(dirs.bpe, exist_ok=True)
-    bpe = corpus.learn_and_apply_bpe(text, args.src, args.tgt, args.bpe_merges, codes)
-    # Refused before training: a line longer than the models take (fairseq-generate would stop on such a
-    # test sentence after all the training, and fairseq-train skips such pairs).
-    for split, sides in bpe.items():
-        for lang, lines in sides.items():
-            for number, line in enumerate(lines, 1):
-                if len(line.split()) >= MAX_POSITIONS:
-                    raise SystemExit(f"error: --data: line {number} of the {split} split ({lang}) has "
-                                     f"{len(line.split()):,} subword tokens after BPE; the models take at most "
-                                     f"{MAX_POSITIONS - 1} (shorten or remove that line)")
-    corpus.write_splits(bpe, dirs.bpe, (args.src, args.tgt))
-    words, pieces = (sum(len(line.split()) for line in t["train"][args.tgt]) for t in (text, bpe))
-    log(f"  {args.bpe_merges} merges -> {codes}; train.{args.tgt}: {words:,} words -> {pieces:,} subwords")
+    bpe = corpus.learn_and_apply_bpe(text, *langs, args.bpe_merges, codes)
+    corpus.write_splits(bpe, dirs.bpe, langs)
+    words, pieces = (sum(len(line.split()) for line in t["train"]["tgt"]) for t in (text, bpe))
+    log(f"  {args.bpe_merges} merges -> {codes}; train.tgt: {words:,} words -> {pieces:,} subwords")
     stage(3, "fairseq-preprocess --joined-dictionary")
-    corpus.binarise(dirs.bpe, dirs.bin, args.src, args.tgt, log_path=os.path.join(dirs.logs, "preprocess.log"))
-    types = len(corpus.read_lines(os.path.join(dirs.bin, f"dict.{args.src}.txt")))
+    corpus.binarise(dirs.bpe, dirs.bin, *langs, log_path=os.path.join(dirs.logs, "preprocess.log"))
+    types = len(corpus.read_lines(os.path.join(dirs.bin, "dict.src.txt")))
     log(f"  joined dictionary: {types:,} types (+4 specials) -> {dirs.bin}")
+    test = os.path.join(dirs.raw, "test.tgt")  # the synthetic text is tokenised already: its own tokenised reference
+    return {"SRC": "src", "TGT": "tgt", "RAW_REF_test": test, "TOK_REF_test": test}
 
 
-def train_and_test(args, models, jobs, dirs, env):
-    """Stages 4 and 5: train every model, decode the test split and score it; the table's rows."""
+def train_and_test(args, models, jobs, dirs, env, recipe):
+    """Stages 4 and 5: train every model, decode the test split and score it as ``corpus evaluate``
+    does; the table's rows."""
     parallel = f", {jobs} at a time with {env.get('OMP_NUM_THREADS', 'default')} thread(s) each" if jobs > 1 else ""
     stage(4, f"fairseq-train {' and '.join(models)}: {args.layers}+{args.layers} layers, d={args.embed_dim}, "
           f"FFN {args.ffn_dim}, {args.max_update} updates of <= {args.max_tokens} tokens{parallel}")
     for name in models:
         log(f"  [{name}] {MODELS[name][1]} (--arch {MODELS[name][0]})")
     trained = run_parallel(lambda name: train(args, name, dirs, env), models, jobs)
-    stage(5, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacrebleu")
+    stage(5, f"fairseq-generate (beam {args.beam}, --remove-bpe) on the test split + sacreBLEU, tokenised BLEU")
     generated = run_parallel(lambda name: generate(args, name, dirs, trained[name]["checkpoint"], env), models, jobs)
-    import sacrebleu
-
-    rows, references = [], corpus.read_lines(os.path.join(dirs.raw, f"test.{args.tgt}"))
+    lowercase, compound_split = (recipe.get(key) == "1" for key in ("LOWERCASE", "COMPOUND_SPLIT"))
+    rows = []
     for name in models:
         results, decode_sps = generated[name]
-        hypotheses, _ = corpus.hypotheses(results, expect=len(references))  # BPE removed, in sentence order
-        # force: the references are tokenised text (spaces before punctuation), as the hypotheses
-        score = sacrebleu.corpus_bleu(hypotheses, [references], force=True)
-        log(f"  [{name}] {score}")
-        rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1], "bleu": score.score,
-                     **trained[name], "decode_sps": decode_sps, "sacrebleu": str(score)})
+        log(f"  [{name}] scores -> {os.path.dirname(results)}/scores.json")
+        scores = corpus.score(results, os.path.dirname(results), recipe["TGT"], recipe["RAW_REF_test"],
+                              recipe["TOK_REF_test"], lowercase, compound_split)
+        rows.append({"model": name, "arch": MODELS[name][0], "description": MODELS[name][1],
+                     "bleu": scores["sacrebleu"], **trained[name], "decode_sps": decode_sps, "scores": scores})
     return rows
 
 
-def run_quickstart(argv=None):
-    """Run the whole job; returns the table's rows (dicts)."""
+def main(argv=None):
+    """Console entry point ``fusion-fairseq-quickstart``: the whole job."""
     import torch
 
     args = build_parser().parse_args(argv)
     started = time.time()
-    models, synthetic = check_args(args)
+    models = check_args(args)
+    recipe = prepared_data(args.data) if args.data else None
     out = os.path.abspath(args.out)
-    dirs = SimpleNamespace(out=out, **{key: os.path.join(out, name) for key, name in (
-        ("raw", "raw"), ("bpe", "bpe"), ("bin", "data-bin"), ("checkpoints", "checkpoints"), ("logs", "logs"))})
-    if args.data and os.path.realpath(args.data) in {os.path.realpath(d) for d in (out, dirs.raw, dirs.bpe, dirs.bin)}:
-        raise SystemExit("error: --out must not be (the parent of) the --data directory")
+    dirs = SimpleNamespace(out=out, bin=os.path.join(args.data or out, "data-bin"),  # --data: corpus prepare's
+                           **{name: os.path.join(out, name) for name in ("raw", "bpe", "checkpoints", "logs")})
     os.makedirs(dirs.logs, exist_ok=True)
     cpus = len(os.sched_getaffinity(0))
     # Without a GPU one model per core, one thread each: OpenMP threads fighting over the cores are many times slower.
@@ -407,22 +301,16 @@ def run_quickstart(argv=None):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    prepare_corpus(args, synthetic, dirs)
-    rows = train_and_test(args, models, jobs, dirs, env)
+    recipe = recipe or prepare_synthetic(args, dirs)
+    rows = train_and_test(args, models, jobs, dirs, env, recipe)
     table, wall = format_table(rows), time.time() - started
-    log(f"\n=== results on {'the synthetic' if synthetic else args.data} test set ({args.src} -> {args.tgt}), "
+    log(f"\n=== results on {args.data or 'the synthetic'} test set ({recipe['SRC']} -> {recipe['TGT']}), "
         f"{args.max_update} updates each, total wall time {wall:.0f}s\n")
     log(table)
     corpus.write_lines(os.path.join(dirs.out, "results.md"), [table])
     with open(os.path.join(dirs.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
     log(f"\nwritten: {dirs.out}/results.md, {dirs.out}/results.json (logs and hypotheses in {dirs.logs})")
-    return rows
-
-
-def main(argv=None):
-    """Console entry point ``fusion-fairseq-quickstart``."""
-    run_quickstart(argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fusion_fairseq.tools.common import non_negative_int
-from fusion_fairseq.tools.corpus import SPLITS, write_lines
+from fusion_fairseq.tools.corpus import SPLITS, write_lines, write_splits
 
 GENDERS = ("m", "f", "n")
 NUMBERS = ("sg", "pl")
@@ -238,12 +238,9 @@ def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, te
     lexicon = build_lexicon(lexicon_seed)
     corpus = generate_sentences(list(zip(SPLITS, (train_size, valid_size, test_size))), seed, lexicon=lexicon)
     write_lines(dictionary_path(out_dir, src_lang, tgt_lang), [f"{src} {tgt}" for src, tgt in lexicon.word_pairs()])
-    paths = {}
-    for split, sentences in corpus.items():
-        paths[split] = tuple(os.path.join(out_dir, f"{split}.{lang}") for lang in (src_lang, tgt_lang))
-        write_lines(paths[split][0], [sentence.src() for sentence in sentences])
-        write_lines(paths[split][1], [sentence.tgt() for sentence in sentences])
-    return paths
+    write_splits({split: {src_lang: [s.src() for s in sentences], tgt_lang: [s.tgt() for s in sentences]}
+                  for split, sentences in corpus.items()}, out_dir, (src_lang, tgt_lang))
+    return {split: tuple(os.path.join(out_dir, f"{split}.{lang}") for lang in (src_lang, tgt_lang)) for split in SPLITS}
 
 
 def main(argv=None):
@@ -258,8 +255,8 @@ def main(argv=None):
     parser.add_argument("--lexicon-seed", type=int, default=0, help="seed of the vocabulary")
     args = parser.parse_args(argv)
     sizes = [getattr(args, f"{split}_size") for split in SPLITS]
-    for split, (src_path, tgt_path) in write_corpus(args.out, *sizes, args.seed, args.lexicon_seed).items():
-        print(f"{split}: {src_path} {tgt_path}")
+    for split, paths in write_corpus(args.out, *sizes, args.seed, args.lexicon_seed).items():
+        print(f"{split}: {' '.join(paths)}")
     print(f"bilingual dictionary: {dictionary_path(args.out)}")
 
 
