@@ -432,12 +432,11 @@ def test_bleu_scores_and_compound_split(tmp_path):
     write(tmp_path / "ref", ref)
     write(tmp_path / "tok", tok)
     write(tmp_path / "hyp", [x.lower() for x in ref])
-    out = run_corpus("bleu", "--hyp-detok", tmp_path / "hyp", "--ref", tmp_path / "ref", "--hyp-tok", tmp_path / "tok",
-                     "--tok-ref", tmp_path / "tok", "--lowercase", "--compound-split", "--json", tmp_path / "s.json").stdout
+    out, scores = corpus.bleu_scores(str(tmp_path / "hyp"), str(tmp_path / "ref"), str(tmp_path / "tok"),
+                                     str(tmp_path / "tok"), lowercase=True, compound_split=True)
     assert re.search(r"^sacreBLEU \(detokenized, case-insensitive\) .*: BLEU = 100\.00", out, re.M), out
     assert "sacreBLEU signature: nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:" in out
     assert re.search(r"^Tokenized BLEU \(case-insensitive; .*compound-split\) .*: BLEU = 100\.00", out, re.M), out
-    scores = json.loads((tmp_path / "s.json").read_text())
     assert scores["sacrebleu"] == scores["tokenized_bleu"] == 100.0 and scores["compound_split"]
 
 

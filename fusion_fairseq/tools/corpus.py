@@ -487,7 +487,7 @@ def hypotheses(generate_output, expect=None):
     return [unbpe(found["H"][i]) for i in ids], [unbpe(found["T"].get(i, "")) for i in ids]
 
 
-def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_split=False, json_path=None):
+def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_split=False):
     """sacreBLEU of detokenised hypotheses against the raw reference, and tokenised BLEU, printed: (report, scores)."""
     from sacrebleu.metrics import BLEU
 
@@ -511,8 +511,6 @@ def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_spli
               "case_insensitive": lowercase, "compound_split": compound_split, "reference": os.path.abspath(ref),
               "tokenized_reference": os.path.abspath(tok_ref), "sentences": len(hyp)}
     print(report)
-    if json_path:
-        write_lines(json_path, [json.dumps(scores, indent=2)])
     return report, scores
 
 
@@ -575,8 +573,9 @@ def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_spli
     if not tok_ref:
         log("no tokenised reference given or recorded: tokenised BLEU uses fairseq's T- lines (may contain <unk>)")
     report, scores = bleu_scores(path["hyp.detok"], ref, path["hyp.tok"], tok_ref or path["ref.fairseq.tok"],
-                                 lowercase, compound_split, os.path.join(out, "scores.json"))
+                                 lowercase, compound_split)
     write_lines(os.path.join(out, "bleu.txt"), [report])
+    write_lines(os.path.join(out, "scores.json"), [json.dumps(scores, indent=2)])
     return scores
 
 
@@ -623,12 +622,6 @@ def build_parser():
     e.add_argument("--no-user-dir", action="store_true")
     e.add_argument("--out", help="default: CHECKPOINT_DIR/eval-SUBSET-beamN")
     e.add_argument("--force", action="store_true", help="replace files in --out that evaluate did not write")
-    b = sub.add_parser("bleu", help="detokenised sacreBLEU and tokenised BLEU")
-    for flag in ("--hyp-detok", "--ref", "--hyp-tok", "--tok-ref"):
-        b.add_argument(flag, required=True)
-    for flag in ("--lowercase", "--compound-split"):
-        b.add_argument(flag, action="store_true")
-    b.add_argument("--json")
     return p
 
 
@@ -665,12 +658,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv[:cut])
     if args.command == "prepare":
         prepare(prepare_args(args), args)
-    elif args.command == "evaluate":
+    else:
         args.extra = argv[cut + 1:]
         evaluate(args)
-    else:
-        bleu_scores(args.hyp_detok, args.ref, args.hyp_tok, args.tok_ref, args.lowercase, args.compound_split,
-                    args.json)
 
 
 if __name__ == "__main__":
