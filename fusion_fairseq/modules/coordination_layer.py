@@ -72,11 +72,10 @@ class CoordinationLayer(nn.Module):
         incremental decoding of one new position).
         Returns (output, new target memory (keys, values) of these positions, weights or None)."""
         new_keys, new_values = self.project_memory(x)
+        target_keys, target_values = new_keys, new_values
         if past_target_memory is not None:
             target_keys = torch.cat([past_target_memory[0], new_keys], dim=2)
             target_values = torch.cat([past_target_memory[1], new_values], dim=2)
-        else:
-            target_keys, target_values = new_keys, new_values
         if target_allowed is None:
             target_allowed = torch.ones(1, 1, x.size(1), target_keys.size(2), dtype=torch.bool, device=x.device)
         query = self.attention_input(x)
@@ -87,12 +86,11 @@ class CoordinationLayer(nn.Module):
                 (source_keys, source_values, source_allowed),
                 (target_keys, target_values, target_allowed),
             ], need_weights)
-            x = self.residual(x, attended, self.attention_layer_norm)
         else:
             attended, _ = self.attention(query, target_keys, target_values, target_allowed)
             x = self.residual(x, attended, self.attention_layer_norm)
             attended, weights = self.attention(self.attention_input(x), source_keys, source_values, source_allowed,
                                                need_weights)
-            x = self.residual(x, attended, self.attention_layer_norm)
+        x = self.residual(x, attended, self.attention_layer_norm)
         return self.feed_forward(x), (new_keys, new_values), weights
 

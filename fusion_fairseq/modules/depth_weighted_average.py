@@ -47,13 +47,10 @@ class DepthWeightedAverage(PlainStack):
         super().__init__(num_layers)
         self.dilation, self.period = dilation, period
         self.blocks = averaged_blocks(num_layers, period)
-        self.alphas = nn.ParameterList(self.identity_weights(block) for block in self.blocks)
+        counts = [len(averaged_outputs(block, dilation)) for block in self.blocks]
+        # alpha_{i,i} = 1 on the block's own output (the last one read), alpha_{i,j<i} = 0
+        self.alphas = nn.ParameterList(nn.Parameter(torch.arange(n).eq(n - 1).float()) for n in counts)
         self.position = {block: position for position, block in enumerate(self.blocks)}
-
-    def identity_weights(self, block: int) -> nn.Parameter:
-        weights = torch.zeros(len(averaged_outputs(block, self.dilation)))
-        weights[-1] = 1.0  # alpha_{i,i}: the block's own output
-        return nn.Parameter(weights)
 
     def weights(self) -> List[Tuple[int, List[int], Tensor]]:
         """(block i, the j it reads, alpha_i) for every DWA, for analysis."""

@@ -89,18 +89,13 @@ class HyperConnection(nn.Module):
             self.dynamic_beta_fn = nn.Parameter(torch.zeros(embed_dim))  # W_beta
             self.dynamic_beta_scale = nn.Parameter(torch.tensor(DYNAMIC_SCALE_INIT))
 
-    def connection_weights(self, streams: Tensor) -> Tuple[Tensor, Tensor]:
-        """alpha = [A_m | A_r] ``(..., n, n+1)`` and B ``(..., n)``."""
-        if not self.dynamic:
-            return self.static_alpha, self.static_beta
-        normed = self.norm(streams)
-        alpha = self.static_alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)
-        beta = self.static_beta + self.dynamic_beta_scale * torch.tanh(normed @ self.dynamic_beta_fn)
-        return alpha, beta
-
     def width(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """(h_0 = A_m^T H ``(..., d)``, A_r^T H ``(..., n, d)``, B ``(..., n)``)."""
-        alpha, beta = self.connection_weights(streams)
+        alpha, beta = self.static_alpha, self.static_beta  # alpha = [A_m | A_r] (..., n, n+1)
+        if self.dynamic:
+            normed = self.norm(streams)
+            alpha = alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)
+            beta = beta + self.dynamic_beta_scale * torch.tanh(normed @ self.dynamic_beta_fn)
         mixed = alpha.transpose(-1, -2).to(streams) @ streams  # (..., n+1, d)
         return mixed[..., 0, :], mixed[..., 1:, :], beta
 

@@ -71,20 +71,17 @@ class DenseConnection(PlainStack):
         for index in range(self.num_layers):
             output = apply_layer(index, states[-1], states)
             total = output if running_sum is None else output + running_sum
-            state = self.normalise(total, index + 1)
+            state = total
+            if self.reading == "mean":
+                state = total / (index + 1)
+            elif self.reading == "layernorm":
+                state = F.layer_norm(total, total.shape[-1:])
             if self.reading in ("literal", "layernorm"):
                 running_sum = state if running_sum is None else running_sum + state
             else:
                 running_sum = total
             states.append(state)
         return states[-1], states
-
-    def normalise(self, total: Tensor, count: int) -> Tensor:
-        if self.reading == "mean":
-            return total / count
-        if self.reading == "layernorm":
-            return F.layer_norm(total, total.shape[-1:])
-        return total
 
 
 def vanilla_combination(num_inputs: int, embed_dim: int) -> nn.Linear:

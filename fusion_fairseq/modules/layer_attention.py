@@ -73,9 +73,7 @@ class LayerAttention(nn.Module):
         # before masking: a dropped -inf would be 0 * -inf = nan.
         logits = F.dropout(self.logits, p=self.dropconnect, training=self.training)
         if self.masked_layer is not None:
-            masked = torch.zeros(self.num_inputs, 1, dtype=torch.bool, device=logits.device)
-            masked[self.masked_layer] = True
-            logits = logits.masked_fill(masked, float("-inf"))
+            logits = logits.index_fill(1, torch.tensor(self.masked_layer, device=logits.device), float("-inf"))
         return torch.softmax(logits.float(), dim=1).type_as(logits)
 
     def forward(self, layers: List[Tensor]) -> Tensor:

@@ -66,12 +66,9 @@ def layer_diversity(layers: Sequence[Tensor], padding_mask: Optional[Tensor] = N
             f"got {tuple(padding_mask.shape)}")
 
     with torch.autocast(device_type=layers[0].device.type, enabled=False):
-        units = [_unit(layer, eps) for layer in layers]
         # sum over the L-1 adjacent pairs per position; every pair shares the same positions, so
         # the mean of the per-pair means is the mean of this sum divided by L-1.
-        distance = torch.zeros(tgt_len, batch, device=layers[0].device, dtype=torch.float32)
-        for lower, upper in zip(units[:-1], units[1:]):
-            distance = distance + (1.0 - (lower * upper).sum(dim=-1).square().clamp(max=1.0))
+        distance = sum(cosine_squared_distance(lower, upper, eps) for lower, upper in zip(layers[:-1], layers[1:]))
         if padding_mask is None:
             count = distance.new_tensor(float(tgt_len * batch))
         else:

@@ -39,11 +39,10 @@ class LayerFusion(nn.Module):
         if not self.include_embedding_layer:
             states = states[1:]
         layers = torch.stack(states, dim=-2)
-        weights = None
         if isinstance(self.function, MultiHopAttentionFusion):
             fused, weights = self.function(layers, need_weights=need_weights)
         else:
-            fused = self.function(layers)
+            fused, weights = self.function(layers), None
         if self.layer_norm is not None:
             fused = self.layer_norm(fused)
         return fused, weights

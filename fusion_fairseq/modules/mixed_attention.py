@@ -48,10 +48,6 @@ class MixedAttention(ProjectedAttention):
         scores = [torch.matmul(q, keys.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
                   for keys, _, allowed in blocks]
         weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).type_as(q)
-        dropped = F.dropout(weights, self.dropout, self.training)
-        context, start = 0, 0
-        for (_, values, _), block_scores in zip(blocks, scores):
-            width = block_scores.size(-1)
-            context = context + torch.matmul(dropped[..., start:start + width], values)
-            start += width
+        shares = F.dropout(weights, self.dropout, self.training).split([block.size(-1) for block in scores], dim=-1)
+        context = sum(torch.matmul(share, values) for share, (_, values, _) in zip(shares, blocks))
         return self.project_output(context), (weights.mean(dim=1) if need_weights else None)

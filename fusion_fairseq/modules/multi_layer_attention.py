@@ -55,9 +55,7 @@ class MultiLayerSelfAttention(MultiheadAttention):
         lower_states, self.lower_states = self.lower_states, None
         own, weights = super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
                                        static_kv, attn_mask, before_softmax, need_head_weights)
-        contexts = [own]
-        for attention, state in zip(self.lower_attentions, lower_states):
-            context, _ = attention(query, state, state, key_padding_mask=key_padding_mask,
-                                   incremental_state=incremental_state, need_weights=False, attn_mask=attn_mask)
-            contexts.append(context)
-        return self.aggregate(*contexts), weights
+        lower = [attention(query, state, state, key_padding_mask=key_padding_mask, incremental_state=incremental_state,
+                           need_weights=False, attn_mask=attn_mask)[0]
+                 for attention, state in zip(self.lower_attentions, lower_states)]
+        return self.aggregate(own, *lower), weights

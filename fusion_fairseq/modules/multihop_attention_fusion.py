@@ -53,18 +53,14 @@ class MultiHopAttentionFusion(nn.Module):
         self.register_buffer("layer_ids", layer_embedding_rows(layer_embedding, first_layer_index, num_layers),
                              persistent=False)
 
-    def attention_hidden(self, layers: torch.Tensor) -> torch.Tensor:
-        """sigma(W1 z~^l) for every layer l: ``(..., L, da)``."""
+    def forward(self, layers: torch.Tensor, need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if self.layer_embedding is not None:
+            layers = layers + self.layer_embedding(self.layer_ids)  # Eq. 4
         if self.independent_w1:
             projected = torch.einsum("...ld,lda->...la", layers, self.w1_weight) + self.w1_bias
         else:
             projected = self.w1(layers)
-        return torch.tanh(projected)
-
-    def forward(self, layers: torch.Tensor, need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        if self.layer_embedding is not None:
-            layers = layers + self.layer_embedding(self.layer_ids)  # Eq. 4
-        energy = self.w2(self.attention_hidden(layers))  # Eq. 5: (..., L, nhop)
+        energy = self.w2(torch.tanh(projected))  # Eq. 5: W2 sigma(W1 z~^l), (..., L, nhop)
         weights = torch.softmax(energy.float(), dim=-2).type_as(energy)  # Eq. 6, over layers
         hops = torch.einsum("...lp,...ld->...pd", weights, layers)  # Eq. 7: (..., nhop, d)
         fused = self.ffn(hops.flatten(start_dim=-2))

@@ -19,25 +19,18 @@ class SurfaceAttention(ProjectedAttention):
     every later step projects only its one query.
     """
 
-    def projected_memory(self, keys: Tensor, values: Tensor,
-                         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]):
-        """Projected keys and values ``(batch, heads, src_len, head_dim)``, once per sentence."""
-        if incremental_state is not None:
-            cached = self.get_incremental_state(incremental_state, "memory")
-            if cached is not None:
-                return cached["keys"], cached["values"]
-        projected_keys, projected_values = self.project_memory(keys, values)
-        if incremental_state is not None:
-            self.set_incremental_state(incremental_state, "memory", {"keys": projected_keys, "values": projected_values})
-        return projected_keys, projected_values
-
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, key_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None) -> Tensor:
         """``query`` ``(batch, tgt_len, D)``; ``keys``/``values`` ``(batch, src_len, D)``;
         ``key_padding_mask`` ``(batch, src_len)``, True at padding. Returns ``(batch, tgt_len, D)``."""
-        projected_keys, projected_values = self.projected_memory(keys, values, incremental_state)
+        # projected keys and values (batch, heads, src_len, head_dim), once per sentence
+        memory = None if incremental_state is None else self.get_incremental_state(incremental_state, "memory")
+        if memory is None:
+            memory = dict(zip(("keys", "values"), self.project_memory(keys, values)))
+            if incremental_state is not None:
+                self.set_incremental_state(incremental_state, "memory", memory)
         allowed = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
-        return self.attend(query, projected_keys, projected_values, allowed)
+        return self.attend(query, memory["keys"], memory["values"], allowed)
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
         """Beam search reorders (and repeats) sentences: reorder the cached memory with them."""
