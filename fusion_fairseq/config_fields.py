@@ -32,18 +32,20 @@ class Values:
     convert: Callable[[str], Any] = str
     choices: Optional[Sequence[str]] = None
     number: bool = False
+    check: Optional[Callable[[Any], Optional[str]]] = None  # the message for an accepted value still wrong
 
     def error(self, flag: str, value, shown: str) -> Optional[str]:
         if self.number and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             message = f"must be a number {self.description}"
         elif self.accepts(value):
-            return None
+            return self.check(value) if self.check else None
         else:
             message = f"must be {self.description}" if self.number else self.description
         return f"{flag} {message}, got {shown}" if flag else f"{message}, got {shown}"
 
 
-def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> Values:
+def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False,
+         check: Optional[Callable[[Any], Optional[str]]] = None) -> Values:
     def inside(value):
         return (low < value or low_included and value == low) and (value < high or high_included and value == high)
 
@@ -51,7 +53,7 @@ def real(low: float, high: float, *, low_included: bool = True, high_included: b
         text = f">= {low:g}" if low_included else f"> {low:g}"
     else:
         text = f"in {'[' if low_included else '('}{low:g}, {high:g}{']' if high_included else ')'}"
-    return Values(text, inside, float, number=True)
+    return Values(text, inside, float, number=True, check=check)
 
 
 def choice(options: Sequence[str]) -> Values:
@@ -84,14 +86,12 @@ def flag_feature(name: str, present: Callable[[Any], bool] = lambda value: value
 
 
 def option(default=None, help: str = "", values: Optional[Values] = None, *, metavar: Optional[str] = None,
-           derive: Optional[Callable[[argparse.Namespace], Any]] = None,
-           check: Optional[Callable[[Any], Optional[str]]] = None, structural: bool = False,
+           derive: Optional[Callable[[argparse.Namespace], Any]] = None, structural: bool = False,
            read_by: Optional[Feature] = None, idle_reason: str = "", declared_by_fairseq: bool = False):
-    """A configuration field. ``derive(args)``: its default from other flags; ``check(value)``: a message
-    for an accepted value that is still wrong; ``structural``: a checkpoint fixes it; ``read_by`` and
-    ``idle_reason``: a warning when it is set and the feature is absent; ``declared_by_fairseq``: the flag
-    and its default are fairseq's, the field only adds the check of its values."""
-    metadata = dict(help=help, values=values, metavar=metavar, derive=derive, check=check, structural=structural,
+    """A configuration field. ``derive(args)``: its default from other flags; ``structural``: a checkpoint
+    fixes it; ``read_by`` and ``idle_reason``: a warning when it is set and the feature is absent;
+    ``declared_by_fairseq``: the flag and its default are fairseq's, the field only adds the check of its values."""
+    metadata = dict(help=help, values=values, metavar=metavar, derive=derive, structural=structural,
                     read_by=read_by, idle_reason=idle_reason, declared_by_fairseq=declared_by_fairseq)
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -105,7 +105,7 @@ def _options(config):
     return [field for field in dataclasses.fields(config) if "values" in field.metadata]
 
 
-def argparse_type(values: Values, flag: str = "", check: Optional[Callable[[Any], Optional[str]]] = None):
+def argparse_type(values: Values, flag: str = ""):
     """The argparse ``type`` that accepts ``values``; ``flag`` is named in the message as :func:`check_values` does."""
 
     def parse(text):
@@ -113,7 +113,7 @@ def argparse_type(values: Values, flag: str = "", check: Optional[Callable[[Any]
             value = values.convert(text)
         except ValueError:
             value = text  # the check names it
-        message = values.error(flag, value, repr(text)) or (check(value) if check else None)
+        message = values.error(flag, value, repr(text))
         if message:
             raise argparse.ArgumentTypeError(message)
         return value
@@ -133,7 +133,7 @@ def add_flags(parser, config) -> None:
         if meta["values"].choices:
             action.choices = meta["values"].choices
         elif meta["values"] is not SWITCH:
-            action.type = argparse_type(meta["values"], flag_of(field.name), meta["check"])
+            action.type = argparse_type(meta["values"], flag_of(field.name))
             action.metavar = meta["metavar"]
 
 
@@ -146,20 +146,23 @@ class FlagsOfConfig:
         add_flags(parser, getattr(cls, "__dataclass"))  # set by fairseq's register_model
 
 
-def flat_fields(config) -> list:
+def flat_fields(config, checks: Optional[dict] = None, prefix: str = "") -> list:
     """``(name, type, field)`` of fairseq's nested ``config`` (``TransformerConfig``) under its flat legacy
-    names (``encoder.embed_dim`` as ``encoder_embed_dim``), for ``dataclasses.make_dataclass``."""
-    flat = []
+    names (``encoder.embed_dim`` as ``encoder_embed_dim``), for ``dataclasses.make_dataclass``; ``checks``:
+    {flat name: :class:`Values`} of the fields whose values are checked (:func:`option`, declared by fairseq)."""
+    checks, flat = checks or {}, []
     for field in dataclasses.fields(config):
+        name = prefix + field.name
         if field.name.startswith("_"):
             continue
         if inspect.isclass(field.type) and issubclass(field.type, FairseqDataclass):
-            flat += [(f"{field.name}_{name}", kind, value) for name, kind, value in flat_fields(field.type)]
+            flat += flat_fields(field.type, checks, name + "_")
             continue
         default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
         if isinstance(default, str):  # ${model.decoder.embed_dim}: the sibling field decoder_embed_dim
             default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${.\1_\2}", default)
-        flat.append((field.name, field.type, dataclasses.field(default=default, metadata=field.metadata)))
+        flat.append((name, field.type, option(default, field.metadata["help"], checks[name], declared_by_fairseq=True)
+                     if name in checks else dataclasses.field(default=default, metadata=field.metadata)))
     return flat
 
 
@@ -172,15 +175,15 @@ def as_namespace(cfg) -> argparse.Namespace:
     return argparse.Namespace(**vars(cfg))
 
 
-def require_mergeable_model_config(config, cfg) -> None:
+def require_mergeable_model_config(config, cfg, remove_missing: bool = False) -> None:
     """Refuse to merge the plugin model dataclass ``config`` with ``cfg`` (a hydra config's ``model``) when
     ``cfg`` has a field ``config`` lacks, or names a preset and leaves fields out, which fairseq's merge
-    would fill with the model's defaults before the preset could fill them with its own."""
+    would fill with the model's defaults before the preset could fill them with its own. A checkpoint's
+    configuration (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    config = config if isinstance(config, type) else type(config)
-    if not _options(config):
-        return  # not the plugin's
+    if remove_missing or not _options(config):
+        return  # a checkpoint's, or not the plugin's
     name, known = cfg.get("_name"), [field.name for field in dataclasses.fields(config)]
     for key in cfg:
         if key not in known:
@@ -199,24 +202,21 @@ def require_mergeable_model_config(config, cfg) -> None:
 
 def check_model_configs() -> None:
     """Make fairseq's ``merge_with_parent`` (in ``dataclass.utils`` and ``models``) refuse first, in one
-    line, a plugin model configuration that :func:`require_mergeable_model_config` refuses. A checkpoint's
-    configuration (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
+    line, a plugin model configuration that :func:`require_mergeable_model_config` refuses."""
     from fairseq import models
     from fairseq.dataclass import utils
 
-    def checking(merge_with_parent):
-        @functools.wraps(merge_with_parent)
-        def wrapper(dc, cfg, remove_missing=False):
-            if not remove_missing:
-                require_mergeable_model_config(dc, cfg)
-            return merge_with_parent(dc, cfg, remove_missing)
+    merge_with_parent = utils.merge_with_parent  # which fairseq.models imports
+    if getattr(merge_with_parent, "checks_model_configs", False):
+        return
 
-        wrapper.checks_model_configs = True
-        return wrapper
+    @functools.wraps(merge_with_parent)
+    def checking(dc, cfg, remove_missing=False):
+        require_mergeable_model_config(dc, cfg, remove_missing)
+        return merge_with_parent(dc, cfg, remove_missing)
 
-    for module in (utils, models):
-        if not getattr(module.merge_with_parent, "checks_model_configs", False):
-            module.merge_with_parent = checking(module.merge_with_parent)
+    checking.checks_model_configs = True
+    utils.merge_with_parent = models.merge_with_parent = checking
 
 
 def fill_defaults(args, config) -> None:
@@ -244,8 +244,7 @@ def check_values(args, config) -> None:
         value = getattr(args, field.name)
         if value is None and field.default is None and meta["derive"] is None:
             continue  # None is this field's "off"
-        flag = flag_of(field.name)
-        message = meta["values"].error(flag, value, repr(value)) or (meta["check"](value) if meta["check"] else None)
+        message = meta["values"].error(flag_of(field.name), value, repr(value))
         if message:
             raise ConfigurationError(message)
 

@@ -63,23 +63,12 @@ AGGREGATE_HELP = ("wire the {} layers by dense connection (Eq. 4), linear combin
 
 
 # fairseq's Transformer flags as one flat dataclass: the legacy TransformerModel reads them flat
-# (args.encoder_embed_dim), and fairseq's flags-to-config conversion keeps only a registered
-# dataclass's fields.
-TransformerFlags = make_dataclass("TransformerFlags", flat_fields(TransformerConfig), bases=(FairseqDataclass,))
-
-
-@dataclass
-class TransformerDropouts(TransformerFlags):
-    """fairseq's Transformer flags, its dropouts checked at build time: fairseq's parser takes any
-    float, and values from checkpoints or --model-overrides are not parsed at all. They keep their
-    place among fairseq's fields, above the plugin's: a bad --dropout is named as itself, not as the
-    --fusion-dropout it sets."""
-
-    dropout: float = option(0.1, "dropout probability", PROBABILITY, declared_by_fairseq=True)
-    attention_dropout: float = option(0.0, "dropout probability for attention weights", PROBABILITY,
-                                      declared_by_fairseq=True)
-    activation_dropout: float = option(0.0, "dropout probability after activation in FFN", PROBABILITY,
-                                       declared_by_fairseq=True)
+# (args.encoder_embed_dim), and fairseq's flags-to-config conversion keeps only a registered dataclass's
+# fields. Its dropouts are checked at build time: fairseq's parser takes any float, and values from
+# checkpoints or --model-overrides are not parsed at all. They keep their place among fairseq's fields,
+# above the plugin's: a bad --dropout is named as itself, not as the --fusion-dropout it sets.
+TransformerDropouts = make_dataclass("TransformerDropouts", flat_fields(TransformerConfig, dict.fromkeys(
+    ("dropout", "attention_dropout", "activation_dropout"), PROBABILITY)), bases=(FairseqDataclass,))
 
 
 @dataclass
@@ -172,10 +161,10 @@ class FusionTransformerConfig(TransformerDropouts):
         metavar="L", read_by=HARD_SURFACE_FUSION, idle_reason="only hard SurfaceFusion (Eq. 6) interpolates")
     surface_fusion_tau: Optional[float] = option(
         None, f"softmax temperature tau of the surface distribution (Eq. 5), >= {MIN_SURFACE_FUSION_TAU}; default 1 "
-        "for hard and 5 for soft fusion, as in the paper", real(0.0, float("inf"), low_included=False,
-                                                               high_included=True),
-        metavar="T", derive=lambda args: 5.0 if args.surface_fusion == "soft" else 1.0, check=tau_error,
-        read_by=SURFACE_FUSION, idle_reason="it is SurfaceFusion's temperature")
+        "for hard and 5 for soft fusion, as in the paper",
+        real(0.0, float("inf"), low_included=False, high_included=True, check=tau_error), metavar="T",
+        derive=lambda args: 5.0 if args.surface_fusion == "soft" else 1.0, read_by=SURFACE_FUSION,
+        idle_reason="it is SurfaceFusion's temperature")
     surface_fusion_variant: str = option(
         "paper", "paper: SurfaceFusion as the paper's text describes it (default); released: as the authors' "
         "released code trains it (query and keys detached, one head, a shared residual FFN on decoder output and "
@@ -211,18 +200,28 @@ def check_fusion_args(args) -> None:
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
         raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
                                  f"must be 0 with {' '.join(reads_every_layer)}")
-    with_layer_embedding = ("sa", "fnn")
-    if args.fuse_encoder in with_layer_embedding and args.fuse_decoder in with_layer_embedding \
-            and not args.fusion_no_layer_embedding and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(
-            f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer embedding, "
-            f"which needs {_equal_widths(args)}; or pass --fusion-no-layer-embedding")
-    for side in ("encoder", "decoder"):  # deep representations
+    if args.encoder_embed_dim != args.decoder_embed_dim:
+        widths = f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
+        if args.fuse_encoder in ("sa", "fnn") and args.fuse_decoder in ("sa", "fnn") \
+                and not args.fusion_no_layer_embedding:
+            raise ConfigurationError(
+                f"--fuse-encoder {args.fuse_encoder} and --fuse-decoder {args.fuse_decoder} share one layer "
+                f"embedding, which needs {widths}; or pass --fusion-no-layer-embedding")
+        if args.layer_attention != "none":
+            raise ConfigurationError(f"--layer-attention needs {widths}")
+        if args.surface_fusion != "none":
+            raise ConfigurationError("--surface-fusion reads source word embeddings through the target output "
+                                     f"projection, which needs {widths}")
+    for side in ("encoder", "decoder"):  # one output representation and one wiring per side, and their needs
         both = chosen(args, f"aggregate_{side}", f"fuse_{side}")
         if len(both) == 2:
             raise ConfigurationError(
                 f"{both[0]} and {both[1]} both define the {side}'s output representation; choose one per side (they "
                 f"combine across sides, e.g. --aggregate-encoder with --fuse-decoder)")
+        wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"aggregate_{side}")
+        if len(wirings) > 1:
+            raise ConfigurationError(f"{' and '.join(wirings)} both wire the {side}'s layers (which representation "
+                                     "enters each layer); choose one per side")
         layers, k = getattr(args, f"{side}_layers"), args.multi_layer_attention
         if k > 1 and layers <= k:
             raise ConfigurationError(f"--multi-layer-attention {k} attends the {k} layers below a layer, so it needs "
@@ -231,6 +230,22 @@ def check_fusion_args(args) -> None:
         if args.aggregation_fn == "attention" and getattr(args, f"{side}_embed_dim") % heads:
             raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its "
                                      f"{heads} heads")
+        if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
+            raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
+                                     f"--{side}-layers is {layers}")
+        kind = getattr(args, f"hyper_connections_{side}")
+        flag = f"--hyper-connections-{side} {kind}"
+        if kind != "none" and k > 1:
+            raise ConfigurationError(
+                f"{flag} and --multi-layer-attention {k}: multi-layer attention reads single lower-layer states, "
+                "hyper-connected layers hold several streams; choose one of them")
+        if kind == "manifold" and args.hyper_connections_rate < 2:
+            raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing "
+                                     f"to mix), got {args.hyper_connections_rate}")
+        if kind != "none" and side == "decoder" and getattr(args, "cross_self_attention", False):
+            raise ConfigurationError(
+                f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
+                "only, and does not support --cross-self-attention; drop one of them")
     source_memory = chosen(args, "layer_attention", "fuse_encoder", "aggregate_encoder")
     if getattr(args, "no_cross_attention", False) and source_memory:
         raise ConfigurationError(
@@ -248,50 +263,15 @@ def check_fusion_args(args) -> None:
     if layer is not None and not 0 <= layer <= args.encoder_layers:
         raise ConfigurationError(f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
                                  f"to {args.encoder_layers}")
-    if args.layer_attention != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(f"--layer-attention needs {_equal_widths(args)}")
     if args.surface_fusion != "none" and getattr(args, "adaptive_softmax_cutoff", None):
         raise ConfigurationError(
             f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
             f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them")
-    if args.surface_fusion != "none" and args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError("--surface-fusion reads source word embeddings through the target output "
-                                 f"projection, which needs {_equal_widths(args)}")
-    # DenseFormer and hyper-connections each define how a side's layers are wired: one wiring per side
-    for side in ("encoder", "decoder"):
-        wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"aggregate_{side}")
-        if len(wirings) > 1:
-            raise ConfigurationError(f"{' and '.join(wirings)} both wire the {side}'s layers (which representation "
-                                     "enters each layer); choose one per side")
-        layers = getattr(args, f"{side}_layers")
-        if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
-            raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
-                                     f"--{side}-layers is {layers}")
-        kind = getattr(args, f"hyper_connections_{side}")
-        flag = f"--hyper-connections-{side} {kind}"
-        if kind != "none" and args.multi_layer_attention > 1:
-            raise ConfigurationError(
-                f"{flag} and --multi-layer-attention {args.multi_layer_attention}: multi-layer attention reads "
-                "single lower-layer states, hyper-connected layers hold several streams; choose one of them")
-        if kind == "manifold" and args.hyper_connections_rate < 2:
-            raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing "
-                                     f"to mix), got {args.hyper_connections_rate}")
-        if kind != "none" and side == "decoder" and getattr(args, "cross_self_attention", False):
-            raise ConfigurationError(
-                f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
-                "only, and does not support --cross-self-attention; drop one of them")
     warn_idle_flags(args, FusionTransformerConfig)
 
 
 def chosen(args, *names) -> list:
     """``--flag value`` (``--flag`` for a switch) of each of ``names`` that is set to something other than off."""
-    given = []
-    for name in names:
-        value = getattr(args, name)
-        if value not in ("none", False) and not (name == "multi_layer_attention" and value == 1):
-            given.append(flag_of(name) if value is True else f"{flag_of(name)} {value}")
-    return given
-
-
-def _equal_widths(args) -> str:
-    return f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
+    given = [(flag_of(name), getattr(args, name)) for name in names]
+    return [flag if value is True else f"{flag} {value}" for flag, value in given
+            if value not in ("none", False) and (flag, value) != ("--multi-layer-attention", 1)]

@@ -15,10 +15,15 @@ from .layer_stack import run_layer
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def stack_with_normalised_top(states: List[Tensor], top: Tensor) -> List[Tensor]:
-    """[h0, h1, ..., hL] with hL the stack's final output ``top``: in a pre-norm stack fairseq's
-    final LayerNorm follows the last layer's raw output, which fairseq records."""
-    return states[:-1] + [top]
+def fused_output(stack, top: Tensor, states: List[Tensor], need_weights: bool):
+    """fairseq's final LayerNorm on the output ``top`` of the stack [h0, ..., hL], then ``stack.output_fusion``
+    (if any) over [h0, ..., hL] with hL that normalised output: in a pre-norm stack fairseq's final LayerNorm
+    follows the last layer's raw output, which fairseq records. Returns (output, fusion weights or None)."""
+    if stack.layer_norm is not None:
+        top = stack.layer_norm(top)
+    if stack.output_fusion is None:
+        return top, None
+    return stack.output_fusion(states[:-1] + [top], need_weights=need_weights)
 
 
 class FusionTransformerEncoder(TransformerEncoder):
@@ -39,21 +44,16 @@ class FusionTransformerEncoder(TransformerEncoder):
         """fairseq's encoder, with the layer stack wired by ``self.aggregation`` and its output fused by
         ``self.output_fusion``; ``fusion_weights``: also return the weights of self-attention fusion."""
         padding_mask = src_tokens.eq(self.padding_idx)
-        has_pads = bool(padding_mask.any())
+        layer_padding_mask = padding_mask if padding_mask.any() else None
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
-        if has_pads:
+        if layer_padding_mask is not None:
             x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
-        layer_padding_mask = padding_mask if has_pads else None
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
             return run_layer(self.layers[index], states, layer_input, encoder_padding_mask=layer_padding_mask)
 
         top, states = self.aggregation.run(x.transpose(0, 1), apply_layer)
-        if self.layer_norm is not None:
-            top = self.layer_norm(top)
-        weights = None
-        if self.output_fusion is not None:
-            top, weights = self.output_fusion(stack_with_normalised_top(states, top), need_weights=fusion_weights)
+        top, weights = fused_output(self, top, states, fusion_weights)
         out = {
             "encoder_out": [top],  # T x B x C
             "encoder_padding_mask": [padding_mask],  # B x T
@@ -143,35 +143,27 @@ class FusionTransformerDecoder(TransformerDecoder):
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x).transpose(0, 1)
-        self_attn_padding_mask: Optional[Tensor] = None
-        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        pads = prev_output_tokens.eq(self.padding_idx)
+        self_attn_padding_mask = pads if self.cross_self_attention or pads.any() else None
         alignment: Dict[str, Tensor] = {}
 
         def apply_layer(index: int, layer_input: Tensor, states: List[Tensor]) -> Tensor:
-            self_attn_mask = None
-            if incremental_state is None and not full_context_alignment:
-                self_attn_mask = self.buffered_future_mask(layer_input)
+            causal = incremental_state is None and not full_context_alignment
+            self_attn_mask = self.buffered_future_mask(layer_input) if causal else None
             output, layer_attn, _ = self.run_layer(
                 index, states, layer_input, top_memory if memories is None else memories[index],
                 memory_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
                 self_attn_padding_mask=self_attn_padding_mask, need_attn=bool(index == alignment_layer),
                 need_head_weights=bool(index == alignment_layer))
-            if layer_attn is not None and index == alignment_layer:
-                alignment["attn"] = layer_attn.float().to(output)
+            if layer_attn is not None and index == alignment_layer:  # averaged over its first alignment_heads
+                alignment["attn"] = layer_attn.float().to(output)[:alignment_heads].mean(dim=0)
             return output
 
         x, inner_states = self.run_stack(x, apply_layer)
-        attn = alignment.get("attn")  # averaged over its heads
-        if attn is not None:
-            attn = (attn[:alignment_heads] if alignment_heads is not None else attn).mean(dim=0)
-        extra = {"attn": [attn], "inner_states": inner_states}
+        extra = {"attn": [alignment.get("attn")], "inner_states": inner_states}
+        x, weights = fused_output(self, x, inner_states, need_weights=True)  # x is hL: no aggregation beside fusion
         if self.output_fusion is not None:
-            top = self.layer_norm(inner_states[-1]) if self.layer_norm is not None else inner_states[-1]
-            x, weights = self.output_fusion(stack_with_normalised_top(inner_states, top), need_weights=True)
             extra["fusion_attn"] = None if weights is None else weights.transpose(0, 1)
-        elif self.layer_norm is not None:
-            x = self.layer_norm(x)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
@@ -195,5 +187,5 @@ class FusionTransformerDecoder(TransformerDecoder):
         if "prev_key" in cache:
             return None
         word_embeddings = encoder_out["encoder_embedding"][0].transpose(0, 1)  # X_0: no positions
-        layer_outputs = stack_with_normalised_top(encoder_out["encoder_states"], encoder_out["encoder_out"][0])[1:]
+        layer_outputs = encoder_out["encoder_states"][1:-1] + encoder_out["encoder_out"]  # X_N: the normalised output
         return self.layer_attention([word_embeddings] + layer_outputs)

@@ -35,10 +35,8 @@ logger = logging.getLogger(__name__)
 
 # Parameter-name fragments that exist only in fusion modules: a vanilla fairseq transformer has
 # none of them, and every other parameter of this model has the vanilla model's name.
-FUSION_PARAMETER_MARKERS = (
-    "output_fusion.", "aggregation.", "layer_attention.", "surface_fusion.",
-    "self_attn.lower_attentions.", "self_attn.aggregate.", "hyper_connections.",
-)
+FUSION_PARAMETER_MARKERS = ("output_fusion.", "aggregation.", "layer_attention.", "surface_fusion.",
+                            "self_attn.lower_attentions.", "self_attn.aggregate.", "hyper_connections.")
 
 
 def is_fusion_parameter(name: str) -> bool:
@@ -46,10 +44,9 @@ def is_fusion_parameter(name: str) -> bool:
 
 
 def build_shared_layer_embedding(args) -> Optional[nn.Embedding]:
-    """The layer embedding E of MLRF Eq. 4, one table for encoder and decoder ("we use a shared
-    layer embedding for the encoder and the decoder"), initialised from U(-0.1, 0.1) (Sec. 4.2).
-    Rows cover h0..hL of the deepest side that uses self-attention or FNN fusion (Table 4
-    ablates the layer embedding for Enc-FNN)."""
+    """The layer embedding E of MLRF Eq. 4, one table for encoder and decoder ("we use a shared layer embedding
+    for the encoder and the decoder"), initialised from U(-0.1, 0.1) (Sec. 4.2). Rows cover h0..hL of the
+    deepest side that uses self-attention or FNN fusion (Table 4 ablates the layer embedding for Enc-FNN)."""
     sides = [side for side in ("encoder", "decoder") if getattr(args, f"fuse_{side}") in ("sa", "fnn")]
     if not sides or args.fusion_no_layer_embedding:
         return None
@@ -160,8 +157,7 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
         decoder_out = self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
                                    alignment_layer=alignment_layer, alignment_heads=alignment_heads,
                                    src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
-        decoder_out[1]["encoder_states"] = encoder_out["encoder_states"]
-        decoder_out[1]["encoder_padding_mask"] = encoder_out["encoder_padding_mask"]
+        decoder_out[1].update({name: encoder_out[name] for name in ("encoder_states", "encoder_padding_mask")})
         return decoder_out
 
     def upgrade_state_dict_named(self, state_dict, name):
@@ -172,15 +168,14 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
         is left as it is: a mismatched configuration fails the strict load."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
-        if any(is_fusion_parameter(key) for key in state_dict):
-            return
         fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}
-        if fresh and not may_start_parameters_fresh():
+        if not fresh or any(is_fusion_parameter(key) for key in state_dict):
+            return
+        if not may_start_parameters_fresh():
             raise missing_parameters_error(fresh, "fusion")
-        if fresh:
-            logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
-                        "their fresh initialisation", len(fresh))
-            state_dict.update(fresh)
+        logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
+                    "their fresh initialisation", len(fresh))
+        state_dict.update(fresh)
 
 
 @register_model_architecture("fusion_transformer", "fusion_transformer")

@@ -27,11 +27,6 @@ def install_hyper_connections(layers: nn.ModuleList, kind: str, rate: int, embed
         index += count
 
 
-def feed_forward(layer: nn.Module, x: Tensor):
-    x = layer.activation_dropout_module(layer.activation_fn(layer.fc1(x)))
-    return layer.dropout_module(layer.fc2(x)), None
-
-
 def forward_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Tensor] = None,
                        encoder_padding_mask: Optional[Tensor] = None,
                        incremental_state: Optional[IncrementalState] = None, self_attn_mask: Optional[Tensor] = None,
@@ -43,7 +38,7 @@ def forward_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[
     decoder = isinstance(layer, TransformerDecoderLayerBase)
     if not decoder:  # an encoder layer's padding mask is its self-attention's
         self_attn_padding_mask, encoder_padding_mask = encoder_padding_mask, None
-    connections = iter(layer.hyper_connections)
+    connections = layer.hyper_connections  # (self-attention, cross-attention,) FFN
     pre = layer.normalize_before
     need_attn = need_attn or need_head_weights
 
@@ -59,11 +54,13 @@ def forward_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[
             need_weights=need_attn or (not layer.training and layer.need_attn), need_head_weights=need_head_weights)
         return layer.dropout_module(x), weights
 
-    streams, _ = connect(next(connections), streams, self_attention, layer.self_attn_layer_norm, pre)
+    def feed_forward(x):
+        x = layer.activation_dropout_module(layer.activation_fn(layer.fc1(x)))
+        return layer.dropout_module(layer.fc2(x)), None
+
+    streams, _ = connect(connections[0], streams, self_attention, layer.self_attn_layer_norm, pre)
     attention = None
-    if getattr(layer, "encoder_attn", None) is not None:
-        cross = next(connections)
-        if encoder_out is not None:
-            streams, attention = connect(cross, streams, cross_attention, layer.encoder_attn_layer_norm, pre)
-    streams, _ = connect(next(connections), streams, lambda x: feed_forward(layer, x), layer.final_layer_norm, pre)
+    if getattr(layer, "encoder_attn", None) is not None and encoder_out is not None:
+        streams, attention = connect(connections[1], streams, cross_attention, layer.encoder_attn_layer_norm, pre)
+    streams, _ = connect(connections[-1], streams, feed_forward, layer.final_layer_norm, pre)
     return (streams, attention, None) if decoder else streams

@@ -56,10 +56,9 @@ class CoordinationEmbedding(nn.Module):
         non-padding tokens of each row are numbered from zero."""
         x = self.scale * self.embed_tokens(tokens)
         if self.use_positions:
-            if positions is None:
-                x = x + position_embedding(tokens, self.padding_idx, self.dim).type_as(x)
-            else:
-                x = x + sinusoidal_positions(positions, self.dim).type_as(x)
+            table = (position_embedding(tokens, self.padding_idx, self.dim) if positions is None
+                     else sinusoidal_positions(positions, self.dim))
+            x = x + table.type_as(x)
         if self.language is not None:
             x = x + self.language.weight[side]
         return F.dropout(x, self.dropout, self.training)
@@ -91,11 +90,9 @@ class CoordinationEncoder(FairseqEncoder):
         }
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
-        return {
-            "encoder_out": [encoder_out["encoder_out"][0].index_select(1, new_order)],
-            "encoder_padding_mask": [encoder_out["encoder_padding_mask"][0].index_select(0, new_order)],
-            "encoder_states": [state.index_select(0, new_order) for state in encoder_out["encoder_states"]],
-        }
+        """Along the batch: the second dimension of ``encoder_out`` (T x B x C), the first of the others."""
+        return {name: [tensor.index_select(1 if name == "encoder_out" else 0, new_order) for tensor in tensors]
+                for name, tensors in encoder_out.items()}
 
     def max_positions(self):
         return self._max_positions
@@ -131,43 +128,34 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
                          alignment_layer: Optional[int] = None, **unused):
         if alignment_layer is None:
             alignment_layer = len(self.layers) - 1
-        cache = self.get_incremental_state(incremental_state, "coordination") if incremental_state is not None else None
+        # the (keys, values) of each layer: "source", projected at the first step, and "target", the positions so far
+        cache = self.get_incremental_state(incremental_state, "coordination") or {}
         source_allowed = ~encoder_out["encoder_padding_mask"][0][:, None, None, :]
-        if cache is not None and "source_keys_0" in cache:  # the source keys/values, projected at the first step
-            source_memory = [(cache[f"source_keys_{i}"], cache[f"source_values_{i}"]) for i in range(len(self.layers))]
-        else:
-            source_memory = [layer.project_memory(state)
-                             for layer, state in zip(self.layers, encoder_out["encoder_states"])]
+        source_memory = cache.get("source") or [layer.project_memory(state)
+                                                for layer, state in zip(self.layers, encoder_out["encoder_states"])]
         if incremental_state is None:
             x = self.embedding(prev_output_tokens, TARGET)
             length = prev_output_tokens.size(1)
             target_allowed = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()[None, None]
         else:
-            step = prev_output_tokens.size(1) - 1
-            positions = torch.full_like(prev_output_tokens[:, -1:], step)
+            positions = torch.full_like(prev_output_tokens[:, -1:], prev_output_tokens.size(1) - 1)
             x = self.embedding(prev_output_tokens[:, -1:], TARGET, positions)
             target_allowed = None
-        inner_states, new_cache, mixed_attn = [x], {}, None
-        for index, layer in enumerate(self.layers):
-            past = None
-            if cache is not None and f"target_keys_{index}" in cache:
-                past = (cache[f"target_keys_{index}"], cache[f"target_values_{index}"])
+        inner_states, target_memory, mixed_attn = [x], [], None
+        for index, (layer, past) in enumerate(zip(self.layers, cache.get("target", [None] * len(self.layers)))):
             x, (keys, values), weights = layer.decode(
                 x, source_memory[index], source_allowed, past, target_allowed, need_weights=index == alignment_layer)
             if past is not None:
                 keys, values = torch.cat([past[0], keys], dim=2), torch.cat([past[1], values], dim=2)
-            new_cache[f"target_keys_{index}"], new_cache[f"target_values_{index}"] = keys, values
+            target_memory.append((keys, values))
             if weights is not None:
                 mixed_attn = weights
             inner_states.append(x)
-        if incremental_state is not None:
-            for index, (keys, values) in enumerate(source_memory):
-                new_cache[f"source_keys_{index}"], new_cache[f"source_values_{index}"] = keys, values
-            self.set_incremental_state(incremental_state, "coordination", new_cache)
+        memory = {"source": source_memory, "target": target_memory}
+        self.set_incremental_state(incremental_state, "coordination", memory)  # nothing without incremental_state
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
-        source_length = source_allowed.size(-1)
-        attn = None if mixed_attn is None else mixed_attn[:, :, :source_length]
+        attn = None if mixed_attn is None else mixed_attn[:, :, :source_allowed.size(-1)]  # its source part
         return x, {"attn": [attn], "mixed_attn": [mixed_attn], "inner_states": inner_states}
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
@@ -178,11 +166,9 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
         cache = self.get_incremental_state(incremental_state, "coordination")
         if cache is None:
             return
-        reordered = {
-            name: tensor if name.startswith("source_") and tensor.size(0) == new_order.size(0)
-            else tensor.index_select(0, new_order)
-            for name, tensor in cache.items()
-        }
+        reordered = {side: [pair if side == "source" and pair[0].size(0) == new_order.size(0)
+                            else tuple(tensor.index_select(0, new_order) for tensor in pair) for pair in memory]
+                     for side, memory in cache.items()}
         self.set_incremental_state(incremental_state, "coordination", reordered)
 
     def max_positions(self):
@@ -201,8 +187,7 @@ class LayerwiseCoordinationConfig(FairseqDataclass):
     attention_heads: int = option(4, "attention heads", POSITIVE_INT, metavar="H", structural=True)
     dropout: float = option(0.1, "dropout probability, in [0, 1)", PROBABILITY, metavar="P")
     attention_dropout: float = option(0.0, "dropout on attention weights, in [0, 1)", PROBABILITY, metavar="P")
-    activation_dropout: float = option(0.0, "dropout after the FFN's activation, in [0, 1)", PROBABILITY,
-                                       metavar="P")
+    activation_dropout: float = option(0.0, "dropout after the FFN's activation, in [0, 1)", PROBABILITY, metavar="P")
     normalize_before: bool = option(False, "pre-norm layers (final LayerNorm on top)", SWITCH, structural=True)
     no_scale_embedding: bool = option(False, "do not scale token embeddings by sqrt(d)", SWITCH, structural=True)
     no_layer_sharing: bool = option(
@@ -233,10 +218,11 @@ class LayerwiseCoordinationModel(FlagsOfConfig, FairseqEncoderDecoderModel):
                 "layer-wise coordination shares one stack and one embedding between source and target, which "
                 "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary")
         if args.embed_dim % args.attention_heads:
-            raise ConfigurationError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads {args.attention_heads}")
+            raise ConfigurationError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads "
+                                     f"{args.attention_heads}")
         if args.no_layer_sharing and args.layers < 2:
             raise ConfigurationError(f"--no-layer-sharing gives the source --layers - 1 layers of its own, so it needs "
-                             f"--layers 2 or more; --layers is {args.layers}")
+                                     f"--layers 2 or more; --layers is {args.layers}")
         dictionary = task.source_dictionary
         embedding = CoordinationEmbedding(
             Embedding(len(dictionary), args.embed_dim, dictionary.pad()), args.dropout,
