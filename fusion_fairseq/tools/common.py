@@ -16,6 +16,11 @@ from fusion_fairseq.config_fields import NON_NEGATIVE_INT, POSITIVE_INT, argpars
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_PACKAGE = "fusion_fairseq"
 
+#: fairseq's batches made in the calling thread: a loading process (--num-workers) forked from a threaded caller
+#: waits up to 5 s to be shut down, and fairseq's prefetching daemon thread (--data-buffer-size), if still collating
+#: at the interpreter's exit, aborts a finished run (Python 3.11: "terminate called without an active exception").
+BATCHES_IN_THREAD = ("--num-workers", "0", "--data-buffer-size", "0")
+
 
 positive_int = argparse_type(POSITIVE_INT)
 non_negative_int = argparse_type(NON_NEGATIVE_INT)

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fusion_fairseq.tools import comparison_report as report, corpus
-from fusion_fairseq.tools.common import (PLUGIN_DIR, claim_out_dir, count_parameters, cpu_name, device_name,
-                                         learning_curve, positive_int, replace_atomically)
+from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, PLUGIN_DIR, claim_out_dir, count_parameters, cpu_name,
+                                         device_name, learning_curve, positive_int, replace_atomically)
 from fusion_fairseq.tools.comparison_report import TEST_SETS
 
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -207,7 +207,7 @@ def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: 
         # checkpoint selection on the NLL: the diversity criterion's loss includes its regulariser
         "--best-checkpoint-metric", "nll_loss",
         "--log-format", "json", "--log-interval", str(settings.log_interval),
-        "--num-workers", "0", "--required-batch-size-multiple", "1", "--skip-invalid-size-inputs-valid-test",
+        *BATCHES_IN_THREAD, "--required-batch-size-multiple", "1", "--skip-invalid-size-inputs-valid-test",
     ]
 
 
@@ -548,7 +548,7 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
         gen_argv = [test_set["data"], "--path", average, "--gen-subset", "test", "--source-lang", recipe["SRC"],
                     "--target-lang", recipe["TGT"], "--beam", str(config["beam"]), "--lenpen", "1.0", "--remove-bpe",
                     "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128", "--user-dir", PLUGIN_DIR,
-                    "--results-path", out_dir, *(["--cpu"] if config["device"] == "cpu" else []),
+                    "--results-path", out_dir, *BATCHES_IN_THREAD, *(["--cpu"] if config["device"] == "cpu" else []),
                     *shlex.split(config.get("gen_args") or "")]
         print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
         with GENERATING:

@@ -26,7 +26,7 @@ from fusion_fairseq.cli import user_dir
 from fusion_fairseq.config_fields import flag_of
 from fusion_fairseq.tools import corpus
 from fusion_fairseq.tools.analysis import markdown_rows, number, run_parallel
-from fusion_fairseq.tools.common import non_negative_int, positive_int
+from fusion_fairseq.tools.common import BATCHES_IN_THREAD, non_negative_int, positive_int
 
 # name -> (arch, description, fusion flags); fgla and surface_fusion feed examples/surface_fusion/analyses.sh.
 MODELS = {
@@ -120,7 +120,7 @@ def train(args, name, dirs, env):
         "--warmup-init-lr", "1e-07", "--weight-decay", "0.0001",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", args.max_tokens, "--max-update", args.max_update,
-        "--seed", args.seed, "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
+        "--seed", args.seed, *BATCHES_IN_THREAD, "--save-dir", save_dir, "--no-epoch-checkpoints",
         "--log-format", "json", "--log-interval", args.log_interval or max(10, args.max_update // 10),
         "--skip-invalid-size-inputs-valid-test",
         # fairseq's batch_by_size drops a last, partial batch that is not a multiple of this (default 8)
@@ -142,7 +142,7 @@ def generate(args, name, dirs, checkpoint, env):
     started = time.time()
     corpus.run_fairseq("generate", [
         dirs.bin, "--path", checkpoint, "--gen-subset", "test", "--beam", args.beam, "--remove-bpe",
-        "--batch-size", args.batch_size, "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0",
+        "--batch-size", args.batch_size, "--max-len-a", "1.2", "--max-len-b", "10", *BATCHES_IN_THREAD,
         "--required-batch-size-multiple", "1", "--user-dir", user_dir(), *(["--cpu"] if args.cpu else []),
         "--results-path", results_dir], log_path, env)  # a folder that fairseq-generate makes
     generated = os.path.join(results_dir, "generate-test.txt")
