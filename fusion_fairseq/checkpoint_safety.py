@@ -82,6 +82,11 @@ _LITERAL_CONSTANTS = (int, float, str, bool, type(None))
 _TOO_MANY = f"only list + list and list * N giving at most {MAX_LIST_LENGTH} items are allowed"
 
 
+def shown(text: str) -> str:
+    """``text`` quoted for a one-line message, its first 200 characters where it is longer."""
+    return repr(text) if len(text) <= 200 else f"{text[:200]!r}... ({len(text)} characters)"
+
+
 def parse_config_literal(text, flag: str):
     """The value of configuration string ``text`` (of ``flag``), read without running code: literals, a
     leading sign and fairseq's ``[...] * N + [...]``; else a ``ConfigurationError``. Non-strings as they are."""
@@ -89,9 +94,8 @@ def parse_config_literal(text, flag: str):
         return text
 
     def refuse(why):
-        shown = repr(text) if len(text) <= 200 else f"{text[:200]!r}... ({len(text)} characters)"
         return ConfigurationError(
-            f"{flag} {shown} is not a literal ({why}); allowed: numbers, strings, tuples, lists and dicts of them, "
+            f"{flag} {shown(text)} is not a literal ({why}); allowed: numbers, strings, tuples, lists and dicts of them, "
             f"and list repetition/concatenation such as [(512, 3)] * 4 + [(1024, 3)], at most {MAX_LIST_LENGTH} "
             "items in all")
 
@@ -192,9 +196,9 @@ def require_literal_task_and_criterion(state, path):
             except ConfigurationError as error:
                 value = error
             if kind is bool and isinstance(text, str) and not isinstance(value, bool):
-                raise ConfigurationError(f"{where} {text!r} is not True or False; {evaluated}")
+                raise CheckpointContentError(f"{where} {shown(text)} is not True or False; {evaluated}")
             if isinstance(value, ConfigurationError):
-                raise ConfigurationError(f"{value}; {evaluated}")
+                raise CheckpointContentError(f"{value}; {evaluated}")
 
 
 # A model built from a checkpoint would read the pretrained embeddings it names (any file, a FIFO,

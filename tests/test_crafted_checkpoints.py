@@ -276,8 +276,10 @@ def test_the_hub_api_builds_the_bpe_the_user_names(no_fusion_checkpoint, tiny_da
 
 
 def test_an_analysis_script_refuses_a_crafted_task(no_fusion_checkpoint, tiny_data_bin, tmp_path, capsys):
-    marker = tmp_path / "created_by_checkpoint"
-    path = with_stored(no_fusion_checkpoint, tmp_path, task=multilingual_task(marker, tiny_data_bin))
+    folder = tmp_path / ("a-long-folder-name-" * 8)  # the whole refusal is printed, however long the paths in it
+    folder.mkdir()
+    marker = folder / "created_by_checkpoint"
+    path = with_stored(no_fusion_checkpoint, folder, task=multilingual_task(marker, tiny_data_bin))
     code = load_script("plot_layer_attention").main(
         ["--path", path, "--data", tiny_data_bin, "--out", str(tmp_path / "heatmap.png")])
     error = capsys.readouterr().err.strip().splitlines()[-1]
