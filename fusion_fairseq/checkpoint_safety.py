@@ -95,8 +95,8 @@ def parse_config_literal(text, flag: str):
 
     def refuse(why):
         return ConfigurationError(
-            f"{flag} {shown(text)} is not a literal ({why}); allowed: numbers, strings, tuples, lists and dicts of them, "
-            f"and list repetition/concatenation such as [(512, 3)] * 4 + [(1024, 3)], at most {MAX_LIST_LENGTH} "
+            f"{flag} {shown(text)} is not a literal ({why}); allowed: numbers, strings, tuples, lists and dicts of "
+            f"them, and list repetition/concatenation such as [(512, 3)] * 4 + [(1024, 3)], at most {MAX_LIST_LENGTH} "
             "items in all")
 
     try:
