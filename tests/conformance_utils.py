@@ -413,9 +413,9 @@ class CliRun:
     error: Optional[str] = None
 
 
-# Data loading in the command's own process: commands run one after another in one interpreter,
-# where each left-over loader worker would hold up the next command for seconds at its shutdown.
-IN_PROCESS = ("--num-workers", "0")
+# Data loading in the command's own thread, as the tools do (common.BATCHES_IN_THREAD): commands run one after
+# another in one interpreter, where a left-over loader worker would hold up the next command for seconds.
+IN_PROCESS = common.BATCHES_IN_THREAD
 
 
 def cli_pipeline(data_bin: str, arch: str, flags: Sequence[str], save_dir: str) -> List[CliRun]:
