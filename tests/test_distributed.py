@@ -11,6 +11,7 @@ starts the processes, ``fairseq-train --cpu --distributed-world-size 2`` and ``t
 one family each.
 """
 
+import importlib.metadata
 import ipaddress
 import os
 import shutil
@@ -18,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -143,8 +143,12 @@ def test_rank_0_checkpoint_resumes_in_one_process(family, trained):
 
 
 def fairseq_train_script():
-    """The ``fairseq-train`` console script itself (torchrun runs a Python file, not a shim)."""
-    return os.path.join(sysconfig.get_path("scripts"), "fairseq-train")
+    """The ``fairseq-train`` console script itself (torchrun runs a Python file, not a shim), where
+    fairseq's installation wrote it: a virtualenv that sees a system-wide fairseq has none in its own
+    ``bin``."""
+    (entry_point,) = importlib.metadata.entry_points(group="console_scripts", name="fairseq-train")
+    (script,) = [file.locate() for file in entry_point.dist.files if file.name == "fairseq-train"]
+    return os.path.realpath(script)
 
 
 def run_command(command, timeout=300):
