@@ -125,7 +125,7 @@ def test_a_preset_that_needs_its_recipe_trains_without_diverging(arch, tiny_data
     as the GPU runs need."""
     runs = half_precision_pipeline(tiny_data_bin, arch, "--bf16", str(tmp_path / "ck"), extra=("--cpu",))
     # a hypothesis with a finite score for every sentence is the check, not its length: the barely trained
-    # preset writes ~50 tokens per sentence, most of this test's time on the CPU
+    # preset writes ~50 tokens per sentence, over a third of this test's time on the CPU
     runs[1].args += ["--cpu", "--max-len-a", "0", "--max-len-b", "10"]
     assert_half_precision_pipeline_worked(run_in_one_interpreter(runs, str(tmp_path)), test_sentences=12)
 
