@@ -762,22 +762,34 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     assert "not exported (not a regular file in EXP): results.md" in result.stdout  # runs/ lists regular files only
 
 
-def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
-    """launch.sh restore: a new EXP receives the exported evaluated runs that were evaluated at its path,
-    their hypotheses included; nothing in EXP is overwritten; a Transformer run comes back only with the
-    runs of its seed that start from its final model (that model is not exported)."""
+def _pinned_clone(tmp_path):
+    """A clone of the repository whose deep.sh is pinned to its HEAD, without the committed export."""
     clone = tmp_path / "repo"
     subprocess.run(["git", "clone", "--quiet", REPO_ROOT, str(clone)], check=True)
-    exp, elsewhere = tmp_path / "exp", tmp_path / "other-exp"
+    shutil.rmtree(clone / "examples" / "comparison" / "deep", ignore_errors=True)
+    script = clone / "examples" / "comparison" / "deep.sh"
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    script.write_text(re.sub(r"^PIN=\S*", f"PIN={head}", script.read_text(), count=1, flags=re.MULTILINE))
+    return clone, script
+
+
+def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
+    """launch.sh restore: a new EXP receives the exported evaluated runs that were evaluated at its path,
+    their hypotheses included, and the references from RAW that their scores name; nothing in EXP is
+    overwritten; a Transformer run comes back only with the runs of its seed that start from its final
+    model (that model is not exported)."""
+    clone, script = _pinned_clone(tmp_path)
+    exp, elsewhere, raw = tmp_path / "exp", tmp_path / "other-exp", tmp_path / "raw"
     source = clone / "examples" / "comparison" / "deep"
-    shutil.rmtree(source, ignore_errors=True)
+    write_multi30k_slice(str(raw))
 
     def exported(run, evaluated_in=exp):
         rdir = source / run
         (rdir / "eval-beam5" / "average" / "test_2016_flickr").mkdir(parents=True)
         hyp = f"{evaluated_in}/{run}/eval-beam5/average/test_2016_flickr/hyp.detok"
-        (rdir / "done.json").write_text(json.dumps({"scores": {"average": {"test_2016_flickr": {"hyp_detok": hyp}}}},
-                                                   indent=2))
+        ref = f"{evaluated_in}/test-sets/test_2016_flickr/raw.en"
+        (rdir / "done.json").write_text(json.dumps(
+            {"scores": {"average": {"test_2016_flickr": {"hyp_detok": hyp, "raw_ref": ref}}}}, indent=2))
         (rdir / "eval-beam5" / "average" / "test_2016_flickr" / "hyp.detok").write_text("a hypothesis\n")
         (rdir / "run.log").write_text("exported\n")
 
@@ -787,12 +799,11 @@ def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
     exported("runs/denseformer/seed1", evaluated_in=elsewhere)
     (source / "composition.json").write_text('{"components": ["fgla"]}')
     (source / "third_seed.json").write_text('{"seed": 3}')
-    script = clone / "examples" / "comparison" / "deep.sh"
-    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    script.write_text(re.sub(r"^PIN=\S*", f"PIN={head}", script.read_text(), count=1, flags=re.MULTILINE))
 
-    first = subprocess.run(["bash", str(script), "restore", str(exp)], capture_output=True, text=True)
+    first = subprocess.run(["bash", str(script), "restore", str(exp), str(raw)], capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
+    assert (exp / "test-sets" / "test_2016_flickr" / "raw.en").read_text() == (raw / "test_2016_flickr.en").read_text()
+    assert sorted(os.listdir(exp / "test-sets")) == ["test_2016_flickr"]
     assert (exp / ".created_by_deep_sh").read_text() == f"{exp}\n"
     for run in ("runs/mlrf/seed1", "runs/transformer/seed2", "runs/transformer_continued/seed2", "runs/fgla/seed1"):
         assert f"restored: {run}" in first.stdout
@@ -804,11 +815,51 @@ def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
 
     (exp / "runs" / "mlrf" / "seed1" / "run.log").write_text("trained here\n")
     (source / "composition.json").write_text('{"components": ["mlrf"]}')
-    again = subprocess.run(["bash", str(script), "restore", str(exp)], capture_output=True, text=True)
+    again = subprocess.run(["bash", str(script), "restore", str(exp), str(raw)], capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert "not restored (already in EXP): runs/mlrf/seed1" in again.stdout
     assert (exp / "runs" / "mlrf" / "seed1" / "run.log").read_text() == "trained here\n"
     assert (exp / "composition.json").read_text() == '{"components": ["fgla"]}'  # a decision is never retaken
+
+
+def test_a_restored_run_is_reported_as_it_was_before_its_exp_was_lost(tmp_path):
+    """The report of a run restored into a lost EXP reads the test sets' references, which are data and
+    not exported: restore takes them from RAW, and the run's row is the one it had before the loss."""
+    clone, script = _pinned_clone(tmp_path)
+    exp, raw = tmp_path / "exp", tmp_path / "raw"
+    write_multi30k_slice(str(raw))
+    for name in comparison.TEST_SETS:
+        (exp / "test-sets" / name).mkdir(parents=True)
+        shutil.copyfile(raw / f"{name}.en", exp / "test-sets" / name / "raw.en")
+    references = (raw / "test_2016_flickr.en").read_text().splitlines()
+    _evaluated_run(exp, "mlrf", 1, references[:20], references[:20])
+    done = json.loads((exp / "runs" / "mlrf" / "seed1" / "done.json").read_text())
+    for name, scores in done["scores"]["average"].items():
+        if name != "all":  # the evaluation's layout: hypotheses in the run, references in EXP/test-sets
+            hyp = exp / "runs" / "mlrf" / "seed1" / "eval-beam5" / "average" / name / "hyp.detok"
+            hyp.parent.mkdir(parents=True)
+            shutil.copyfile(scores["hyp_detok"], hyp)
+            scores.update(hyp_detok=str(hyp), raw_ref=str(exp / "test-sets" / name / "raw.en"))
+    (exp / "runs" / "mlrf" / "seed1" / "done.json").write_text(json.dumps(done))
+    shutil.rmtree(exp / "files")
+    before = comparison.collect_run(str(exp), "mlrf", 1, budget=4)
+    shutil.copytree(exp / "runs", clone / "examples" / "comparison" / "deep" / "runs")  # what export keeps
+
+    shutil.rmtree(exp)
+    result = subprocess.run(["bash", str(script), "restore", str(exp), str(raw)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert comparison.collect_run(str(exp), "mlrf", 1, budget=4) == before
+
+    crafted = clone / "examples" / "comparison" / "deep" / "runs" / "fgla" / "seed1"
+    crafted.mkdir(parents=True)
+    (crafted / "done.json").write_text(json.dumps({"scores": {"average": {"test_2016_flickr": {
+        "hyp_detok": f"{exp}/runs/fgla/seed1/hyp", "raw_ref": f"{exp}/test-sets/../../escaped.en"}}}}))
+    result = subprocess.run(["bash", str(script), "restore", str(exp), str(raw)], capture_output=True, text=True)
+    assert result.returncode == 1 and "names a reference outside" in result.stderr
+    assert not (tmp_path / "escaped.en").exists() and not (exp / "runs" / "fgla").exists()
+    result = subprocess.run(["bash", str(script), "restore", str(tmp_path / "new-exp")], capture_output=True, text=True)
+    assert result.returncode == 1 and "RAW '': not a folder with the Multi30k raw files" in result.stderr
+    assert not (tmp_path / "new-exp").exists()
 
 
 @pytest.mark.parametrize("content", ['{"method": "transformer", "sc', "[1, 2, 3]", '{"method": "transformer"}', ""])

@@ -14,7 +14,7 @@
 #   bash examples/comparison/deep.sh evaluate EXP RAW   score the runs that reached their budget
 #   bash examples/comparison/deep.sh export   EXP       copy the report and every run's small results
 #                                                        into examples/comparison/deep/
-#   bash examples/comparison/deep.sh restore  EXP       copy the exported evaluated runs back into an EXP
+#   bash examples/comparison/deep.sh restore  EXP RAW   copy the exported evaluated runs back into an EXP
 #                                                        that was lost (same path), before 'train'
 #
 # EXP: a folder this script creates (a new path), kept between working sessions, never in the repository.

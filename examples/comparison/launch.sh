@@ -15,6 +15,12 @@ die() { echo "$NAME.sh: error: $*" >&2; exit 1; }
 [[ -n "$STEP" && -n "${2:-}" ]] || { echo "usage: $0 train|status|evaluate|export|restore EXP [RAW]" >&2; exit 2; }
 [[ -n "$PIN" ]] || die "PIN is empty: set it to the commit the comparison runs before any step"
 OWNED=.created_by_${NAME}_sh
+RAW_ARGS=()
+if [[ "$STEP" == train || "$STEP" == evaluate || "$STEP" == restore ]]; then
+    [[ -n "${3:-}" && -f "$3/train.de" ]] || die "RAW '${3:-}': not a folder with the Multi30k raw files (train.de, ...)"
+    RAW=$(cd "$3" && pwd)
+    RAW_ARGS=(--raw "$RAW")
+fi
 if [[ ! -e "$2" ]]; then
     [[ "$STEP" == train || "$STEP" == restore ]] || die "EXP $2 does not exist; 'train' or 'restore' creates it"
     mkdir -p "$2"
@@ -25,11 +31,6 @@ fi
 EXP=$(cd "$2" && pwd)
 [[ -f "$EXP/$OWNED" && "$(cat "$EXP/$OWNED")" == "$EXP" ]] \
     || die "EXP $EXP was not created by this script (no $OWNED naming it); give a new folder"
-RAW_ARGS=()
-if [[ "$STEP" == train || "$STEP" == evaluate ]]; then
-    [[ -n "${3:-}" && -f "$3/train.de" ]] || die "RAW '${3:-}': not a folder with the Multi30k raw files (train.de, ...)"
-    RAW_ARGS=(--raw "$(cd "$3" && pwd)")
-fi
 CODE=$EXP/code VENV=$EXP/venv PY=$EXP/venv/bin/python PIDFILE=$EXP/train.pid
 ARGS=(--out "$EXP" "${COMPARISON_ARGS[@]}" "${RAW_ARGS[@]}")
 mkdir -p "$EXP/logs"
@@ -41,6 +42,21 @@ training() {
     local pid; pid=$(cat "$PIDFILE")
     [[ "$pid" =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
     tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF "$CODE/scripts/compare_methods.py --out $EXP "
+}
+
+# the test-set references that an exported run's done.json ($1) scores against, copied from RAW: the
+# evaluation's EXP/test-sets/NAME/raw.LANG is a plain copy of RAW/NAME.LANG, and the report reads it.
+# A path of any other shape is not written.
+restore_references() {
+    local ref source
+    while IFS= read -r ref; do
+        [[ "$ref" =~ ^"$EXP"/test-sets/([A-Za-z0-9_]+)/raw\.([a-z]+)$ ]] || die "$1 names a reference outside $EXP/test-sets: $ref"
+        [[ -e "$ref" ]] && continue
+        source="$RAW/${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+        [[ -f "$source" ]] || die "RAW $RAW: no ${BASH_REMATCH[1]}.${BASH_REMATCH[2]}, which $1 was scored against"
+        mkdir -p "$(dirname "$ref")"
+        cp -- "$source" "$ref"
+    done < <(grep -oE '"raw_ref": "[^"]*"' "$1" | sed -E 's/^"raw_ref": "(.*)"$/\1/' | sort -u)
 }
 
 # EXP/code at PIN and EXP/venv importing it, both made by this script; anything else is refused
@@ -102,10 +118,11 @@ case "$STEP" in
         echo "exported to $DEST" ;;
     restore)
         # the evaluated runs of an export (examples/comparison/NAME/) copied back into EXP, for an EXP that
-        # was lost with its machine: the runner counts them as done and trains only what is missing. A run
-        # is restored only into the EXP path it was evaluated in (done.json names its outputs by that
-        # path), never over anything in EXP, and a Transformer run only with every run of its seed that
-        # starts from its final model (that model is not exported: without them, it trains again)
+        # was lost with its machine, with the references from RAW that their scores name: the runner counts
+        # them as done, reports them and trains only what is missing. A run is restored only into the EXP
+        # path it was evaluated in (done.json names its outputs by that path), never over anything in EXP,
+        # and a Transformer run only with every run of its seed that starts from its final model (that
+        # model is not exported: without them, it trains again)
         if training; then die "training (pid $(cat "$PIDFILE")) in $EXP: restore before 'train', not beside it"; fi
         SOURCE=$REPO/examples/comparison/$NAME
         for done in "$SOURCE"/runs/*/seed*/done.json; do
@@ -122,6 +139,7 @@ case "$STEP" in
                 done
             fi
             if [[ -n "$missing" ]]; then echo "not restored ($missing $seed starts from its model): $run"; continue; fi
+            restore_references "$done"
             (cd "$SOURCE" && find "$run" -type f) | while IFS= read -r f; do
                 mkdir -p "$EXP/$(dirname "$f")"
                 cp -- "$SOURCE/$f" "$EXP/$f"
