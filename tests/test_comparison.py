@@ -128,18 +128,18 @@ def test_paired_bootstrap_of_identical_and_better_systems():
 
 
 def _evaluated_run(out, method, seed, hypotheses, references):
-    """A run as the evaluation leaves it: done.json and, per test set, its files."""
+    """A run as the evaluation leaves it: done.json and, per test set, its hypotheses in the run's folder
+    and the references (the same for every run of ``out``; written by the first) in ``out/test-sets``."""
     scores = {}
-    for name in comparison.TEST_SETS:
-        where = out / "files" / method / str(seed) / name
-        where.mkdir(parents=True)
-        (where / "hyp.detok").write_text("\n".join(hypotheses) + "\n")
-        (where / "raw.en").write_text("\n".join(references) + "\n")
-        scores[name] = {"sacrebleu": 30.0, "hyp_detok": str(where / "hyp.detok"),
-                        "raw_ref": str(where / "raw.en"), "sentences": len(references)}
-    scores["all"] = report.concatenated_bleu(scores, lowercase=True)
     rdir = out / "runs" / method / f"seed{seed}"
-    rdir.mkdir(parents=True)
+    for name in comparison.TEST_SETS:
+        hyp, ref = rdir / "eval-beam5" / "average" / name / "hyp.detok", out / "test-sets" / name / "raw.en"
+        for path, lines in ((hyp, hypotheses), (ref, references)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                path.write_text("\n".join(lines) + "\n")
+        scores[name] = {"sacrebleu": 30.0, "hyp_detok": str(hyp), "raw_ref": str(ref), "sentences": len(references)}
+    scores["all"] = report.concatenated_bleu(scores, lowercase=True)
     done = {"sacrebleu": 30.0, "tokenized_bleu": 30.0, "params": 1, "updates": 4, "train_seconds": 1.0,
             "generate_seconds": 1.0, "updates_per_second": 4.0, "devices": [], "finished": "now",
             "sacrebleu_signature": "case:lc", "scores": {"average": scores}}
@@ -822,41 +822,33 @@ def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
     assert (exp / "composition.json").read_text() == '{"components": ["fgla"]}'  # a decision is never retaken
 
 
-def test_a_restored_run_is_reported_as_it_was_before_its_exp_was_lost(tmp_path):
-    """The report of a run restored into a lost EXP reads the test sets' references, which are data and
-    not exported: restore takes them from RAW, and the run's row is the one it had before the loss."""
+def test_a_run_restored_into_a_lost_exp_is_a_baseline_again(tmp_path):
+    """A run trained after the loss of EXP is paired with a restored run of its baseline, which reads the
+    baseline's test-set references: data, not exported, so restore takes them from RAW."""
     clone, script = _pinned_clone(tmp_path)
     exp, raw = tmp_path / "exp", tmp_path / "raw"
     write_multi30k_slice(str(raw))
+    references = [f"a man rides a horse number {i} ." for i in range(20)]
     for name in comparison.TEST_SETS:
-        (exp / "test-sets" / name).mkdir(parents=True)
-        shutil.copyfile(raw / f"{name}.en", exp / "test-sets" / name / "raw.en")
-    references = (raw / "test_2016_flickr.en").read_text().splitlines()
-    _evaluated_run(exp, "mlrf", 1, references[:20], references[:20])
-    done = json.loads((exp / "runs" / "mlrf" / "seed1" / "done.json").read_text())
-    for name, scores in done["scores"]["average"].items():
-        if name != "all":  # the evaluation's layout: hypotheses in the run, references in EXP/test-sets
-            hyp = exp / "runs" / "mlrf" / "seed1" / "eval-beam5" / "average" / name / "hyp.detok"
-            hyp.parent.mkdir(parents=True)
-            shutil.copyfile(scores["hyp_detok"], hyp)
-            scores.update(hyp_detok=str(hyp), raw_ref=str(exp / "test-sets" / name / "raw.en"))
-    (exp / "runs" / "mlrf" / "seed1" / "done.json").write_text(json.dumps(done))
-    shutil.rmtree(exp / "files")
-    before = comparison.collect_run(str(exp), "mlrf", 1, budget=4)
+        (raw / f"{name}.en").write_text("\n".join(references) + "\n")
+    baseline, system = [f"a man rides number {i} ." for i in range(20)], references
+    _evaluated_run(exp, "fgla", 1, baseline, references)
     shutil.copytree(exp / "runs", clone / "examples" / "comparison" / "deep" / "runs")  # what export keeps
 
     shutil.rmtree(exp)
     result = subprocess.run(["bash", str(script), "restore", str(exp), str(raw)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert comparison.collect_run(str(exp), "mlrf", 1, budget=4) == before
+    assert result.returncode == 0 and "restored: runs/fgla/seed1" in result.stdout, result.stderr
+    _evaluated_run(exp, "mlrf", 1, system, ["not the references"])  # its scores name those restore wrote
+    paired = comparison.collect_run(str(exp), "mlrf", 1, budget=4, baseline="fgla")["paired"]
+    assert paired == report.paired_bootstrap(references * 4, baseline * 4, system * 4, lowercase=True)
 
-    crafted = clone / "examples" / "comparison" / "deep" / "runs" / "fgla" / "seed1"
+    crafted = clone / "examples" / "comparison" / "deep" / "runs" / "deeprep" / "seed1"
     crafted.mkdir(parents=True)
     (crafted / "done.json").write_text(json.dumps({"scores": {"average": {"test_2016_flickr": {
-        "hyp_detok": f"{exp}/runs/fgla/seed1/hyp", "raw_ref": f"{exp}/test-sets/../../escaped.en"}}}}))
+        "hyp_detok": f"{exp}/runs/deeprep/seed1/hyp", "raw_ref": f"{exp}/test-sets/../../escaped.en"}}}}))
     result = subprocess.run(["bash", str(script), "restore", str(exp), str(raw)], capture_output=True, text=True)
     assert result.returncode == 1 and "names a reference outside" in result.stderr
-    assert not (tmp_path / "escaped.en").exists() and not (exp / "runs" / "fgla").exists()
+    assert not (tmp_path / "escaped.en").exists() and not (exp / "runs" / "deeprep").exists()
     result = subprocess.run(["bash", str(script), "restore", str(tmp_path / "new-exp")], capture_output=True, text=True)
     assert result.returncode == 1 and "RAW '': not a folder with the Multi30k raw files" in result.stderr
     assert not (tmp_path / "new-exp").exists()
