@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from xml.etree import ElementTree
 
 import pytest
@@ -69,13 +70,34 @@ def test_the_speed_commands_run_every_configuration(tmp_path):
 
 @pytest.mark.slow
 def test_the_comparison_command_trains_and_scores(kit, tmp_path):
-    result = runbook("compare", tmp_path / "out", kit)
+    """The runs train in WORK; OUT holds the report and the runs' small results packed in one archive."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    result = runbook("compare", out, kit, env={"WORK": str(work)})
     assert result.returncode == 0, result.stderr[-3000:]
-    methods = json.load(open(tmp_path / "out" / "results.json"))["methods"]
+    methods = json.load(open(out / "results.json"))["methods"]
     runs = {(m["method"], run["seed"]): run["status"] for m in methods for run in m["runs"]}
     assert runs == {("transformer", 1): "done", ("transformer", 2): "done"}  # --deep: a third seed for the Transformer
     scored = {"test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr", "all"}
     assert all(set(m["test"]) == scored for m in methods), [m["test"].keys() for m in methods]
+    assert sorted(os.listdir(out)) == ["compare.log", "compare.tar.gz", "learning_curves.png", "results.json",
+                                       "results.md"]
+    with tarfile.open(out / "compare.tar.gz") as packed:
+        members = packed.getnames()
+    assert {"results.md", "runs/transformer/seed2/done.json", "runs/transformer/seed2/run.log",
+            "runs/transformer/seed1/eval-beam5/average/test_2018_flickr/hyp.detok"} <= set(members), members
+    assert not [name for name in members if name.endswith(".pt") or name.startswith("data")]
+    assert list((work / "runs" / "transformer" / "seed1" / "checkpoints").glob("*.pt"))
+
+
+def test_a_time_limited_comparison_stops_and_still_packs_what_exists(tmp_path):
+    """Stopped within its imports (so no kit is needed), the runner leaves what an earlier call trained."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    (work / "runs" / "transformer" / "seed1").mkdir(parents=True)
+    (work / "runs" / "transformer" / "seed1" / "run.log").write_text("trained before\n")
+    result = runbook("compare", out, tmp_path / "kit", env={"WORK": str(work), "TIME_LIMIT": "1"})
+    assert result.returncode == 124 and "stopped after TIME_LIMIT=1 s; the same command resumes" in result.stderr
+    with tarfile.open(out / "compare.tar.gz") as packed:
+        assert packed.getnames() == ["runs/transformer/seed1/run.log"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the step runs the tests themselves")

@@ -104,11 +104,7 @@ case "$STEP" in
         DEST=$REPO/examples/comparison/$NAME
         mkdir -p "$DEST"
         cd "$EXP"
-        ls -d results.md results.json learning_curves.png budget.json composition.json third_seed.json plan.json \
-            2>/dev/null > "$EXP/logs/export.list" || true
-        find runs -type f \( -name config.json -o -name sessions.json -o -name done.json -o -name paired.json \
-                -o -name run.log -o \( -path '*/eval-*' \( -name scores.json -o -name hyp.detok \) \) \) \
-            >> "$EXP/logs/export.list" 2>/dev/null || true
+        bash "$REPO/examples/comparison/small-results.sh" "$EXP" > "$EXP/logs/export.list"
         while IFS= read -r f; do
             real=$(realpath -e -- "$f" 2>/dev/null) || continue
             [[ -f "$f" && ! -L "$f" && "$real" == "$EXP"/* ]] || { echo "not exported (not a regular file in EXP): $f"; continue; }

@@ -8,7 +8,8 @@
 #   bash examples/gpu/run.sh compare OUT [KIT]  GPU: the 6+6 comparison's plan (examples/comparison/deep.sh)
 #
 # KIT (default: gpu-kit/ in this checkout, ignored by git) travels with the checkout to the GPU
-# machine: 26 MB. OUT receives small results only (logs, JSON, Markdown). SMOKE=1 runs prepare
+# machine: 26 MB. OUT receives small results only (logs, JSON, Markdown, the comparison's compare.tar.gz);
+# the comparison's checkpoints and data stay in WORK (default: gpu-work/compare/ in this checkout). SMOKE=1 runs prepare
 # (without the wheels), speed and compare at toy size on the CPU, which is how
 # tests/test_gpu_runbook.py checks these commands.
 set -euo pipefail
@@ -100,9 +101,22 @@ case "$STEP" in
         "$PY" "$REPO/scripts/benchmark.py" "${SPEED_DENSENMT[@]}" --json "$2/speed-densenmt.json" \
             --markdown "$2/speed-densenmt.md" ;;
     compare)
+        # the runs train in WORK; OUT receives the report, the runner's log and compare.tar.gz, the runs'
+        # small results (examples/comparison/small-results.sh). TIME_LIMIT=S stops the runner after S
+        # seconds (exit 124) and still packs what exists; the same command resumes from WORK
         need_out "${2:-}"
-        KIT=${3:-$REPO/gpu-kit}
-        "$PY" "$REPO/scripts/compare_methods.py" --out "$2" --data-bin "$KIT/multi30k/data-bin" \
-            --raw "$KIT/multi30k/test-raw" "${COMPARE[@]}" ;;
+        OUT=$(cd "$2" && pwd) KIT=${3:-$REPO/gpu-kit} WORK=${WORK:-$REPO/gpu-work/compare}
+        mkdir -p "$WORK"
+        status=0
+        timeout "${TIME_LIMIT:-0}" "$PY" "$REPO/scripts/compare_methods.py" --out "$WORK" \
+            --data-bin "$KIT/multi30k/data-bin" --raw "$KIT/multi30k/test-raw" "${COMPARE[@]}" 2>&1 \
+            | tee "$OUT/compare.log" || status=$?
+        for report in results.md results.json learning_curves.png; do
+            [[ ! -f "$WORK/$report" ]] || cp -- "$WORK/$report" "$OUT/"
+        done
+        bash "$REPO/examples/comparison/small-results.sh" "$WORK" > "$WORK/small-results.list"
+        tar -czf "$OUT/compare.tar.gz" -C "$WORK" -T "$WORK/small-results.list"
+        ((status != 124)) || echo "run.sh compare: stopped after TIME_LIMIT=$TIME_LIMIT s; the same command resumes" >&2
+        exit "$status" ;;
     *) usage ;;
 esac
