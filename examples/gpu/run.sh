@@ -8,10 +8,10 @@
 #   bash examples/gpu/run.sh compare OUT [KIT]  GPU: the 6+6 comparison's plan (examples/comparison/deep.sh)
 #
 # KIT (default: gpu-kit/ in this checkout, ignored by git) travels with the checkout to the GPU
-# machine: 26 MB. OUT receives small results only (logs, JSON, Markdown, the comparison's compare.tar.gz);
-# the comparison's checkpoints and data stay in WORK (default: gpu-work/compare/ in this checkout). SMOKE=1 runs prepare
-# (without the wheels), speed and compare at toy size on the CPU, which is how
-# tests/test_gpu_runbook.py checks these commands.
+# machine: 26 MB. OUT receives small results only (logs, JSON, Markdown, the comparison's
+# compare.tar.gz); the comparison's checkpoints and data stay in WORK (default: gpu-work/compare/ in
+# this checkout). SMOKE=1 runs prepare (without the wheels), speed and compare at toy size on the CPU,
+# which is how tests/test_gpu_runbook.py checks these commands.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 STEP=${1:-}
