@@ -728,16 +728,23 @@ def test_the_launchers_refuse_what_they_did_not_create(tmp_path, launcher):
                 os.remove(path)
 
 
+def _pinned_clone(tmp_path):
+    """A clone of the repository whose deep.sh is pinned to its HEAD, without the committed export."""
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "--quiet", REPO_ROOT, str(clone)], check=True)
+    shutil.rmtree(clone / "examples" / "comparison" / "deep", ignore_errors=True)
+    script = clone / "examples" / "comparison" / "deep.sh"
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    script.write_text(re.sub(r"^PIN=\S*", f"PIN={head}", script.read_text(), count=1, flags=re.MULTILINE))
+    return clone, script
+
+
 def test_export_copies_regular_files_inside_exp_only(tmp_path):
     """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
     copied; regular files are. Run in a clone of the repository, whose
     examples/comparison/deep/ receives the export; the environment EXP/venv is a stand-in that the
     launcher's marker names as its own (creating a real one installs torch)."""
-    clone = tmp_path / "repo"
-    subprocess.run(["git", "clone", "--quiet", REPO_ROOT, str(clone)], check=True)
-    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    script = clone / "examples" / "comparison" / "deep.sh"
-    script.write_text(re.sub(r"^PIN=\S*", f"PIN={head}", script.read_text(), count=1, flags=re.MULTILINE))
+    clone, script = _pinned_clone(tmp_path)
     exp = tmp_path / "exp"
     (exp / "venv" / "bin").mkdir(parents=True)
     (exp / ".created_by_deep_sh").write_text(f"{exp}\n")
@@ -753,24 +760,12 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     (run / "run.log").symlink_to(secret)
     (exp / "results.md").symlink_to(run / "config.json")
     dest = clone / "examples" / "comparison" / "deep"
-    shutil.rmtree(dest, ignore_errors=True)  # the clone's own copy of the committed results
     result = subprocess.run(["bash", str(script), "export", str(exp)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (dest / "runs" / "transformer" / "seed1" / "config.json").read_text() == "{}"
     assert not (dest / "runs" / "transformer" / "seed1" / "run.log").exists()
     assert not (dest / "results.md").exists()
     assert "not exported (not a regular file in EXP): results.md" in result.stdout  # runs/ lists regular files only
-
-
-def _pinned_clone(tmp_path):
-    """A clone of the repository whose deep.sh is pinned to its HEAD, without the committed export."""
-    clone = tmp_path / "repo"
-    subprocess.run(["git", "clone", "--quiet", REPO_ROOT, str(clone)], check=True)
-    shutil.rmtree(clone / "examples" / "comparison" / "deep", ignore_errors=True)
-    script = clone / "examples" / "comparison" / "deep.sh"
-    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    script.write_text(re.sub(r"^PIN=\S*", f"PIN={head}", script.read_text(), count=1, flags=re.MULTILINE))
-    return clone, script
 
 
 def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
