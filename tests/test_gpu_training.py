@@ -1,6 +1,7 @@
 """fairseq-train and fairseq-generate in half precision on a GPU.
 
-Every registered architecture, at its preset's own width and depth, trains 20 updates through
+Every registered architecture, at its preset's own width and depth, and ``fusion_transformer`` with each
+option of today's layer fusion (DenseFormer, hyper-connections) trains 20 updates through
 ``fairseq-train`` with each of ``--fp16``, ``--bf16`` and ``--memory-efficient-fp16`` on the toy
 reversal corpus (Adam, lr 5e-4 after 5 warm-up updates, label smoothing 0.1, <= 1,000 tokens per
 batch; the convolutional models with their recipe's gradient clipping, the dense Transformer with its
@@ -26,8 +27,8 @@ from typing import List
 import pytest
 import torch
 
-from conformance_utils import (ARCHITECTURES, LARGEST_ARCHITECTURES, CliRun, IN_PROCESS, TINY_OVERRIDES, hypothesis_ids,
-                               run_in_one_interpreter)
+from conformance_utils import (ARCHITECTURES, LARGEST_ARCHITECTURES, CliRun, IN_PROCESS, TINY_OVERRIDES, Variant,
+                               hypothesis_ids, run_in_one_interpreter)
 from fusion_fairseq.cli import user_dir
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -93,17 +94,27 @@ def assert_half_precision_pipeline_worked(runs: List[CliRun], test_sentences: in
     assert all(math.isfinite(score) for score in scores), generate.stdout[-2000:]
 
 
+# today's layer fusion: options of fusion_transformer rather than architectures of their own
+LAYER_FUSION_OPTIONS = [
+    Variant("denseformer", "fusion_transformer", ("--denseformer-encoder", "--denseformer-decoder")),
+    *[Variant(f"hyper-connections-{kind}", "fusion_transformer",
+              ("--hyper-connections-encoder", kind, "--hyper-connections-decoder", kind))
+      for kind in ("static", "dynamic", "manifold")],
+]
+
+
 @CUDA
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("arch", [
+@pytest.mark.parametrize("variant", [
     # the largest run one after another on one pytest-xdist worker (``--dist loadgroup``, as run.sh half does)
-    pytest.param(arch, marks=pytest.mark.xdist_group("largest")) if arch in LARGEST_ARCHITECTURES else arch
-    for arch in sorted(ARCHITECTURES)])
-def test_every_architecture_trains_and_decodes_in_half_precision(arch, mode, request, tmp_path):
-    data_bin = request.getfixturevalue("tiny_joined_data_bin" if ARCHITECTURES[arch] in JOINED else "tiny_data_bin")
-    runs = run_in_one_interpreter(half_precision_pipeline(data_bin, arch, MODES[mode], str(tmp_path / "ck")),
-                                  str(tmp_path))
-    assert_half_precision_pipeline_worked(runs, test_sentences=12)
+    pytest.param(Variant(arch, arch), id=arch,
+                 marks=[pytest.mark.xdist_group("largest")] if arch in LARGEST_ARCHITECTURES else [])
+    for arch in sorted(ARCHITECTURES)] + [pytest.param(v, id=v.id) for v in LAYER_FUSION_OPTIONS])
+def test_every_architecture_trains_and_decodes_in_half_precision(variant, mode, request, tmp_path):
+    joined = ARCHITECTURES[variant.arch] in JOINED
+    data_bin = request.getfixturevalue("tiny_joined_data_bin" if joined else "tiny_data_bin")
+    pipeline = half_precision_pipeline(data_bin, variant.arch, MODES[mode], str(tmp_path / "ck"), extra=variant.flags)
+    assert_half_precision_pipeline_worked(run_in_one_interpreter(pipeline, str(tmp_path)), test_sentences=12)
 
 
 @pytest.mark.slow

@@ -26,9 +26,10 @@ RAW=${MULTI30K_RAW:-$REPO/../shared/data/multi30k/raw}
 TEST_SETS=(test_2016_flickr test_2017_flickr test_2017_mscoco test_2018_flickr)
 
 # the 6+6 comparison's plan, as examples/comparison/deep.sh runs it on the CPU (same width, budget, seeds and
-# rules, float32), so that the CPU runs replicate it on another device; 8 runs at a time on the one GPU
+# rules, float32), so that the CPU runs replicate it on another device; 16 runs at a time on the one GPU, one
+# CPU thread each: every from-scratch run of seeds 1 and 2 but two starts at once
 COMPARE=(--deep --max-update 3000 --finetune-update 1000 --eval-every 250 --seeds 1 2 --device cuda
-         --jobs 8 --threads 2)
+         --jobs 16 --threads 1)
 # Dou et al. Table 1, MLRF's Dec-SA and Both-FNN-SA, SurfaceFusion; every ratio against fairseq's transformer.
 # Batches of 128 sentence pairs of 32 tokens a side: the papers' 4,096 tokens per GPU and step, so that
 # the matrix products, not the kernel launches of a tiny batch, set the pace
