@@ -109,7 +109,8 @@ def test_the_half_precision_step_runs_the_gpu_tests_and_reports_them(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     cases = ElementTree.parse(tmp_path / "half.xml").getroot().iter("testcase")
     names = [(case.get("classname").rsplit(".", 1)[-1], case.get("name")) for case in cases]
-    assert len([name for module, name in names if module == "test_gpu_training"]) == 3 * (len(ARCHITECTURES) + len(LAYER_FUSION_OPTIONS))
+    trainings = [name for module, name in names if module == "test_gpu_training"]
+    assert len(trainings) == 3 * (len(ARCHITECTURES) + len(LAYER_FUSION_OPTIONS))
     assert all(name.endswith("-cuda]") for module, name in names if module == "test_half_precision")
     assert "skipped" in (tmp_path / "half.log").read_text()
 
