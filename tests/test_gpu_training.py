@@ -5,9 +5,10 @@ option of today's layer fusion (DenseFormer, hyper-connections) trains 20 update
 ``fairseq-train`` with each of ``--fp16``, ``--bf16`` and ``--memory-efficient-fp16`` on the toy
 reversal corpus (Adam, lr 5e-4 after 5 warm-up updates, label smoothing 0.1, <= 1,000 tokens per
 batch; the convolutional models with their recipe's gradient clipping and a float16 loss scale of 8 to
-start, the dense Transformer with its recipe's warm-up), then ``fairseq-generate`` decodes the test set with the checkpoint: in float16 (``--fp16``)
-after the float16 modes, in float32 after ``--bf16`` (fairseq-generate has no bfloat16 path: it
-accepts ``--bf16`` and ignores it; bfloat16 decoding is checked by ``tests/test_half_precision.py``).
+start, the dense Transformer with its recipe's warm-up), then ``fairseq-generate`` decodes the test set
+with the checkpoint: in float16 (``--fp16``) after the float16 modes, in float32 after ``--bf16``
+(fairseq-generate has no bfloat16 path: it accepts ``--bf16`` and ignores it; bfloat16 decoding is
+checked by ``tests/test_half_precision.py``).
 Passing means: every logged loss is finite, no more than :data:`MAX_SKIPPED_UPDATES` updates were
 skipped for a gradient overflow, the last epoch's training loss is below the first's, and every test
 sentence gets a hypothesis with a finite score.
