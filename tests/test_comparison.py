@@ -2,12 +2,14 @@
 pipeline on a tiny slice of Multi30k (2 methods x 2 seeds x 4 updates at a tiny width), the report's numbers,
 resuming without retraining, and the errors."""
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 
 import pytest
@@ -739,6 +741,18 @@ def _pinned_clone(tmp_path):
     return clone, script
 
 
+def _stand_in_venv(exp, otherwise):
+    """An EXP whose venv the launcher's markers name as its own (creating a real one installs torch), with
+    a stand-in python that answers the launcher's import check and else runs the bash ``otherwise``."""
+    (exp / "venv" / "bin").mkdir(parents=True)
+    (exp / ".created_by_deep_sh").write_text(f"{exp}\n")
+    (exp / "venv" / ".created_by_deep_sh").write_text(f"{exp}/venv\n")
+    stand_in = exp / "venv" / "bin" / "python"
+    stand_in.write_text(f'#!/usr/bin/env bash\n[[ "$1" == -c && "$2" == *fusion_fairseq* ]] && echo "{exp}/code" && exit 0\n'
+                        f"{otherwise}\n")
+    stand_in.chmod(0o755)
+
+
 def test_export_copies_regular_files_inside_exp_only(tmp_path):
     """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
     copied; regular files are. Run in a clone of the repository, whose
@@ -746,12 +760,7 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     launcher's marker names as its own (creating a real one installs torch)."""
     clone, script = _pinned_clone(tmp_path)
     exp = tmp_path / "exp"
-    (exp / "venv" / "bin").mkdir(parents=True)
-    (exp / ".created_by_deep_sh").write_text(f"{exp}\n")
-    (exp / "venv" / ".created_by_deep_sh").write_text(f"{exp}/venv\n")
-    stand_in = exp / "venv" / "bin" / "python"  # answers the import check; the report step is a no-op
-    stand_in.write_text(f'#!/usr/bin/env bash\n[[ "$1" == -c ]] && echo "{exp}/code"\nexit 0\n')
-    stand_in.chmod(0o755)
+    _stand_in_venv(exp, "exit 0")  # the report step is a no-op
     run = exp / "runs" / "transformer" / "seed1"
     run.mkdir(parents=True)
     (run / "config.json").write_text("{}")
@@ -766,6 +775,45 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     assert not (dest / "runs" / "transformer" / "seed1" / "run.log").exists()
     assert not (dest / "results.md").exists()
     assert "not exported (not a regular file in EXP): results.md" in result.stdout  # runs/ lists regular files only
+
+
+def test_train_one_trains_a_single_run_with_every_core(tmp_path):
+    """launch.sh train-one: the runner's worker trains one run up to its budget with as many threads as
+    the machine has cores, in the run's directory and under its lock; a RUN that is not a run of EXP (a
+    link to a folder elsewhere included), or one whose lock is held, is refused in one line."""
+    clone, script = _pinned_clone(tmp_path)
+    exp, record = tmp_path / "exp", tmp_path / "worker.txt"
+    _stand_in_venv(exp, f'[[ "$1" == -c ]] && exec {sys.executable} "$@"\n'
+                        f'echo "$PWD $OMP_NUM_THREADS $MKL_NUM_THREADS $*" > {record}.part && mv {record}.part {record}')
+    run = exp / "runs" / "deeprep_finetuned" / "seed2"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"train_argv": ["data-bin", "--total-num-update", "1000", "--seed", "2"]}))
+
+    def train_one(name):
+        return subprocess.run(["bash", str(script), "train-one", str(exp), name], capture_output=True, text=True)
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(run, elsewhere)
+    (run.parent / "seed4").symlink_to(elsewhere)
+    for name in ("runs/deeprep_finetuned/seed3", "runs/../../seed2", "", "runs/deeprep_finetuned/seed4"):
+        result = train_one(name)
+        assert result.returncode == 1 and f"RUN '{name}': not a run that 'train' made in {exp}" in result.stderr
+    with open(run / ".lock", "a") as lock:  # the pinned runner's lock on a run it trains
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = train_one("runs/deeprep_finetuned/seed2")
+    assert result.returncode == 1 and "runs/deeprep_finetuned/seed2 is training in another process" in result.stderr
+    assert not record.exists()
+
+    result = train_one("runs/deeprep_finetuned/seed2")
+    assert result.returncode == 0 and "up to update 1000" in result.stdout, result.stderr
+    for _ in range(300):
+        if record.exists():
+            break
+        time.sleep(0.1)
+    cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    assert record.read_text().split() == [str(run), cores, cores, "-m", "fusion_fairseq.tools.comparison", "_train",
+                                          str(run), "1000"]
+    assert "==== train-one " in (run / "run.log").read_text()
 
 
 def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):

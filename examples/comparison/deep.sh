@@ -10,6 +10,9 @@
 # run halfway, and the verdict rule is the one fixed in that commit before any test score.
 #
 #   bash examples/comparison/deep.sh train    EXP RAW   start or resume the training (returns at once)
+#   bash examples/comparison/deep.sh train-one EXP RUN  train one run (runs/METHOD/seedN) alone with every
+#                                                        core, 'train' stopped: where one thread is too slow
+#                                                        for a run to reach its budget while EXP is kept
 #   bash examples/comparison/deep.sh status   EXP       is it training; the report of what exists
 #   bash examples/comparison/deep.sh evaluate EXP RAW   score the runs that reached their budget
 #   bash examples/comparison/deep.sh export   EXP       copy the report and every run's small results

@@ -12,7 +12,7 @@
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STEP=${1:-}
 die() { echo "$NAME.sh: error: $*" >&2; exit 1; }
-[[ -n "$STEP" && -n "${2:-}" ]] || { echo "usage: $0 train|status|evaluate|export|restore EXP [RAW]" >&2; exit 2; }
+[[ -n "$STEP" && -n "${2:-}" ]] || { echo "usage: $0 train|train-one|status|evaluate|export|restore EXP [RAW|RUN]" >&2; exit 2; }
 [[ -n "$PIN" ]] || die "PIN is empty: set it to the commit the comparison runs before any step"
 OWNED=.created_by_${NAME}_sh
 RAW_ARGS=()
@@ -88,6 +88,28 @@ case "$STEP" in
             >> "$EXP/logs/train.log" 2>&1 < /dev/null &
         echo $! > "$PIDFILE"
         echo "training in the background at nice 19 (pid $!), code at $PIN; log: $EXP/logs/train.log" ;;
+    train-one)
+        # one run, RUN (runs/METHOD/seedN, as 'train' made it), with every core, for a machine held for
+        # less time than a run takes at one thread, where 'train's runs of one thread each would all be
+        # cut off before their budget: the runner's own worker (_train) up to the run's budget (its
+        # --total-num-update), in the background at nice 19, under the run's lock, 'train' stopped.
+        # Each training session of the run records its torch threads (sessions.json; the report's
+        # devices); the report's CPU-hours count its seconds once, as for every run (--threads 1).
+        RUN=${3:-}
+        [[ "$RUN" =~ ^runs/[a-z_]+/seed[0-9]+$ && -f "$EXP/$RUN/config.json" \
+           && "$(realpath -e -- "$EXP/$RUN")" == "$EXP/$RUN" ]] \
+            || die "RUN '$RUN': not a run that 'train' made in $EXP (runs/METHOD/seedN with its config.json, no link)"
+        if training; then die "training (pid $(cat "$PIDFILE")) in $EXP: stop it (kill that pid) before training one run alone"; fi
+        flock -n "$EXP/$RUN/.lock" true || die "$RUN is training in another process (its .lock is held)"
+        prepare_code
+        BUDGET=$("$PY" -c 'import json, sys; argv = json.load(open(sys.argv[1]))["train_argv"]
+print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || die "$RUN/config.json names no --total-num-update"
+        THREADS=$(nproc)
+        cd "$EXP/$RUN"  # -m imports from the working directory first: the run directory, as the runner does
+        printf '\n==== train-one %s threads %s\n' "$(date -u +%FT%T+00:00)" "$THREADS" >> run.log
+        OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS PYTHONWARNINGS=ignore nohup nice -n 19 \
+            flock -n .lock "$PY" -m fusion_fairseq.tools.comparison _train "$EXP/$RUN" "$BUDGET" >> run.log 2>&1 < /dev/null &
+        echo "training $RUN alone up to update $BUDGET with $THREADS threads in the background at nice 19 (pid $!); log: $EXP/$RUN/run.log" ;;
     status)
         if training; then echo "training (pid $(cat "$PIDFILE"))"; else echo "not training"; fi
         prepare_code
@@ -146,5 +168,5 @@ case "$STEP" in
             if [[ -f "$SOURCE/$decision" && ! -e "$EXP/$decision" ]]; then cp -- "$SOURCE/$decision" "$EXP/"; fi
         done ;;
     *)
-        echo "usage: $0 train|status|evaluate|export|restore EXP [RAW]" >&2; exit 2 ;;
+        echo "usage: $0 train|train-one|status|evaluate|export|restore EXP [RAW|RUN]" >&2; exit 2 ;;
 esac
