@@ -755,7 +755,8 @@ def _stand_in_venv(exp, otherwise):
 
 def test_export_copies_regular_files_inside_exp_only(tmp_path):
     """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
-    copied; regular files are. Run in a clone of the repository, whose
+    copied; regular files are; an evaluated run of the export is not overwritten by the same run
+    training again in EXP. Run in a clone of the repository, whose
     examples/comparison/deep/ receives the export; the environment EXP/venv is a stand-in that the
     launcher's marker names as its own (creating a real one installs torch)."""
     clone, script = _pinned_clone(tmp_path)
@@ -769,8 +770,16 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     (run / "run.log").symlink_to(secret)
     (exp / "results.md").symlink_to(run / "config.json")
     dest = clone / "examples" / "comparison" / "deep"
+    evaluated, again = dest / "runs" / "transformer" / "seed2", exp / "runs" / "transformer" / "seed2"
+    evaluated.mkdir(parents=True)
+    (evaluated / "done.json").write_text("{}")
+    (evaluated / "run.log").write_text("trained to the budget\n")
+    again.mkdir(parents=True)
+    (again / "run.log").write_text("training again from update 0\n")
     result = subprocess.run(["bash", str(script), "export", str(exp)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    assert (evaluated / "run.log").read_text() == "trained to the budget\n"
+    assert "not exported (the export holds runs/transformer/seed2 evaluated; EXP trains it again)" in result.stdout
     assert (dest / "runs" / "transformer" / "seed1" / "config.json").read_text() == "{}"
     assert not (dest / "runs" / "transformer" / "seed1" / "run.log").exists()
     assert not (dest / "results.md").exists()

@@ -120,7 +120,9 @@ print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || d
         nice -n 19 "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage evaluate ;;
     export)
         # the small results (report, scores, configuration, curves, logs; no checkpoints, no data), regular
-        # files inside EXP only (no symbolic link is followed or copied), from a report written anew
+        # files inside EXP only (no symbolic link is followed or copied), from a report written anew; an
+        # evaluated run of the export is kept as it is while EXP trains that run again (after 'restore'
+        # left it out: its final model was lost)
         prepare_code
         "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
         DEST=$REPO/examples/comparison/$NAME
@@ -130,6 +132,9 @@ print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || d
         while IFS= read -r f; do
             real=$(realpath -e -- "$f" 2>/dev/null) || continue
             [[ -f "$f" && ! -L "$f" && "$real" == "$EXP"/* ]] || { echo "not exported (not a regular file in EXP): $f"; continue; }
+            if [[ "$f" =~ ^(runs/[^/]+/seed[0-9]+)/ && -f "$DEST/${BASH_REMATCH[1]}/done.json" && ! -f "$EXP/${BASH_REMATCH[1]}/done.json" ]]; then
+                echo "not exported (the export holds ${BASH_REMATCH[1]} evaluated; EXP trains it again): $f"; continue
+            fi
             mkdir -p "$DEST/$(dirname "$f")"
             cp -- "$real" "$DEST/$f"
         done < "$EXP/logs/export.list"
