@@ -756,9 +756,8 @@ def _stand_in_venv(exp, otherwise):
 def test_export_copies_regular_files_inside_exp_only(tmp_path):
     """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
     copied; regular files are; an evaluated run of the export is not overwritten by the same run
-    training again in EXP. Run in a clone of the repository, whose
-    examples/comparison/deep/ receives the export; the environment EXP/venv is a stand-in that the
-    launcher's marker names as its own (creating a real one installs torch)."""
+    training again in EXP. Run in a clone of the repository, whose examples/comparison/deep/ receives
+    the export, with a stand-in EXP/venv."""
     clone, script = _pinned_clone(tmp_path)
     exp = tmp_path / "exp"
     _stand_in_venv(exp, "exit 0")  # the report step is a no-op
