@@ -12,7 +12,8 @@
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STEP=${1:-}
 die() { echo "$NAME.sh: error: $*" >&2; exit 1; }
-[[ -n "$STEP" && -n "${2:-}" ]] || { echo "usage: $0 train|train-one|status|evaluate|export|restore EXP [RAW|RUN]" >&2; exit 2; }
+usage() { echo "usage: $0 train|train-one|status|evaluate|export|restore EXP [RAW|RUN]" >&2; exit 2; }
+[[ -n "$STEP" && -n "${2:-}" ]] || usage
 [[ -n "$PIN" ]] || die "PIN is empty: set it to the commit the comparison runs before any step"
 OWNED=.created_by_${NAME}_sh
 RAW_ARGS=()
@@ -173,5 +174,5 @@ print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || d
             if [[ -f "$SOURCE/$decision" && ! -e "$EXP/$decision" ]]; then cp -- "$SOURCE/$decision" "$EXP/"; fi
         done ;;
     *)
-        echo "usage: $0 train|train-one|status|evaluate|export|restore EXP [RAW|RUN]" >&2; exit 2 ;;
+        usage ;;
 esac
