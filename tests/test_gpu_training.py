@@ -35,7 +35,7 @@ from fusion_fairseq.cli import user_dir
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # torch multiplies bfloat16 matrices on the CPU with oneDNN only where the CPU has AVX-512; elsewhere it loops in
 # plain C++, 65 times slower than in float32 (a 512x768 by 768x3072 product, one thread, on a 2-core AMD EPYC with
-# AVX2: 3.68 s against 0.056 s), and a preset-size model's 20 updates outlast any test timeout
+# AVX2: 3.68 s against 0.056 s), and a preset-size model's 20 updates outlast the 600 s of run_in_one_interpreter
 NATIVE_CPU_BFLOAT16 = pytest.mark.skipif(
     not getattr(torch.cpu, "_is_avx512_supported", lambda: True)(),
     reason="torch has no fast bfloat16 matrix product on a CPU without AVX-512 (65x float32's time on an AVX2 EPYC)")
