@@ -10,7 +10,7 @@
 #   bash examples/comparison/converged.sh export   EXP       copy the report and every run's small results
 #                                                             into examples/comparison/converged/
 #
-# EXP: a folder this script creates (a new path), kept between working sessions, never in the
+# EXP: a folder this script creates (a new path), kept until the comparison is done, never in the
 # repository; RAW: the Multi30k task-1 raw files. Every step runs the code of PIN (see launch.sh).
 # Any step can be killed at any time and is resumed by running it again.
 set -euo pipefail

@@ -20,7 +20,7 @@
 #   bash examples/comparison/deep.sh restore  EXP RAW   copy the exported evaluated runs back into an EXP
 #                                                        that was lost (same path), before 'train'
 #
-# EXP: a folder this script creates (a new path), kept between working sessions, never in the repository.
+# EXP: a folder this script creates (a new path), kept until the comparison is done, never in the repository.
 # RAW: the Multi30k task-1 raw files (train/val/test_*.de/.en). The order: train until every run of seeds
 # 1 and 2 reached its budget, evaluate, train again (the third seed is decided from the scores), evaluate.
 # Any step can be killed at any time and is resumed by running it again.
