@@ -321,6 +321,67 @@ def test_offline_download_fails_with_a_clear_message(name, tmp_path):
     assert not (dest / "orig").exists() or os.listdir(dest / "orig") == []  # no partial download left
 
 
+# ------------------------------------------------------------------------------ the comparisons' RAW
+
+MULTI30K_SCRIPT = os.path.join(REPO_ROOT, "examples", "comparison", "multi30k.sh")
+
+
+def multi30k_files():
+    """The file names examples/comparison/multi30k.sha256 lists, in its order."""
+    with open(os.path.join(REPO_ROOT, "examples", "comparison", "multi30k.sha256")) as f:
+        return [line.split()[1] for line in f]
+
+
+def run_multi30k_script(raw, mirror):
+    return subprocess.run(["bash", MULTI30K_SCRIPT, str(raw)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MULTI30K_BASE": f"file://{mirror}"})
+
+
+def write_mirror(mirror, text_of):
+    """``mirror``/data/task1/raw/NAME.gz for every file the script downloads, holding ``text_of(NAME)``."""
+    import gzip
+
+    (mirror / "data" / "task1" / "raw").mkdir(parents=True)
+    for name in multi30k_files():
+        with gzip.open(mirror / "data" / "task1" / "raw" / f"{name}.gz", "wb") as f:
+            f.write(text_of(name))
+
+
+def test_the_multi30k_download_and_the_comparisons_script_are_pinned_to_one_dataset_commit():
+    with open(MULTI30K_SCRIPT) as f:
+        commit = re.search(r"^COMMIT=([0-9a-f]{40})\b", f.read(), re.M).group(1)
+    assert corpus.MULTI30K == f"https://raw.githubusercontent.com/multi30k/dataset/{commit}/"
+    assert all(url.startswith(corpus.MULTI30K) for url in corpus.CORPORA["multi30k"].urls)
+    from fusion_fairseq.tools.comparison_report import TEST_SETS
+    assert multi30k_files() == [f"{split}.{lang}" for split in ("train", "val", *TEST_SETS) for lang in ("de", "en")]
+
+
+def test_the_multi30k_script_makes_raw_from_the_files_the_runs_read(tmp_path):
+    if not os.path.isfile(os.path.join(SHARED_RAW, "train.de")):
+        pytest.skip(f"shared Multi30k data not found at {SHARED_RAW}")
+    write_mirror(tmp_path / "mirror", lambda name: open(os.path.join(SHARED_RAW, name), "rb").read())
+    result = run_multi30k_script(tmp_path / "raw", tmp_path / "mirror")
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(tmp_path / "raw")) == sorted(multi30k_files())
+    assert lines(tmp_path / "raw" / "val.en") == lines(os.path.join(SHARED_RAW, "val.en"))
+
+
+def test_the_multi30k_script_refuses_other_files_and_leaves_no_raw(tmp_path):
+    write_mirror(tmp_path / "mirror", lambda name: b"not the dataset\n")
+    result = run_multi30k_script(tmp_path / "raw", tmp_path / "mirror")
+    assert result.returncode == 1
+    assert "differ from the ones the committed runs read" in result.stderr and "RAW was not made" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["mirror"]  # no RAW, no partial download beside it
+
+
+def test_the_multi30k_script_replaces_nothing_in_an_existing_raw(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "train.de").write_text("mine\n")
+    result = run_multi30k_script(tmp_path / "raw", tmp_path / "no-mirror")
+    assert result.returncode == 2 and f"RAW '{tmp_path / 'raw'}' exists" in result.stderr
+    assert (tmp_path / "raw" / "train.de").read_text() == "mine\n"
+
+
 @pytest.mark.parametrize("args,expected", [
     (["prepare", "multi30k", "--src", "xx"], ["--src", "'xx'", "de, en, fr, cs"]),
     (["prepare", "multi30k", "--src", "en", "--tgt", "en"], ["--src and --tgt"]),

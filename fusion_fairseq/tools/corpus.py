@@ -51,6 +51,8 @@ class Corpus:
 
 
 WMT16 = "http://data.statmt.org/wmt16/translation-task/"
+#: Multi30k's files at one commit of the dataset's repository (as examples/comparison/multi30k.sh downloads).
+MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/"
 
 
 def wmt16_sgm(name):
@@ -62,8 +64,7 @@ def wmt16_sgm(name):
 CORPORA = {
     "multi30k": Corpus(
         langs=("de", "en", "fr", "cs"), dest="multi30k.tokenized.{src}-{tgt}",
-        urls=tuple(f"https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{s}.{{lang}}.gz"
-                   for s in ("train", "val", "{test}")),
+        urls=tuple(f"{MULTI30K}data/task1/raw/{s}.{{lang}}.gz" for s in ("train", "val", "{test}")),
         train=("train.{lang}|train.{lang}.gz",), valid=("val.{lang}|val.{lang}.gz",),
         tests={t: (f"{t}.{{lang}}|{t}.{{lang}}.gz",) for t in
                ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")},
