@@ -9,6 +9,7 @@ files).
 
 import ast
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -339,8 +340,6 @@ def run_multi30k_script(raw, mirror):
 
 def write_mirror(mirror, text_of):
     """``mirror``/data/task1/raw/NAME.gz for every file the script downloads, holding ``text_of(NAME)``."""
-    import gzip
-
     (mirror / "data" / "task1" / "raw").mkdir(parents=True)
     for name in multi30k_files():
         with gzip.open(mirror / "data" / "task1" / "raw" / f"{name}.gz", "wb") as f:
