@@ -74,10 +74,14 @@ def assert_binarised(databin, src, tgt):
 
 # --------------------------------------------------------------------------------------------- Multi30k
 
-@pytest.fixture(scope="module")
-def m30k_slice(tmp_path_factory):
+def require_shared_raw():
     if not os.path.isfile(os.path.join(SHARED_RAW, "train.de")):
         pytest.skip(f"shared Multi30k data not found at {SHARED_RAW}")
+
+
+@pytest.fixture(scope="module")
+def m30k_slice(tmp_path_factory):
+    require_shared_raw()
     directory = tmp_path_factory.mktemp("m30k_slice")
     for split, count in (("train", 500), ("val", 100), ("test_2016_flickr", 100)):
         for lang in ("de", "en"):
@@ -356,8 +360,7 @@ def test_the_multi30k_download_and_the_comparisons_script_are_pinned_to_one_data
 
 
 def test_the_multi30k_script_makes_raw_from_the_files_the_runs_read(tmp_path):
-    if not os.path.isfile(os.path.join(SHARED_RAW, "train.de")):
-        pytest.skip(f"shared Multi30k data not found at {SHARED_RAW}")
+    require_shared_raw()
     write_mirror(tmp_path / "mirror", lambda name: open(os.path.join(SHARED_RAW, name), "rb").read())
     result = run_multi30k_script(tmp_path / "raw", tmp_path / "mirror")
     assert result.returncode == 0, result.stderr
