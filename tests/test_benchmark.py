@@ -9,7 +9,7 @@ import torch
 
 from fusion_fairseq.tools import benchmark
 from fusion_fairseq.tools.benchmark import BenchmarkError, build_configs, parse_variant, settings
-from fusion_fairseq.tools.common import plugin_architectures
+from fusion_fairseq.tools.common import cpu_name, plugin_architectures
 
 from model_building import build_model, count_parameters
 
@@ -100,6 +100,16 @@ def test_memory_and_environment(run):
         assert memory["train_state_bytes"] > memory["parameter_bytes"]  # + Adam moments
         assert memory["train_peak_bytes"] > memory["train_state_bytes"]
         assert memory["decode_peak_bytes"] > memory["parameter_bytes"]
+
+
+def test_the_cpu_is_named_with_family_model_and_torch_kernels(tmp_path, monkeypatch):
+    # two 2-core VMs both named "AMD EPYC" trained one run to losses that part at update 200
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 25\nmodel name\t: other\n")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert cpu_name(str(cpuinfo)) == "AMD EPYC (family 26, model 2; torch AVX512)"
+    assert cpu_name(str(tmp_path / "absent")).endswith(" (torch AVX512)")
 
 
 def test_flop_counts_and_flop_ratios(run):

@@ -86,15 +86,24 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def cpu_name() -> str:
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name, family and model number, and the vector instructions torch's kernels use on
+    it (``torch.backends.cpu.get_cpu_capability``). A virtual machine often names no more than "AMD EPYC",
+    and two such machines with the same packages trained the same run to losses that part at update 200:
+    a run's record has to tell them apart."""
+    import torch
+
+    fields: Dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(cpuinfo, encoding="utf-8") as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    family = f"family {fields['cpu family']}, model {fields.get('model', '?')}; " if "cpu family" in fields else ""
+    return f"{name} ({family}torch {torch.backends.cpu.get_cpu_capability()})"
 
 
 def device_name(device) -> str:
