@@ -107,7 +107,7 @@ def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 
 def device_name(device) -> str:
-    """The GPU's name for a CUDA device (a ``torch.device`` or "cuda"), else the CPU's model name."""
+    """The GPU's name for a CUDA device (a ``torch.device`` or "cuda"), else the CPU as ``cpu_name`` names it."""
     import torch
 
     if str(getattr(device, "type", device)) == "cuda" and torch.cuda.is_available():
