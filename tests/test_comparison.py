@@ -512,23 +512,45 @@ def test_a_run_must_stop_where_fairseq_writes_a_checkpoint(tmp_path, flags, mess
     assert not (tmp_path / "out").exists()
 
 
-def test_the_readme_shows_the_shallow_point_as_its_committed_report_has_it():
-    """The README's 3+3 table is the report's summary with the averaged checkpoints' cells only (the
-    best-checkpoint cells and the verdict column are left out), and it is not called converged."""
-    def read(*path):
-        with open(os.path.join(REPO_ROOT, *path), encoding="utf-8") as f:
-            return f.read()
+def _read(*path):
+    with open(os.path.join(REPO_ROOT, *path), encoding="utf-8") as f:
+        return f.read()
 
-    report, readme = read("examples", "comparison", "converged", "results.md"), read("README.md")
-    results = readme.split("\n## Results\n")[1].split("\n## ")[0]
-    assert "### The 3+3 (shallow) point" in results and "convergence" not in results
+
+def _summary_rows(report):
     summary = report.split("\n## Summary\n")[1].split("\n## ")[0]
-    rows = [line for line in summary.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in summary.splitlines() if line.startswith("|")][2:]
+
+
+def test_the_comparison_page_shows_the_shallow_point_as_its_committed_report_has_it():
+    """The comparison page's 3+3 table is the report's summary with the averaged checkpoints' cells only
+    (the best-checkpoint cells and the verdict column are left out), and it is not called converged."""
+    report = _read("examples", "comparison", "converged", "results.md")
+    page = _read("examples", "comparison", "README.md")
+    shallow = page.split("\n## The 3+3 (shallow) point\n")[1].split("\n## ")[0]
+    assert "convergence" not in shallow
+    rows = _summary_rows(report)
     assert len(rows) == 8
-    for line in rows:
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
+    for cells in rows:
         averaged = cells[:3] + [cell.split(" / ")[-1] for cell in cells[3:9]]
-        assert "| " + " | ".join(averaged) + " |" in results
+        assert "| " + " | ".join(averaged) + " |" in shallow
+
+
+def test_the_readme_headline_is_the_deep_report_as_committed():
+    """Every row of the 6+6 report's summary is in the README's headline table: its four test sets and
+    all four together, and, once its every seed is scored, its Δ with the interval and the verdict."""
+    report = _read("examples", "comparison", "deep", "results.md")
+    readme = _read("README.md").replace("\u2212", "-")
+    headline = readme.split("\n## Results\n")[1].split("\n## ")[0].split("\n### The 6+6 comparison\n")[1]
+    rows = _summary_rows(report)
+    assert len(rows) == 12
+    for cells in rows:
+        bleu = " | ".join(cells[3:8])
+        matching = [line for line in headline.splitlines() if f"| {bleu} |" in line]
+        assert len(matching) == 1, cells[0]
+        if cells[9] not in ("pending", "–"):
+            assert f"| {cells[8]} | {cells[9]} |" in matching[0], cells[0]
 
 
 @pytest.mark.slow
