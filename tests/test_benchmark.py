@@ -3,6 +3,8 @@ Markdown, parameter counts, fixed-length decoding, configuration discovery and b
 Timing values are never asserted on."""
 
 import json
+import sys
+from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -36,7 +38,7 @@ def run(tmp_path_factory):
     argv = [*TINY, "--archs", "mlrf_iwslt_de_en", "--json", str(json_path), "--markdown", str(md_path)]
     for name, spec in VARIANTS.items():
         argv += ["--variant", f"{name}={spec}"]
-    returned = benchmark.main(argv)
+    returned = benchmark.run(argv)
     with open(json_path) as f:
         result = json.load(f)
     return returned, result, md_path.read_text()
@@ -132,7 +134,7 @@ def test_flops_scale_with_the_batch():
     def flops(batch):
         argv = [*TINY, "--archs", "--repeats", "1", "--no-memory", "--batch-size", str(batch),
                 "--decode-batch-size", str(batch)]
-        return benchmark.main(argv)["configs"]["vanilla"]["flops"]
+        return benchmark.run(argv)["configs"]["vanilla"]["flops"]
 
     one, two = flops(2), flops(4)
     assert two["train_step"] == 2 * one["train_step"] and two["decode_batch"] == 2 * one["decode_batch"]
@@ -268,12 +270,12 @@ def test_cuda_unavailable(capsys):
 
 
 def test_process_clock_baseline_only(capsys):
-    result = benchmark.main([*TINY, "--archs", "--clock", "process", "--repeats", "1", "--no-memory"])
+    result = benchmark.run([*TINY, "--archs", "--clock", "process", "--repeats", "1", "--no-memory"])
     assert list(result["configs"]) == ["vanilla"]
     assert result["settings"]["clock"] == "process" and result["memory_method"] is None
     assert result["configs"]["vanilla"]["memory"] is None
     assert result["configs"]["vanilla"]["flops"]["train_step"] > 0
-    assert benchmark.main([*TINY, "--archs", "--repeats", "1", "--no-memory", "--no-flops"])["configs"]["vanilla"]["flops"] is None
+    assert benchmark.run([*TINY, "--archs", "--repeats", "1", "--no-memory", "--no-flops"])["configs"]["vanilla"]["flops"] is None
     assert result["configs"]["vanilla"]["train"]["ratio"]["per_repeat"] == [1.0]
     assert "process-clock" in capsys.readouterr().out
 
@@ -283,7 +285,7 @@ def test_decoding_step_cost_as_the_source_grows(capsys, tmp_path):
     and the speed ratio to the baseline (the baseline's is 1), and a Markdown table with a row per
     length (layer-wise coordination against the Transformer, as He et al. discuss the cost)."""
     out = tmp_path / "sweep.json"
-    benchmark.main([*TINY, "--archs", "--repeats", "2", "--source-lengths", "3,9", "--no-memory", "--no-flops",
+    benchmark.run([*TINY, "--archs", "--repeats", "2", "--source-lengths", "3,9", "--no-memory", "--no-flops",
                     "--variant", "coordination=layerwise_coordination:--layers 3", "--json", str(out)])
     result = json.loads(out.read_text())
     for name, row in result["configs"].items():
@@ -300,3 +302,42 @@ def test_source_lengths_are_checked(capsys):
     assert "--source-lengths must be integers of at least 2 (the last token is EOS) separated by commas, got '8,x'" \
         in cli_error(capsys, "--source-lengths", "8,x")
     assert "--decode-len must be at least 2" in cli_error(capsys, "--source-lengths", "8", "--decode-len", "1")
+
+
+def test_the_installed_script_exits_0_after_a_run(monkeypatch, capsys):
+    """The console script does ``sys.exit(main())``: whatever main returns after a run must mean success."""
+    script = entry_points(group="console_scripts")["fusion-fairseq-benchmark"].load()
+    monkeypatch.setattr(sys, "argv", ["fusion-fairseq-benchmark", *TINY, "--archs", "--repeats", "1", "--no-memory",
+                                      "--no-flops"])
+    with pytest.raises(SystemExit) as info:
+        sys.exit(script())
+    assert info.value.code in (0, None)
+    assert "| vanilla (baseline) |" in capsys.readouterr().out
+
+
+def test_configurations_that_do_not_fit_in_memory_are_refused(monkeypatch, capsys):
+    """Every configuration stays built for the whole run: a set that needs more than the machine has free is refused
+    in one line naming the estimate and what is available, before any model is built for real."""
+    monkeypatch.setattr(benchmark, "available_memory", lambda device: (2**30, "MemAvailable in /proc/meminfo"))
+    built = []
+    monkeypatch.setattr(benchmark, "_Runner", lambda *args: built.append(args))
+    big = ["--embed-dim", "1024", "--ffn-dim", "4096", "--vocab", "32000", "--encoder-layers", "6",
+           "--decoder-layers", "6"]
+    err = cli_error(capsys, "--archs", "mlrf_iwslt_de_en", *big)
+    message = err.strip().splitlines()[-1]
+    assert "the 2 configurations need an estimated" in message and "GiB" in message
+    assert "more than the 1.0 GiB available (MemAvailable in /proc/meminfo)" in message and "--archs" in message
+    assert built == []
+    # the estimate: 16 bytes a parameter (weight, gradient, Adam's moments) plus activations
+    parameters = sum(benchmark.parameter_count(config, settings(big), benchmark.dictionary_of_size(32000))
+                     for config in build_configs(["mlrf_iwslt_de_en"]))
+    assert f"({parameters:,} parameters x 16 bytes" in message
+
+
+def test_the_parameter_count_of_the_memory_estimate_is_the_models():
+    config = parse_variant("Enc-AVG=fusion_transformer:--fuse-encoder avg")
+    tiny = settings(["--encoder-layers", "2", "--decoder-layers", "2", "--embed-dim", "16", "--ffn-dim", "32",
+                     "--heads", "2"])
+    flags = benchmark.config_flags(config, tiny)[0]
+    model = build_model("fusion_transformer", *flags, src_vocab=VOCAB, joined=True)
+    assert benchmark.parameter_count(config, tiny, benchmark.dictionary_of_size(VOCAB)) == count_parameters(model)

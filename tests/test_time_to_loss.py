@@ -58,7 +58,7 @@ def test_time_to_loss_from_the_command_line(tmp_path, capsys):
     reference = write_log(tmp_path / "residual.log", {10: 5.0, 20: 5.0}, {10: 6.0, 20: 4.0})
     dense = write_log(tmp_path / "dense.log", {10: 6.0, 20: 6.0}, {10: 3.9, 20: 3.5})
     out = tmp_path / "t.json"
-    result = benchmark.main(["--time-to-loss", reference, dense, "--json", str(out)])
+    result = benchmark.run(["--time-to-loss", reference, dense, "--json", str(out)])
     assert json.loads(out.read_text())["rows"][1]["updates_to_target"] == 10 == result["rows"][1]["updates_to_target"]
     assert "target: the reference's best validation NLL, 4.000" in capsys.readouterr().out
 

@@ -31,6 +31,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -157,6 +158,12 @@ def width_flags(arch: str, settings: argparse.Namespace):
     return flags, skipped
 
 
+def config_flags(config: BenchmarkConfig, settings: argparse.Namespace):
+    """(the model flags of ``config``: matched width, common flags, its own; the skipped width flags)."""
+    flags, skipped = width_flags(config.arch, settings)
+    return flags + list(settings.common_flags) + list(config.flags), skipped
+
+
 def build_model(arch: str, flags: List[str], dictionary, criterion_flags=(), name=None):
     """``(args, task, model)``: the flags parsed like ``fairseq-train`` (architecture and criterion
     defaults included), a stand-in task with ``dictionary`` on both sides and the model built by
@@ -184,8 +191,7 @@ class _Runner:
         self.config, self.settings = config, settings
         self.where = f"configuration {config.name!r} ({config.arch})"
         train_sample, decode_sample, self.sweep_samples = samples
-        flags, self.skipped_width_flags = width_flags(config.arch, settings)
-        self.flags = flags + list(settings.common_flags) + list(config.flags)
+        self.flags, self.skipped_width_flags = config_flags(config, settings)
         criterion_flags = ["--criterion", settings.criterion] + (
             ["--label-smoothing", str(settings.label_smoothing)] if settings.criterion == CRITERIA[0] else [])
         torch.manual_seed(settings.seed)
@@ -361,6 +367,61 @@ def check_settings(settings: argparse.Namespace) -> None:
         raise BenchmarkError(f"--vocab {settings.vocab} is too small for --beam {settings.beam} (4 special symbols)")
 
 
+#: bytes a parameter holds while training: the fp32 weight, its gradient and Adam's two moments
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def parameter_count(config: BenchmarkConfig, settings: argparse.Namespace, dictionary) -> int:
+    """Parameters of ``config`` at the matched width, its model built with fake tensors: shapes without memory.
+    (Not the meta device: fairseq's ConvTBC makes its weight with the legacy ``torch.Tensor(...)``, which ignores
+    the default device; the dense_fconv models would hold gigabytes while they are counted.)"""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        _, _, model = build_model(config.arch, config_flags(config, settings)[0], dictionary, name=config.name)
+    return count_parameters(model)
+
+
+def activation_bytes(settings: argparse.Namespace) -> int:
+    """A rough size of one training step's fp32 activations, and only one (the configurations take their steps
+    one after another): per token and layer, 12 model-width vectors, 2 feed-forward-width vectors and 2 attention
+    rows per head; and the logits, log-probabilities and their gradient over the vocabulary per target token."""
+    tokens = settings.batch_size * (settings.src_len + settings.tgt_len)
+    per_token_and_layer = (12 * settings.embed_dim + 2 * settings.ffn_dim
+                           + 2 * settings.heads * max(settings.src_len, settings.tgt_len))
+    layers = settings.encoder_layers + settings.decoder_layers
+    return 4 * (tokens * layers * per_token_and_layer + 3 * settings.batch_size * settings.tgt_len * settings.vocab)
+
+
+def available_memory(device: torch.device):
+    """(bytes free for the measurement, where the figure comes from), or None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], "free on the GPU"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return 1024 * kib, "MemAvailable in /proc/meminfo"
+
+
+def check_memory(configs: List[BenchmarkConfig], settings: argparse.Namespace, dictionary, device,
+                 log: Callable[[str], None]) -> None:
+    """Every configuration is kept built for the whole measurement (the rounds interleave them): a set whose
+    estimated training memory exceeds what the machine has free is refused before any model is built."""
+    available = available_memory(device)
+    if available is None:
+        log("memory not checked: the free memory of this machine cannot be read (/proc/meminfo)")
+        return
+    free, source = available
+    parameters = sum(parameter_count(config, settings, dictionary) for config in configs)
+    estimate = TRAINING_BYTES_PER_PARAMETER * parameters + activation_bytes(settings)
+    if estimate > free:
+        raise BenchmarkError(
+            f"the {len(configs)} configurations need an estimated {estimate / 2**30:.1f} GiB ({parameters:,} "
+            f"parameters x {TRAINING_BYTES_PER_PARAMETER} bytes for weights, gradients and Adam's moments, plus one "
+            f"training step's activations), more than the {free / 2**30:.1f} GiB available ({source}); name fewer "
+            "with --archs, or lower the width (--embed-dim, --ffn-dim, --encoder-layers, --decoder-layers, --vocab)")
+
+
 def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) -> Dict[str, object]:
     """The JSON record of one configuration, its ratios against the baseline ``base``."""
     def summary(what, unit, ratio="ratio"):  # a speed ratio of times: the baseline's over this one's
@@ -396,6 +457,7 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
            "python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
            "cpu_count": os.cpu_count(), "cuda": torch.version.cuda, "load_average_start": load_average()}
     dictionary = dictionary_of_size(settings.vocab)
+    check_memory(configs, settings, dictionary, device, log)
     samples = synthetic_samples(settings, dictionary, device)
     runners = []
     for config in configs:
@@ -600,8 +662,9 @@ def settings(argv=(), **changes) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Iterable[str]] = None) -> Dict:
-    """Console entry point ``fusion-fairseq-benchmark``. Exit status 2 with a message on bad input."""
+def run(argv: Optional[Iterable[str]] = None) -> Dict:
+    """The measurement (or ``--time-to-loss``) of the command line ``argv``: its table printed, its files written,
+    its results returned. A bad input exits with status 2 and a message."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:  # the outputs are checked before any measurement
         args = settings(argv)
@@ -624,5 +687,12 @@ def main(argv: Optional[Iterable[str]] = None) -> Dict:
     return result
 
 
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    """Console entry point ``fusion-fairseq-benchmark``: the exit status, 0 after a run (the installed script
+    passes what this returns to ``sys.exit``); 2 with a message on bad input."""
+    run(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
