@@ -10,6 +10,7 @@ from fairseq.criterions import CRITERION_REGISTRY, register_criterion as _fairse
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
 from fairseq.models import register_model as _fairseq_register_model
 from fairseq.models import register_model_architecture as _fairseq_register_architecture
+from fairseq.optim import OPTIMIZER_REGISTRY, register_optimizer as _fairseq_register_optimizer
 from fairseq.optim.lr_scheduler import LR_SCHEDULER_REGISTRY
 from fairseq.optim.lr_scheduler import register_lr_scheduler as _fairseq_register_lr_scheduler
 
@@ -37,6 +38,7 @@ def _tolerant(registry, register, kind):
 register_model = _tolerant(MODEL_REGISTRY, _fairseq_register_model, "model")
 register_criterion = _tolerant(CRITERION_REGISTRY, _fairseq_register_criterion, "criterion")
 register_lr_scheduler = _tolerant(LR_SCHEDULER_REGISTRY, _fairseq_register_lr_scheduler, "lr_scheduler")
+register_optimizer = _tolerant(OPTIMIZER_REGISTRY, _fairseq_register_optimizer, "optimizer")
 
 
 def register_model_architecture(model_name, arch_name):

@@ -12,7 +12,8 @@ Three sets of configurations:
   suite's tiny width.
 
 ``python tests/golden_outputs.py --write`` stores the numbers of the code as it is;
-``python tests/golden_outputs.py --compare`` prints every difference, bit for bit.
+``python tests/golden_outputs.py --compare`` prints every difference, bit for bit;
+``python tests/golden_outputs.py --update KEY ...`` stores the numbers of the named configurations only.
 """
 
 import argparse
@@ -142,20 +143,29 @@ def main(argv=None) -> int:
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help=f"store the current numbers in {GOLDEN_PATH}")
     action.add_argument("--compare", action="store_true", help="print every number that differs from the stored one")
+    action.add_argument("--update", nargs="+", metavar="KEY",
+                        help="store the current numbers of these configurations only (the ones changed on purpose)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as directory:
-        outputs = compute(make_data_bin(directory))
-    if args.write:
+    if args.update:
+        unknown = sorted(set(args.update) - set(configurations()))
+        if unknown:
+            parser.error(f"--update: no configuration {', '.join(unknown)}")
+        with tempfile.TemporaryDirectory() as directory:
+            outputs = {**read_golden(), **compute(make_data_bin(directory), args.update)}
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            outputs = compute(make_data_bin(directory))
+    if args.write or args.update:
         with open(GOLDEN_PATH, "w", encoding="utf-8") as f:
             json.dump(outputs, f, indent=1, sort_keys=True)
             f.write("\n")
         print(f"wrote {len(outputs)} configurations to {GOLDEN_PATH}")
         return 0
     stored = read_golden()
-    differences = [f"{key} {name}: stored {stored[key][name]!r}, now {value!r}"
+    differences = [f"{key} {name}: stored {stored.get(key, {}).get(name)!r}, now {value!r}"
                    for key, values in outputs.items() for name, value in values.items()
-                   if key not in stored or stored[key][name] != value]
+                   if stored.get(key, {}).get(name) != value]
     missing = sorted(set(stored) - set(outputs))
     print("\n".join(differences + [f"{key}: stored, no longer computed" for key in missing]) or
           f"all {len(outputs)} configurations identical, bit for bit")

@@ -41,3 +41,15 @@ def test_every_relative_link_names_a_file_and_heading_that_exist(page):
         elif fragment and linked.suffix == ".md" and fragment not in anchors(linked):
             broken.append(f"{target}: no heading #{fragment} in {linked.name}")
     assert not broken, broken
+
+
+def test_every_method_in_the_readme_table_has_a_citation_entry():
+    """Each paper of the README's method table, "(Surname et al., [VENUE] YEAR)", has a BibTeX entry in
+    CITATION.bib whose first author and year are those."""
+    readme = Path(REPO_ROOT, "README.md").read_text(encoding="utf-8")
+    papers = set(re.findall(r"^\| [^|(]+\((\w+) et al\., (?:[A-Za-z-]+ )?(\d{4})\) \|", readme, flags=re.MULTILINE))
+    assert len(papers) >= 8  # the five seed papers, DenseFormer, hyper-connections, mHC
+    bib = Path(REPO_ROOT, "CITATION.bib").read_text(encoding="utf-8")
+    entries = re.findall(r"author\s*=\s*\{(\w+),.*?\n\s*year\s*=\s*\{(\d{4})\}", bib, flags=re.DOTALL)
+    cited = {(surname, year) for surname, year in entries}
+    assert papers <= cited, f"not in CITATION.bib: {sorted(papers - cited)}"

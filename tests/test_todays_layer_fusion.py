@@ -48,6 +48,8 @@ TODAYS_FUSION = {
     "manifold": hyper("manifold"),
     "dynamic-rate-1": hyper("dynamic", "--hyper-connections-rate", "1"),
     "manifold-rate-3": hyper("manifold", "--hyper-connections-rate", "3"),
+    "mudd": ("--mudd-encoder", "--mudd-decoder"),
+    "mudd-released": ("--mudd-encoder", "--mudd-decoder", "--mudd-variant", "released"),
 }
 
 
@@ -158,19 +160,25 @@ def test_static_initialisation_reads_stream_k_mod_n_and_keeps_every_stream():
         assert torch.equal(kept, streams) and torch.equal(beta, torch.ones(4))
 
 
-def test_sinkhorn_gives_a_doubly_stochastic_matrix():
-    """Columns exactly (the last step normalises them), rows to within what the paper's 20
-    iterations reach for logits of unit scale."""
+def test_sinkhorn_runs_eq_9_columns_then_rows():
+    """mHC's Eq. 9, M(t) = T_r(T_c(M(t-1))): the rows sum exactly to one (the last step normalises
+    them), the columns to within what 20 iterations reach for logits of scale 4 (about 0.04 off);
+    the order of checkpoints trained before, rows then columns, only when named."""
     torch.manual_seed(0)
-    matrix = sinkhorn(torch.randn(10, 4, 4))
+    logits = 4 * torch.randn(10, 4, 4)
+    matrix = sinkhorn(logits)
     assert (matrix >= 0).all()
-    torch.testing.assert_close(matrix.sum(-1), torch.ones(10, 4), atol=1e-3, rtol=0)
-    torch.testing.assert_close(matrix.sum(-2), torch.ones(10, 4), atol=1e-6, rtol=0)
+    torch.testing.assert_close(matrix.sum(-1), torch.ones(10, 4), atol=1e-6, rtol=0)
+    assert (matrix.sum(-2) - 1).abs().max() < 0.1
+    old_order = sinkhorn(logits, order="rows-first")
+    torch.testing.assert_close(old_order.sum(-2), torch.ones(10, 4), atol=1e-6, rtol=0)
+    assert (old_order.sum(-1) - 1).abs().max() > 1e-2  # the other order leaves the rows off
 
 
 def test_manifold_mixing_stays_doubly_stochastic_for_any_input():
-    """mHC: whatever the streams and weights, the stream mixing H_res has rows and columns summing
-    to one, the sublayer's input weights are in (0, 1) and its output weights in (0, 2)."""
+    """mHC: whatever the streams and weights, the stream mixing H_res has rows summing to one (each
+    new stream is a convex combination of the old ones) and columns to within what 20 iterations
+    reach; the sublayer's input weights are in (0, 1) and its output weights in (0, 2)."""
     torch.manual_seed(1)
     connection = ManifoldHyperConnection(4, 8)
     with torch.no_grad():
@@ -179,16 +187,136 @@ def test_manifold_mixing_stays_doubly_stochastic_for_any_input():
     streams = 5 * torch.randn(3, 4, 8)
     _, kept, post = connection.width(streams)
     assert ((post >= 0) & (post <= 2)).all()
-    # H_res x: mixing a constant stream vector keeps it (rows sum to 1)
-    constant = torch.ones(3, 4, 8)
     n = 4
     flat = streams.flatten(-2)
     flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
     logits = connection.scales[2] * (flat @ connection.phi)[..., 2 * n:] + connection.bias[2 * n:]
     res = sinkhorn(logits.unflatten(-1, (n, n)))
-    torch.testing.assert_close(res.sum(-2), torch.ones(3, n), atol=1e-5, rtol=0)
-    assert (res @ constant - constant).abs().max() < 0.05  # rows: as far as 20 iterations reach
+    constant = torch.ones(3, 4, 8)
+    torch.testing.assert_close(res @ constant, constant, atol=1e-5, rtol=0)  # rows: a constant stream is kept
+    assert (res.sum(-2) - 1).abs().max() < 0.05  # columns: as far as 20 iterations reach
     torch.testing.assert_close(kept, res @ streams)
+
+
+def test_the_sinkhorn_order_reaches_the_model():
+    """``--hyper-connections-sinkhorn-order`` sets every mHC connection's order (default: Eq. 9)."""
+    for flags, order in (((), "columns-first"), (("--hyper-connections-sinkhorn-order", "rows-first"), "rows-first")):
+        model = build_model("fusion_transformer", *TINY, *hyper("manifold"), *flags)
+        orders = {module.sinkhorn_order for module in model.modules() if isinstance(module, ManifoldHyperConnection)}
+        assert orders == {order}
+
+
+def output_weights(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()
+            if name.endswith(("out_proj.weight", "fc2.weight"))}
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_hyper_connections_divide_the_output_projections_init_by_sqrt_n(kind):
+    """Zhu et al. Sec. 4: each sublayer's output projection (self- and cross-attention's out_proj, the
+    FFN's fc2) starts with its std divided by sqrt(n); everything else as fairseq initialises it, and
+    ``--hyper-connections-no-output-rescale`` keeps fairseq's."""
+    def built(*flags):
+        torch.manual_seed(3)
+        return build_model("fusion_transformer", *TINY, *hyper(kind, "--hyper-connections-rate", "4"), *flags)
+
+    rescaled, kept = built(), built("--hyper-connections-no-output-rescale")
+    expected = {name: weight / 2 for name, weight in output_weights(kept).items()}  # sqrt(4)
+    assert len(expected) == 2 * 2 + 2 * 3  # 2 encoder layers x 2 sublayers, 2 decoder layers x 3
+    for name, weight in output_weights(rescaled).items():
+        torch.testing.assert_close(weight, expected[name], rtol=0, atol=0)
+    others = {name for name in dict(kept.named_parameters()) if name not in expected}
+    for name in others:
+        assert torch.equal(dict(rescaled.named_parameters())[name], dict(kept.named_parameters())[name]), name
+
+
+def test_manifold_hyper_connections_keep_fairseqs_initialisation():
+    """mHC's paper states no rescaling: its output projections start as fairseq's."""
+    def built(*flags):
+        torch.manual_seed(3)
+        return build_model("fusion_transformer", *TINY, *flags)
+
+    vanilla, manifold = output_weights(built()), output_weights(built(*hyper("manifold")))
+    for name, weight in manifold.items():
+        assert torch.equal(weight, vanilla[name]), name
+
+
+def adam_step(model, optimizer_name, weight_decay=0.1):
+    """One step of a fairseq optimizer, built as fairseq's trainer builds it, with every gradient zero:
+    only the weight decay moves the parameters."""
+    from fairseq import optim
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"_name": optimizer_name, "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-8,
+                            "weight_decay": weight_decay, "use_old_adam": False, "fp16_adam_stats": False,
+                            "tpu": False, "lr": [0.5]})
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = optim.build_optimizer(cfg, params)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if p.any()}  # 0 decays to 0
+    optimizer.step()
+    return {name: not torch.equal(before[name], p) for name, p in model.named_parameters() if name in before}
+
+
+def test_static_hyper_connection_weights_get_no_weight_decay():
+    """Zhu et al. Sec. 4: no weight decay on the static weights A_m, A_r, B; fairseq's Adam decays every
+    parameter, ``--optimizer adam_with_overrides`` honours the parameters' ``optim_overrides``; the
+    dynamic weights and the rest of the model are decayed as by ``--optimizer adam``."""
+    torch.manual_seed(0)
+    model = build_model("fusion_transformer", *TINY, *hyper("dynamic"))
+    moved = adam_step(model, "adam_with_overrides")
+    static = {name for name in moved if name.endswith(("static_alpha", "static_beta"))}
+    assert static and not any(moved[name] for name in static)
+    assert all(moved[name] for name in moved if name not in static)
+    assert all(adam_step(build_model("fusion_transformer", *TINY, *hyper("dynamic")), "adam").values())
+    decayed = build_model("fusion_transformer", *TINY, *hyper("dynamic"), "--hyper-connections-decay-static")
+    assert all(adam_step(decayed, "adam_with_overrides").values())
+
+
+def test_adam_with_overrides_is_fairseqs_adam_where_nothing_is_overridden():
+    """Without any override the update is ``--optimizer adam``'s, to the last bit."""
+    results = []
+    for name in ("adam", "adam_with_overrides"):
+        torch.manual_seed(0)
+        model = build_model("fusion_transformer", *TINY, *hyper("manifold"))
+        params = [p for p in model.parameters()]
+        torch.manual_seed(1)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        adam_step_with_grads(model, name)
+        results.append([p.detach().clone() for p in params])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def adam_step_with_grads(model, optimizer_name):
+    from fairseq import optim
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"_name": optimizer_name, "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-8,
+                            "weight_decay": 0.01, "use_old_adam": False, "fp16_adam_stats": False,
+                            "tpu": False, "lr": [0.01]})
+    optim.build_optimizer(cfg, list(model.parameters())).step()
+
+
+@pytest.mark.slow
+def test_fairseq_train_keeps_the_static_weights_undecayed_through_a_resume(tiny_data_bin, tmp_path):
+    """fairseq's own trainer with ``--optimizer adam_with_overrides``: the static weights form their own
+    group with no weight decay, and resuming from the checkpoint (fairseq reloads the optimizer state)
+    keeps it so, also under ``--optimizer-overrides``."""
+    from conftest import USER_DIR, run_cli
+
+    def train(updates, *more):
+        run_cli("fairseq_cli.train", tiny_data_bin, "--user-dir", USER_DIR, "--arch", "fusion_transformer", *TINY,
+                *hyper("dynamic"), "--optimizer", "adam_with_overrides", "--weight-decay", "0.5", "--lr", "0.001",
+                "--max-tokens", "1000", "--max-update", str(updates), "--save-dir", str(tmp_path), "--seed", "1",
+                "--no-progress-bar", "--no-epoch-checkpoints", "--num-workers", "0", *more)
+        state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+        return [group["weight_decay"] for group in state["last_optimizer_state"]["param_groups"]]
+
+    assert train(3) == [0.5, 0.0]
+    assert train(5, "--optimizer-overrides", "{'weight_decay': 0.25}") == [0.25, 0.0]
 
 
 def test_hyper_connections_dynamic_parts_learn():

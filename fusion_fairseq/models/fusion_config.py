@@ -12,7 +12,7 @@ from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
 from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
 from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES, DENSE_CONNECTION_READINGS
-from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS
+from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS, SINKHORN_ORDERS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from fusion_fairseq.config_fields import (
@@ -48,6 +48,8 @@ HARD_SURFACE_FUSION = flag_feature("surface_fusion", lambda value: value == "har
 SURFACE_FUSION = flag_feature("surface_fusion")
 DENSEFORMER = flag_feature("denseformer", sides=True)
 HYPER_CONNECTIONS = flag_feature("hyper_connections", sides=True)
+ZHU_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value in ("static", "dynamic"), sides=True)
+MANIFOLD_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value == "manifold", sides=True)
 
 
 # help texts of the flags --NAME-encoder and --NAME-decoder, {} the side
@@ -57,7 +59,7 @@ DENSEFORMER_HELP = ("DenseFormer (Pagliardini et al. 2024): after each {} layer,
                     "of the embedding and every earlier layer output, starting as the identity")
 HYPER_CONNECTIONS_HELP = ("replace the {}'s residual connections by hyper-connections over --hyper-connections-rate "
                           "streams: static or dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream "
-                          "mixing (manifold: mHC, Xie et al. 2026)")
+                          "mixing (manifold: mHC, Xie et al. 2025)")
 AGGREGATE_HELP = ("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative (Eqs. 6-7) "
                   "or hierarchical aggregation (Fig. 2)")
 
@@ -189,6 +191,19 @@ class FusionTransformerConfig(TransformerDropouts):
         4, "expansion rate n of hyper-connections: the number of residual streams (Zhu et al. 2025; paper: 4)",
         POSITIVE_INT, metavar="N", structural=True, read_by=HYPER_CONNECTIONS,
         idle_reason="it sets the streams of hyper-connections")
+    hyper_connections_sinkhorn_order: str = option(
+        "columns-first", "order of mHC's Sinkhorn-Knopp normalisation: columns-first, Eq. 9 of the paper (the rows of "
+        "the stream mix sum exactly to one), or rows-first (the order of checkpoints trained before this option)",
+        choice(SINKHORN_ORDERS), read_by=MANIFOLD_HYPER_CONNECTIONS,
+        idle_reason="only manifold hyper-connections normalise their stream mix")
+    hyper_connections_no_output_rescale: bool = option(
+        False, "keep fairseq's initialisation of the sublayers' output projections; by default static and dynamic "
+        "hyper-connections divide its std by sqrt(n) (Zhu et al. 2025, Sec. 4)", SWITCH, read_by=ZHU_HYPER_CONNECTIONS,
+        idle_reason="only static and dynamic hyper-connections rescale the output projections")
+    hyper_connections_decay_static: bool = option(
+        False, "apply --weight-decay to the static hyper-connection weights too; by default they carry no weight "
+        "decay (Zhu et al. 2025, Sec. 4), honoured by --optimizer adam_with_overrides", SWITCH,
+        read_by=ZHU_HYPER_CONNECTIONS, idle_reason="only static and dynamic hyper-connections have static weights")
 
 
 def check_fusion_args(args) -> None:

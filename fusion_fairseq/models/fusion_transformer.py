@@ -145,7 +145,10 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
                                               args.aggregation_residual)
             kind = getattr(args, f"hyper_connections_{side}")
             if kind != "none":
-                install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim)
+                install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim,
+                                          args.hyper_connections_sinkhorn_order,
+                                          rescale_outputs=not args.hyper_connections_no_output_rescale,
+                                          decay_static=args.hyper_connections_decay_static)
         return cls(args, encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,

@@ -7,8 +7,10 @@ place of fairseq's residual connection (see ``modules/hyper_connection.py`` for 
 readings). Dropout sits where fairseq puts it: on each sublayer's output, before the connection.
 """
 
-from typing import Dict, Optional
+import math
+from typing import Dict, List, Optional
 
+import torch
 from torch import Tensor, nn
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
@@ -17,14 +19,45 @@ from fusion_fairseq.modules.hyper_connection import build_hyper_connection, conn
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-def install_hyper_connections(layers: nn.ModuleList, kind: str, rate: int, embed_dim: int) -> None:
-    """One connection per sublayer, numbered over the whole stack (the paper's layer index k)."""
+def install_hyper_connections(layers: nn.ModuleList, kind: str, rate: int, embed_dim: int,
+                              sinkhorn_order: str = "columns-first", rescale_outputs: bool = True,
+                              decay_static: bool = False) -> None:
+    """One connection per sublayer, numbered over the whole stack (the paper's layer index k). For
+    SHC and DHC, Zhu et al.'s recipe (Sec. 4): ``rescale_outputs`` divides the sublayers' output
+    projections by sqrt(n), and unless ``decay_static`` the static weights get no weight decay."""
     index = 0
     for layer in layers:
         count = 3 if getattr(layer, "encoder_attn", None) is not None else 2  # (self-attention, cross-attention,) FFN
         layer.hyper_connections = nn.ModuleList(
-            build_hyper_connection(kind, rate, embed_dim, index + position) for position in range(count))
+            build_hyper_connection(kind, rate, embed_dim, index + position, sinkhorn_order)
+            for position in range(count))
         index += count
+        if kind in ("static", "dynamic"):
+            if rescale_outputs:
+                rescale_output_projections(layer, rate)
+            if not decay_static:
+                for connection in layer.hyper_connections:
+                    exempt_from_weight_decay(connection.static_alpha, connection.static_beta)
+
+
+def output_projections(layer: nn.Module) -> List[nn.Linear]:
+    """The last linear map of each sublayer: attention's ``out_proj`` (self, cross) and the FFN's ``fc2``."""
+    attentions = [layer.self_attn, getattr(layer, "encoder_attn", None)]
+    return [attention.out_proj for attention in attentions if attention is not None] + [layer.fc2]
+
+
+@torch.no_grad()
+def rescale_output_projections(layer: nn.Module, rate: int) -> None:
+    """Divide the initial std of the sublayers' output weights by sqrt(n) (the biases stay)."""
+    for projection in output_projections(layer):
+        projection.weight.div_(math.sqrt(rate))
+
+
+def exempt_from_weight_decay(*parameters: nn.Parameter) -> None:
+    """fairseq's per-parameter optimizer override (read by ``--optimizer adam_with_overrides`` and
+    fairseq's ``composite`` optimizer): these parameters are not decayed."""
+    for parameter in parameters:
+        parameter.optim_overrides = {"optimizer": {"weight_decay": 0.0}}
 
 
 def forward_on_streams(layer: nn.Module, streams: Tensor, encoder_out: Optional[Tensor] = None,

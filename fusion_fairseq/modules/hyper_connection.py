@@ -1,5 +1,5 @@
 """Hyper-connections (Zhu et al., ICLR 2025) and manifold-constrained hyper-connections (mHC,
-Xie et al., DeepSeek 2026): the residual stream widened to n copies.
+Xie et al., DeepSeek 2025): the residual stream widened to n copies.
 
 Paper (Zhu et al.): Sec. 2. The hidden vector h becomes the hyper hidden matrix
 H = (h_1, ..., h_n)^T (n x d), n copies of the embedding at the start. Around every layer T^k
@@ -23,8 +23,11 @@ norm).
 Paper (Xie et al., mHC): the same three maps, computed from the flattened n x d streams
 x = RMSNorm(vec(H)) (no weight): H_pre = sigmoid(a_pre (x phi_pre) + b_pre),
 H_post = 2 sigmoid(a_post (x phi_post) + b_post), H_res = SinkhornKnopp(a_res mat(x phi_res) + b_res),
-20 iterations, so that H_res is doubly stochastic (rows and columns sum to one) and the signal
-neither grows nor vanishes across depth; x_{l+1} = H_res x_l + H_post^T F(H_pre x_l).
+so that H_res is doubly stochastic (rows and columns sum to one) and the signal neither grows nor
+vanishes across depth; x_{l+1} = H_res x_l + H_post^T F(H_pre x_l). Eq. 9 runs Sinkhorn-Knopp from
+M(0) = exp(logits) as M(t) = T_r(T_c(M(t-1))), a column normalisation then a row normalisation, for
+20 iterations: the rows of H_res sum exactly to one after the last step (each new stream is a convex
+combination of the old ones), the columns to within the iteration's residual.
 
 Readings:
 * Layer index k counts sublayers over the whole stack (attention 0, feed-forward 1, ... in the
@@ -34,6 +37,24 @@ Readings:
   LayerNorm up to its epsilon, and the only readout under which a post-norm stack (fairseq's
   default, no final LayerNorm) starts as the plain Transformer.
 * The norm of DHC is a LayerNorm with parameters, shared by the streams of one connection.
+* Sinkhorn-Knopp runs in Eq. 9's order, columns then rows (``--hyper-connections-sinkhorn-order
+  columns-first``, the default). ``rows-first`` normalises rows then columns, as this plugin did
+  before: its columns are exact and its rows off by about 2e-3 at the initial logits (more as they
+  grow), so its mix is not the convex combination Eq. 9 guarantees; it is kept for checkpoints
+  trained that way.
+* Zhu et al.'s training recipe (Sec. 4) for SHC and DHC, on by default: the initialisation std of
+  each sublayer's output projection (attention's ``out_proj``, the FFN's ``fc2``) is divided by
+  sqrt(n) (:func:`rescale_output_projections`; ``--hyper-connections-no-output-rescale`` keeps
+  fairseq's), and the static weights A_m, A_r, B get no weight decay (they carry fairseq's
+  per-parameter ``optim_overrides``, which ``--optimizer adam_with_overrides`` and fairseq's
+  ``composite`` optimizer honour; ``--hyper-connections-decay-static`` decays them like the rest).
+  Paper: the output projections' std is "rescaled by sqrt(n)". Reading: divided, so that the
+  paper's readout, the sum of n streams that each carry a layer's output, keeps the std of the
+  plain model's residual stream; the paper does not spell out the direction. With the rescaled
+  initialisation a fresh model is no longer fairseq's Transformer of the same seed: it computes
+  the Transformer whose output projections are scaled by 1/sqrt(n), and given a Transformer's
+  weights (``--finetune-from-model``, or a loaded state) it computes that Transformer exactly.
+  mHC's paper states no such recipe: mHC keeps fairseq's initialisation and decay.
 * mHC initialisation (not given in what we read of the paper): phi = 0 and a = 0.01 as for DHC,
   b_pre = logit(1/n) so that the layer first reads the streams' mean, b_post = 0 so that 2 sigmoid
   writes the output to every stream with weight 1, and b_res with 0 on the diagonal and -4
@@ -65,6 +86,7 @@ from torch import Tensor, nn
 from .layer_aggregation import ApplyLayer, PlainStack
 
 HYPER_CONNECTION_KINDS = ("none", "static", "dynamic", "manifold")
+SINKHORN_ORDERS = ("columns-first", "rows-first")
 DYNAMIC_SCALE_INIT = 0.01
 SINKHORN_ITERATIONS = 20
 MANIFOLD_OFF_DIAGONAL_LOGIT = -4.0
@@ -105,21 +127,27 @@ class HyperConnection(nn.Module):
         return beta.to(output).unsqueeze(-1) * output.unsqueeze(-2) + kept_streams
 
 
-def sinkhorn(logits: Tensor, iterations: int = SINKHORN_ITERATIONS) -> Tensor:
+def sinkhorn(logits: Tensor, iterations: int = SINKHORN_ITERATIONS, order: str = "columns-first") -> Tensor:
     """exp(logits) scaled to a doubly stochastic matrix over the last two dimensions by alternating
-    row and column normalisation (Sinkhorn-Knopp), computed in log space for stability."""
+    normalisation (Sinkhorn-Knopp), computed in log space for stability. ``columns-first`` is Eq. 9 of
+    the mHC paper, T_r(T_c(M)): the rows sum exactly to one; ``rows-first`` the reverse order."""
+    rows, columns = -1, -2  # the dimension summed over to normalise rows, columns
+    first, last = (columns, rows) if order == "columns-first" else (rows, columns)
     log_matrix = logits.float()
     for _ in range(iterations):
-        log_matrix = log_matrix - log_matrix.logsumexp(dim=-1, keepdim=True)
-        log_matrix = log_matrix - log_matrix.logsumexp(dim=-2, keepdim=True)
+        log_matrix = log_matrix - log_matrix.logsumexp(dim=first, keepdim=True)
+        log_matrix = log_matrix - log_matrix.logsumexp(dim=last, keepdim=True)
     return log_matrix.exp().to(logits.dtype)
 
 
 class ManifoldHyperConnection(nn.Module):
     """mHC around one sublayer, with the interface of :class:`HyperConnection`."""
 
-    def __init__(self, rate: int, embed_dim: int):
+    def __init__(self, rate: int, embed_dim: int, sinkhorn_order: str = "columns-first"):
         super().__init__()
+        if sinkhorn_order not in SINKHORN_ORDERS:
+            raise ValueError(f"unknown Sinkhorn order {sinkhorn_order!r}; allowed: {', '.join(SINKHORN_ORDERS)}")
+        self.sinkhorn_order = sinkhorn_order
         if rate < 2:
             raise ValueError(f"manifold-constrained hyper-connections need at least 2 streams, got {rate}")
         self.rate = rate
@@ -140,17 +168,18 @@ class ManifoldHyperConnection(nn.Module):
         a_pre, a_post, a_res = self.scales.to(flat)
         pre = torch.sigmoid(a_pre * dynamic_pre + bias_pre)
         post = 2 * torch.sigmoid(a_post * dynamic_post + bias_post)
-        res = sinkhorn((a_res * dynamic_res + bias_res).unflatten(-1, (n, n)))
+        res = sinkhorn((a_res * dynamic_res + bias_res).unflatten(-1, (n, n)), order=self.sinkhorn_order)
         return (pre.unsqueeze(-2) @ streams).squeeze(-2), res @ streams, post
 
     depth = staticmethod(HyperConnection.depth)
 
 
-def build_hyper_connection(kind: str, rate: int, embed_dim: int, layer_index: int) -> nn.Module:
+def build_hyper_connection(kind: str, rate: int, embed_dim: int, layer_index: int,
+                           sinkhorn_order: str = "columns-first") -> nn.Module:
     if kind in ("static", "dynamic"):
         return HyperConnection(rate, embed_dim, layer_index, dynamic=kind == "dynamic")
     if kind == "manifold":
-        return ManifoldHyperConnection(rate, embed_dim)
+        return ManifoldHyperConnection(rate, embed_dim, sinkhorn_order)
     raise ValueError(f"unknown hyper-connection kind {kind!r}; allowed: {', '.join(HYPER_CONNECTION_KINDS[1:])}")
 
 
