@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tarfile
 from types import SimpleNamespace
 
 import pytest
@@ -307,3 +308,49 @@ def test_wrong_types_for_the_other_architectures_are_named(arch, changes, messag
     with pytest.raises(ValueError) as error:
         ARCH_MODEL_REGISTRY[arch].build_model(args, SimpleNamespace(source_dictionary=joined, target_dictionary=joined))
     assert str(error.value).startswith(message)
+
+
+# ------------------------------------------------------------------------------------- walks and links
+
+def find_in_a_child(root, name, work, timeout=60):
+    """``corpus.find(name, root, work)`` in a child process that a walk without end cannot hang."""
+    code = "import sys; from fusion_fairseq.tools.corpus import find; print(find(*sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, name, str(root), str(work)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_walk_does_not_follow_links_back_up_the_tree(tmp_path):
+    """Two links back up (``--from R`` holding R/up -> R and R/top -> ..) made os.walk(followlinks=True) grow
+    without bound; the walk skips every link below R, each named once in a warning line."""
+    root, work = tmp_path / "mine", tmp_path / "work"
+    (root / "texts").mkdir(parents=True)
+    work.mkdir()
+    (root / "texts" / "train.de").write_text("hallo\n")
+    os.symlink(root, root / "up")
+    os.symlink("..", root / "texts" / "top")
+    result = find_in_a_child(root, "train.de", work)
+    assert result.returncode == 0 and result.stdout.strip() == str(root / "texts" / "train.de"), result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning:" in line]
+    assert sorted(warnings) == sorted(f"[corpus] warning: {link} is a link, not followed: walks stay inside {root}"
+                                      for link in (root / "texts" / "top", root / "up"))
+
+
+def test_a_walk_reads_no_file_through_a_link(tmp_path, capsys):
+    """A file found by its name may not be a link out of the tree (a stranger's folder naming ~/.ssh/id_rsa
+    train.de), nor may an archive beside it."""
+    from fusion_fairseq.tools import corpus
+
+    root, work, outside = tmp_path / "mine", tmp_path / "work", tmp_path / "outside"
+    for folder in (root, work, outside):
+        folder.mkdir()
+    (outside / "secret").write_text("not a corpus\n")
+    os.symlink(outside / "secret", root / "train.de")
+    with tarfile.open(outside / "texts.tgz", "w:gz") as archive:
+        archive.add(outside / "secret", arcname="train.de")
+    os.symlink(outside / "texts.tgz", root / "texts.tgz")
+    with pytest.raises(SystemExit, match=f"cannot find train.de under {root}"):
+        corpus.find("train.de", str(root), str(work))
+    err = capsys.readouterr().err
+    assert f"warning: {root / 'train.de'} is a link, not followed" in err
+    assert f"warning: {root / 'texts.tgz'} is a link, not followed" in err
+    assert not os.listdir(work / "unpacked")

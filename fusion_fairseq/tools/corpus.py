@@ -9,6 +9,7 @@ BLEU (as multi-bleu.perl). Outputs and commands: examples/data/README.md.
 
 import argparse
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -192,18 +193,34 @@ def extract(archive, destination):
         t.extractall(destination, filter="data")
 
 
+@functools.lru_cache(maxsize=None)  # once per link: every file a recipe looks for walks the tree again
+def warn_link_skipped(path, root):
+    log(f"warning: {path} is a link, not followed: walks stay inside {root}")
+
+
+def files_below(root):
+    """(folder, sorted file names) for every folder under ``root``, in sorted order. ``root`` may itself be a link
+    (the user named it); a link below it, to a file or a folder, is skipped with a warning: following one would
+    read outside the tree, or walk back into it without end (two links up made the walk grow without bound)."""
+    for directory, folders, files in sorted(os.walk(root)):  # followlinks=False: a link to a folder is not entered
+        for name in sorted(folders + files):
+            if os.path.islink(os.path.join(directory, name)):
+                warn_link_skipped(os.path.join(directory, name), root)
+        yield directory, sorted(name for name in files if not os.path.islink(os.path.join(directory, name)))
+
+
 def find(names, root, work):
     """The first of ``names`` (``a|b``) under ``root``, else in its archives (which the first miss unpacks)."""
     unpacked = os.path.join(work, "unpacked")
     for folder in (root, unpacked):
         for name in names.split("|"):
-            for directory, _, files in sorted(os.walk(folder, followlinks=True)):
+            for directory, files in files_below(folder):
                 if name in files:
                     return os.path.join(directory, name)
         if not os.path.isdir(unpacked):
             os.makedirs(unpacked)
-            for entry in sorted(os.listdir(root)):
-                if entry.endswith((".tgz", ".tar.gz", ".tar", ".zip")) and os.path.isfile(os.path.join(root, entry)):
+            for entry in next(files_below(root), (root, []))[1]:
+                if entry.endswith((".tgz", ".tar.gz", ".tar", ".zip")):
                     extract(os.path.join(root, entry), os.path.join(unpacked, entry + ".d"))
     raise SystemExit(f"corpus: error: cannot find {names.replace('|', ' or ')} under {root}")
 
