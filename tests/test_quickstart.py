@@ -271,3 +271,37 @@ def test_mlrf_flags_reach_fairseq_with_their_defaults():
     user_dir = flags.index("--user-dir")
     model = build_model("fusion_transformer", *flags[2:user_dir], *flags[user_dir + 2:], src_vocab=50, joined=True)
     assert (model.args.fusion_hops, model.args.fusion_attn_dim, model.args.fusion_ffn_dim) == (4, 128, 40)
+
+
+@pytest.mark.parametrize("flag,value,allowed", [
+    ("--dropout", "nan", "must be in [0, 1)"),
+    ("--dropout", "1", "must be in [0, 1)"),
+    ("--lr", "-1", "must be > 0"),
+    ("--lr", "nan", "must be > 0"),
+    ("--lr", "0", "must be > 0"),
+    ("--log-interval", "-1", "must be an integer >= 0"),
+    ("--train-size", "0", "must be a positive integer"),
+    ("--valid-size", "0", "must be a positive integer"),
+    ("--test-size", "-3", "must be a positive integer"),
+    ("--warmup-updates", "-1", "must be a positive integer"),
+    ("--warmup-updates", "0", "must be a positive integer"),  # fairseq's inverse_sqrt divides by it
+    ("--seed", "-1", "must be an integer in [0, 2**32 - 1]"),
+    ("--seed", str(2**32), "must be an integer in [0, 2**32 - 1]"),
+    ("--lexicon-seed", "x", "must be an integer"),
+])
+def test_every_value_is_range_checked_in_one_line(tmp_path, capsys, flag, value, allowed):
+    """Out-of-range values were taken (a NaN dropout, a negative learning rate trained) or crashed late (fairseq's
+    numpy seed, its warm-up division, an empty training split): each is refused by the parser, before any work."""
+    with pytest.raises(SystemExit) as error:
+        quickstart.build_parser().parse_args([flag, value, "--out", str(tmp_path / "o")])
+    assert error.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"fusion-fairseq-quickstart: error: argument {flag}: {allowed}, got '{value}'"]
+
+
+def test_values_at_the_ends_of_their_ranges_are_taken():
+    args = quickstart.build_parser().parse_args(["--dropout", "0", "--lr", "1e-9", "--log-interval", "0", "--seed", "0",
+                                                 "--train-size", "1", "--warmup-updates", "1", "--lexicon-seed", "-5"])
+    assert (args.dropout, args.lr, args.log_interval, args.seed, args.train_size, args.lexicon_seed) == (
+        0.0, 1e-9, 0, 0, 1, -5)
+    assert quickstart.build_parser().parse_args(["--seed", str(2**32 - 1)]).seed == 2**32 - 1

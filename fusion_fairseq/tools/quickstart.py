@@ -23,7 +23,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
-from fusion_fairseq.config_fields import flag_of
+from fusion_fairseq.config_fields import INTEGER, PROBABILITY, Values, argparse_type, flag_of, real
 from fusion_fairseq.tools import corpus
 from fusion_fairseq.tools.analysis import markdown_rows, number, run_parallel
 from fusion_fairseq.tools.common import BATCHES_IN_THREAD, non_negative_int, positive_int
@@ -37,6 +37,8 @@ MODELS = {
                        ["--surface-fusion", "hard", "--surface-fusion-lambda", "0.8"]),
 }
 MLRF_FLAGS = ("fusion_hops", "fusion_attn_dim", "fusion_ffn_dim")  # left to fusion_transformer's defaults unless given
+# fairseq-train seeds numpy with --seed, which takes nothing outside [0, 2**32 - 1]
+SEED = Values("must be an integer in [0, 2**32 - 1]", lambda value: type(value) is int and 0 <= value < 2**32, int)
 
 
 def log(message=""):
@@ -163,7 +165,7 @@ def format_table(rows):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = corpus.Parser(  # a bad value: one line naming the flag, the value and what is allowed
         prog="fusion-fairseq-quickstart", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
         "synthetic corpus (default) or on the output of corpus prepare (--data), then compare BLEU and speed.")
@@ -172,24 +174,24 @@ def build_parser():
     g.add_argument("--data", help="the --dest folder of `python -m fusion_fairseq.tools.corpus prepare` (its data-bin "
                    "and recipe.env); default: generate the synthetic corpus")
     for split, size in (("train", 12000), ("valid", 300), ("test", 300)):
-        g.add_argument(f"--{split}-size", type=int, default=size, help=f"synthetic {split} pairs")
-    g.add_argument("--lexicon-seed", type=int, default=0, help="seed of the synthetic vocabulary")
+        g.add_argument(f"--{split}-size", type=positive_int, default=size, help=f"synthetic {split} pairs")
+    g.add_argument("--lexicon-seed", type=argparse_type(INTEGER), default=0, help="seed of the synthetic vocabulary")
     g.add_argument("--bpe-merges", type=positive_int, default=1000, help="joint BPE merges of the synthetic corpus")
     g = p.add_argument_group("models (the same for both)")
     g.add_argument("--models", default="transformer,mlrf", help="comma-separated subset of: " + ", ".join(MODELS))
     for name, default, text in (("--layers", 3, "encoder and decoder layers"), ("--embed-dim", 128, None),
                                 ("--ffn-dim", 512, None), ("--heads", 4, None)):
         g.add_argument(name, type=positive_int, default=default, help=text)
-    g.add_argument("--dropout", type=float, default=0.1)
+    g.add_argument("--dropout", type=argparse_type(PROBABILITY), default=0.1)
     g.add_argument("--fusion-hops", type=positive_int, help="MLRF hops (default: 4)")
     g.add_argument("--fusion-attn-dim", type=positive_int, help="MLRF da (default: 4 x embed-dim)")
     g.add_argument("--fusion-ffn-dim", type=positive_int, help="MLRF df (default: 2 x embed-dim)")
     g = p.add_argument_group("budget (the same for both)")
     g.add_argument("--max-update", type=positive_int, default=600)
     g.add_argument("--max-tokens", type=positive_int, default=2048, help="batch size in tokens")
-    g.add_argument("--lr", type=float, default=0.001, help="peak learning rate of the inverse-sqrt schedule")
-    g.add_argument("--warmup-updates", type=int, default=150)
-    g.add_argument("--seed", type=int, default=1, help="seed of the synthetic sentences and of training")
+    g.add_argument("--lr", type=argparse_type(real(0.0, float("inf"), low_included=False)), default=0.001, help="peak learning rate of the inverse-sqrt schedule")
+    g.add_argument("--warmup-updates", type=positive_int, default=150)
+    g.add_argument("--seed", type=argparse_type(SEED), default=1, help="seed of the synthetic sentences and of training")
     g.add_argument("--beam", type=positive_int, default=5)
     g.add_argument("--batch-size", type=positive_int, default=128, help="sentences per batch in fairseq-generate")
     g = p.add_argument_group("run")
@@ -198,7 +200,7 @@ def build_parser():
     g.add_argument("--threads", type=non_negative_int, default=0, help="OMP/MKL threads of each fairseq process "
                    "(0: cores / jobs when jobs > 1, else torch's default)")
     g.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq (default: GPU when there is one)")
-    g.add_argument("--log-interval", type=int, default=0, help="updates between progress lines (0: max-update/10)")
+    g.add_argument("--log-interval", type=non_negative_int, default=0, help="updates between progress lines (0: max-update/10)")
     g.add_argument("--verbose", action="store_true", help="echo every fairseq log line")
     return p
 
