@@ -119,7 +119,9 @@ class HyperConnection(nn.Module):
             alpha = alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)
             beta = beta + self.dynamic_beta_scale * torch.tanh(normed @ self.dynamic_beta_fn)
         mixed = alpha.transpose(-1, -2).to(streams) @ streams  # (..., n+1, d)
-        return mixed[..., 0, :], mixed[..., 1:, :], beta
+        # split, not two slices: the backward of a slice fills a zero tensor of mixed's size
+        layer_input, kept = mixed.split([1, self.rate], dim=-2)
+        return layer_input.squeeze(-2), kept, beta
 
     @staticmethod
     def depth(output: Tensor, kept_streams: Tensor, beta: Tensor) -> Tensor:
