@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from fairseq.models import ARCH_MODEL_REGISTRY
 
+from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.fusion_config import check_fusion_args
 from conftest import TINY_MLRF_FLAGS, USER_DIR
@@ -354,3 +355,38 @@ def test_a_walk_reads_no_file_through_a_link(tmp_path, capsys):
     assert f"warning: {root / 'train.de'} is a link, not followed" in err
     assert f"warning: {root / 'texts.tgz'} is a link, not followed" in err
     assert not os.listdir(work / "unpacked")
+
+
+# ------------------------------------------------------------------------------ options that would do nothing
+
+@pytest.mark.parametrize("flags,message", [
+    (["--denseformer-encoder", "--denseformer-dilation", "3"],
+     "--denseformer-dilation 3 leaves every encoder average reading only its own layer's output: the averages follow "
+     "layers up to 2 (--encoder-layers 2, --denseformer-period 1); allowed: at most 2"),
+    (["--denseformer-decoder", "--decoder-layers", "6", "--denseformer-period", "4", "--denseformer-dilation", "5"],
+     "--denseformer-dilation 5 leaves every decoder average reading only its own layer's output: the averages follow "
+     "layers up to 4 (--decoder-layers 6, --denseformer-period 4); allowed: at most 4"),
+    (["--hyper-connections-encoder", "static", "--encoder-layers", "0"],
+     "--hyper-connections-encoder static wires the encoder's layers, and --encoder-layers is 0: allowed with at least "
+     "one layer"),
+    (["--hyper-connections-decoder", "manifold", "--decoder-layers", "0"],
+     "--hyper-connections-decoder manifold wires the decoder's layers, and --decoder-layers is 0: allowed with at "
+     "least one layer"),
+    (["--aggregate-encoder", "dense", "--encoder-layers", "0"],
+     "--aggregate-encoder dense wires the encoder's layers, and --encoder-layers is 0: allowed with at least one layer"),
+])
+def test_options_that_would_do_nothing_are_refused(flags, message):
+    """A dilation beyond the last averaged layer leaves DenseFormer no dense connection, and a wiring of zero layers
+    connects nothing; both trained without a word."""
+    with pytest.raises(ConfigurationError) as error:
+        build_model("fusion_transformer", *TINY, *flags)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("flags", [
+    ["--denseformer-encoder", "--denseformer-dilation", "2"],  # the average after layer 2 reads the embedding too
+    ["--denseformer-decoder", "--decoder-layers", "6", "--denseformer-period", "4", "--denseformer-dilation", "4"],
+    ["--hyper-connections-encoder", "static", "--encoder-layers", "1"],
+])
+def test_the_largest_useful_values_are_taken(flags):
+    build_model("fusion_transformer", *TINY, *flags)

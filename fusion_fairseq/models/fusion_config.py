@@ -238,6 +238,9 @@ def check_fusion_args(args) -> None:
             raise ConfigurationError(f"{' and '.join(wirings)} both wire the {side}'s layers (which representation "
                                      "enters each layer); choose one per side")
         layers, k = getattr(args, f"{side}_layers"), args.multi_layer_attention
+        if wirings and layers == 0:
+            raise ConfigurationError(f"{wirings[0]} wires the {side}'s layers, and --{side}-layers is 0: allowed "
+                                     "with at least one layer")
         if k > 1 and layers <= k:
             raise ConfigurationError(f"--multi-layer-attention {k} attends the {k} layers below a layer, so it needs "
                                      f"more than {k} layers; --{side}-layers is {layers}")
@@ -248,6 +251,13 @@ def check_fusion_args(args) -> None:
         if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
             raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
                                      f"--{side}-layers is {layers}")
+        last_averaged = args.denseformer_period * (layers // args.denseformer_period)
+        if getattr(args, f"denseformer_{side}") and args.denseformer_dilation > last_averaged:
+            # the average after layer i reads X_j, j = i mod k: for i < k, X_i alone
+            raise ConfigurationError(
+                f"--denseformer-dilation {args.denseformer_dilation} leaves every {side} average reading only its own "
+                f"layer's output: the averages follow layers up to {last_averaged} (--{side}-layers {layers}, "
+                f"--denseformer-period {args.denseformer_period}); allowed: at most {last_averaged}")
         kind = getattr(args, f"hyper_connections_{side}")
         flag = f"--hyper-connections-{side} {kind}"
         if kind != "none" and k > 1:
