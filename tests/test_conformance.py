@@ -56,6 +56,7 @@ from conformance_utils import (
     training_step,
 )
 from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection
+from fusion_fairseq.modules.multiway_dense_connection import DynamicDenseWeights
 from fusion_fairseq.modules import FUSION_FUNCTIONS, MultiHopAttentionFusion
 
 
@@ -127,9 +128,10 @@ def hyper_connections(kind, *more):
 
 
 DENSEFORMER = ("--denseformer-encoder", "--denseformer-decoder", "--encoder-layers", "3", "--decoder-layers", "3")
-# Today's layer fusion: DenseFormer with its dilation and period, every kind of hyper-connection
-# in post-norm (fairseq's default) and pre-norm (the papers' setting), and compositions with the
-# fusions that read the layer stack.
+MUDD = ("--mudd-encoder", "--mudd-decoder", "--encoder-layers", "3", "--decoder-layers", "3")
+# Today's layer fusion: DenseFormer with its dilation and period, every kind of hyper-connection,
+# MUDDFormer in both sizings, in post-norm (fairseq's default) and pre-norm (the papers' setting),
+# and compositions with the fusions that read the layer stack.
 TODAYS_FUSION_VARIANTS = [
     Variant("denseformer", "fusion_transformer", DENSEFORMER),
     Variant("denseformer-2x2+pre-norm", "fusion_transformer",
@@ -145,6 +147,12 @@ TODAYS_FUSION_VARIANTS = [
                               "--surface-fusion", "hard")),
     Variant("hc-enc=manifold+denseformer-dec+enc=sa", "fusion_transformer",
             ("--hyper-connections-encoder", "manifold", "--denseformer-decoder", "--fuse-encoder", "sa")),
+    Variant("mudd", "fusion_transformer", MUDD),
+    Variant("mudd+released+pre-norm", "fusion_transformer", (*MUDD, "--mudd-variant", "released", *PRE_NORM)),
+    Variant("mudd-enc+fine+dec=sa", "fusion_transformer",
+            ("--mudd-encoder", "--layer-attention", "fine", "--fuse-decoder", "sa")),
+    Variant("mudd-dec+denseformer-enc+hard", "fusion_transformer",
+            ("--mudd-decoder", "--denseformer-encoder", "--surface-fusion", "hard", *PRE_NORM)),
 ]
 ARCH_VARIANTS = [Variant(arch, arch) for arch in ARCHITECTURES]
 # fairseq-train / -generate / -interactive: every architecture, and the options of today's layer fusion
@@ -162,9 +170,11 @@ def shift_invariant_biases(model):
     constant shift: every attention's key-projection bias (``q . b_k`` is the same for all keys;
     fairseq's MultiheadAttention and the plugin's attention modules name it ``k_proj.bias``) and
     W2's bias in MLRF self-attention fusion (added equally to every layer's energy before the
-    softmax over layers, Eqs. 5-6). They still get a (rounding-noise) gradient, so DDP is fine;
+    softmax over layers, Eqs. 5-6), and the bias of MUDD's key LayerNorm (it reaches the energies
+    only as W_k b, such a shift). They still get a (rounding-noise) gradient, so DDP is fine;
     they are excused only from the "not all zeros" part of the gradient check."""
-    names = {name for name, _ in model.named_parameters() if name.endswith(".k_proj.bias")}
+    names = {name for name, _ in model.named_parameters()
+             if name.endswith((".k_proj.bias", ".self_attn_key_layer_norm.bias"))}
     names |= {f"{name}.w2.bias" for name, module in model.named_modules() if isinstance(module, MultiHopAttentionFusion)}
     return names | gated_by_zero_weights(model)
 
@@ -174,7 +184,8 @@ def gated_by_zero_weights(model):
     (Zhu et al.: W_m, W_r, W_beta = 0; mHC: phi = 0, our reading): the dynamic scales
     and the norm of DHC, mHC's scales. Their first gradient is zero analytically; the zero
     weights themselves get one, and after the first update so do these
-    (``test_hyper_connections_dynamic_parts_learn`` in tests/test_todays_layer_fusion.py)."""
+    (``test_hyper_connections_dynamic_parts_learn`` in tests/test_todays_layer_fusion.py).
+    Likewise MUDD's W_1, behind W_2 = 0 (``test_mudd_generators_learn`` in tests/test_muddformer.py)."""
     names = set()
     for name, module in model.named_modules():
         if isinstance(module, HyperConnection) and module.dynamic:
@@ -182,6 +193,8 @@ def gated_by_zero_weights(model):
                       f"{name}.norm.weight", f"{name}.norm.bias"}
         if isinstance(module, ManifoldHyperConnection):
             names.add(f"{name}.scales")
+        if isinstance(module, DynamicDenseWeights):
+            names.add(f"{name}.w1.weight")
     return names
 
 

@@ -12,6 +12,7 @@ from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.modules import FUSION_FUNCTIONS, LAYER_ATTENTION_KINDS, SURFACE_FUSION_KINDS
 from fusion_fairseq.modules.aggregation_node import AGGREGATION_FUNCTIONS, AGGREGATION_RESIDUALS
 from fusion_fairseq.modules.layer_aggregation import AGGREGATION_STRATEGIES, DENSE_CONNECTION_READINGS
+from fusion_fairseq.modules.multiway_dense_connection import MUDD_VARIANTS
 from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS, SINKHORN_ORDERS
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
@@ -48,6 +49,7 @@ HARD_SURFACE_FUSION = flag_feature("surface_fusion", lambda value: value == "har
 SURFACE_FUSION = flag_feature("surface_fusion")
 DENSEFORMER = flag_feature("denseformer", sides=True)
 HYPER_CONNECTIONS = flag_feature("hyper_connections", sides=True)
+MUDD = flag_feature("mudd", sides=True)
 ZHU_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value in ("static", "dynamic"), sides=True)
 MANIFOLD_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value == "manifold", sides=True)
 
@@ -60,6 +62,8 @@ DENSEFORMER_HELP = ("DenseFormer (Pagliardini et al. 2024): after each {} layer,
 HYPER_CONNECTIONS_HELP = ("replace the {}'s residual connections by hyper-connections over --hyper-connections-rate "
                           "streams: static or dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream "
                           "mixing (manifold: mHC, Xie et al. 2025)")
+MUDD_HELP = ("MUDDFormer (Xiao et al. 2025): the {}'s layers read their query, key, value and residual from their "
+             "own dynamic dense aggregates of the embedding and every earlier layer output, starting as the identity")
 AGGREGATE_HELP = ("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative (Eqs. 6-7) "
                   "or hierarchical aggregation (Fig. 2)")
 
@@ -183,6 +187,13 @@ class FusionTransformerConfig(TransformerDropouts):
     denseformer_period: int = option(
         1, "period p of DenseFormer: an average follows only layers p, 2p, ...", POSITIVE_INT, metavar="P",
         structural=True, read_by=DENSEFORMER, idle_reason="it thins DenseFormer's averages")
+    mudd_encoder: bool = option(False, MUDD_HELP.format("encoder"), SWITCH, structural=True)
+    mudd_decoder: bool = option(False, MUDD_HELP.format("decoder"), SWITCH, structural=True)
+    mudd_variant: str = option(
+        "paper", "paper: MUDD's weight generators with hidden size 4(i+1) after layer i, as the paper sizes them "
+        "(default); released: that size rounded up past the next multiple of 64, as the authors' released "
+        "configurations", choice(MUDD_VARIANTS), structural=True, read_by=MUDD,
+        idle_reason="it sizes MUDD's weight generators")
     hyper_connections_encoder: str = option(
         "none", HYPER_CONNECTIONS_HELP.format("encoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
     hyper_connections_decoder: str = option(
@@ -211,7 +222,7 @@ def check_fusion_args(args) -> None:
     check_values(args, FusionTransformerConfig)  # every value's type before any comparison
     reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
                                "aggregate_decoder", "denseformer_encoder", "denseformer_decoder",
-                               "multi_layer_attention")
+                               "mudd_encoder", "mudd_decoder", "multi_layer_attention")
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
         raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
                                  f"must be 0 with {' '.join(reads_every_layer)}")
@@ -233,7 +244,8 @@ def check_fusion_args(args) -> None:
             raise ConfigurationError(
                 f"{both[0]} and {both[1]} both define the {side}'s output representation; choose one per side (they "
                 f"combine across sides, e.g. --aggregate-encoder with --fuse-decoder)")
-        wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"aggregate_{side}")
+        wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"mudd_{side}",
+                         f"aggregate_{side}")
         if len(wirings) > 1:
             raise ConfigurationError(f"{' and '.join(wirings)} both wire the {side}'s layers (which representation "
                                      "enters each layer); choose one per side")
@@ -258,6 +270,13 @@ def check_fusion_args(args) -> None:
                 f"--denseformer-dilation {args.denseformer_dilation} leaves every {side} average reading only its own "
                 f"layer's output: the averages follow layers up to {last_averaged} (--{side}-layers {layers}, "
                 f"--denseformer-period {args.denseformer_period}); allowed: at most {last_averaged}")
+        if getattr(args, f"mudd_{side}") and k > 1:
+            raise ConfigurationError(
+                f"--mudd-{side} and --multi-layer-attention {k}: multi-layer attention reads single lower-layer states, "
+                "MUDD's layers read four aggregates of them; choose one of them")
+        if getattr(args, f"mudd_{side}") and side == "decoder" and getattr(args, "cross_self_attention", False):
+            raise ConfigurationError("--mudd-decoder gives the self-attention keys and values of the target only and "
+                                     "does not support --cross-self-attention; drop one of them")
         kind = getattr(args, f"hyper_connections_{side}")
         flag = f"--hyper-connections-{side} {kind}"
         if kind != "none" and k > 1:

@@ -5,12 +5,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
-from fairseq.models.transformer import TransformerDecoder, TransformerEncoder
+from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder
 
 from fusion_fairseq.modules import LayerAttention, LayerFusion, SurfaceFusion
 from fusion_fairseq.modules.layer_aggregation import PlainStack
+from fusion_fairseq.modules.multiway_dense_connection import MultiwayDynamicDense
 
 from .layer_stack import run_layer
+from .multiway_dense_layers import MultiwayDecoderLayer, MultiwayEncoderLayer, wrapped_like_fairseq
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
@@ -28,16 +30,25 @@ def fused_output(stack, top: Tensor, states: List[Tensor], need_weights: bool):
 
 class FusionTransformerEncoder(TransformerEncoder):
     """fairseq's Transformer encoder, plus ``aggregation``, the wiring of the layer stack (Dou et al.
-    2018, DenseFormer, hyper-connections; :class:`PlainStack` is fairseq's own); ``output_fusion``: the
+    2018, DenseFormer, hyper-connections, MUDDFormer, whose wiring also chooses the layers it builds;
+    :class:`PlainStack` is fairseq's own); ``output_fusion``: the
     memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b); ``keep_layer_states``: always return
     every layer's output (``encoder_states``, which layer attention reads)."""
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
                  keep_layer_states: bool = False, aggregation: Optional[PlainStack] = None):
+        self.multiway_layers = isinstance(aggregation, MultiwayDynamicDense)  # read by build_encoder_layer
         super().__init__(args, dictionary, embed_tokens)
         self.output_fusion = output_fusion
         self.keep_layer_states = keep_layer_states
         self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
+
+    def build_encoder_layer(self, args):
+        """fairseq's layer, or MUDDFormer's four-input block for a MUDD wiring."""
+        if not self.multiway_layers:
+            return super().build_encoder_layer(args)
+        cfg = TransformerConfig.from_namespace(args)
+        return wrapped_like_fairseq(MultiwayEncoderLayer(cfg), cfg)
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                            token_embeddings: Optional[Tensor] = None, fusion_weights: bool = False):
@@ -89,11 +100,19 @@ class FusionTransformerDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
                  layer_attention: Optional[LayerAttention] = None, surface_fusion: Optional[SurfaceFusion] = None,
                  aggregation: Optional[PlainStack] = None, no_encoder_attn=False, output_projection=None):
+        self.multiway_layers = isinstance(aggregation, MultiwayDynamicDense)  # read by build_decoder_layer
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.output_fusion = output_fusion
         self.layer_attention = layer_attention
         self.surface_fusion = surface_fusion
         self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
+
+    def build_decoder_layer(self, args, no_encoder_attn=False):
+        """fairseq's layer, or MUDDFormer's four-input block for a MUDD wiring."""
+        if not self.multiway_layers:
+            return super().build_decoder_layer(args, no_encoder_attn)
+        cfg = TransformerConfig.from_namespace(args)
+        return wrapped_like_fairseq(MultiwayDecoderLayer(cfg, no_encoder_attn), cfg)
 
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state: Optional[IncrementalState] = None, features_only: bool = False,

@@ -4,7 +4,7 @@ A subclass of fairseq's ``TransformerModel`` whose encoder and decoder expose th
 fusion plugs in where the stack is read: the encoder's output (MLRF ``--fuse-encoder``), each decoder
 layer's source memory (``--layer-attention``, Liu et al. 2021), the decoder's output (MLRF
 ``--fuse-decoder``), the output distribution (``--surface-fusion``, Liu et al. 2021), and the wiring of
-the stacks (``--aggregate-*``, DenseFormer, hyper-connections). Any combination the maths allows can be
+the stacks (``--aggregate-*``, DenseFormer, hyper-connections, MUDDFormer). Any combination the maths allows can be
 set at once; combinations that define the same thing twice are refused (``fusion_config.check_fusion_args``).
 """
 
@@ -22,6 +22,7 @@ from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fu
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage
 from fusion_fairseq.modules.hyper_connection import HyperConnectedStack
 from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
+from fusion_fairseq.modules.multiway_dense_connection import MultiwayDynamicDense
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, fill_defaults, set_defaults
@@ -69,11 +70,13 @@ def build_side_fusion(args, side: str, layer_embedding: Optional[nn.Embedding]):
 
 
 def build_side_aggregation(args, side: str):
-    """The wiring of one side's stack: Dou et al.'s aggregation, DenseFormer's averages or the
-    streams of hyper-connections (at most one of them, see ``fusion_config``)."""
+    """The wiring of one side's stack: Dou et al.'s aggregation, DenseFormer's averages, the
+    streams of hyper-connections or MUDDFormer's ways (at most one of them, see ``fusion_config``)."""
     layers, embed_dim, ffn_dim, heads = side_widths(args, side)
     if getattr(args, f"denseformer_{side}"):
         return DepthWeightedAverage(layers, args.denseformer_dilation, args.denseformer_period)
+    if getattr(args, f"mudd_{side}"):
+        return MultiwayDynamicDense(layers, embed_dim, args.mudd_variant)
     if getattr(args, f"hyper_connections_{side}") != "none":
         return HyperConnectedStack(layers, args.hyper_connections_rate)
     return build_layer_aggregation(getattr(args, f"aggregate_{side}"), layers, embed_dim, ffn_dim, args.aggregation_fn,
@@ -186,6 +189,15 @@ def fusion_transformer(args):
     """fairseq's base Transformer dimensions (6+6 layers, d=512, FFN 2048, 8 heads)."""
     base_architecture(args)
     fill_defaults(args, FusionTransformerConfig)
+
+
+@register_model_architecture("fusion_transformer", "muddformer")
+def muddformer(args):
+    """MUDDFormer (Xiao et al., ICML 2025) on both sides of fairseq's base Transformer (6+6 layers,
+    d=512, FFN 2048, 8 heads), pre-norm as the paper's block (Eq. 7)."""
+    set_defaults(args, mudd_encoder=True, mudd_decoder=True, encoder_normalize_before=True,
+                 decoder_normalize_before=True)
+    fusion_transformer(args)
 
 
 @register_model_architecture("fusion_transformer", "mlrf_iwslt_de_en")
