@@ -43,12 +43,14 @@ class _TorchReadingWeightsOnly:
         path = getattr(file, "name", file)
         try:
             state = torch.load(file, *args, **{**kwargs, "weights_only": True})
-        except pickle.UnpicklingError as error:
-            refused = re.search(r"Unsupported global: GLOBAL [\w.]+", str(error))
-            if refused is None:  # a damaged file
-                raise
-            raise CheckpointContentError(f"{path}: cannot read the checkpoint safely ({refused.group(0)}): a fairseq "
-                                         "checkpoint holds tensors and configuration types only") from None
+        except pickle.UnpicklingError as error:  # a payload, or bytes that are no pickle
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint safely ({unpickling_refusal(error)}): a "
+                                         "fairseq checkpoint holds tensors and configuration types only") from None
+        except EOFError:
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint (EOFError: the file is empty or cut "
+                                         "short)") from None
+        except RuntimeError as error:  # torch's zip reader: a damaged or truncated file
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint ({str(error).splitlines()[0]})") from None
         if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
             raise CheckpointContentError(f"{path}: cannot read the checkpoint: it has no 'model' entry of parameters "
                                          "(not a fairseq checkpoint of a model)")
@@ -60,6 +62,20 @@ class _TorchReadingWeightsOnly:
                 raise CheckpointContentError(f"{path}: cannot read the checkpoint: parameter {name} is {what}; a "
                                              "model's parameters are real tensors with data")
         return state
+
+
+def unpickling_refusal(error: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler refused, in one line: the global (torch words a blocked module, such as
+    posix for os.system, otherwise than a global it does not allow) or the opcode; else its message's first line."""
+    text = str(error)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return f"Unsupported global: GLOBAL {found.group(1)}"
+    found = re.search(r"Unsupported operand \S+", text)
+    if found:
+        return found.group(0)
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def read_checkpoints_safely():

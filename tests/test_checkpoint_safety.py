@@ -88,3 +88,45 @@ def test_safe_loading_holds_when_fairseq_passes_weights_only_false(fairseq_main_
     assert_a_crafted_checkpoint_is_refused(tmp_path)
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([tiny_mlrf_checkpoint])  # honest ones load
     assert type(models[0]).__name__ == "FusionTransformerModel"
+
+
+class RunsACommandWhenUnpickled:
+    """A payload whose callable lives in a module torch's safe loader blocks outright (os.system is posix.system):
+    torch words that refusal differently from that of a global it merely does not allow."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def unreadable_files(tmp_path):
+    """{kind: (the file, what the one-line error names)}: payloads and damaged files torch cannot read weights-only."""
+    marker = tmp_path / "pwned"
+    payload = RunsACommandWhenUnpickled(marker)
+    files = {
+        "blocked module": (lambda p: torch.save({"model": {}, "payload": payload}, p),
+                           "cannot read the checkpoint safely (Unsupported global: GLOBAL posix.system)"),
+        "legacy pickle": (lambda p: p.write_bytes(pickle.dumps({"model": payload}, protocol=2)),
+                          "cannot read the checkpoint safely (Unsupported global: GLOBAL posix.system)"),
+        "INST opcode": (lambda p: p.write_bytes(f"(S'touch {marker}'\nios\nsystem\n.".encode()),
+                        "cannot read the checkpoint safely (Unsupported operand 83)"),
+        "text": (lambda p: p.write_text("not a checkpoint\n"), "cannot read the checkpoint safely (Unsupported operand"),
+        "empty": (lambda p: p.write_bytes(b""), "cannot read the checkpoint (EOFError: the file is empty or cut short)"),
+        "truncated": (lambda p: (torch.save({"model": {}}, p), p.write_bytes(p.read_bytes()[:200])),
+                      "cannot read the checkpoint (PytorchStreamReader failed reading zip archive"),
+    }
+    return marker, files
+
+
+@pytest.mark.parametrize("kind", ["blocked module", "legacy pickle", "INST opcode", "text", "empty", "truncated"])
+def test_a_file_torch_cannot_read_is_named_in_one_line(tmp_path, kind):
+    marker, files = unreadable_files(tmp_path)
+    write, message = files[kind]
+    path = tmp_path / "crafted.pt"
+    write(path)
+    with pytest.raises(CheckpointContentError) as error:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert str(error.value).startswith(f"{path}: {message}") and "\n" not in str(error.value), str(error.value)
+    assert not marker.exists()

@@ -683,3 +683,17 @@ def test_generate_reports_an_unusable_checkpoint_in_one_line(tiny_mlrf_checkpoin
     edit, message = UNUSABLE[kind]
     result = generate(tiny_data_bin, edited(tiny_mlrf_checkpoint, tmp_path, edit))
     assert_one_line_error(result, message)
+
+
+@pytest.mark.slow
+def test_generate_reports_a_pickle_payload_in_one_line(tiny_data_bin, tmp_path):
+    """A callable of a module torch blocks outright (posix.system) was a 35-line UnpicklingError."""
+    class RunsACommand:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    path = tmp_path / "payload.pt"
+    torch.save({"model": {}, "payload": RunsACommand()}, path)
+    result = generate(tiny_data_bin, path)
+    assert_one_line_error(result, f"{path}: cannot read the checkpoint safely (Unsupported global: GLOBAL posix.system)")
+    assert not (tmp_path / "pwned").exists()
