@@ -48,4 +48,23 @@ def test_a_checkpoint_without_either_option_is_refused(tiny_mlrf_checkpoint, tin
     code = plot_connection_weights.main(["--path", tiny_mlrf_checkpoint, "--data", tiny_data_bin,
                                          "--out", str(tmp_path / "w.png")])
     assert code == 2
-    assert "has neither DenseFormer averages nor hyper-connections" in capsys.readouterr().err
+    assert "has no DenseFormer averages, hyper-connections or MUDD connections" in capsys.readouterr().err
+
+
+def test_mudd_weights_are_drawn_per_way():
+    """One block per way (query, key, value, residual), rows the aggregates after layers 1..L, columns
+    X_0..X_L and a gap; the last aggregate fills the residual block only."""
+    import torch
+    from model_building import build_model
+
+    model = build_model("fusion_transformer", *TINY, "--mudd-encoder", "--encoder-layers", "3")
+    with torch.no_grad():
+        model.encoder.aggregation.generators[1].static[2, 0] = -0.5  # after layer 2: the value way's weight on X_0
+    weights = plot_connection_weights.side_weights(model)
+    assert sorted(weights) == ["encoder MUDD"]
+    matrix = weights["encoder MUDD"]
+    assert matrix.shape == (3, 4 * 5)
+    value_block, residual_block = matrix[:, 10:15], matrix[:, 15:20]
+    assert value_block[1, 0] == -0.5 and value_block[1, 2] == 1.0 and all(value_block[1, 3:] != value_block[1, 3:])
+    assert all(value_block[2] != value_block[2])  # the last aggregate has no value way: blank
+    assert list(residual_block[2, :4]) == [0.0, 0.0, 0.0, 1.0]  # a_L one-hot on X_L
