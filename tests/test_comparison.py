@@ -939,3 +939,80 @@ def test_an_unusable_done_json_stops_every_reader_in_one_line(tmp_path, content)
     with pytest.raises(comparison.ComparisonError, match=r"done.json is unreadable"):
         comparison.collect_run(str(tmp_path), "transformer", 1, None)
     assert comparison.finished_run(str(tmp_path / "runs" / "mlrf" / "seed1")) is None  # not evaluated yet
+
+
+@pytest.mark.slow
+def test_the_reviewed_round_end_to_end(tmp_path, monkeypatch):
+    """--reviewed at a tiny width: the grid of learning rates on the first seed, each configuration's rate
+    chosen from the validation NLL its grid runs logged at the budget (learning_rates.json), the other seeds
+    at that rate only, the paired verdicts of the whole family, and the longer budget for the Transformer and
+    every decided configuration (here one made decided), trained with the same schedule to the longer budget."""
+    from fusion_fairseq.tools import seed_analysis
+
+    raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
+    write_multi30k_slice(raw)
+    argv = [a for a in _argv(raw, out, ["transformer", "fgla"]) if a != "2" or True]
+    argv[argv.index("--seeds") + 1: argv.index("--seeds") + 3] = ["1", "2"]
+    argv += ["--reviewed", "--longer-seeds", "1", "2"]
+    real = seed_analysis.compare_with_baselines
+
+    def one_decided(runs, baselines, **kwargs):
+        found = real(runs, baselines, **kwargs)
+        if any("@8" in name for name in runs):
+            return found
+        return {name: dict(row, verdict="better") for name, row in found.items()}
+
+    monkeypatch.setattr(seed_analysis, "compare_with_baselines", one_decided)
+    results = main(argv)
+    with open(os.path.join(out, "learning_rates.json")) as f:
+        rates = json.load(f)
+    assert set(rates["chosen"]) == {"transformer", "fgla"}
+    for name, chosen in rates["chosen"].items():
+        nll = {float(lr): value for lr, value in rates["validation_nll"][name].items()}
+        assert chosen == seed_analysis.choose_learning_rate(nll)
+        grid_dirs = {lr: os.path.join(out, "runs", name if lr == 1e-3 else f"{name}@lr{lr:g}", "seed1")
+                     for lr in (5e-4, 1e-3, 2e-3)}
+        for lr, rdir in grid_dirs.items():
+            with open(os.path.join(rdir, "config.json")) as f:
+                train_argv = json.load(f)["train_argv"]
+            assert train_argv[train_argv.index("--lr") + 1] == str(lr)
+            assert train_argv[train_argv.index("--optimizer") + 1] == "adam_with_overrides"
+            assert comparison.learning_curve(os.path.join(rdir, "run.log"))[4] == pytest.approx(nll[lr], abs=1e-3)
+    rows = {row["method"]: [run["seed"] for run in row["runs"]] for row in results["methods"]}
+    main_rows = {comparison.at_learning_rate(METHODS[name], lr, 1e-3).name for name, lr in rates["chosen"].items()}
+    assert all(rows[name] == [1, 2] for name in main_rows)
+    assert all(seeds == [1] for name, seeds in rows.items() if name not in main_rows and "@8" not in name)
+    with open(os.path.join(out, "longer_budget.json")) as f:
+        longer = json.load(f)
+    assert longer["methods"] == ["transformer", "fgla"] and longer["budget"] == 8
+    longer_rows = {name for name in rows if name.endswith("@8")}
+    assert len(longer_rows) == 2 and all(rows[name] == [1, 2] for name in longer_rows)
+    for name in longer_rows:
+        with open(os.path.join(out, "runs", name, "seed1", "config.json")) as f:
+            train_argv = json.load(f)["train_argv"]
+        assert train_argv[train_argv.index("--total-num-update") + 1] == "8"
+    reviewed = results["reviewed"]
+    assert set(reviewed["verdicts"]) == {name for name in main_rows if not name.startswith("transformer")}
+    assert reviewed["longer_verdicts"] and all(row["seeds"] == 2 for row in reviewed["longer_verdicts"].values())
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        md = f.read()
+    assert "## Learning rates" in md and "## Verdicts at the chosen learning rates" in md
+    assert "## Verdicts at the longer budget" in md
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--learning-rates", "0.001"], "--learning-rates: only with --reviewed"),
+    (["--reviewed", "--deep"], "--reviewed and --deep are two rounds"),
+])
+def test_the_reviewed_round_refuses_what_it_cannot_run(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit):
+        comparison.parse_settings(["--out", str(tmp_path / "out"), *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_the_capacity_matched_transformer_widens_both_ffns():
+    wide = METHODS["transformer_wide"]
+    flags = comparison.model_flags(wide, parse_width("6+6:128:512:4"), 984)
+    assert flags[flags.index("--encoder-ffn-embed-dim", flags.index("--share-all-embeddings")) + 1] == "984"
+    assert flags[-4:] == ["--encoder-ffn-embed-dim", "984", "--decoder-ffn-embed-dim", "984"]
+    assert wide.match_target == "deeprep" and comparison.match_candidates(wide, parse_width("6+6:128:512:4"))[0] == 512

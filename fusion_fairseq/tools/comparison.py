@@ -57,6 +57,11 @@ class Method:
     #: starts from the final averaged checkpoint of this method's run of the same seed (--finetune-from-model)
     init: Optional[str] = None
     baseline: str = "transformer"  # the row its difference and verdict are taken against
+    #: its own peak learning rate and budget (``--reviewed``: chosen per configuration), else the round's
+    lr: Optional[float] = None
+    max_update: Optional[int] = None
+    #: with ``match``: the method whose parameter count is matched (else the vanilla Transformer's)
+    match_target: str = "transformer"
 
 
 DIVERSITY_CRITERION = ("--criterion", "label_smoothed_cross_entropy_with_layer_diversity", "--label-smoothing", "0.1",
@@ -96,6 +101,14 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
             "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
     Method("transformer_continued", "Transformer, continued", "fairseq's vanilla Transformer", "transformer",
            init="transformer", note="the baseline of deeprep_finetuned"),
+    Method("manifold_hyper_connections", "Manifold-constrained hyper-connections (mHC) x4", "Xie et al. 2025",
+           "fusion_transformer", ("--hyper-connections-encoder", "manifold", "--hyper-connections-decoder", "manifold",
+                                  "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
+    Method("muddformer", "MUDDFormer", "Xiao et al. 2025 (ICML)", "fusion_transformer",
+           ("--mudd-encoder", "--mudd-decoder"), note="the paper measures language models, no BLEU"),
+    Method("transformer_wide", "Transformer, FFN widened to deep representations' size", "fairseq's vanilla "
+           "Transformer", "transformer", match="--ffn-embed-dim", match_target="deeprep",
+           note="the capacity-matched baseline: both FFN widths matched to deep representations' parameters"),
 )}
 METHODS["deeprep_finetuned"] = replace(
     METHODS["deeprep"], name="deeprep_finetuned", title="Deep representations, fine-tuned from the Transformer",
@@ -164,6 +177,8 @@ def width_flags(method: Method, width: Width) -> List[str]:
 def match_candidates(method: Method, width: Width) -> List[int]:
     if method.match == "--layers":
         return list(range(1, 4 * (width.encoder_layers + width.decoder_layers) + 1))
+    if method.match == "--ffn-embed-dim":
+        return list(range(width.ffn, 8 * width.ffn + 1, 8))
     step = width.heads * 8 // math.gcd(width.heads, 8)  # --growth-dim: divisible by the heads, a multiple of 8
     return list(range(step, 2 * width.dim + 1, step))
 
@@ -192,13 +207,15 @@ def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) ->
     return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup), "--warmup-init-lr", "1e-07"]
 
 
-def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: Optional[int] = None) -> List[str]:
-    """The flags identical for all runs (``total``: see :func:`schedule_flags`)."""
+def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: Optional[int] = None,
+                       lr: Optional[float] = None) -> List[str]:
+    """The flags identical for all runs (``total``: see :func:`schedule_flags`; ``lr``: a configuration's own
+    peak learning rate, else ``--lr``)."""
     return [
         "--task", "translation", "--source-lang", src, "--target-lang", tgt,
         "--dropout", str(settings.dropout),
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-        "--lr", str(settings.lr), *schedule_flags(settings, total), "--weight-decay", "0.0001",
+        "--optimizer", settings.optimizer, "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+        "--lr", str(lr or settings.lr), *schedule_flags(settings, total), "--weight-decay", "0.0001",
         "--max-tokens", str(settings.max_tokens),
         # validate + checkpoint every --eval-every updates and at the end only (not at epoch ends); every
         # interval checkpoint is kept: they are the resume points and the candidates of the evaluation
@@ -214,9 +231,16 @@ def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: 
 DEFAULT_CRITERION = ("--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1")
 
 
+def matched_flags(method: Method, value: Optional[int]) -> List[str]:
+    """The matched flag and its value (``--ffn-embed-dim``: both sides' FFN width)."""
+    if not method.match:
+        return []
+    flags = ["--encoder-ffn-embed-dim", "--decoder-ffn-embed-dim"] if method.match == "--ffn-embed-dim" else [method.match]
+    return [item for flag in flags for item in (flag, str(value))]
+
+
 def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> List[str]:
-    return ["--arch", method.arch, *width_flags(method, width), *method.flags,
-            *([method.match, str(matched)] if method.match else [])]
+    return ["--arch", method.arch, *width_flags(method, width), *method.flags, *matched_flags(method, matched)]
 
 
 def prepare_data(args) -> str:
@@ -259,12 +283,16 @@ def _build_counter(data_bin: str, settings, recipe: dict):
 
     dictionary = Dictionary.load(os.path.join(data_bin, f"dict.{recipe['SRC']}.txt"))
 
-    def count(method: Method, flags: List[str]) -> int:
+    @functools.lru_cache(maxsize=None)  # a configuration at several learning rates is one model
+    def count_flags(arch: str, flags: Tuple[str, ...], criterion: Tuple[str, ...], name: str) -> int:
         try:
-            return count_parameters(build_model(method.arch, [*flags, *shlex.split(settings.train_args or "")],
-                                                dictionary, method.criterion or DEFAULT_CRITERION, method.name)[2])
+            return count_parameters(build_model(arch, [*flags, *shlex.split(settings.train_args or "")],
+                                                dictionary, criterion, name)[2])
         except BenchmarkError as error:
             raise ComparisonError(str(error)) from None
+
+    def count(method: Method, flags: List[str]) -> int:
+        return count_flags(method.arch, tuple(flags), tuple(method.criterion or DEFAULT_CRITERION), method.name)
 
     return count
 
@@ -278,15 +306,17 @@ def make_plan(methods: List[Method], settings, data_bin: str, recipe: dict) -> d
                               "vocabulary (binarise with --joined-dictionary)")
     log(f"computing model sizes ({', '.join(m.name for m in methods)}) ...")
     count, width = _build_counter(data_bin, settings, recipe), settings.width
-    target = count(METHODS["transformer"], model_flags(METHODS["transformer"], width))
+    targets = {name: count(METHODS[name], model_flags(METHODS[name], width))
+               for name in dict.fromkeys(method.match_target for method in methods if method.match)}
     entries = {}
     for method in methods:
         value = None
         if method.match:
+            target = targets[method.match_target]
             value, params, tried = match_parameter(
                 lambda v, m=method: count(m, model_flags(m, width, v)), match_candidates(method, width), target)
             log(f"  {method.name}: {method.match} {value} -> {params:,} parameters "
-                f"(transformer: {target:,}; tried {len(tried)} values)")
+                f"({method.match_target}: {target:,}; tried {len(tried)} values)")
         else:
             params = count(method, model_flags(method, width))
         entries[method.name] = {"model_flags": model_flags(method, width, value), "params": params,
@@ -713,6 +743,8 @@ class Experiment:
 
     def run_budget(self, name: str) -> int:
         method = self.method(name)
+        if method and method.max_update:
+            return method.max_update
         return self.settings.finetune_update if method and method.init else self.settings.max_update
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
@@ -791,7 +823,8 @@ class Experiment:
                 "method": name, "seed": seed, "arch": method.arch, "params": self.plan[name]["params"],
                 "train_argv": [self.data_bin, "--user-dir", PLUGIN_DIR, *self.plan[name]["model_flags"],
                                *(method.criterion or DEFAULT_CRITERION),
-                               *common_train_flags(settings, src, tgt, self.run_budget(name)), "--seed", str(seed),
+                               *common_train_flags(settings, src, tgt, self.run_budget(name), method.lr),
+                               "--seed", str(seed),
                                *(["--finetune-from-model", init] if init else []), *shlex.split(settings.train_args)],
                 "data_bin": self.data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": self.recipe,
                 "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints}
@@ -867,6 +900,160 @@ class Experiment:
             return {}
 
 
+#: ``--reviewed``: the configurations of the round planned in examples/comparison/reviewed/plan.md
+REVIEWED_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "layerwise_coordination",
+                    "dense_transformer", "denseformer", "hyper_connections", "manifold_hyper_connections",
+                    "muddformer", "transformer_wide")
+REVIEWED_LEARNING_RATES = (5e-4, 1e-3, 2e-3)
+REVIEWED_SEEDS = (1, 2, 3, 4, 5, 6)
+REVIEWED_LONGER_SEEDS = (1, 2, 3)
+
+
+def at_learning_rate(method: Method, lr: float, reference: float) -> Method:
+    """``method`` at peak rate ``lr``; at the round's reference rate it keeps its name (and run folders), so
+    that runs of earlier rounds with the same function and flags count."""
+    return replace(method, name=method.name if lr == reference else f"{method.name}@lr{lr:g}",
+                   title=f"{method.title}, lr {lr:g}", lr=lr)
+
+
+def at_budget(method: Method, updates: int) -> Method:
+    return replace(method, name=f"{method.name}@{updates}", title=f"{method.title}, {updates} updates",
+                   max_update=updates)
+
+
+class ReviewedExperiment(Experiment):
+    """The round of ``--reviewed`` (examples/comparison/reviewed/plan.md), in three stages, each decided by a
+    rule fixed beforehand and read back from a file of ``--out`` like the rest:
+
+    1. the grid: every configuration at each of ``--learning-rates`` on the first seed;
+    2. every configuration at its chosen rate (``learning_rates.json``, :func:`seed_analysis.choose_learning_rate`
+       on the validation NLL its grid runs logged at the budget) on the other seeds;
+    3. the Transformer and every configuration decided better or worse on all seeds, at ``--longer-budget``
+       updates (same warm-up, linear decay to 0 there) on ``--longer-seeds`` (``longer_budget.json``).
+
+    Every configuration is compared with the Transformer at its own chosen rate, seeds paired
+    (:func:`seed_analysis.compare_with_baselines`)."""
+
+    def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
+        self.variants: Dict[str, Method] = {}
+        super().__init__(settings, methods, data_bin, recipe)
+
+    def variant(self, method: Method, lr: float, budget: Optional[int] = None) -> Method:
+        found = at_learning_rate(method, lr, self.settings.lr)
+        found = at_budget(found, budget) if budget else found
+        self.variants[found.name] = found
+        return found
+
+    def chosen_rates(self) -> Dict[str, float]:
+        return (_read_json(os.path.join(self.out, "learning_rates.json")) or {}).get("chosen", {})
+
+    def longer_methods(self) -> List[str]:
+        return (_read_json(os.path.join(self.out, "longer_budget.json")) or {}).get("methods", [])
+
+    def main_variant(self, method: Method) -> Optional[Method]:
+        lr = self.chosen_rates().get(method.name)
+        return None if lr is None else self.variant(method, lr)
+
+    def runs(self) -> List[Tuple[str, int]]:
+        settings, first = self.settings, self.settings.seeds[0]
+        grid = [(self.variant(m, lr).name, first) for m in self.methods for lr in settings.learning_rates]
+        chosen = [(m, self.main_variant(m)) for m in self.methods]
+        seeds = [(v.name, seed) for seed in settings.seeds[1:] for m, v in chosen if v]
+        longer = [(self.variant(m, v.lr, settings.longer_budget).name, seed) for seed in settings.longer_seeds
+                  for m, v in chosen if v and m.name in self.longer_methods()]
+        return grid + seeds + longer
+
+    def method(self, name: str) -> Optional[Method]:
+        if name not in self.variants:
+            self.runs()
+        return self.variants.get(name) or METHODS.get(name)
+
+    def concrete_methods(self, keep_unchosen: bool = False) -> List[Method]:
+        return [self.method(name) for name in dict.fromkeys(name for name, _ in self.runs())]
+
+    def choose_learning_rates(self) -> None:
+        """Add to learning_rates.json the rate of every configuration whose grid runs all reached the budget."""
+        from fusion_fairseq.tools import seed_analysis
+
+        path, budget, first = os.path.join(self.out, "learning_rates.json"), self.settings.max_update, self.settings.seeds[0]
+        record = _read_json(path) or {"rule": seed_analysis.LEARNING_RATE_RULE, "seed": first, "budget": budget,
+                                      "validation_nll": {}, "chosen": {}}
+        for method in self.methods:
+            grid = {lr: self.variant(method, lr) for lr in self.settings.learning_rates}
+            if method.name in record["chosen"] or not all(self.trained_to(v.name, first, budget) for v in grid.values()):
+                continue
+            validation = {lr: learning_curve(os.path.join(self.rdir(v.name, first), "run.log")).get(budget)
+                          for lr, v in grid.items()}
+            record["validation_nll"][method.name] = {f"{lr:g}": nll for lr, nll in validation.items()}
+            record["chosen"][method.name] = seed_analysis.choose_learning_rate(validation)
+            _write_json(path, record)
+            log(f"{method.name}: learning rate {record['chosen'][method.name]:g} chosen")
+            self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
+
+    def main_family(self) -> Dict[str, str]:
+        """{configuration at its chosen rate: the Transformer at its own}, every configuration but the Transformer."""
+        baseline = self.main_variant(METHODS["transformer"])
+        return {v.name: baseline.name for v in map(self.main_variant, self.methods)
+                if v and baseline and v.name != baseline.name}
+
+    def main_verdicts(self) -> Optional[Dict[str, dict]]:
+        """:func:`seed_analysis.compare_with_baselines` once every run of stages 1-2 that it reads is scored."""
+        from fusion_fairseq.tools import seed_analysis
+
+        family = self.main_family()
+        names = {*family, *family.values()}
+        if len(family) + 1 < len(self.methods) or not all(
+                finished_run(self.rdir(name, seed)) for name in names for seed in self.settings.seeds):
+            return None
+        runs = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in self.settings.seeds} for name in names}
+        return seed_analysis.compare_with_baselines(runs, family)
+
+    def choose_longer_budget(self) -> None:
+        path = os.path.join(self.out, "longer_budget.json")
+        if os.path.isfile(path):
+            return
+        verdicts = self.main_verdicts()
+        if verdicts is None:
+            return
+        decided = [name.split("@")[0] for name, found in verdicts.items() if found["verdict"] != "undecided"]
+        methods = [m.name for m in self.methods if m.name == "transformer" or m.name in decided]
+        _write_json(path, {"rule": "the Transformer and every configuration decided better or worse on all seeds",
+                           "budget": self.settings.longer_budget, "seeds": list(self.settings.longer_seeds),
+                           "methods": methods, "verdicts": {name: found["verdict"] for name, found in verdicts.items()}})
+        log(f"longer budget ({self.settings.longer_budget} updates) for: {', '.join(methods)}")
+        self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
+
+    def choose_composition(self) -> None:  # the stages take its place
+        self.choose_learning_rates()
+
+    def choose_third_seed(self) -> None:
+        self.choose_longer_budget()
+
+    def verdict(self, name: str, baseline: str) -> None:
+        return None  # the round decides its configurations together: main_verdicts() and longer_verdicts()
+
+    def longer_verdicts(self) -> Optional[Dict[str, dict]]:
+        """The configurations of stage 3 against the Transformer at the longer budget, once all are scored."""
+        from fusion_fairseq.tools import seed_analysis
+
+        chosen, budget, seeds = self.chosen_rates(), self.settings.longer_budget, self.settings.longer_seeds
+        names = {name: self.variant(METHODS[name], chosen[name], budget).name for name in self.longer_methods()}
+        if "transformer" not in names or len(names) < 2 or not all(
+                finished_run(self.rdir(name, seed)) for name in names.values() for seed in seeds):
+            return None
+        runs = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in seeds} for name in names.values()}
+        return seed_analysis.compare_with_baselines(
+            runs, {name: names["transformer"] for key, name in names.items() if key != "transformer"})
+
+    def collect(self) -> dict:
+        results = super().collect()
+        results["reviewed"] = {"learning_rates": _read_json(os.path.join(self.out, "learning_rates.json")),
+                               "longer_budget": _read_json(os.path.join(self.out, "longer_budget.json")),
+                               "family": self.main_family(), "verdicts": self.main_verdicts(),
+                               "longer_verdicts": self.longer_verdicts()}
+        return results
+
+
 def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compare_methods.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -878,7 +1065,12 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    f"{', '.join(DEEP_METHODS)})")
     p.add_argument("--deep", action="store_true", help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width "
                    "is given), --lr-schedule polynomial, the methods above, and a third seed where two do not decide")
-    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--reviewed", action="store_true", help="the round of examples/comparison/reviewed/plan.md: --width "
+                   f"{DEEP_WIDTH}, --lr-schedule polynomial, --optimizer adam_with_overrides, the configurations "
+                   f"{', '.join(REVIEWED_METHODS)}, each at its own learning rate (a grid on the first seed), --seeds "
+                   f"{' '.join(map(str, REVIEWED_SEEDS))}, and a longer budget for the decided ones")
+    p.add_argument("--seeds", nargs="+", type=int, help="default: 1 2; with --reviewed: "
+                   + " ".join(map(str, REVIEWED_SEEDS)))
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
     g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en): to prepare the data and the test sets")
@@ -894,7 +1086,17 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g = p.add_argument_group("budget (identical for every run)")
     g.add_argument("--max-update", type=positive_int, default=800, help="updates of every run")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
-    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate; with --reviewed: the reference rate "
+                   "of the grid, whose runs keep the method's own name")
+    g.add_argument("--learning-rates", type=float, nargs="+", help="with --reviewed: the grid of peak rates on the "
+                   f"first seed (default {' '.join(f'{lr:g}' for lr in REVIEWED_LEARNING_RATES)})")
+    g.add_argument("--longer-budget", type=positive_int, help="with --reviewed: the updates of stage 3 (default: "
+                   "twice --max-update)")
+    g.add_argument("--longer-seeds", type=int, nargs="+", help="with --reviewed: the seeds of stage 3 (default "
+                   f"{' '.join(map(str, REVIEWED_LONGER_SEEDS))})")
+    g.add_argument("--optimizer", choices=("adam", "adam_with_overrides"), help="fairseq's adam (the default), or "
+                   "adam_with_overrides (the default with --reviewed): the same Adam, honouring the parameters' own "
+                   "settings (no weight decay on hyper-connections' static weights)")
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
     g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"), help="inverse_sqrt (the default; never "
                    "anneals) or polynomial: linear from the warm-up to 0 at the run's budget (the default with --deep)")
@@ -918,9 +1120,24 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
     g.add_argument("--log-interval", type=positive_int, default=50, help=argparse.SUPPRESS)
     settings = p.parse_args(argv)
-    settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep else DEFAULT_WIDTH)
-    settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep else "inverse_sqrt")
-    settings.methods = settings.methods or [",".join(DEEP_METHODS if settings.deep else SHALLOW_METHODS)]
+    reviewed = settings.reviewed
+    if not reviewed:
+        given = [flag for flag, value in (("--learning-rates", settings.learning_rates), ("--longer-budget",
+                 settings.longer_budget), ("--longer-seeds", settings.longer_seeds)) if value is not None]
+        if given:
+            p.error(f"{', '.join(given)}: only with --reviewed")
+    if reviewed and settings.deep:
+        p.error("--reviewed and --deep are two rounds: give one")
+    settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep or reviewed else DEFAULT_WIDTH)
+    settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep or reviewed else "inverse_sqrt")
+    settings.methods = settings.methods or [",".join(REVIEWED_METHODS if reviewed else
+                                                     DEEP_METHODS if settings.deep else SHALLOW_METHODS)]
+    settings.seeds = settings.seeds or list(REVIEWED_SEEDS if reviewed else (1, 2))
+    settings.optimizer = settings.optimizer or ("adam_with_overrides" if reviewed else "adam")
+    if reviewed:
+        settings.learning_rates = settings.learning_rates or list(REVIEWED_LEARNING_RATES)
+        settings.longer_budget = settings.longer_budget or 2 * settings.max_update
+        settings.longer_seeds = settings.longer_seeds or list(REVIEWED_LONGER_SEEDS)
     return settings
 
 
@@ -942,7 +1159,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     claim_out_dir(settings.out, OUT_NAMES, "fusion-fairseq compare_methods.py", settings.force, "compare_methods.py",
                   ComparisonError)
     data_bin = prepare_data(settings)
-    experiment = Experiment(settings, methods, data_bin, corpus.read_recipe_env(data_bin))
+    experiment = (ReviewedExperiment if settings.reviewed else Experiment)(settings, methods, data_bin,
+                                                                            corpus.read_recipe_env(data_bin))
     done = [run for run in experiment.runs() if finished_run(experiment.rdir(*run))]
     for name, seed in done:
         log(f"{name} seed {seed}: already done, not retrained")
@@ -959,7 +1177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
 #: what this tool writes into --out: a folder holding one of them without its stamp is refused (without --force)
 OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "composition.json",
-             "runs", "data", "test-sets")
+             "learning_rates.json", "longer_budget.json", "runs", "data", "test-sets")
 
 
 def check_settings(settings, methods: List[Method]) -> None:
@@ -975,6 +1193,17 @@ def check_settings(settings, methods: List[Method]) -> None:
         raise ComparisonError(f"--methods: '{COMPOSITION}' is chosen from the runs of {', '.join(COMPONENTS)} and "
                               f"transformer; add {', '.join(missing)}")
     stops = [("--max-update", settings.max_update)]
+    if settings.reviewed:
+        stops.append(("--longer-budget", settings.longer_budget))
+        if any(method.init for method in methods) or COMPOSITION in names:
+            raise ComparisonError("--reviewed: every configuration trains from scratch, and the composition is not "
+                                  f"one of it; drop {', '.join(m.name for m in methods if m.init or m.name == COMPOSITION)}")
+        if sorted(settings.learning_rates) != sorted(set(settings.learning_rates)) or settings.lr not in settings.learning_rates:
+            raise ComparisonError(f"--learning-rates {' '.join(map(str, settings.learning_rates))}: distinct rates "
+                                  f"that include the reference --lr {settings.lr:g}")
+        extra = sorted(set(settings.longer_seeds) - set(settings.seeds))
+        if extra:
+            raise ComparisonError(f"--longer-seeds: {extra} not among --seeds (the longer runs pair with them)")
     if any(method.init for method in methods):
         stops.append(("--finetune-update", settings.finetune_update))
     for flag, updates in stops:

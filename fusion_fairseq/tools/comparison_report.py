@@ -163,9 +163,37 @@ def _table(title: str, intro: str, columns: Sequence[str], rows: List[List[str]]
 
 
 def markdown(results: dict) -> str:
-    return "\n".join([*header(results), *summary_table(results), *test_set_table(results["methods"]),
-                      *runs_table(results), *checks(results), *methods_table(results["methods"]),
-                      "", "![validation NLL against updates](learning_curves.png)", ""])
+    return "\n".join([*header(results), *reviewed_sections(results), *summary_table(results),
+                      *test_set_table(results["methods"]), *runs_table(results), *checks(results),
+                      *methods_table(results["methods"]), "", "![validation NLL against updates](learning_curves.png)",
+                      ""])
+
+
+def reviewed_sections(results: dict) -> List[str]:
+    """``--reviewed``: the learning-rate grid, the verdicts at the chosen rates and at the longer budget."""
+    reviewed = results.get("reviewed")
+    if not reviewed:
+        return []
+    from fusion_fairseq.tools.seed_analysis import ANALYSIS_RULE, LEARNING_RATE_RULE
+
+    rates = reviewed.get("learning_rates") or {"validation_nll": {}, "chosen": {}}
+    grid = results["settings"]["learning_rates"]
+    grid_rows = [[name, *(f"{nll:.3f}" if nll is not None else "–" for nll in
+                          (rates["validation_nll"][name].get(f"{lr:g}") for lr in grid)), f"{rates['chosen'][name]:g}"]
+                 for name in rates["chosen"]]
+    lines = _table("Learning rates", f"Validation NLL (bits) at the budget on seed {rates.get('seed', 1)}. Rule: "
+                   f"{LEARNING_RATE_RULE}.", ["configuration", *(f"lr {lr:g}" for lr in grid), "chosen"], grid_rows)
+    for title, found in (("Verdicts at the chosen learning rates", reviewed.get("verdicts")),
+                         ("Verdicts at the longer budget", reviewed.get("longer_verdicts"))):
+        rows = [[name, found_row["baseline"], found_row["seeds"], f"{found_row['difference']:+.2f}",
+                 f"[{found_row['ci'][0]:+.2f}, {found_row['ci'][1]:+.2f}]", f"{found_row['p_value']:.3f}",
+                 f"{found_row['p_holm']:.3f}", found_row["verdict"],
+                 f"{found_row['minimum_detectable_effect']['holm_last_step']:.2f}"]
+                for name, found_row in sorted((found or {}).items())]
+        lines += _table(title, f"BLEU decides. Rule: {ANALYSIS_RULE}" if found else "pending: not every run is scored",
+                        ["configuration", "-baseline", "seeds", "Δ", "95% interval", "p", "Holm p", "-verdict",
+                         "smallest Δ found (80%)"], rows)
+    return lines
 
 
 def header(results: dict) -> List[str]:
