@@ -39,6 +39,9 @@ GOLDEN_PATH = os.path.join(HERE, "golden_outputs.json")
 #: (--small), and the deep one's (--deep: 14 shared layers, as He et al.'s Table 3, growth 96)
 SHALLOW_MATCHED = {"layerwise_coordination": 7, "dense_transformer": 104}
 DEEP_MATCHED = {"layerwise_coordination": 14, "dense_transformer": 96}
+#: the reviewed round's (--reviewed) at the 6+6 width: the deep one's, and the Transformer whose FFN widths
+#: match deep representations' 5,231,872 parameters (981: 5,231,100)
+REVIEWED_MATCHED = {**DEEP_MATCHED, "transformer_wide": 981}
 #: the shallow comparison's composition components (its pinned code's; SurfaceFusion was one then)
 SHALLOW_COMPONENTS = ("mlrf", "deeprep", "surface_fusion", "fgla")
 BATCH_SENTENCES = 8
@@ -60,12 +63,15 @@ def compared_configurations(prefix: str, names, components, width: str, matched:
 
 
 def comparison_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
-    """The shallow comparison's (``comparison/``, 3+3) and the deep one's (``deep/``, 6+6)."""
+    """The shallow comparison's (``comparison/``, 3+3), the deep one's (``deep/``, 6+6) and the reviewed
+    round's (``reviewed/``, 6+6, each configuration's function whatever its learning rate)."""
     return {
         **compared_configurations("comparison", comparison.SHALLOW_METHODS, SHALLOW_COMPONENTS,
                                   comparison.SMALL_WIDTH, SHALLOW_MATCHED),
         **compared_configurations("deep", comparison.DEEP_METHODS, comparison.COMPONENTS, comparison.DEEP_WIDTH,
                                   DEEP_MATCHED),
+        **compared_configurations("reviewed", comparison.REVIEWED_METHODS, (), comparison.DEEP_WIDTH,
+                                  REVIEWED_MATCHED),
     }
 
 
@@ -82,6 +88,7 @@ OPTIONS = {
     "hyper-connections=static": ("--hyper-connections-encoder", "static", "--hyper-connections-decoder", "static"),
     "hyper-connections=manifold+pre-norm": ("--hyper-connections-encoder", "manifold", "--hyper-connections-decoder",
                                             "manifold", "--encoder-normalize-before", "--decoder-normalize-before"),
+    "mudd+released": ("--mudd-encoder", "--mudd-decoder", "--mudd-variant", "released"),
 }
 
 

@@ -951,9 +951,9 @@ def test_the_reviewed_round_end_to_end(tmp_path, monkeypatch):
 
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
     write_multi30k_slice(raw)
-    argv = [a for a in _argv(raw, out, ["transformer", "fgla"]) if a != "2" or True]
+    argv = _argv(raw, out, ["transformer", "fgla"])
     argv[argv.index("--seeds") + 1: argv.index("--seeds") + 3] = ["1", "2"]
-    argv += ["--reviewed", "--longer-seeds", "1", "2"]
+    argv += ["--reviewed", "--longer-seeds", "1", "2", "--cpu-kind", ""]
     real = seed_analysis.compare_with_baselines
 
     def one_decided(runs, baselines, **kwargs):
@@ -998,6 +998,41 @@ def test_the_reviewed_round_end_to_end(tmp_path, monkeypatch):
         md = f.read()
     assert "## Learning rates" in md and "## Verdicts at the chosen learning rates" in md
     assert "## Verdicts at the longer budget" in md
+    with open(os.path.join(out, "runs", "fgla", "seed1", "config.json")) as f:
+        config = json.load(f)
+    assert len(config["data_sha256"]) == 64
+    assert '"cpu_flags": "' in open(os.path.join(out, "runs", "fgla", "seed1", "run.log"), encoding="utf-8").read()
+
+
+def test_the_reviewed_round_trains_on_its_cpu_kind_only(tmp_path, monkeypatch):
+    """A step of the round on another CPU kind than the plan's is refused in one line naming both."""
+    settings = comparison.parse_settings(["--reviewed", "--out", str(tmp_path), "--device", "cpu"])
+    experiment = object.__new__(comparison.ReviewedExperiment)
+    experiment.settings = settings
+    monkeypatch.setattr(comparison, "cpu_name", lambda: "Intel(R) Xeon(R) CPU @ 2.20GHz (family 6, model 79)")
+    with pytest.raises(comparison.ComparisonError, match="--cpu-kind AMD EPYC: this machine is Intel"):
+        experiment.start("transformer", 1, "train", 3000)
+
+
+def test_reused_runs_are_copied_with_their_paths_moved_and_only_from_the_rounds_cpu_kind(tmp_path):
+    """The exported 6+6 runs that count enter the new folder as scored runs whose recorded translations and
+    references are the new folder's; a run of another CPU kind, or one not exported, is refused."""
+    source = os.path.join(REPO_ROOT, "examples", "comparison", "deep")
+    out = str(tmp_path / "out")
+    copied = comparison.reuse_runs(source, out, {"transformer": (1,), "dense_transformer": (2,)}, "AMD EPYC")
+    assert copied == ["transformer seed 1", "dense_transformer seed 2"]
+    done = comparison.finished_run(comparison.run_dir(out, "transformer", 1))
+    found = done["scores"]["average"]["test_2016_flickr"]
+    assert found["hyp_detok"] == os.path.join(out, "runs", "transformer", "seed1", "eval-beam5", "average",
+                                              "test_2016_flickr", "hyp.detok")
+    assert os.path.isfile(found["hyp_detok"]) and found["raw_ref"] == os.path.join(out, "test-sets", "test_2016_flickr",
+                                                                                     "raw.en")
+    assert comparison.learning_curve(os.path.join(out, "runs", "transformer", "seed1", "run.log"))[3000] == 2.637
+    assert comparison.reuse_runs(source, out, {"transformer": (1,)}, "AMD EPYC") == []  # already there: kept
+    with pytest.raises(comparison.ComparisonError, match="mlrf seed 1 ran on CPU Intel"):
+        comparison.reuse_runs(source, out, {"mlrf": (1,)}, "AMD EPYC")
+    with pytest.raises(comparison.ComparisonError, match="no scored run transformer seed 9"):
+        comparison.reuse_runs(source, out, {"transformer": (9,)}, "AMD EPYC")
 
 
 @pytest.mark.parametrize("flags,message", [

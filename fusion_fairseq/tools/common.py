@@ -106,6 +106,32 @@ def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     return f"{name} ({family}torch {torch.backends.cpu.get_cpu_capability()})"
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The instruction-set flags /proc/cpuinfo lists for the first CPU, sorted ("" where it lists none)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return ""
+
+
+def tree_sha256(paths: List[str]) -> str:
+    """One sha256 over the files ``paths`` (names and contents, in sorted order): a data set's identity."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(os.path.basename(path).encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def device_name(device) -> str:
     """The GPU's name for a CUDA device (a ``torch.device`` or "cuda"), else the CPU as ``cpu_name`` names it."""
     import torch

@@ -25,8 +25,9 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fusion_fairseq.tools import comparison_report as report, corpus
-from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, PLUGIN_DIR, claim_out_dir, count_parameters, cpu_name,
-                                         device_name, learning_curve, positive_int, replace_atomically)
+from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, PLUGIN_DIR, claim_out_dir, count_parameters, cpu_flags,
+                                         cpu_name, device_name, learning_curve, positive_int, replace_atomically,
+                                         tree_sha256)
 from fusion_fairseq.tools.comparison_report import TEST_SETS
 
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -101,7 +102,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
             "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
     Method("transformer_continued", "Transformer, continued", "fairseq's vanilla Transformer", "transformer",
            init="transformer", note="the baseline of deeprep_finetuned"),
-    Method("manifold_hyper_connections", "Manifold-constrained hyper-connections (mHC) x4", "Xie et al. 2025",
+    Method("mhc", "Manifold-constrained hyper-connections (mHC) x4", "Xie et al. 2025",
            "fusion_transformer", ("--hyper-connections-encoder", "manifold", "--hyper-connections-decoder", "manifold",
                                   "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
     Method("muddformer", "MUDDFormer", "Xiao et al. 2025 (ICML)", "fusion_transformer",
@@ -178,7 +179,7 @@ def match_candidates(method: Method, width: Width) -> List[int]:
     if method.match == "--layers":
         return list(range(1, 4 * (width.encoder_layers + width.decoder_layers) + 1))
     if method.match == "--ffn-embed-dim":
-        return list(range(width.ffn, 8 * width.ffn + 1, 8))
+        return list(range(width.ffn, 8 * width.ffn + 1))
     step = width.heads * 8 // math.gcd(width.heads, 8)  # --growth-dim: divisible by the heads, a multiple of 8
     return list(range(step, 2 * width.dim + 1, step))
 
@@ -486,7 +487,8 @@ def train_run(rdir: str, target: int) -> None:
     resume_from_newest_intact(save_dir)
     start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
              "device": f"{device_name('cuda')} (CUDA)" if config["device"] == "cuda" and torch.cuda.is_available() else
-             f"CPU {cpu_name()}, {os.cpu_count()} cores, {config['threads'] or torch.get_num_threads()} torch threads"}
+             f"CPU {cpu_name()}, {os.cpu_count()} cores, {config['threads'] or torch.get_num_threads()} torch threads",
+             "cpu_flags": cpu_flags()}
     argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir,
             *(["--cpu"] if config["device"] == "cpu" else [])]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
@@ -685,6 +687,14 @@ class Experiment:
                                   f"{settings.max_update}); use another --out or the original settings")
         self.plan = make_plan(self.concrete_methods(), settings, data_bin, recipe)
 
+    @functools.lru_cache(maxsize=None)
+    def data_sha256(self) -> str:
+        """The identity of the data every run trains on: the binarised splits, the dictionaries and the BPE codes."""
+        files = [os.path.join(self.data_bin, name) for name in os.listdir(self.data_bin)
+                 if name.endswith((".bin", ".idx")) or name.startswith("dict.")]
+        codes = os.path.join(os.path.dirname(self.data_bin), "code")
+        return tree_sha256(files + ([codes] if os.path.isfile(codes) else []))
+
     def test_sets(self) -> Dict[str, dict]:
         """Every test set of :data:`TEST_SETS` tokenised, BPE'd with the data's codes and binarised with its
         dictionaries, exactly as ``corpus prepare multi30k`` prepares its one test set, under
@@ -826,7 +836,7 @@ class Experiment:
                                *common_train_flags(settings, src, tgt, self.run_budget(name), method.lr),
                                "--seed", str(seed),
                                *(["--finetune-from-model", init] if init else []), *shlex.split(settings.train_args)],
-                "data_bin": self.data_bin, "beam": settings.beam, "gen_args": settings.gen_args, "recipe": self.recipe,
+                "data_bin": self.data_bin, "data_sha256": self.data_sha256(), "beam": settings.beam, "gen_args": settings.gen_args, "recipe": self.recipe,
                 "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints}
             check_config(rdir, config)
             os.makedirs(rdir, exist_ok=True)
@@ -900,10 +910,59 @@ class Experiment:
             return {}
 
 
-#: ``--reviewed``: the configurations of the round planned in examples/comparison/reviewed/plan.md
-REVIEWED_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "layerwise_coordination",
-                    "dense_transformer", "denseformer", "hyper_connections", "manifold_hyper_connections",
-                    "muddformer", "transformer_wide")
+#: ``--reviewed``: the configurations of the round planned in examples/comparison/reviewed/plan.md, in the
+#: order its parts train: the papers' rows and both Transformers first, then today's layer fusion
+REVIEWED_ROUNDS = (("transformer", "transformer_wide", "deeprep", "surface_fusion", "mlrf", "dense_transformer",
+                    "layerwise_coordination", "fgla"),
+                   ("denseformer", "hyper_connections", "muddformer", "mhc"))
+REVIEWED_METHODS = tuple(name for names in REVIEWED_ROUNDS for name in names)
+#: compared besides every configuration against the Transformer: (configuration, its other baseline)
+REVIEWED_EXTRA_COMPARISONS = (("deeprep", "transformer_wide"),)
+#: plan.md, "Runs that count": the 6+6 comparison's runs at 1e-3 whose configuration computes the same function
+#: now (tests/test_golden_outputs.py) and that trained on the round's CPU kind, {method: seeds}
+REVIEWED_REUSED = {"transformer": (1, 2, 3), "layerwise_coordination": (1, 2), "dense_transformer": (1, 2),
+                   "denseformer": (1, 2, 3), "mlrf": (2,), "deeprep": (2, 3), "surface_fusion": (2,), "fgla": (2, 3)}
+REVIEWED_CPU_KIND = "AMD EPYC"
+
+
+def reuse_runs(source: str, out: str, runs: Dict[str, Sequence[int]], cpu_kind: str) -> List[str]:
+    """Copy the scored runs ``runs`` ({method: seeds}) of an exported comparison (``source``/runs/METHOD/seedS:
+    done.json, run.log, the test translations; regular files only, no link followed) into ``out``, the paths
+    their done.json records moved from their old output folder to ``out``. A run already in ``out`` stays as
+    it is; one that is missing, or trained or scored on another CPU kind, is refused. Returns the runs copied."""
+    copied = []
+    for method, seeds in runs.items():
+        for seed in seeds:
+            source_dir, dest = run_dir(source, method, seed), run_dir(out, method, seed)
+            if os.path.lexists(dest):
+                continue
+            done = finished_run(source_dir)
+            if done is None or os.path.islink(source_dir):
+                raise ComparisonError(f"--reuse {source}: no scored run {method} seed {seed} there")
+            kinds = [device for device in done.get("devices", []) if not device.startswith(f"CPU {cpu_kind}")]
+            if kinds:
+                raise ComparisonError(f"--reuse {source}: {method} seed {seed} ran on {kinds[0]}, not on the round's "
+                                      f"CPU kind {cpu_kind}")
+            suffix = os.path.join("runs", method, f"seed{seed}")
+            old_out = done["scores"]["average"][TEST_SETS[0]]["hyp_detok"].split(os.sep + suffix + os.sep)[0]
+            copy_regular_files(source_dir, dest + ".partial")
+            moved = json.loads(json.dumps(done).replace(json.dumps(old_out + os.sep)[1:-1], json.dumps(out + os.sep)[1:-1]))
+            _write_json(os.path.join(dest + ".partial", "done.json"), moved)
+            os.replace(dest + ".partial", dest)
+            copied.append(f"{method} seed {seed}")
+    return copied
+
+
+def copy_regular_files(source: str, dest: str) -> None:
+    """The regular files and folders under ``source`` into a new ``dest``; links are neither followed nor copied."""
+    shutil.rmtree(dest, ignore_errors=True)  # a copy interrupted before: it was never renamed into place
+    for root, folders, files in os.walk(source):  # os.walk follows no link by default
+        target = os.path.join(dest, os.path.relpath(root, source))
+        os.makedirs(target, exist_ok=True)
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                shutil.copyfile(path, os.path.join(target, name), follow_symlinks=False)
 REVIEWED_LEARNING_RATES = (5e-4, 1e-3, 2e-3)
 REVIEWED_SEEDS = (1, 2, 3, 4, 5, 6)
 REVIEWED_LONGER_SEEDS = (1, 2, 3)
@@ -955,13 +1014,21 @@ class ReviewedExperiment(Experiment):
         return None if lr is None else self.variant(method, lr)
 
     def runs(self) -> List[Tuple[str, int]]:
-        settings, first = self.settings, self.settings.seeds[0]
-        grid = [(self.variant(m, lr).name, first) for m in self.methods for lr in settings.learning_rates]
-        chosen = [(m, self.main_variant(m)) for m in self.methods]
-        seeds = [(v.name, seed) for seed in settings.seeds[1:] for m, v in chosen if v]
-        longer = [(self.variant(m, v.lr, settings.longer_budget).name, seed) for seed in settings.longer_seeds
-                  for m, v in chosen if v and m.name in self.longer_methods()]
-        return grid + seeds + longer
+        """Per round of :data:`REVIEWED_ROUNDS` (a method in none: the last), its grid then its other seeds
+        (seed-major); then the Transformer at the longer budget; then every configuration decided on it."""
+        settings, first, runs = self.settings, self.settings.seeds[0], []
+        rounds = [[m for m in self.methods if m.name in names] for names in REVIEWED_ROUNDS]
+        rounds.append([m for m in self.methods if m.name not in REVIEWED_METHODS])
+        for methods in rounds:
+            runs += [(self.variant(m, lr).name, first) for m in methods for lr in settings.learning_rates]
+            chosen = [v for v in map(self.main_variant, methods) if v]
+            runs += [(v.name, seed) for seed in settings.seeds[1:] for v in chosen]
+        longer = [m for m in self.methods if m.name == "transformer" or m.name in self.longer_methods()]
+        for method in sorted(longer, key=lambda m: m.name != "transformer"):
+            lr = self.chosen_rates().get(method.name)
+            if lr is not None:
+                runs += [(self.variant(method, lr, settings.longer_budget).name, seed) for seed in settings.longer_seeds]
+        return runs
 
     def method(self, name: str) -> Optional[Method]:
         if name not in self.variants:
@@ -990,23 +1057,32 @@ class ReviewedExperiment(Experiment):
             log(f"{method.name}: learning rate {record['chosen'][method.name]:g} chosen")
             self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
 
-    def main_family(self) -> Dict[str, str]:
-        """{configuration at its chosen rate: the Transformer at its own}, every configuration but the Transformer."""
-        baseline = self.main_variant(METHODS["transformer"])
-        return {v.name: baseline.name for v in map(self.main_variant, self.methods)
-                if v and baseline and v.name != baseline.name}
+    def main_family(self) -> Dict[str, Tuple[str, str]]:
+        """{comparison: (configuration, baseline)} at the chosen rates: every configuration against the
+        Transformer, and :data:`REVIEWED_EXTRA_COMPARISONS` ("A vs B"); only those whose rates are chosen."""
+        chosen = {m.name: v for m, v in ((m, self.main_variant(m)) for m in self.methods) if v}
+        pairs = [(name, "transformer") for name in chosen if name != "transformer"]
+        pairs += [pair for pair in REVIEWED_EXTRA_COMPARISONS if pair[0] in chosen and pair[1] in chosen]
+        return {(chosen[a].name if b == "transformer" else f"{chosen[a].name} vs {chosen[b].name}"):
+                (chosen[a].name, chosen[b].name) for a, b in pairs if "transformer" in chosen}
 
     def main_verdicts(self) -> Optional[Dict[str, dict]]:
-        """:func:`seed_analysis.compare_with_baselines` once every run of stages 1-2 that it reads is scored."""
+        """:func:`seed_analysis.compare_with_baselines` over the whole family, once: when every configuration's
+        rate is chosen and every run on every seed that it reads is scored."""
         from fusion_fairseq.tools import seed_analysis
 
         family = self.main_family()
-        names = {*family, *family.values()}
-        if len(family) + 1 < len(self.methods) or not all(
-                finished_run(self.rdir(name, seed)) for name in names for seed in self.settings.seeds):
+        if len(self.chosen_rates()) < len(self.methods):
             return None
-        runs = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in self.settings.seeds} for name in names}
-        return seed_analysis.compare_with_baselines(runs, family)
+        names = {name for pair in family.values() for name in pair}
+        if not all(finished_run(self.rdir(name, seed)) for name in names for seed in self.settings.seeds):
+            return None
+        statistics = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in self.settings.seeds}
+                      for name in names}
+        runs = {comparison: statistics[configuration] for comparison, (configuration, _) in family.items()}
+        runs.update({baseline: statistics[baseline] for _, baseline in family.values()})
+        return seed_analysis.compare_with_baselines(runs, {comparison: baseline for comparison, (_, baseline)
+                                                           in family.items()})
 
     def choose_longer_budget(self) -> None:
         path = os.path.join(self.out, "longer_budget.json")
@@ -1015,13 +1091,23 @@ class ReviewedExperiment(Experiment):
         verdicts = self.main_verdicts()
         if verdicts is None:
             return
-        decided = [name.split("@")[0] for name, found in verdicts.items() if found["verdict"] != "undecided"]
+        decided = [name.split("@")[0] for name, found in verdicts.items()
+                   if found["verdict"] != "undecided" and " vs " not in name]
         methods = [m.name for m in self.methods if m.name == "transformer" or m.name in decided]
-        _write_json(path, {"rule": "the Transformer and every configuration decided better or worse on all seeds",
+        _write_json(path, {"rule": "the Transformer and every configuration decided better or worse than the "
+                                   "Transformer on all seeds",
                            "budget": self.settings.longer_budget, "seeds": list(self.settings.longer_seeds),
                            "methods": methods, "verdicts": {name: found["verdict"] for name, found in verdicts.items()}})
         log(f"longer budget ({self.settings.longer_budget} updates) for: {', '.join(methods)}")
         self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
+
+    def start(self, name: str, seed: int, step: str, updates: int) -> None:
+        """Every step on the round's CPU kind only (plan.md: one kind of machine)."""
+        kind = self.settings.cpu_kind
+        if self.settings.device == "cpu" and kind and not cpu_name().startswith(kind):
+            raise ComparisonError(f"--cpu-kind {kind}: this machine is {cpu_name()}; the round's runs train and are "
+                                  "scored on one CPU kind only")
+        super().start(name, seed, step, updates)
 
     def choose_composition(self) -> None:  # the stages take its place
         self.choose_learning_rates()
@@ -1094,6 +1180,10 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    "twice --max-update)")
     g.add_argument("--longer-seeds", type=int, nargs="+", help="with --reviewed: the seeds of stage 3 (default "
                    f"{' '.join(map(str, REVIEWED_LONGER_SEEDS))})")
+    g.add_argument("--reuse", help="with --reviewed: an exported comparison folder (runs/METHOD/seedS) whose runs of "
+                   "plan.md's 'Runs that count' are copied into --out before anything trains")
+    g.add_argument("--cpu-kind", help=f"with --reviewed: train and score only on a CPU whose name starts so (default "
+                   f"{REVIEWED_CPU_KIND!r}; '' for any)")
     g.add_argument("--optimizer", choices=("adam", "adam_with_overrides"), help="fairseq's adam (the default), or "
                    "adam_with_overrides (the default with --reviewed): the same Adam, honouring the parameters' own "
                    "settings (no weight decay on hyper-connections' static weights)")
@@ -1123,7 +1213,8 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     reviewed = settings.reviewed
     if not reviewed:
         given = [flag for flag, value in (("--learning-rates", settings.learning_rates), ("--longer-budget",
-                 settings.longer_budget), ("--longer-seeds", settings.longer_seeds)) if value is not None]
+                 settings.longer_budget), ("--longer-seeds", settings.longer_seeds), ("--reuse", settings.reuse),
+                 ("--cpu-kind", settings.cpu_kind)) if value is not None]
         if given:
             p.error(f"{', '.join(given)}: only with --reviewed")
     if reviewed and settings.deep:
@@ -1138,6 +1229,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         settings.learning_rates = settings.learning_rates or list(REVIEWED_LEARNING_RATES)
         settings.longer_budget = settings.longer_budget or 2 * settings.max_update
         settings.longer_seeds = settings.longer_seeds or list(REVIEWED_LONGER_SEEDS)
+        settings.cpu_kind = REVIEWED_CPU_KIND if settings.cpu_kind is None else settings.cpu_kind
     return settings
 
 
@@ -1159,6 +1251,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     claim_out_dir(settings.out, OUT_NAMES, "fusion-fairseq compare_methods.py", settings.force, "compare_methods.py",
                   ComparisonError)
     data_bin = prepare_data(settings)
+    if settings.reviewed and settings.reuse:
+        for run in reuse_runs(os.path.abspath(settings.reuse), settings.out, REVIEWED_REUSED, settings.cpu_kind):
+            log(f"{run}: reused from {settings.reuse}")
     experiment = (ReviewedExperiment if settings.reviewed else Experiment)(settings, methods, data_bin,
                                                                             corpus.read_recipe_env(data_bin))
     done = [run for run in experiment.runs() if finished_run(experiment.rdir(*run))]

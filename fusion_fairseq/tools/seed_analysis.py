@@ -287,22 +287,19 @@ DEFAULT_LEARNING_RATE = 1e-3
 #: ties: twice the seed-to-seed SD of a single run's final validation NLL in the 6+6 comparison (0.015 bits,
 #: pooled over its 12 configurations, 20 degrees of freedom) rounded up: sqrt(2) x 0.015 = 0.021
 NLL_TIE_BITS = 0.02
-#: for a configuration whose logged validation NLL is not a normalised likelihood (hard SurfaceFusion):
-#: validation BLEU, ties within sqrt(2) x the 6+6 comparison's pooled seed SD of test BLEU (0.26), rounded up
-BLEU_TIE = 0.4
 LEARNING_RATE_RULE = (
     "per configuration, on seed 1, one run at each peak learning rate of "
     f"{', '.join(f'{lr:g}' for lr in LEARNING_RATES)} (the same warm-up and linear decay); the validation NLL "
-    "(bits per target token) of the averaged checkpoint that would be scored, on the validation set only: the "
-    f"lowest wins; {DEFAULT_LEARNING_RATE:g} when it is within {NLL_TIE_BITS} bits of the lowest; a run that "
-    "diverged (no finite NLL) cannot win; the grid is not extended when an end of it wins. Hard SurfaceFusion, "
-    f"whose logged NLL is its un-normalised Eq. 6 score, ranks by validation BLEU instead, ties within {BLEU_TIE}")
+    "(bits per target token) fairseq logs at the budget, on the validation set only: the lowest wins; "
+    f"{DEFAULT_LEARNING_RATE:g} when it is within {NLL_TIE_BITS} bits of the lowest; a run that diverged (no "
+    "finite NLL) cannot win; the grid is not extended when an end of it wins. Hard SurfaceFusion's logged NLL is "
+    "that of its Eq. 6 score, lambda times the model's NLL plus 1 - lambda times the surface distribution's: not "
+    "comparable with other configurations', but the same weighted sum of two proper NLLs at each of its rates")
 
 
-def choose_learning_rate(validation: Mapping[float, Optional[float]], tolerance: float = NLL_TIE_BITS,
-                         higher_is_better: bool = False) -> float:
+def choose_learning_rate(validation: Mapping[float, Optional[float]], tolerance: float = NLL_TIE_BITS) -> float:
     """:data:`LEARNING_RATE_RULE`: ``validation`` maps each learning rate of :data:`LEARNING_RATES` to its
-    run's validation score (NLL by default; NaN or inf: the run diverged)."""
+    run's validation NLL at the budget (NaN or inf: the run diverged)."""
     if sorted(validation) != sorted(LEARNING_RATES):
         raise ValueError(f"validation: learning rates {sorted(validation)}; the rule needs exactly "
                          f"{sorted(LEARNING_RATES)}")
@@ -310,8 +307,7 @@ def choose_learning_rate(validation: Mapping[float, Optional[float]], tolerance:
     if unfinished:
         raise ValueError(f"validation: no score at learning rate(s) {unfinished}; the rule is applied once every "
                          "run of the grid has finished")
-    sign = -1.0 if higher_is_better else 1.0
-    losses = {lr: sign * value for lr, value in validation.items() if math.isfinite(value)}
+    losses = {lr: value for lr, value in validation.items() if math.isfinite(value)}
     if not losses:
         raise ValueError("validation: every run of the grid diverged (no finite score); no learning rate can be chosen")
     best = min(losses, key=lambda lr: (losses[lr], lr))  # an exact tie: the smaller rate
