@@ -1051,3 +1051,19 @@ def test_the_capacity_matched_transformer_widens_both_ffns():
     assert flags[flags.index("--encoder-ffn-embed-dim", flags.index("--share-all-embeddings")) + 1] == "984"
     assert flags[-4:] == ["--encoder-ffn-embed-dim", "984", "--decoder-ffn-embed-dim", "984"]
     assert wide.match_target == "deeprep" and comparison.match_candidates(wide, parse_width("6+6:128:512:4"))[0] == 512
+
+
+def test_the_train_one_worker_trains_the_named_run_with_the_launchers_threads(tmp_path, monkeypatch):
+    """``python -m fusion_fairseq.tools.comparison _train RUN UPDATE``, what ``launch.sh train-one`` starts:
+    the run's own training up to UPDATE with OMP_NUM_THREADS threads; anything else is refused in one line."""
+    run = tmp_path / "runs" / "transformer" / "seed1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    calls = []
+    monkeypatch.setattr(comparison, "train_run", lambda *args: calls.append(args))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    comparison.train_one([str(run), "3000"])
+    assert calls == [(str(run), 3000, 2)]
+    for argv in ([str(run)], [str(run), "many"], [str(tmp_path), "3000"]):
+        with pytest.raises(comparison.ComparisonError, match="_train RUN_DIR UPDATE"):
+            comparison.train_one(argv)

@@ -72,7 +72,13 @@ prepare_code() {
         "${PYTHON:-python3}" -m venv "$VENV"
         printf '%s\n' "$VENV" > "$VENV/$OWNED"
         "$PY" -m pip install --quiet torch==2.13.0
-        "$PY" -m pip install --quiet -e "$CODE"
+        LOCK=$CODE/examples/comparison/$NAME/requirements-lock.txt  # every version, where the comparison locks them
+        if [[ -f "$LOCK" ]]; then
+            "$PY" -m pip install --quiet -r "$LOCK"
+            "$PY" -m pip install --quiet --no-deps -e "$CODE"
+        else
+            "$PY" -m pip install --quiet -e "$CODE"
+        fi
     fi
     [[ -f "$VENV/$OWNED" && "$(cat "$VENV/$OWNED")" == "$VENV" ]] \
         || die "$VENV was not created by this script (no $OWNED naming it); remove it to have it made anew"
@@ -97,7 +103,7 @@ case "$STEP" in
         # Each training session of the run records its torch threads (sessions.json; the report's
         # devices); the report's CPU-hours count its seconds once, as for every run (--threads 1).
         RUN=${3:-}
-        [[ "$RUN" =~ ^runs/[a-z_]+/seed[0-9]+$ && -f "$EXP/$RUN/config.json" \
+        [[ "$RUN" =~ ^runs/[a-z_]+(@lr[0-9.e-]+)?(@[0-9]+)?/seed[0-9]+$ && -f "$EXP/$RUN/config.json" \
            && "$(realpath -e -- "$EXP/$RUN")" == "$EXP/$RUN" ]] \
             || die "RUN '$RUN': not a run that 'train' made in $EXP (runs/METHOD/seedN with its config.json, no link)"
         if training; then die "training (pid $(cat "$PIDFILE")) in $EXP: stop it (kill that pid) before training one run alone"; fi
@@ -170,7 +176,7 @@ print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || d
             done
             echo "restored: $run"
         done
-        for decision in composition.json third_seed.json; do  # decisions taken once, never retaken
+        for decision in composition.json third_seed.json learning_rates.json longer_budget.json; do  # taken once, never retaken
             if [[ -f "$SOURCE/$decision" && ! -e "$EXP/$decision" ]]; then cp -- "$SOURCE/$decision" "$EXP/"; fi
         done ;;
     *)

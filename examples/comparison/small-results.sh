@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "${1:?usage: small-results.sh DIR}"
 ls -d results.md results.json learning_curves.png budget.json composition.json third_seed.json plan.json \
+    learning_rates.json longer_budget.json \
     2>/dev/null || true
 find runs -type f \( -name config.json -o -name sessions.json -o -name done.json -o -name paired.json \
         -o -name run.log -o \( -path '*/eval-*' \( -name scores.json -o -name hyp.detok \) \) \) 2>/dev/null || true

@@ -476,25 +476,27 @@ def check_config(rdir: str, config: dict) -> None:
 TRAINING_MARK = "==== fairseq-train "
 
 
-def train_run(rdir: str, target: int) -> None:
+def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
     """``python -m fairseq_cli.train`` up to update ``target`` (resumed from ``checkpoint_last.pt``), appending
     to run.log. The plugin is the one beside this file (``--user-dir``, first on the path), and ``-m`` imports
-    from the working directory first: the run directory, never another checkout."""
+    from the working directory first: the run directory, never another checkout. ``threads``: torch's threads
+    (default: the run's, ``--threads``)."""
     import torch
 
     config = _read_json(os.path.join(rdir, "config.json"))
+    threads = threads or config["threads"]
     save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
     resume_from_newest_intact(save_dir)
     start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
              "device": f"{device_name('cuda')} (CUDA)" if config["device"] == "cuda" and torch.cuda.is_available() else
-             f"CPU {cpu_name()}, {os.cpu_count()} cores, {config['threads'] or torch.get_num_threads()} torch threads",
+             f"CPU {cpu_name()}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads",
              "cpu_flags": cpu_flags()}
     argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir,
             *(["--cpu"] if config["device"] == "cpu" else [])]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
-    if config["threads"]:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(config["threads"])
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     with open(log_path, "a", encoding="utf-8") as f:
         f.write(f"\n{TRAINING_MARK}{json.dumps(start)}\n$ fairseq-train {shlex.join(argv)}\n")
         f.flush()
@@ -1307,5 +1309,15 @@ def check_settings(settings, methods: List[Method]) -> None:
                                   "updates with a checkpoint")
 
 
+def train_one(argv: Sequence[str]) -> None:
+    """``python -m fusion_fairseq.tools.comparison _train RUN_DIR UPDATE`` (``launch.sh train-one``): one run
+    that the runner made, trained alone up to UPDATE with the threads of ``OMP_NUM_THREADS``."""
+    if len(argv) != 2 or not argv[1].isdigit() or not os.path.isfile(os.path.join(argv[0], "config.json")):
+        raise ComparisonError(f"_train RUN_DIR UPDATE: RUN_DIR a run folder with its config.json, UPDATE a "
+                              f"number; got {' '.join(argv)!r}")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    train_run(argv[0], int(argv[1]), int(threads) if threads.isdigit() else None)
+
+
 if __name__ == "__main__":
-    main()
+    train_one(sys.argv[2:]) if sys.argv[1:2] == ["_train"] else main()
