@@ -43,14 +43,16 @@ class _TorchReadingWeightsOnly:
         path = getattr(file, "name", file)
         try:
             state = torch.load(file, *args, **{**kwargs, "weights_only": True})
-        except pickle.UnpicklingError as error:  # a payload, or bytes that are no pickle
-            raise CheckpointContentError(f"{path}: cannot read the checkpoint safely ({unpickling_refusal(error)}): a "
-                                         "fairseq checkpoint holds tensors and configuration types only") from None
-        except EOFError:
-            raise CheckpointContentError(f"{path}: cannot read the checkpoint (EOFError: the file is empty or cut "
-                                         "short)") from None
-        except RuntimeError as error:  # torch's zip reader: a damaged or truncated file
-            raise CheckpointContentError(f"{path}: cannot read the checkpoint ({str(error).splitlines()[0]})") from None
+        except pickle.UnpicklingError as error:
+            # torch words a global of a module it blocks (posix, for os.system) otherwise than one it does not allow
+            refused = re.search(r"GLOBAL ([\w.]+)", str(error))
+            if refused is None:
+                raise damaged_file_error(path, error) from None
+            raise CheckpointContentError(f"{path}: cannot read the checkpoint safely (Unsupported global: GLOBAL "
+                                         f"{refused.group(1)}): a fairseq checkpoint holds tensors and configuration "
+                                         "types only") from None
+        except (EOFError, RuntimeError) as error:  # RuntimeError: torch's zip reader
+            raise damaged_file_error(path, error) from None
         if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
             raise CheckpointContentError(f"{path}: cannot read the checkpoint: it has no 'model' entry of parameters "
                                          "(not a fairseq checkpoint of a model)")
@@ -64,18 +66,15 @@ class _TorchReadingWeightsOnly:
         return state
 
 
-def unpickling_refusal(error: pickle.UnpicklingError) -> str:
-    """What torch's weights-only unpickler refused, in one line: the global (torch words a blocked module, such as
-    posix for os.system, otherwise than a global it does not allow) or the opcode; else its message's first line."""
+def damaged_file_error(path, error: Exception) -> CheckpointContentError:
+    """A file torch cannot read weights-only that carries no refused global: empty, cut short, no pickle, or a pickle
+    opcode outside the weights-only set; named in one line with torch's reason (its unpickler's, where it gives one)."""
     text = str(error)
-    found = re.search(r"GLOBAL ([\w.]+)", text)
-    if found:
-        return f"Unsupported global: GLOBAL {found.group(1)}"
     found = re.search(r"Unsupported operand \S+", text)
-    if found:
-        return found.group(0)
     lines = text.strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+    reason = found.group(0) if found else lines[0] if lines else "the file is empty or cut short"
+    return CheckpointContentError(f"{path}: cannot read the checkpoint, the file is damaged or not a fairseq checkpoint "
+                                  f"({type(error).__name__}: {reason})")
 
 
 def read_checkpoints_safely():
@@ -321,6 +320,48 @@ def require_known_architecture(state, path):
                 f"the plugin's architecture {name}; load the checkpoint without it")
 
 
+# --- what a checkpoint holds fits its model -----------------------------------------------------
+# Weights that are NaN or infinite load and fail later (the sequence generator's assertions) or not at all
+# (fairseq-validate reports a NaN loss and exits 0); weights of another shape, missing or extra fail fairseq's
+# strict load, whose 25-line traceback is read here for the first parameter it names.
+
+def require_finite_weights(state, path):
+    for name, tensor in state["model"].items():
+        if tensor.is_floating_point():
+            bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+            if bad:
+                raise CheckpointContentError(
+                    f"{path}: parameter {name} holds {bad} NaN or infinite value{'s' * (bad > 1)} of {tensor.numel()}; "
+                    "a model's weights are finite numbers (a training that diverged, or an edited file)")
+
+
+# torch's strict load_state_dict: (its words for a parameter, what they mean), the most telling first
+_STRICT_LOAD_FAULTS = (
+    (re.compile(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\((\[[\d, ]*\])\) from "
+                r"checkpoint, the shape in current model is torch\.Size\((\[[\d, ]*\])\)"),
+     "has shape {1} in the checkpoint but {2} in the model its configuration builds"),
+    (re.compile(r'Missing key\(s\) in state_dict: "([\w.]+)"'), "is missing from the checkpoint"),
+    (re.compile(r'Unexpected key\(s\) in state_dict: "([\w.]+)"'),
+     "is not a parameter of the model its configuration builds"),
+)
+
+
+def unfit_weights_error(error, path):
+    """For torch's strict-load error (or the error fairseq's trainer raised while handling it), a one-line
+    ``CheckpointContentError`` naming ``path`` and the first parameter that does not fit; else None."""
+    for candidate in (error, error.__cause__ or error.__context__):
+        text = str(candidate) if isinstance(candidate, RuntimeError) else ""
+        if path is None or not text.startswith("Error(s) in loading state_dict"):
+            continue
+        for pattern, meaning in _STRICT_LOAD_FAULTS:
+            found = pattern.search(text)
+            if found:
+                return CheckpointContentError(
+                    f"{path}: parameter {found.group(1)} {meaning.format(*found.groups())}; the checkpoint does not "
+                    "hold the weights of the configuration it stores")
+    return None
+
+
 # --- why fairseq loads a checkpoint ------------------------------------------------------------
 # fairseq's two entry points, ``load_checkpoint`` (fairseq-train) and ``load_model_ensemble_and_task``
 # (everything else), both call the reader ``load_checkpoint_to_cpu`` and the model hook
@@ -329,10 +370,11 @@ def require_known_architecture(state, path):
 # fresh; so may a ``model.load_state_dict(...)`` in code, the caller's own initialisation.
 
 class _Load:
-    def __init__(self, fine_tuning=False, resumed_with=None, hub=False):
+    def __init__(self, fine_tuning=False, resumed_with=None, hub=False, read=None):
         self.fine_tuning, self.hub = fine_tuning, hub
         self.resumed_with = resumed_with  # the command line's model configuration of a training (fairseq-train)
         self.conflicts = []  # structural changes found by the reader
+        self.read = read  # the checkpoint file the reader read last (else the one the entry point was given)
 
 
 _load = contextvars.ContextVar("fusion_fairseq_load", default=None)
@@ -369,9 +411,12 @@ def _checked_reader(read):
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         state = read(path, arg_overrides, load_on_all_ranks)
         require_known_architecture(state, path)
+        require_finite_weights(state, path)
         require_literal_task_and_criterion(state, path)
         forget_embedding_files(state)
         load = _load.get()
+        if load:
+            load.read = path
         if load and arg_overrides and \
                 {*structure(stored_model_config(state)), *ARCHITECTURE_FIELDS} & set(arg_overrides):
             # the state holds the overridden values: read the stored ones (only for such overrides)
@@ -402,6 +447,9 @@ def _recording(entry_point, describe=None, after=None):
         except Exception as error:
             if load.conflicts and configuration_error(error) is None:
                 raise load.conflicts[0] from None
+            unfit = unfit_weights_error(error, load.read)
+            if unfit is not None:
+                raise unfit from None
             raise
         finally:
             _load.reset(token)
@@ -447,6 +495,11 @@ def _hub_file_setting_errors(loaded, filenames, arg_overrides=None, *args, **kwa
     ) for setting in found]
 
 
+def _ensemble_load(filenames=(), *args, **kwargs):
+    """A load of ``filenames`` (the analysis scripts hand in the state they read: then no reader names the file)."""
+    return _Load(read=next(iter(filenames), None))
+
+
 def check_loaded_configurations():
     """Wrap fairseq's reader, its two entry points and ``from_pretrained`` (idempotent). ``load_model_ensemble``
     and the CLIs look the functions up in ``checkpoint_utils`` when they call them."""
@@ -456,7 +509,7 @@ def check_loaded_configurations():
         return
     checkpoint_utils.load_checkpoint_to_cpu = _checked_reader(checkpoint_utils.load_checkpoint_to_cpu)
     checkpoint_utils.load_model_ensemble_and_task = _recording(checkpoint_utils.load_model_ensemble_and_task,
-                                                               after=_hub_file_setting_errors)
+                                                               _ensemble_load, after=_hub_file_setting_errors)
     checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, lambda cfg, trainer, **kwargs: (
         _Load(fine_tuning=starts_from_pretrained_model(cfg, trainer), resumed_with=trainer.cfg.model)))
     hub_utils.from_pretrained = _recording(hub_utils.from_pretrained, lambda *args, **kwargs: _Load(hub=True))

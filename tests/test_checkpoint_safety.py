@@ -101,6 +101,9 @@ class RunsACommandWhenUnpickled:
         return (os.system, (f"touch {self.path}",))
 
 
+DAMAGED = "cannot read the checkpoint, the file is damaged or not a fairseq checkpoint "
+
+
 def unreadable_files(tmp_path):
     """{kind: (the file, what the one-line error names)}: payloads and damaged files torch cannot read weights-only."""
     marker = tmp_path / "pwned"
@@ -111,11 +114,11 @@ def unreadable_files(tmp_path):
         "legacy pickle": (lambda p: p.write_bytes(pickle.dumps({"model": payload}, protocol=2)),
                           "cannot read the checkpoint safely (Unsupported global: GLOBAL posix.system)"),
         "INST opcode": (lambda p: p.write_bytes(f"(S'touch {marker}'\nios\nsystem\n.".encode()),
-                        "cannot read the checkpoint safely (Unsupported operand 83)"),
-        "text": (lambda p: p.write_text("not a checkpoint\n"), "cannot read the checkpoint safely (Unsupported operand"),
-        "empty": (lambda p: p.write_bytes(b""), "cannot read the checkpoint (EOFError: the file is empty or cut short)"),
+                        DAMAGED + "(UnpicklingError: Unsupported operand 83)"),
+        "text": (lambda p: p.write_text("not a checkpoint\n"), DAMAGED + "(UnpicklingError: Unsupported operand"),
+        "empty": (lambda p: p.write_bytes(b""), DAMAGED + "(EOFError: the file is empty or cut short)"),
         "truncated": (lambda p: (torch.save({"model": {}}, p), p.write_bytes(p.read_bytes()[:200])),
-                      "cannot read the checkpoint (PytorchStreamReader failed reading zip archive"),
+                      DAMAGED + "(RuntimeError: PytorchStreamReader failed reading zip archive"),
     }
     return marker, files
 

@@ -697,3 +697,86 @@ def test_generate_reports_a_pickle_payload_in_one_line(tiny_data_bin, tmp_path):
     result = generate(tiny_data_bin, path)
     assert_one_line_error(result, f"{path}: cannot read the checkpoint safely (Unsupported global: GLOBAL posix.system)")
     assert not (tmp_path / "pwned").exists()
+
+
+# --- a checkpoint is checked for what it holds: shapes that fit its model, finite weights ---------
+
+@pytest.fixture(scope="module")
+def denseformer_checkpoint(tiny_data_bin, tmp_path_factory):
+    return train(tiny_data_bin, str(tmp_path_factory.mktemp("denseformer")), "fusion_transformer", *TINY_TRANSFORMER,
+                 "--denseformer-encoder", "--denseformer-decoder")
+
+
+def alpha_name(state):
+    return next(name for name in state["model"] if "alphas" in name)
+
+
+def wrong_shape(state):
+    name = alpha_name(state)
+    size = len(state["model"][name])
+    state["model"][name] = torch.zeros(size + 2)
+    return name, f"has shape [{size + 2}] in the checkpoint but [{size}] in the model its configuration builds"
+
+
+def nan_weight(state):
+    name = "encoder.layers.0.fc1.weight"
+    state["model"][name][0, 0] = float("nan")
+    return name, "holds 1 NaN or infinite value"
+
+
+def infinite_weight(state):
+    name = "decoder.embed_tokens.weight"
+    state["model"][name][1, :3] = float("inf")
+    return name, "holds 3 NaN or infinite values"
+
+
+def extra_weight(state):
+    state["model"]["encoder.extra.weight"] = torch.zeros(2)
+    return "encoder.extra.weight", "is not a parameter of the model its configuration builds"
+
+
+def missing_weight(state):
+    name = alpha_name(state)
+    del state["model"][name]
+    return name, "is missing from the checkpoint"
+
+
+HELD = {"wrong shape": wrong_shape, "NaN": nan_weight, "inf": infinite_weight, "extra": extra_weight,
+        "missing": missing_weight}
+
+
+@pytest.mark.parametrize("kind", list(HELD))
+def test_a_checkpoint_whose_weights_do_not_fit_or_are_not_finite_is_refused_naming_the_parameter(
+        denseformer_checkpoint, tmp_path, kind):
+    """Weights of the wrong shape, missing or extra gave a 25-line strict-load traceback; NaN or infinite ones loaded
+    (fairseq-validate exited 0, the sequence generator failed an assertion)."""
+    named = []
+    path = edited(denseformer_checkpoint, tmp_path, lambda state: named.extend(HELD[kind](state)))
+    name, message = named
+    with pytest.raises(ConfigurationError) as error:
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    text = str(error.value)
+    assert text.startswith(f"{path}: parameter {name} ") and message in text and "\n" not in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["wrong shape", "NaN"])
+def test_generate_reports_what_a_checkpoint_holds_in_one_line(denseformer_checkpoint, tiny_data_bin, tmp_path, kind):
+    named = []
+    path = edited(denseformer_checkpoint, tmp_path, lambda state: named.extend(HELD[kind](state)))
+    result = generate(tiny_data_bin, path)
+    assert_one_line_error(result, f"{path}: parameter {named[0]} ", named[1])
+
+
+@pytest.mark.parametrize("kind", ["wrong shape", "NaN"])
+def test_the_analysis_scripts_report_what_a_checkpoint_holds_in_one_line(denseformer_checkpoint, tiny_data_bin,
+                                                                         tmp_path, kind):
+    """They read the state themselves and hand it to fairseq's loader, which then reads no file."""
+    from fusion_fairseq.tools.analysis import UsageError, load_model
+
+    named = []
+    path = edited(denseformer_checkpoint, tmp_path, lambda state: named.extend(HELD[kind](state)))
+    with pytest.raises(UsageError) as error:
+        load_model(path, tiny_data_bin)
+    text = str(error.value)
+    assert f"{path}: parameter {named[0]} " in text and named[1] in text and "\n" not in text, text
