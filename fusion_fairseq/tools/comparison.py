@@ -1135,10 +1135,16 @@ class ReviewedExperiment(Experiment):
 
     def collect(self) -> dict:
         results = super().collect()
+        verdicts, longer = self.main_verdicts(), self.longer_verdicts()
+        for row in results["methods"]:  # each configuration's row shows its verdict against the Transformer
+            found = {**(verdicts or {}), **(longer or {})}.get(row["method"])
+            if found:
+                row["baseline"] = found["baseline"]
+                row["verdict"] = {"difference": round(found["difference"], 2), "verdict": found["verdict"],
+                                  "ci95": [round(found["ci"][0], 2), round(found["ci"][1], 2)]}
         results["reviewed"] = {"learning_rates": _read_json(os.path.join(self.out, "learning_rates.json")),
                                "longer_budget": _read_json(os.path.join(self.out, "longer_budget.json")),
-                               "family": self.main_family(), "verdicts": self.main_verdicts(),
-                               "longer_verdicts": self.longer_verdicts()}
+                               "family": self.main_family(), "verdicts": verdicts, "longer_verdicts": longer}
         return results
 
 

@@ -242,8 +242,9 @@ def summary_table(results: dict) -> List[str]:
                       f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–", *cells,
                       _mean_std(r["test"]["all"]), "–" if own else r["baseline"], _interval(r.get("verdict")),
                       "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"])
+    rule = "the paired analysis of the sections above" if results.get("reviewed") else VERDICT_RULE
     return _table("Summary", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the output's "
-                  f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: {VERDICT_RULE}.",
+                  f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: {rule}.",
                   ["method", "params", "vs Transformer", *(f"seed {seed}" for seed in seeds), "mean ± std",
                    "-baseline", "Δ [95% interval]", "-verdict"], table)
 
