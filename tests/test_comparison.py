@@ -271,7 +271,7 @@ def test_every_method_uses_known_flags():
 
     width = parse_width(comparison.DEFAULT_WIDTH)
     settings = SimpleNamespace(dropout=0.1, lr=1e-3, warmup=10, max_tokens=100, max_update=1, eval_every=1,
-                               log_interval=1, train_args="", lr_schedule="inverse_sqrt")
+                               log_interval=1, train_args="", lr_schedule="inverse_sqrt", optimizer="adam_with_overrides")
     known = options.get_training_parser()
     options.parse_args_and_arch(known, ["unused", "--user-dir", comparison.PLUGIN_DIR, "--arch", "fusion_transformer"])
     for method in METHODS.values():
@@ -279,7 +279,8 @@ def test_every_method_uses_known_flags():
                 flag.startswith("--denseformer" if method.name == "denseformer" else "--hyper-connections")
                 for action in known._actions for flag in action.option_strings):
             continue  # their flags come with the models of the main branch
-        flags = comparison.model_flags(method, width, 4 if method.match else None)
+        flags = comparison.model_flags(method, width, (width.ffn if method.match == "--ffn-embed-dim" else 4)
+                                       if method.match else None)
         argv = ["unused", "--user-dir", comparison.PLUGIN_DIR, *flags, *(method.criterion or comparison.DEFAULT_CRITERION),
                 *comparison.common_train_flags(settings, "de", "en")]
         args = options.parse_args_and_arch(options.get_training_parser(), argv)
@@ -410,8 +411,9 @@ def test_the_methods_table_sets_each_gap_beside_its_papers():
     table = report.methods_table(rows)
     assert table[-1].startswith("| MLRF Both-FNN-SA | Wang et al. 2018") and "| +0.92 (IWSLT14 De-En, Table 2" in table[-1]
     assert "| – |" in table[-2]
-    # every paper's row has its gap, but the baselines and the two papers measured on language models (no BLEU)
-    no_gap = ("transformer", "transformer_continued", "denseformer", "hyper_connections")
+    # every paper's row has its gap, but the baselines and the papers measured on language models (no BLEU)
+    no_gap = ("transformer", "transformer_continued", "transformer_wide", "denseformer", "hyper_connections", "mhc",
+              "muddformer")
     assert all(m.paper_gap for m in METHODS.values() if m.name not in no_gap)
 
 

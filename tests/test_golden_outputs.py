@@ -113,3 +113,21 @@ def test_the_pinned_deep_comparison_computes_what_main_computes():
     assert pinned and set(pinned) <= set(STORED)
     changed = {key for key in pinned if pinned[key] != STORED[key]}
     assert changed == set(CHANGED_SINCE_THE_DEEP_COMPARISON)
+
+
+def test_the_pinned_reviewed_comparison_computes_what_main_computes():
+    """The reviewed comparison trains from the commit pinned in examples/comparison/reviewed.sh: its stored
+    golden outputs of every configuration it trains are the ones main stores (and computes, above). A change
+    that moves one of them must restart that configuration's runs with a new pin."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "examples", "comparison", "reviewed.sh"), encoding="utf-8") as f:
+        pinned_line = re.search(r"^PIN=([0-9a-f]{40})\b", f.read(), re.M)
+    if pinned_line is None:
+        pytest.skip("examples/comparison/reviewed.sh pins no commit yet")
+    shown = subprocess.run(["git", "-C", repo, "show", f"{pinned_line.group(1)}:tests/golden_outputs.json"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"the pinned commit is not in this checkout's history ({shown.stderr.strip()[:100]})")
+    pinned = {key: value for key, value in json.loads(shown.stdout).items() if key.startswith("reviewed/")}
+    assert pinned and pinned == {key: value for key, value in STORED.items() if key.startswith("reviewed/")}
+
