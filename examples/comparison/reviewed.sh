@@ -20,7 +20,7 @@
 # of fusion_fairseq/tools/seed_analysis.py at PIN, in the order plan.md gives.
 set -euo pipefail
 NAME=reviewed
-PIN=
+PIN=d01d8aee055696f3fa48457850339f8b41cc3c9a  # the commit every step runs
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 COMPARISON_ARGS=(--reviewed --max-update 3000 --eval-every 250 --jobs 2 --threads 1 --planned-cpu-hours 290
                  --reuse "$HERE/deep")
