@@ -10,7 +10,6 @@ import itertools
 import os
 import pickle
 import re
-import sys
 import typing
 
 import torch
@@ -515,28 +514,10 @@ def check_loaded_configurations():
     hub_utils.from_pretrained = _recording(hub_utils.from_pretrained, lambda *args, **kwargs: _Load(hub=True))
 
 
-# --- configuration errors print as one line ---------------------------------------------------
-# Values checked while the model is built (after fairseq's parser) fail as argparse's do: an uncaught
-# ConfigurationError, also one fairseq re-raised, prints "PROG: error: MESSAGE"; others keep their traceback.
+# --- the plugin's error behind one fairseq re-raised ----------------------------------------------
 
 def configuration_error(error):
     """``error`` or the one it was raised while handling (fairseq's trainer re-raises a failed load),
     whichever is a :class:`ConfigurationError`; else None."""
     candidates = (error, error.__cause__ or error.__context__)
     return next((candidate for candidate in candidates if isinstance(candidate, ConfigurationError)), None)
-
-
-def print_configuration_errors_in_one_line():
-    previous = sys.excepthook
-    if getattr(previous, "prints_configuration_errors_in_one_line", False):
-        return
-
-    def excepthook(kind, error, traceback):
-        cause = configuration_error(error)
-        if cause is None:
-            return previous(kind, error, traceback)
-        message = str(cause) if cause is error else f"{error}: {cause}"
-        sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {' '.join(message.splitlines())}\n")
-
-    excepthook.prints_configuration_errors_in_one_line = True
-    sys.excepthook = excepthook

@@ -2,5 +2,5 @@
 
 
 class ConfigurationError(ValueError):
-    """A flag, override or stored value the plugin refuses, named with what is allowed; it prints as one line
-    (``checkpoint_safety``). A ``ValueError``, so that code catching fairseq's configuration errors catches it."""
+    """A flag, override or stored value the plugin refuses, in one line naming it, its value and what is allowed.
+    A ``ValueError``, so that code catching fairseq's configuration errors catches it."""

@@ -1,8 +1,8 @@
-"""Narrow fixes of upstream fairseq (main branch and ve-fairseq 0.12.3), applied on import (``global_changes``):
-the last partial batch is kept (fairseq #5036), multi-process training runs on the CPU (gloo, a loopback-only
-store, ranks that end with their parent), ``--bf16`` trains without a TPU (fairseq #4696), and a resumed
-training gets the batches of the run it continues. Why each, and what holds: docs/safety.md ("What importing
-the plugin changes", "Training in several processes on the CPU") and docs/models.md ("fairseq features")."""
+"""Narrow fixes of upstream fairseq (main branch and ve-fairseq 0.12.3), applied when the plugin's models are
+registered (``global_changes``): multi-process training runs on the CPU (fairseq #2879: gloo, a loopback-only store,
+ranks that end with their parent), ``--bf16`` trains without a TPU (fairseq #4696), and a resumed training gets the
+batches of the run it continues. Why each, and what holds: docs/safety.md ("What loading the plugin changes",
+"Training in several processes on the CPU")."""
 
 import ctypes
 import datetime
@@ -20,9 +20,7 @@ import time
 import urllib.parse
 import warnings
 
-import numpy as np
 import torch
-from fairseq.data import data_utils
 from fairseq.distributed import utils as distributed_utils
 from fairseq.models import distributed_fairseq_model
 
@@ -37,27 +35,6 @@ def _wrap_once(owner, name, wrap, mark):
         wrapper = wrap(getattr(owner, name))
         setattr(wrapper, mark, True)
         setattr(owner, name, wrapper)
-
-
-def with_last_partial_batch(batch_by_size):
-    @functools.wraps(batch_by_size)
-    def wrapper(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None, max_sentences=None,
-                required_batch_size_multiple=1, fixed_shapes=None):
-        if not isinstance(indices, np.ndarray):  # an iterator could be read only once
-            indices = np.fromiter(indices, dtype=np.int64, count=-1)
-        batches = batch_by_size(indices, num_tokens_fn, num_tokens_vec, max_tokens, max_sentences,
-                                required_batch_size_multiple, fixed_shapes)
-        covered = sum(len(batch) for batch in batches)
-        # the batches are consecutive runs of ``indices``: what is left out is their tail (fixed shapes: by design)
-        if fixed_shapes is None and covered < len(indices):
-            batches = list(batches) + [indices[covered:]]
-        return batches
-
-    return wrapper
-
-
-def keep_last_partial_batch():
-    _wrap_once(data_utils, "batch_by_size", with_last_partial_batch, "_keeps_last_partial_batch")
 
 
 def with_batches_of_the_first_epoch(get_batch_iterator):
@@ -309,10 +286,10 @@ class DistributedDataParallelOnCpu(torch.nn.parallel.DistributedDataParallel):
     torch then broadcasts the buffers once at build, which every rank holds the same)."""
 
     def __init__(self, module, device_ids=None, output_device=None, **kwargs):
-        if all(parameter.device.type == "cpu" for parameter in module.parameters()):
+        if all(parameter.device.type == "cpu" for parameter in module.parameters()):  # a GPU's DDP stays fairseq's
             device_ids = output_device = None
-        if _FORWARD_SYNC and "broadcast_buffers" in kwargs and "forward_sync_buffers" not in kwargs:
-            kwargs["forward_sync_buffers"] = kwargs.pop("broadcast_buffers")
+            if _FORWARD_SYNC and "broadcast_buffers" in kwargs and "forward_sync_buffers" not in kwargs:
+                kwargs["forward_sync_buffers"] = kwargs.pop("broadcast_buffers")
         super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
 
 

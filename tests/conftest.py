@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import fusion_fairseq
+import fusion_fairseq.models  # noqa: F401  (registers the plugin, as --user-dir does)
 from fusion_fairseq.cli import user_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

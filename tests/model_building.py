@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from fairseq import options
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-import fusion_fairseq  # noqa: F401  (registers the architectures)
+import fusion_fairseq.models  # noqa: F401  (registers the plugin)
 from fusion_fairseq.tools.common import count_parameters, dictionary_of_size  # noqa: F401  (the tests' imports)
 
 

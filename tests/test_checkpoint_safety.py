@@ -9,7 +9,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-import fusion_fairseq  # noqa: F401  (allow-lists the checkpoint types on import)
+import fusion_fairseq.models  # noqa: F401  (registers the plugin; reads fairseq checkpoints under torch >= 2.6)
 from fusion_fairseq.checkpoint_safety import CheckpointContentError
 
 

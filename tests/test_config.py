@@ -17,7 +17,7 @@ from fairseq import checkpoint_utils
 from fairseq.dataclass import FairseqDataclass
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
 
-import fusion_fairseq  # noqa: F401  (registers the models)
+import fusion_fairseq.models  # noqa: F401  (registers the plugin)
 from fusion_fairseq.checkpoint_safety import structural_flags
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.config_fields import (

@@ -366,7 +366,7 @@ def test_fairseq_train_logs_the_layer_diversity(tiny_data_bin, tmp_path):
     output = result.stdout + result.stderr
     if result.returncode != 0 and f"invalid choice: '{NAME}'" in output:
         pytest.skip(
-            f"criterion {NAME} is not registered by `import fusion_fairseq` yet: add "
+            f"criterion {NAME} is not registered by `import fusion_fairseq.models` yet: add "
             "`from . import label_smoothed_cross_entropy_with_layer_diversity` to fusion_fairseq/criterions/__init__.py"
         )
     assert result.returncode == 0, output[-5000:]

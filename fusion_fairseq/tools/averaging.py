@@ -23,7 +23,7 @@ def average_checkpoints(paths: Sequence[str], out: str) -> str:
     another structural configuration, other parameter names or shapes."""
     import torch
 
-    import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
+    import fusion_fairseq.models  # noqa: F401  (registers the plugin; reads fairseq checkpoints under torch >= 2.6)
     from fusion_fairseq.checkpoint_safety import stored_model_config, structural_differences
 
     states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]

@@ -41,7 +41,7 @@ from fairseq.data.language_pair_dataset import collate
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-import fusion_fairseq  # noqa: F401  (registers the plugin's architectures)
+import fusion_fairseq.models  # noqa: F401  (registers the plugin)
 from fusion_fairseq.tools.analysis import (
     UsageError, add_force_argument, check_outputs, checked, format_matrix, markdown_rows, number, write_json,
     write_markdown)

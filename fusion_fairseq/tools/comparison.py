@@ -409,7 +409,7 @@ def checkpoint_updates(path: str) -> Optional[int]:
     """None when the file cannot be read (truncated, empty)."""
     import torch
 
-    import fusion_fairseq  # noqa: F401  (allow-lists the configuration types of fairseq checkpoints)
+    import fusion_fairseq.models  # noqa: F401  (registers the plugin; reads fairseq checkpoints under torch >= 2.6)
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
