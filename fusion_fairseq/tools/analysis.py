@@ -251,6 +251,7 @@ def read_checkpoint(path: str, overrides: Optional[dict] = None):
     from fairseq import checkpoint_utils
     from fairseq.tasks import TASK_REGISTRY
 
+    import fusion_fairseq.models  # noqa: F401  (registers the plugin; its reader reads checkpoints safely)
     from fusion_fairseq.checkpoint_safety import CheckpointContentError, stored_value
 
     if not os.path.isfile(path):
