@@ -25,7 +25,7 @@ from fusion_fairseq.checkpoint_safety import stored_model_config  # noqa: E402
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_fairseq.tools.analysis import ReportedError, UsageError, checkpoint_setting, finite, format_matrix, \
     number, positive, pyplot, read_checkpoint, run_parallel, script_main, script_parser, write_outputs  # noqa: E402
-from fusion_fairseq.tools.common import refuse_existing_output  # noqa: E402
+from fusion_fairseq.tools.common import refuse_existing_output, write_file  # noqa: E402
 
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
 LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")
@@ -95,8 +95,7 @@ def run_generate(args, layer: int | None) -> dict:
         raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) ran past --timeout {args.timeout}s")
     if args.keep_outputs:  # a directory, made if missing
         os.makedirs(args.keep_outputs, exist_ok=True)
-        with open(os.path.join(args.keep_outputs, f"generate-{layer_label(layer)}.txt"), "w") as handle:
-            handle.write(result.stdout)
+        write_file(os.path.join(args.keep_outputs, f"generate-{layer_label(layer)}.txt"), result.stdout)
     if result.returncode != 0:
         raise ReportedError(f"fairseq-generate (mask {layer_label(layer)}) failed with exit status "
                             f"{result.returncode}:\n  {' '.join(command)}\n{result.stderr[-3000:]}")

@@ -51,9 +51,8 @@ def assert_complete_row(row):
 @pytest.fixture(scope="module")
 def synthetic_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("qs") / "out"
-    out.mkdir()
-    (out / "my-notes.txt").write_text("user data\n")
     stdout = run_quickstart("--out", out, "--train-size", 300, "--valid-size", 20, "--test-size", 12, *TINY)
+    (out / "my-notes.txt").write_text("user data\n")  # the user's, in quickstart's folder
     return out, stdout
 
 

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional
 import torch
 
 from fusion_fairseq.errors import ConfigurationError
-from fusion_fairseq.tools.common import refuse_existing_output
+from fusion_fairseq.tools.common import refuse_existing_output, replace_atomically, write_file
 
 # Figures are a few inches wide: 1200 dots per inch is print quality, and far more exhausts memory.
 MAX_DPI = 1200
@@ -134,8 +134,7 @@ def check_outputs(args, outputs, inputs=()) -> None:
 
 def write_markdown(path: str, text: str) -> None:
     """Write ``text`` to ``path`` and say so on stdout."""
-    with open(path, "w") as handle:
-        handle.write(text)
+    write_file(path, text)
     print(f"wrote {path}")
 
 
@@ -143,11 +142,16 @@ def write_json(path: str, result: dict) -> None:
     write_markdown(path, json.dumps(result, indent=1))
 
 
+def save_figure(figure, file, name: str, dpi: int) -> None:
+    """``figure`` into the open ``file``, in the format ``name``'s extension names (as ``savefig(name)`` picks it)."""
+    figure.savefig(file, dpi=dpi, format=os.path.splitext(name)[1][1:].lower() or None)
+
+
 def write_outputs(args, result: dict, figure=None) -> dict:
     """The end of every analysis: ``figure`` (a matplotlib figure, or None) to ``--out``, ``result``
     to ``--json`` when asked for; returns ``result``."""
     if figure is not None:
-        figure.savefig(args.out, dpi=args.dpi)
+        replace_atomically(args.out, lambda file: save_figure(figure, file, args.out, args.dpi))
         pyplot().close(figure)
         print(f"wrote {args.out}")
     if args.json:

@@ -1,5 +1,5 @@
-"""Helpers the project's tools and scripts share: argument types, the rule for existing output
-files, stand-in dictionaries, parameter counts, the description of the machine a figure was
+"""Helpers the project's tools and scripts share: argument types, the one way to write a file
+(:func:`replace_atomically`) and to claim a folder (:func:`claim_out_dir`), stand-in dictionaries, parameter counts, the description of the machine a figure was
 measured on and the validation curve of a fairseq-train log."""
 
 import json
@@ -7,6 +7,8 @@ import os
 import pathlib
 import platform
 import re
+import shutil
+import stat
 import sys
 import tempfile
 from typing import Dict, List, Optional
@@ -32,32 +34,85 @@ def refuse_existing_output(flag: str, path: str, force: bool, error: type = File
         raise error(f"{flag} {path} exists; pass --force to overwrite it, or give another name")
 
 
-def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error) -> None:
-    """An --out folder is a tool's own when its stamp file ``.written_by`` (a regular file, not a link) holds
-    ``stamp``; one holding any of ``names`` without it is refused unless ``force`` (``raise error(message)``).
-    Outputs that are links to files or hard-linked files are removed, so that nothing is written through
-    them (a link to a folder is kept: it is written into, not replaced); then the folder is stamped."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise error(f"--out '{out}' is not a directory")
-    stamp_path, names = os.path.join(out, ".written_by"), list(dict.fromkeys([*names, ".written_by"]))
-    own = (os.path.isfile(stamp_path) and not os.path.islink(stamp_path)
-           and pathlib.Path(stamp_path).read_text(encoding="utf-8").splitlines() == [stamp])
-    found = [name for name in names if os.path.lexists(os.path.join(out, name))]
-    if found and not own and not force:
-        raise error(f"--out '{out}' holds files that {tool} did not write: {' '.join(found)}; pass --force to "
-                    "replace them, or give another --out")
-    for output in (os.path.join(out, name) for name in names):
-        if (os.path.islink(output) and not os.path.isdir(output)) or (os.path.isfile(output)
-                                                                       and os.stat(output).st_nlink > 1):
-            os.remove(output)
-    os.makedirs(out, exist_ok=True)
-    pathlib.Path(stamp_path).write_text(stamp + "\n", encoding="utf-8")
+def trust_problem(path: str) -> Optional[str]:
+    """Why ``path`` is not this user's own, judged as ssh judges a key file: it is a symbolic link, another
+    user owns it, or group or others may write it. None when it is trusted."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if info.st_uid != os.geteuid():
+        return f"is owned by uid {info.st_uid}, not by the user running this (uid {os.geteuid()})"
+    if info.st_mode & 0o022:
+        return f"is writable by {'group' if info.st_mode & 0o020 else 'others'} (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
 
 
-def replace_atomically(path: str, write) -> None:
-    """``write(file)`` into a new binary file created exclusively in ``path``'s directory, then
-    ``os.replace`` it onto ``path``: no other file is written (not a ``PATH.tmp`` of the user's, not
-    the target of a link named ``path``, which is itself replaced), and a failed write leaves nothing."""
+STAMP = ".written_by"
+
+
+def stamped(folder: str, stamp: str) -> bool:
+    """A tool's own folder: trusted (:func:`trust_problem`, the folder a user-named link leads to), holding a
+    trusted regular file ``.written_by`` whose one line is ``stamp``."""
+    path = os.path.join(folder, STAMP)
+    return (os.path.isdir(folder) and trust_problem(os.path.realpath(folder)) is None and os.path.lexists(path)
+            and trust_problem(path) is None and stat.S_ISREG(os.lstat(path).st_mode)
+            and pathlib.Path(path).read_text(encoding="utf-8", errors="replace").splitlines() == [stamp])
+
+
+def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error, flag: str = "--out") -> None:
+    """Make ``out`` a tool's own folder before anything is written into it. A folder that is not the tool's
+    (:func:`stamped`) is written into only when it is empty, or with ``force``; else ``raise error(message)``
+    naming what it holds (first the tool's ``names``). Then the ``names`` that are links, or files with other
+    hard links, are removed, so that a program writing them (fairseq) makes new files instead of writing
+    through them; the folder is made if needed, closed to group and others' writes, and stamped."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise error(f"{flag} '{out}' is not a directory")
+    names = list(dict.fromkeys([*names, STAMP]))
+    if os.path.isdir(out) and not stamped(out, stamp):
+        found = [name for name in names if os.path.lexists(os.path.join(out, name))] or sorted(os.listdir(out))
+        if found and not force:
+            shown = " ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+            raise error(f"{flag} '{out}' holds files that {tool} did not write: {shown}; pass --force to replace "
+                        f"them, or give another {flag}")
+    remove_links(out, names)
+    make_own_folder(out)
+    write_file(os.path.join(out, STAMP), stamp + "\n")
+    os.chmod(os.path.join(out, STAMP), 0o644)  # trusted whatever the umask
+
+
+def folder_without_links(path: str) -> None:
+    """``path`` as a folder a program (fairseq) writes files into by their names: a link there is removed and the
+    folder made, then every link and hard-linked file in it removed, so that what it writes makes new files."""
+    if os.path.islink(path):
+        os.remove(path)
+    make_own_folder(path)
+    remove_links(path, os.listdir(path))
+
+
+def remove_links(folder: str, names) -> None:
+    """The ``names`` in ``folder`` that are symbolic links (to a file or a folder) or files with other hard links,
+    removed; what they lead to stays. A program that then writes them (fairseq) makes new files instead of
+    writing through them."""
+    for path in (os.path.join(folder, name) for name in names):
+        if os.path.islink(path) or (os.path.isfile(path) and os.stat(path).st_nlink > 1):
+            os.remove(path)
+
+
+def make_own_folder(path: str) -> None:
+    """``path`` made if missing, then closed to group and others' writes, so that :func:`trust_problem`
+    trusts it (a link the user named is followed: the folder it leads to is closed)."""
+    os.makedirs(path, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o022:
+        os.chmod(path, mode & ~0o022)
+
+
+def replace_atomically(path: str, write, keep_partial: bool = False) -> None:
+    """Every file the project writes is written here: ``write(file)`` into a new binary file created
+    exclusively in ``path``'s directory, then ``os.replace`` it onto ``path``. No other file is written (not
+    a ``PATH.tmp`` of the user's, not the target of a link named ``path``, which is itself replaced, not a
+    file hard-linked to ``path``, whose other names keep their content), and a failed write leaves nothing
+    (``keep_partial``: a log, whose partial content still replaces ``path``)."""
     fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
     try:
         umask = os.umask(0)
@@ -65,10 +120,35 @@ def replace_atomically(path: str, write) -> None:
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp's file is private: give it an ordinary file's mode
         with os.fdopen(fd, "wb") as file:
             write(file)
-        os.replace(temporary, path)
     except BaseException:
-        os.unlink(temporary)
+        if keep_partial:
+            os.replace(temporary, path)
+        else:
+            os.unlink(temporary)
         raise
+    os.replace(temporary, path)
+
+
+def copy_file(source: str, path: str) -> None:
+    """``source``'s bytes as the new content of ``path``, by :func:`replace_atomically`."""
+    with open(source, "rb") as original:
+        replace_atomically(path, lambda file: shutil.copyfileobj(original, file))
+
+
+def append_to_log(path: str):
+    """``path`` opened to append to (a log kept across sessions, made if missing), never through a link
+    (refused by the kernel: ELOOP) nor into a file with other hard links."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    if os.fstat(fd).st_nlink > 1:
+        os.close(fd)
+        raise OSError(f"{path} has other hard links: not appended to")
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def write_file(path: str, data) -> None:
+    """``data`` (text, written as UTF-8, or bytes) as the whole new content of ``path``, by :func:`replace_atomically`."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    replace_atomically(path, lambda file: file.write(payload))
 
 
 def dictionary_of_size(size: int):

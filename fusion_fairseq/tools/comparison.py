@@ -8,6 +8,7 @@ import bisect
 import contextlib
 import functools
 import importlib.metadata
+import io
 import json
 import logging
 import math
@@ -25,9 +26,9 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fusion_fairseq.tools import comparison_report as report, corpus
-from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, PLUGIN_DIR, claim_out_dir, count_parameters, cpu_flags,
-                                         cpu_name, device_name, learning_curve, positive_int, replace_atomically,
-                                         tree_sha256)
+from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, PLUGIN_DIR, append_to_log, claim_out_dir, copy_file,
+                                         count_parameters, cpu_flags, cpu_name, device_name, learning_curve,
+                                         positive_int, replace_atomically, tree_sha256)
 from fusion_fairseq.tools.comparison_report import TEST_SETS
 
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -264,11 +265,17 @@ def prepare_data(args) -> str:
     log(f"preparing the data: python -m fusion_fairseq.tools.corpus {shlex.join(argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with open(log_path, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        try:
-            corpus.main(argv)
-        except SystemExit as error:  # recipe.env, written last, is then missing
-            print(error.code, file=f)
+
+    def prepare(file):
+        text = io.TextIOWrapper(file, encoding="utf-8", write_through=True)
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            try:
+                corpus.main(argv)
+            except SystemExit as error:  # recipe.env, written last, is then missing
+                print(error.code, file=text)
+        text.detach()
+
+    replace_atomically(log_path, prepare, keep_partial=True)
     if not os.path.isfile(os.path.join(data_bin, "recipe.env")):
         tail = "\n".join(corpus.read_lines(log_path))[-3000:]
         raise ComparisonError(f"preparing the data failed; log {log_path}:\n{tail}")
@@ -437,8 +444,7 @@ def resume_from_newest_intact(save_dir: str) -> None:
         os.replace(last, aside)
         log(f"{last} is unreadable (kept as {aside})")
     if intact:
-        shutil.copyfile(intact[1], last + ".tmp")
-        os.replace(last + ".tmp", last)
+        copy_file(intact[1], last)
         log(f"resuming from {os.path.basename(intact[1])} (update {intact[0]}): checkpoint_last.pt was "
             + ("older" if last_updates is not None else "missing or unreadable"))
 
@@ -497,7 +503,7 @@ def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    with open(log_path, "a", encoding="utf-8") as f:
+    with append_to_log(log_path) as f:
         f.write(f"\n{TRAINING_MARK}{json.dumps(start)}\n$ fairseq-train {shlex.join(argv)}\n")
         f.flush()
         rc = subprocess.call([sys.executable, "-m", "fairseq_cli.train", *argv], stdout=f, stderr=subprocess.STDOUT,
@@ -964,7 +970,7 @@ def copy_regular_files(source: str, dest: str) -> None:
         for name in files:
             path = os.path.join(root, name)
             if os.path.isfile(path) and not os.path.islink(path):
-                shutil.copyfile(path, os.path.join(target, name), follow_symlinks=False)
+                copy_file(path, os.path.join(target, name))
 REVIEWED_LEARNING_RATES = (5e-4, 1e-3, 2e-3)
 REVIEWED_SEEDS = (1, 2, 3, 4, 5, 6)
 REVIEWED_LONGER_SEEDS = (1, 2, 3)

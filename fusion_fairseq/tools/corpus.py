@@ -28,7 +28,7 @@ from multiprocessing import Pool
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.tools.analysis import checked, finite
-from fusion_fairseq.tools.common import claim_out_dir, positive_int
+from fusion_fairseq.tools.common import claim_out_dir, make_own_folder, positive_int, replace_atomically, write_file
 
 SPLITS = ("train", "valid", "test")
 
@@ -114,18 +114,9 @@ class Parser(argparse.ArgumentParser):
 usage_error = Parser(prog="corpus").error  # a bad flag or value: one line, exit status 2, before any work
 
 
-def unlink_if_linked(path):
-    """Remove ``path`` if it is a symbolic link or a file with other hard links, so that writing it
-    makes a new file instead of changing the one it leads to (a user's input, their codes)."""
-    if os.path.islink(path) or (os.path.isfile(path) and os.stat(path).st_nlink > 1):
-        os.remove(path)
-
-
 def write_lines(path, lines):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    unlink_if_linked(path)
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(line + "\n" for line in lines)
+    write_file(path, "".join(line + "\n" for line in lines))
 
 
 def read_lines(path):
@@ -145,41 +136,45 @@ def run_fairseq(tool, args, log_path=None, env=None, on_line=None):
     """``fairseq-TOOL ARGS`` (``python -m fairseq_cli.TOOL``: this interpreter's fairseq), its output after the
     command line in ``log_path``, each line handed to ``on_line``; the CPU seconds it used (its own, also when
     several run at once). A failure is an error naming the tool and ending with the output's last lines."""
-    command, tail = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)], ""
-    with open(log_path or os.devnull, "w", encoding="utf-8") as log_file:
-        log_file.write("$ " + " ".join(command) + "\n")
+    command, ended = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)], {}
+
+    def run(log_file):
+        tail = ""
+        log_file.write(("$ " + " ".join(command) + "\n").encode())
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                    env=env or {**os.environ, "PYTHONWARNINGS": "ignore"})
         for line in process.stdout:
-            log_file.write(line)
+            log_file.write(line.encode())
             log_file.flush()
             tail = (tail + line)[-4000:]
             if on_line is not None:
                 on_line(line.rstrip("\n"))
         process.stdout.close()
         _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode:
+        ended.update(code=os.waitstatus_to_exitcode(status), tail=tail, cpu=usage.ru_utime + usage.ru_stime)
+
+    # the log appears under its name when the tool ends (also when it fails or is interrupted)
+    replace_atomically(log_path, run, keep_partial=True) if log_path else run(io.BytesIO())
+    if ended["code"]:
         where = f"; log {log_path}" if log_path else ""
-        raise SystemExit(f"error: fairseq-{tool} failed (exit {process.returncode}){where}:\n{tail.rstrip()}")
-    return usage.ru_utime + usage.ru_stime
+        raise SystemExit(f"error: fairseq-{tool} failed (exit {ended['code']}){where}:\n{ended['tail'].rstrip()}")
+    return ended["cpu"]
 
 
-def download(url, directory, timeout, work):
-    """``url`` into ``directory`` unless it is there already, through ``work`` (a failed download leaves nothing)."""
-    path, part = os.path.join(directory, url.rsplit("/", 1)[-1]), os.path.join(work, "download.part")
-    if os.path.isfile(path) and os.path.getsize(path):
+def download(url, directory, timeout):
+    """``url`` into ``directory`` unless it is there already (a failed download leaves nothing)."""
+    path = os.path.join(directory, url.rsplit("/", 1)[-1])
+    if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path):
         return log(f"using the already downloaded {path}")
     os.makedirs(directory, exist_ok=True)
     log(f"downloading {url}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as f:
-            shutil.copyfileobj(response, f)
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            replace_atomically(path, lambda f: shutil.copyfileobj(response, f))
     except (OSError, ValueError) as error:
         raise SystemExit(f"corpus: error: download of {url} failed ({error}; offline, or the server moved?): download "
                          "it on a machine with internet access and run again with --from PATH (a folder holding the "
                          "files or archives, or the archive itself)") from None
-    os.replace(part, path)
 
 
 def extract(archive, destination):
@@ -254,7 +249,7 @@ def read_raw(corpus, args, work):
             for lang in (args.src, args.tgt) if "{lang}" in pattern else (None,):
                 url = pattern.format(lang=lang, test=args.test_set)
                 download(f"{args.mirror.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if args.mirror else url, root,
-                         args.timeout, work)
+                         args.timeout)
     splits = {"train": corpus.train, "test": corpus.tests[args.test_set]}
     if not isinstance(corpus.valid, int):
         splits["valid"] = corpus.valid
@@ -359,12 +354,13 @@ def learn_and_apply_bpe(text, src, tgt, merges, codes, workers=1):
     from subword_nmt.learn_bpe import learn_bpe
 
     joint = [line + "\n" for lang in (src, tgt) for line in text["train"][lang]]
-    unlink_if_linked(codes)
-    with open(codes, "w", encoding="utf-8") as f, contextlib.redirect_stderr(io.StringIO()):  # no progress bar
-        if any(len(word) > 1 for line in joint for word in line.split()):
-            learn_bpe(joint, f, merges, min_frequency=2)
-        else:  # nothing to merge (subword-nmt fails on max() of no pairs)
-            f.write("#version: 0.2\n")
+    learnt = io.StringIO()
+    if any(len(word) > 1 for line in joint for word in line.split()):
+        with contextlib.redirect_stderr(io.StringIO()):  # no progress bar
+            learn_bpe(joint, learnt, merges, min_frequency=2)
+    else:  # nothing to merge (subword-nmt fails on max() of no pairs)
+        learnt.write("#version: 0.2\n")
+    write_file(codes, learnt.getvalue())
     return {split: {lang: parallel_map(Segmenter, (codes,), text[split][lang], workers) for lang in (src, tgt)}
             for split in text}
 
@@ -372,7 +368,7 @@ def learn_and_apply_bpe(text, src, tgt, merges, codes, workers=1):
 def binarise(text_dir, databin, src, tgt, workers=1, joined=True, log_path=None, dictionaries=None, splits=SPLITS):
     """``fairseq-preprocess`` of ``text_dir/SPLIT.{src,tgt}``; its earlier outputs in ``databin`` are
     removed first (it refuses existing dictionaries, and would write through links)."""
-    os.makedirs(databin, exist_ok=True)
+    make_own_folder(databin)
     for name in [f"dict.{src}.txt", f"dict.{tgt}.txt", "preprocess.log"] + [
             f"{s}.{src}-{tgt}.{lang}.{ext}" for s in splits for lang in (src, tgt) for ext in ("bin", "idx")]:
         with contextlib.suppress(FileNotFoundError):
@@ -414,19 +410,19 @@ def check_outputs(args):
                         "files and would find the ones it writes; give a --dest outside it")
     outputs = ["raw", "tok", "code"] + [f"{s}.{lang}" for lang in (args.src, args.tgt) for s in SPLITS]
     found = [path for path in (os.path.join(args.dest, name) for name in sorted(outputs)) if os.path.lexists(path)]
-    if os.path.isdir(args.databin) and os.listdir(args.databin):
-        found.append(f"{args.databin} (not empty)")
+    if os.path.islink(args.databin) or (os.path.isdir(args.databin) and os.listdir(args.databin)):
+        found.append(f"{args.databin} ({'a link' if os.path.islink(args.databin) else 'not empty'})")
     if found and not args.force:
         usage_error(f"--dest '{args.dest}' already holds what this recipe writes: {' '.join(found)}; pass --force to "
                     "replace them, or give another --dest/--databin")
-    for name in outputs:
-        unlink_if_linked(os.path.join(args.dest, name))
-    unlink_if_linked(os.path.join(args.databin, "recipe.env"))
+    claim_out_dir(args.dest, [*outputs, "data-bin", "orig"], PREPARE_STAMP, args.force, "corpus prepare", usage_error,
+                  flag="--dest")  # links among the outputs removed: never written through
+    if os.path.islink(args.databin):  # another corpus's data-bin, say: replaced by a folder of its own
+        os.remove(args.databin)
 
 
 def prepare(corpus, args):
     langs = (src, tgt) = (args.src, args.tgt)
-    os.makedirs(args.dest, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".work.", dir=args.dest) as work:
         raw = read_raw(corpus, args, work)
     steps = corpus.steps + (("no_diacritics",) if args.remove_diacritics else ())
@@ -534,7 +530,7 @@ def bleu_scores(hyp_detok, ref, hyp_tok, tok_ref, lowercase=False, compound_spli
 
 EVAL_OUTPUTS = ("generate-{subset}.txt", "generate-{subset}.log", "hyp.tok", "hyp.detok", "ref.fairseq.tok", "bleu.txt",
                 "scores.json")
-EVAL_STAMP = "fusion-fairseq corpus evaluate"
+EVAL_STAMP, PREPARE_STAMP = "fusion-fairseq corpus evaluate", "fusion-fairseq corpus prepare"
 
 
 def evaluate(args):

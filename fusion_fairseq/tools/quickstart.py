@@ -4,7 +4,8 @@ The synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` -> one joint subwo
 ``fairseq-preprocess --joined-dictionary`` (or ``--data DIR``, the output of ``corpus prepare``, which did
 these stages) -> ``fairseq-train`` of each model with the same dimensions, updates, batch and schedule ->
 ``fairseq-generate``, scored as ``corpus evaluate`` scores, then a table of BLEU, parameters and speeds.
-Everything goes under ``--out``; a re-run overwrites only the files it wrote. Stages, outputs and options:
+Everything goes under ``--out``, a folder of quickstart's own (a folder holding anything else is refused
+without ``--force``); a re-run overwrites only the files it wrote. Stages, outputs and options:
 examples/README.md.
 
 Why a peak learning rate of 1e-3: at 2e-3 or 3e-3 the MLRF model's self-attention fusion over
@@ -26,7 +27,8 @@ from fusion_fairseq.cli import user_dir
 from fusion_fairseq.config_fields import INTEGER, PROBABILITY, Values, argparse_type, flag_of, real
 from fusion_fairseq.tools import corpus
 from fusion_fairseq.tools.analysis import markdown_rows, number, run_parallel
-from fusion_fairseq.tools.common import BATCHES_IN_THREAD, non_negative_int, positive_int
+from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, claim_out_dir, folder_without_links, non_negative_int,
+                                         positive_int, write_file)
 
 # name -> (arch, description, fusion flags); fgla and surface_fusion feed examples/surface_fusion/analyses.sh.
 MODELS = {
@@ -111,7 +113,8 @@ class TrainProgress:
 
 
 def train(args, name, dirs, env):
-    save_dir = os.path.join(dirs.checkpoints, name)  # made by fairseq-train
+    save_dir = os.path.join(dirs.checkpoints, name)
+    folder_without_links(save_dir)  # fairseq-train writes checkpoint_*.pt(.tmp) by name
     for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files of an earlier run: start afresh
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(save_dir, stale))
@@ -142,11 +145,12 @@ def generate(args, name, dirs, checkpoint, env):
     """fairseq-generate on the test split: the output file and fairseq's sentences/s."""
     results_dir, log_path = os.path.join(dirs.logs, f"generate-{name}"), os.path.join(dirs.logs, f"generate-{name}.log")
     started = time.time()
+    folder_without_links(results_dir)  # fairseq-generate writes generate-test.txt by name
     corpus.run_fairseq("generate", [
         dirs.bin, "--path", checkpoint, "--gen-subset", "test", "--beam", args.beam, "--remove-bpe",
         "--batch-size", args.batch_size, "--max-len-a", "1.2", "--max-len-b", "10", *BATCHES_IN_THREAD,
         "--required-batch-size-multiple", "1", "--user-dir", user_dir(), *(["--cpu"] if args.cpu else []),
-        "--results-path", results_dir], log_path, env)  # a folder that fairseq-generate makes
+        "--results-path", results_dir], log_path, env)
     generated = os.path.join(results_dir, "generate-test.txt")
     # the summary line goes to the log (stderr), or into the results file
     speeds = re.findall(r"Translated [\d,]+ sentences .*\(([\d.]+) sentences/s",
@@ -155,6 +159,8 @@ def generate(args, name, dirs, checkpoint, env):
     return generated, float(speeds[-1]) if speeds else None
 
 
+#: what quickstart writes into --out
+OUT_NAMES = ("raw", "bpe", "data-bin", "checkpoints", "logs", "results.md", "results.json")
 TABLE_COLUMNS = ("model", "method", "BLEU", "params", "train tok/s", "decode sent/s")
 
 
@@ -170,6 +176,8 @@ def build_parser():
         description="Train fairseq's Transformer and MLRF (Both-FNN-SA) at the same size and budget on a "
         "synthetic corpus (default) or on the output of corpus prepare (--data), then compare BLEU and speed.")
     p.add_argument("--out", default="quickstart_out", help="output directory (an earlier run's files are overwritten)")
+    p.add_argument("--force", action="store_true", help="write into an --out that holds files quickstart did not write "
+                   "(its own outputs there are replaced; other files are kept)")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="the --dest folder of `python -m fusion_fairseq.tools.corpus prepare` (its data-bin "
                    "and recipe.env); default: generate the synthetic corpus")
@@ -294,7 +302,9 @@ def main(argv=None):
     out = os.path.abspath(args.out)
     dirs = SimpleNamespace(out=out, bin=os.path.join(args.data or out, "data-bin"),  # --data: corpus prepare's
                            **{name: os.path.join(out, name) for name in ("raw", "bpe", "checkpoints", "logs")})
-    os.makedirs(dirs.logs, exist_ok=True)
+    claim_out_dir(out, OUT_NAMES, "fusion-fairseq quickstart", args.force, "quickstart",
+                  lambda message: SystemExit(f"fusion-fairseq-quickstart: error: {message}"))
+    folder_without_links(dirs.logs)
     cpus = len(os.sched_getaffinity(0))
     # Without a GPU one model per core, one thread each: OpenMP threads fighting over the cores are many times slower.
     jobs = args.jobs or (1 if torch.cuda.is_available() else max(1, min(len(models), cpus)))
@@ -310,8 +320,8 @@ def main(argv=None):
         f"{args.max_update} updates each, total wall time {wall:.0f}s\n")
     log(table)
     corpus.write_lines(os.path.join(dirs.out, "results.md"), [table])
-    with open(os.path.join(dirs.out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"args": vars(args), "wall_seconds": wall, "models": rows}, f, indent=2)
+    write_file(os.path.join(dirs.out, "results.json"),
+               json.dumps({"args": vars(args), "wall_seconds": wall, "models": rows}, indent=2))
     log(f"\nwritten: {dirs.out}/results.md, {dirs.out}/results.json (logs and hypotheses in {dirs.logs})")
 
 
