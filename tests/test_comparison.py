@@ -772,8 +772,8 @@ def _stand_in_venv(exp, otherwise):
     (exp / ".created_by_deep_sh").write_text(f"{exp}\n")
     (exp / "venv" / ".created_by_deep_sh").write_text(f"{exp}/venv\n")
     stand_in = exp / "venv" / "bin" / "python"
-    stand_in.write_text(f'#!/usr/bin/env bash\n[[ "$1" == -c && "$2" == *fusion_fairseq* ]] && echo "{exp}/code" && exit 0\n'
-                        f"{otherwise}\n")
+    stand_in.write_text(f'#!/usr/bin/env bash\n[[ "$1" == -P && "$2" == -c && "$3" == *fusion_fairseq* ]] && echo "{exp}/code" '
+                        f"&& exit 0\n{otherwise}\n")
     stand_in.chmod(0o755)
 
 
@@ -815,7 +815,7 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
     link to a folder elsewhere included), or one whose lock is held, is refused in one line."""
     clone, script = _pinned_clone(tmp_path)
     exp, record = tmp_path / "exp", tmp_path / "worker.txt"
-    _stand_in_venv(exp, f'[[ "$1" == -c ]] && exec {sys.executable} "$@"\n'
+    _stand_in_venv(exp, f'[[ "$1" == -P && "$2" == -c ]] && exec {sys.executable} "$@"\n'
                         f'echo "$PWD $OMP_NUM_THREADS $MKL_NUM_THREADS $*" > {record}.part && mv {record}.part {record}')
     run = exp / "runs" / "deeprep_finetuned" / "seed2"
     run.mkdir(parents=True)
@@ -843,8 +843,8 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
             break
         time.sleep(0.1)
     cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    assert record.read_text().split() == [str(run), cores, cores, "-m", "fusion_fairseq.tools.comparison", "_train",
-                                          str(run), "1000"]
+    assert record.read_text().split() == [str(run), cores, cores, "-P", "-m", "fusion_fairseq.tools.comparison",
+                                          "_train", str(run), "1000"]
     assert "==== train-one " in (run / "run.log").read_text()
 
 

@@ -8,8 +8,13 @@
 # Every step runs the code of PIN from a checkout of it in EXP/code, with EXP/venv, an environment
 # made here where that checkout is the installed plugin: work on main cannot change a run halfway.
 # Nothing in EXP that this script did not make is trusted: an EXP, a venv or a train.pid of someone
-# else is refused, no hook of a checkout runs, and export copies regular files inside EXP only.
+# else is refused, and so is an EXP holding anything owned by another user or writable by group or others
+# (checked before any step runs git or Python there); no hook or fsmonitor of a checkout runs, Python
+# never imports from the working directory (-P, -I), every file is written by replace_file
+# (scripts/files.sh), and export copies regular files inside EXP only.
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+source "$REPO/scripts/files.sh"
+umask 022  # what the steps make stays closed to others' writes: trusted by the next step
 STEP=${1:-}
 die() { echo "$NAME.sh: error: $*" >&2; exit 1; }
 usage() { echo "usage: $0 train|train-one|status|evaluate|export|restore EXP [RAW|RUN]" >&2; exit 2; }
@@ -22,20 +27,24 @@ if [[ "$STEP" == train || "$STEP" == evaluate || "$STEP" == restore ]]; then
     RAW=$(cd "$3" && pwd)
     RAW_ARGS=(--raw "$RAW")
 fi
-if [[ ! -e "$2" ]]; then
+if [[ ! -e "$2" && ! -L "$2" ]]; then
     [[ "$STEP" == train || "$STEP" == restore ]] || die "EXP $2 does not exist; 'train' or 'restore' creates it"
-    mkdir -p "$2"
+    mkdir -p "$(dirname -- "$2")"
+    mkdir -- "$2" || die "EXP $2 appeared meanwhile; give a new folder"
     EXP=$(cd "$2" && pwd)
-    printf '%s\n' "$EXP" > "$EXP/$OWNED"
-    printf 'fusion-fairseq compare_methods.py\n' > "$EXP/.written_by"  # compare_methods.py's own output folder
+    replace_file "$EXP/$OWNED" printf '%s\n' "$EXP"
+    replace_file "$EXP/.written_by" printf 'fusion-fairseq compare_methods.py\n'  # compare_methods.py's own output folder
 fi
 EXP=$(cd "$2" && pwd)
-[[ -f "$EXP/$OWNED" && "$(cat "$EXP/$OWNED")" == "$EXP" ]] \
+[[ -f "$EXP/$OWNED" && ! -L "$EXP/$OWNED" && "$(cat "$EXP/$OWNED")" == "$EXP" ]] \
     || die "EXP $EXP was not created by this script (no $OWNED naming it); give a new folder"
+STRANGER=$(untrusted "$EXP")
+[[ -z "$STRANGER" ]] || die "EXP $EXP holds $STRANGER, owned by another user or writable by group or others: nothing runs from it (fix its owner or mode, or give a new folder)"
 CODE=$EXP/code VENV=$EXP/venv PY=$EXP/venv/bin/python PIDFILE=$EXP/train.pid
 ARGS=(--out "$EXP" "${COMPARISON_ARGS[@]}" "${RAW_ARGS[@]}")
 mkdir -p "$EXP/logs"
-git_code() { git -c core.hooksPath=/dev/null -C "$CODE" "$@"; }  # no hook of a checkout ever runs
+# no hook or fsmonitor of a checkout ever runs (its configuration is EXP's, checked above)
+git_code() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -C "$CODE" "$@"; }
 
 # the training process, only when train.pid names a live process whose command line is this comparison's runner
 training() {
@@ -56,34 +65,35 @@ restore_references() {
         source="$RAW/${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
         [[ -f "$source" ]] || die "RAW $RAW: no ${BASH_REMATCH[1]}.${BASH_REMATCH[2]}, which $1 was scored against"
         mkdir -p "$(dirname "$ref")"
-        cp -- "$source" "$ref"
+        replace_file "$ref" cat -- "$source"
     done < <(grep -oE '"raw_ref": "[^"]*"' "$1" | sed -E 's/^"raw_ref": "(.*)"$/\1/' | sort -u)
 }
 
 # EXP/code at PIN and EXP/venv importing it, both made by this script; anything else is refused
 prepare_code() {
     if [[ ! -e "$CODE" ]]; then
-        git -c core.hooksPath=/dev/null clone --quiet --no-checkout "$REPO" "$CODE"
+        git -c core.hooksPath=/dev/null -c core.fsmonitor=false clone --quiet --no-checkout "$REPO" "$CODE"
     fi
     git_code cat-file -e "$PIN^{commit}" 2>/dev/null || git_code fetch --quiet "$REPO"
     git_code checkout --quiet --detach "$PIN"
     [[ -z "$(git_code status --porcelain --untracked-files=no)" ]] || die "$CODE differs from $PIN (git status); remove EXP/code to clone it anew"
     if [[ ! -e "$VENV" ]]; then
-        "${PYTHON:-python3}" -m venv "$VENV"
-        printf '%s\n' "$VENV" > "$VENV/$OWNED"
-        "$PY" -m pip install --quiet torch==2.13.0
+        "${PYTHON:-python3}" -I -m venv "$VENV"
+        replace_file "$VENV/$OWNED" printf '%s\n' "$VENV"
+        "$PY" -P -m pip install --quiet torch==2.13.0
         LOCK=$CODE/examples/comparison/$NAME/requirements-lock.txt  # every version, where the comparison locks them
         if [[ -f "$LOCK" ]]; then
-            "$PY" -m pip install --quiet -r "$LOCK"
-            "$PY" -m pip install --quiet --no-deps -e "$CODE"
+            "$PY" -P -m pip install --quiet -r "$LOCK"
+            "$PY" -P -m pip install --quiet --no-deps -e "$CODE"
         else
-            "$PY" -m pip install --quiet -e "$CODE"
+            "$PY" -P -m pip install --quiet -e "$CODE"
         fi
     fi
-    [[ -f "$VENV/$OWNED" && "$(cat "$VENV/$OWNED")" == "$VENV" ]] \
+    [[ -f "$VENV/$OWNED" && ! -L "$VENV/$OWNED" && "$(cat "$VENV/$OWNED")" == "$VENV" ]] \
         || die "$VENV was not created by this script (no $OWNED naming it); remove it to have it made anew"
-    cd "$EXP"  # python -c and -m import from the working directory first: not from a checkout of main
-    [[ "$("$PY" -c 'import fusion_fairseq, os; print(os.path.dirname(fusion_fairseq.__path__[0]))')" == "$CODE" ]] \
+    cd "$EXP"
+    # -P: python -c, -m and a script import nothing from the working directory or the script's folder
+    [[ "$("$PY" -P -c 'import fusion_fairseq, os; print(os.path.dirname(fusion_fairseq.__path__[0]))')" == "$CODE" ]] \
         || die "$VENV does not import the pinned checkout $CODE"
 }
 
@@ -91,9 +101,10 @@ case "$STEP" in
     train)
         if training; then echo "already training (pid $(cat "$PIDFILE")); log: $EXP/logs/train.log"; exit 0; fi
         prepare_code
-        nohup nice -n 19 "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage train \
+        appendable "$EXP/logs/train.log" || die "$EXP/logs/train.log is a link or has other hard links: not appended to"
+        nohup nice -n 19 "$PY" -P "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage train \
             >> "$EXP/logs/train.log" 2>&1 < /dev/null &
-        echo $! > "$PIDFILE"
+        replace_file "$PIDFILE" echo "$!"
         echo "training in the background at nice 19 (pid $!), code at $PIN; log: $EXP/logs/train.log" ;;
     train-one)
         # one run, RUN (runs/METHOD/seedN, as 'train' made it), with every core, for a machine held for
@@ -109,33 +120,34 @@ case "$STEP" in
         if training; then die "training (pid $(cat "$PIDFILE")) in $EXP: stop it (kill that pid) before training one run alone"; fi
         flock -n "$EXP/$RUN/.lock" true || die "$RUN is training in another process (its .lock is held)"
         prepare_code
-        BUDGET=$("$PY" -c 'import json, sys; argv = json.load(open(sys.argv[1]))["train_argv"]
+        BUDGET=$("$PY" -P -c 'import json, sys; argv = json.load(open(sys.argv[1]))["train_argv"]
 print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || die "$RUN/config.json names no --total-num-update"
         THREADS=$(nproc)
-        cd "$EXP/$RUN"  # -m imports from the working directory first: the run directory, as the runner does
+        cd "$EXP/$RUN"  # the run directory, as the runner trains in it (-P: nothing imported from it)
+        appendable run.log || die "$RUN/run.log is a link or has other hard links: not appended to"
         printf '\n==== train-one %s threads %s\n' "$(date -u +%FT%T+00:00)" "$THREADS" >> run.log
         OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS PYTHONWARNINGS=ignore nohup nice -n 19 \
-            flock -n .lock "$PY" -m fusion_fairseq.tools.comparison _train "$EXP/$RUN" "$BUDGET" >> run.log 2>&1 < /dev/null &
+            flock -n .lock "$PY" -P -m fusion_fairseq.tools.comparison _train "$EXP/$RUN" "$BUDGET" >> run.log 2>&1 < /dev/null &
         echo "training $RUN alone up to update $BUDGET with $THREADS threads in the background at nice 19 (pid $!); log: $EXP/$RUN/run.log" ;;
     status)
         if training; then echo "training (pid $(cat "$PIDFILE"))"; else echo "not training"; fi
         prepare_code
-        "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
+        "$PY" -P "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
         echo "report: $EXP/results.md" ;;
     evaluate)
         prepare_code
-        nice -n 19 "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage evaluate ;;
+        nice -n 19 "$PY" -P "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage evaluate ;;
     export)
         # the small results (report, scores, configuration, curves, logs; no checkpoints, no data), regular
         # files inside EXP only (no symbolic link is followed or copied), from a report written anew; an
         # evaluated run of the export is kept as it is while EXP trains that run again (after 'restore'
         # left it out: its final model was lost)
         prepare_code
-        "$PY" "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
+        "$PY" -P "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --report-only | grep -v '^INFO' || true
         DEST=$REPO/examples/comparison/$NAME
         mkdir -p "$DEST"
         cd "$EXP"
-        bash "$REPO/examples/comparison/small-results.sh" "$EXP" > "$EXP/logs/export.list"
+        replace_file "$EXP/logs/export.list" bash "$REPO/examples/comparison/small-results.sh" "$EXP"
         while IFS= read -r f; do
             real=$(realpath -e -- "$f" 2>/dev/null) || continue
             [[ -f "$f" && ! -L "$f" && "$real" == "$EXP"/* ]] || { echo "not exported (not a regular file in EXP): $f"; continue; }
@@ -143,7 +155,7 @@ print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || d
                 echo "not exported (the export holds ${BASH_REMATCH[1]} evaluated; EXP trains it again): $f"; continue
             fi
             mkdir -p "$DEST/$(dirname "$f")"
-            cp -- "$real" "$DEST/$f"
+            replace_file "$DEST/$f" cat -- "$real"
         done < "$EXP/logs/export.list"
         echo "exported to $DEST" ;;
     restore)
@@ -172,12 +184,12 @@ print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || d
             restore_references "$done"
             (cd "$SOURCE" && find "$run" -type f) | while IFS= read -r f; do
                 mkdir -p "$EXP/$(dirname "$f")"
-                cp -- "$SOURCE/$f" "$EXP/$f"
+                replace_file "$EXP/$f" cat -- "$SOURCE/$f"
             done
             echo "restored: $run"
         done
         for decision in composition.json third_seed.json learning_rates.json longer_budget.json; do  # taken once, never retaken
-            if [[ -f "$SOURCE/$decision" && ! -e "$EXP/$decision" ]]; then cp -- "$SOURCE/$decision" "$EXP/"; fi
+            if [[ -f "$SOURCE/$decision" && ! -e "$EXP/$decision" ]]; then replace_file "$EXP/$decision" cat -- "$SOURCE/$decision"; fi
         done ;;
     *)
         usage ;;

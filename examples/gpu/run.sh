@@ -11,13 +11,25 @@
 # machine: 26 MB. OUT receives small results only (logs, JSON, Markdown, the comparison's
 # compare.tar.gz); the comparison's checkpoints and data stay in WORK (default: gpu-work/compare/ in
 # this checkout). SMOKE=1 runs prepare (without the wheels), speed and compare at toy size on the CPU,
-# which is how tests/test_gpu_runbook.py checks these commands.
+# which is how tests/test_gpu_runbook.py checks these commands. OUT is run.sh's own folder: one holding
+# files it did not write is refused unless FORCE=1; every file is written by replace_file
+# (scripts/files.sh), and Python imports nothing from the working directory (-P).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
+source "$REPO/scripts/files.sh"
 STEP=${1:-}
 PY=${PYTHON:-python3}
 usage() { sed -n '4,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-need_out() { [[ -n "${1:-}" ]] || { echo "run.sh $STEP: missing the output folder OUT" >&2; exit 2; }; mkdir -p "$1"; }
+fail() { echo "run.sh $STEP: $*" >&2; exit 2; }
+# OUT (made if missing) as run.sh's own folder, its NAMEs that are links removed
+need_out() {
+    local out=${1:-} held
+    shift || true
+    [[ -n "$out" ]] || fail "missing the output folder OUT"
+    [[ ! -e "$out" || -d "$out" ]] || fail "OUT $out is not a folder"
+    held=$(claim_folder "$out" "fusion-fairseq examples/gpu/run.sh" "$@") \
+        || fail "OUT $out holds files that run.sh did not write: $held; set FORCE=1 to replace them, or give another OUT"
+}
 
 # Packages a CUDA PyTorch image already has, left out of the wheelhouse to keep the kit small; pip
 # names any that the target lacks when it installs offline.
@@ -75,48 +87,58 @@ case "$STEP" in
         if [[ ! -f "$KIT/multi30k/data-bin/recipe.env" ]]; then
             [[ ! -e "$KIT/multi30k" ]] || { echo "run.sh prepare: $KIT/multi30k exists without prepared data; move it away" >&2; exit 2; }
             WORK=$(mktemp -d)
-            PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m fusion_fairseq.tools.corpus prepare multi30k \
+            PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -P -m fusion_fairseq.tools.corpus prepare multi30k \
                 --from "$RAW" --dest "$WORK" --src de --tgt en --test-set test_2016_flickr --bpe-merges 8000
-            mkdir -p "$KIT/multi30k" && mv "$WORK/data-bin" "$WORK/code" "$KIT/multi30k/" && rm -rf "$WORK"
+            mkdir -p "$KIT" && mkdir "$KIT/multi30k" && mv "$WORK/data-bin" "$WORK/code" "$KIT/multi30k/" && rm -rf "$WORK"
         fi
+        # the kit's folders are written into only when they are this user's own and no link
+        for folder in "$KIT/multi30k" "$KIT/multi30k/test-raw"; do
+            [[ ! -L "$folder" ]] || fail "$folder is a link; move it away"
+            [[ ! -e "$folder" || -z "$(untrusted "$folder")" ]] \
+                || fail "$folder holds $(untrusted "$folder"), owned by another user or writable by group or others; move it away"
+        done
         mkdir -p "$KIT/multi30k/test-raw"
-        for name in "${TEST_SETS[@]}"; do cp -n "$RAW/$name".{de,en} "$KIT/multi30k/test-raw/"; done
+        for name in "${TEST_SETS[@]}"; do
+            for lang in de en; do
+                [[ -e "$KIT/multi30k/test-raw/$name.$lang" ]] || replace_file "$KIT/multi30k/test-raw/$name.$lang" cat -- "$RAW/$name.$lang"
+            done
+        done
         du -sh "$KIT" ;;
     install)
         KIT=${2:-$REPO/gpu-kit}
-        "$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" --no-build-isolation -e "$REPO[test]"
-        "$PY" -c 'import torch, fairseq, fusion_fairseq; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "fairseq", fairseq.__version__)' ;;
+        "$PY" -P -m pip install --quiet --no-index --find-links "$KIT/wheels" --no-build-isolation -e "$REPO[test]"
+        "$PY" -P -c 'import torch, fairseq, fusion_fairseq; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "fairseq", fairseq.__version__)' ;;
     half)
-        need_out "${2:-}"
+        need_out "${2:-}" half.xml half.log
         # a passing test's folder goes at once (54 checkpoints at the presets' sizes fill a 64 GB disk);
         # -rfE lists every failure with its message at the end of half.log; loadgroup keeps the largest
         # models from training at the same time (tests/conformance_utils.py, LARGEST_ARCHITECTURES)
         PARALLEL=(); ((${WORKERS:-8} > 1)) && PARALLEL=(-n "${WORKERS:-8}" --dist loadgroup)  # WORKERS=1: no xdist
-        "$PY" -m pytest -q -rfE -p no:cacheprovider -p no:benchmark -o tmp_path_retention_policy=failed \
+        "$PY" -P -m pytest -q -rfE -p no:cacheprovider -p no:benchmark -o tmp_path_retention_policy=failed \
             "$REPO/tests/test_gpu_training.py" "$REPO/tests/test_half_precision.py" -k "cuda or trains_and_decodes" \
             -m "slow or not slow" "${PARALLEL[@]}" --junitxml "$2/half.xml" \
-            2>&1 | tee "$2/half.log" ;;
+            2>&1 | tee_file "$2/half.log" ;;
     speed)
-        need_out "${2:-}"
-        "$PY" "$REPO/scripts/benchmark.py" "${SPEED[@]}" --json "$2/speed.json" --markdown "$2/speed.md"
-        "$PY" "$REPO/scripts/benchmark.py" "${SPEED_DENSENMT[@]}" --json "$2/speed-densenmt.json" \
+        need_out "${2:-}" speed.json speed.md speed-densenmt.json speed-densenmt.md
+        "$PY" -P "$REPO/scripts/benchmark.py" "${SPEED[@]}" --json "$2/speed.json" --markdown "$2/speed.md"
+        "$PY" -P "$REPO/scripts/benchmark.py" "${SPEED_DENSENMT[@]}" --json "$2/speed-densenmt.json" \
             --markdown "$2/speed-densenmt.md" ;;
     compare)
         # the runs train in WORK; OUT receives the report, the runner's log and compare.tar.gz, the runs'
         # small results (examples/comparison/small-results.sh). TIME_LIMIT=S stops the runner after S
         # seconds (exit 124) and still packs what exists; the same command resumes from WORK
-        need_out "${2:-}"
+        need_out "${2:-}" compare.log results.md results.json learning_curves.png compare.tar.gz
         OUT=$(cd "$2" && pwd) KIT=${3:-$REPO/gpu-kit} WORK=${WORK:-$REPO/gpu-work/compare}
-        mkdir -p "$WORK"
+        mkdir -p "$WORK"  # compare_methods.py's own folder, which it claims
         status=0
-        timeout "${TIME_LIMIT:-0}" "$PY" "$REPO/scripts/compare_methods.py" --out "$WORK" \
+        timeout "${TIME_LIMIT:-0}" "$PY" -P "$REPO/scripts/compare_methods.py" --out "$WORK" \
             --data-bin "$KIT/multi30k/data-bin" --raw "$KIT/multi30k/test-raw" "${COMPARE[@]}" 2>&1 \
-            | tee "$OUT/compare.log" || status=$?
+            | tee_file "$OUT/compare.log" || status=$?
         for report in results.md results.json learning_curves.png; do
-            [[ ! -f "$WORK/$report" ]] || cp -- "$WORK/$report" "$OUT/"
+            [[ ! -f "$WORK/$report" || -L "$WORK/$report" ]] || replace_file "$OUT/$report" cat -- "$WORK/$report"
         done
-        bash "$REPO/examples/comparison/small-results.sh" "$WORK" > "$WORK/small-results.list"
-        tar -czf "$OUT/compare.tar.gz" -C "$WORK" -T "$WORK/small-results.list"
+        pack() { bash "$REPO/examples/comparison/small-results.sh" "$WORK" | tar -czf - -C "$WORK" -T -; }
+        replace_file "$OUT/compare.tar.gz" pack
         ((status != 124)) || echo "run.sh compare: stopped after TIME_LIMIT=$TIME_LIMIT s; the same command resumes" >&2
         exit "$status" ;;
     *) usage ;;
