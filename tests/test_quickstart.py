@@ -127,6 +127,13 @@ def test_corpus_prepare_output_is_trained_on_and_scored_as_corpus_evaluate_score
     assert scores["sacrebleu"] == rows["mlrf"][1]
     assert f"sacreBLEU (detokenized, case-insensitive) vs {dest}/raw/test.en: BLEU = " in stdout
     assert (sorted(os.listdir(dest)), sorted(os.listdir(dest / "data-bin"))) == before  # only read
+    # one checkpoint, one score: corpus evaluate decodes it as the quickstart did (an untrained model's
+    # hypotheses run into any length limit that one of them sets and the other does not)
+    corpus.main(["evaluate", str(dest / "data-bin"), str(out / "checkpoints" / "mlrf" / "checkpoint_best.pt"),
+                 "--out", str(tmp_path / "evaluated")])
+    evaluated = json.loads((tmp_path / "evaluated" / "scores.json").read_text())
+    assert (evaluated["sacrebleu"], evaluated["tokenized_bleu"]) == (scores["sacrebleu"], scores["tokenized_bleu"])
+    assert (tmp_path / "evaluated" / "hyp.detok").read_text() == (results / "hyp.detok").read_text()
 
 
 @pytest.mark.parametrize("what", ["raw text", "missing", "recipe without references"])

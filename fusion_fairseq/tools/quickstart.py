@@ -148,7 +148,7 @@ def generate(args, name, dirs, checkpoint, env):
     folder_without_links(results_dir)  # fairseq-generate writes generate-test.txt by name
     corpus.run_fairseq("generate", [
         dirs.bin, "--path", checkpoint, "--gen-subset", "test", "--beam", args.beam, "--remove-bpe",
-        "--batch-size", args.batch_size, "--max-len-a", "1.2", "--max-len-b", "10", *BATCHES_IN_THREAD,
+        "--batch-size", args.batch_size, *BATCHES_IN_THREAD,  # fairseq's length limits, as corpus evaluate
         "--required-batch-size-multiple", "1", "--user-dir", user_dir(), *(["--cpu"] if args.cpu else []),
         "--results-path", results_dir], log_path, env)
     generated = os.path.join(results_dir, "generate-test.txt")
