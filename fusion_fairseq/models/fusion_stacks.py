@@ -1,20 +1,39 @@
 """fairseq's Transformer encoder and decoder, exposing their layer stacks to the fusion points of the plugin
 (see :class:`FusionTransformerEncoder` and :class:`FusionTransformerDecoder`)."""
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from fusion_fairseq.modules import LayerAttention, LayerFusion, SurfaceFusion
 from fusion_fairseq.modules.layer_aggregation import PlainStack
-from fusion_fairseq.modules.multiway_dense_connection import MultiwayDynamicDense
 
-from .layer_stack import run_layer
-from .multiway_dense_layers import MultiwayDecoderLayer, MultiwayEncoderLayer, wrapped_like_fairseq
+from .multi_layer_attention_layers import MultiLayerAttentionSublayers
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+#: ``build_layer(cfg, index)`` (the decoder's: ``build_layer(cfg, index, no_encoder_attn)``): layer ``index``
+#: of a stack whose layers are not fairseq's own (``fusion_transformer.build_side_layer``)
+BuildLayer = Callable[..., nn.Module]
+
+
+def wrapped_like_fairseq(layer: nn.Module, cfg) -> nn.Module:
+    """``layer`` under fairseq's activation checkpointing (unless it checkpoints itself) and FSDP
+    wrapping, as fairseq's layer builders do."""
+    if cfg.checkpoint_activations and not getattr(layer, "checkpoints_itself", False):
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=0 if cfg.checkpoint_activations else cfg.min_params_to_wrap)
+
+
+def run_layer(layer: nn.Module, states: List[Tensor], *args, **kwargs):
+    """``layer(*args, **kwargs)``; a layer with multi-layer attention also reads the stack's states
+    [H^0, ..., H^{l-1}] up to its input."""
+    if isinstance(layer, MultiLayerAttentionSublayers):
+        return layer(*args, lower_states=states, **kwargs)
+    return layer(*args, **kwargs)
 
 
 def fused_output(stack, top: Tensor, states: List[Tensor], need_weights: bool):
@@ -30,25 +49,28 @@ def fused_output(stack, top: Tensor, states: List[Tensor], need_weights: bool):
 
 class FusionTransformerEncoder(TransformerEncoder):
     """fairseq's Transformer encoder, plus ``aggregation``, the wiring of the layer stack (Dou et al.
-    2018, DenseFormer, hyper-connections, MUDDFormer, whose wiring also chooses the layers it builds;
-    :class:`PlainStack` is fairseq's own); ``output_fusion``: the
+    2018, DenseFormer, hyper-connections, MUDDFormer; :class:`PlainStack` is fairseq's own);
+    ``build_layer``: the stack's layers when they are not fairseq's (:data:`BuildLayer`: MUDDFormer's
+    block, hyper-connected layers, multi-layer attention); ``output_fusion``: the
     memory for the decoder is phi(h0, ..., hL) (MLRF Fig. 1b); ``keep_layer_states``: always return
     every layer's output (``encoder_states``, which layer attention reads)."""
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
-                 keep_layer_states: bool = False, aggregation: Optional[PlainStack] = None):
-        self.multiway_layers = isinstance(aggregation, MultiwayDynamicDense)  # read by build_encoder_layer
+                 keep_layer_states: bool = False, aggregation: Optional[PlainStack] = None,
+                 build_layer: Optional[BuildLayer] = None):
+        self.build_layer, self.layers_built = build_layer, 0  # read by build_encoder_layer, in fairseq's __init__
         super().__init__(args, dictionary, embed_tokens)
         self.output_fusion = output_fusion
         self.keep_layer_states = keep_layer_states
         self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
 
     def build_encoder_layer(self, args):
-        """fairseq's layer, or MUDDFormer's four-input block for a MUDD wiring."""
-        if not self.multiway_layers:
+        """fairseq's layer, or ``build_layer``'s; fairseq builds them in order."""
+        if self.build_layer is None:
             return super().build_encoder_layer(args)
         cfg = TransformerConfig.from_namespace(args)
-        return wrapped_like_fairseq(MultiwayEncoderLayer(cfg), cfg)
+        index, self.layers_built = self.layers_built, self.layers_built + 1
+        return wrapped_like_fairseq(self.build_layer(cfg, index), cfg)
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None, return_all_hiddens: bool = False,
                            token_embeddings: Optional[Tensor] = None, fusion_weights: bool = False):
@@ -85,7 +107,7 @@ class FusionTransformerDecoder(TransformerDecoder):
     """fairseq's Transformer decoder, plus (the first two combine the states of one position, so
     incremental decoding stays exact):
 
-    ``aggregation``: the wiring of the layer stack (see the encoder).
+    ``aggregation``, ``build_layer``: the wiring of the layer stack and its layers (see the encoder).
 
     ``output_fusion``: prediction reads phi(z0_j, ..., zL_j) (MLRF Eq. 3); with self-attention fusion
     ``extra["fusion_attn"]`` holds the hop-by-layer weights ``(batch, tgt_len, nhop, layers)``.
@@ -99,8 +121,9 @@ class FusionTransformerDecoder(TransformerDecoder):
 
     def __init__(self, args, dictionary, embed_tokens, output_fusion: Optional[LayerFusion] = None,
                  layer_attention: Optional[LayerAttention] = None, surface_fusion: Optional[SurfaceFusion] = None,
-                 aggregation: Optional[PlainStack] = None, no_encoder_attn=False, output_projection=None):
-        self.multiway_layers = isinstance(aggregation, MultiwayDynamicDense)  # read by build_decoder_layer
+                 aggregation: Optional[PlainStack] = None, no_encoder_attn=False, output_projection=None,
+                 build_layer: Optional[BuildLayer] = None):
+        self.build_layer, self.layers_built = build_layer, 0  # read by build_decoder_layer, in fairseq's __init__
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn, output_projection)
         self.output_fusion = output_fusion
         self.layer_attention = layer_attention
@@ -108,11 +131,12 @@ class FusionTransformerDecoder(TransformerDecoder):
         self.aggregation = aggregation if aggregation is not None else PlainStack(len(self.layers))
 
     def build_decoder_layer(self, args, no_encoder_attn=False):
-        """fairseq's layer, or MUDDFormer's four-input block for a MUDD wiring."""
-        if not self.multiway_layers:
+        """fairseq's layer, or ``build_layer``'s; fairseq builds them in order."""
+        if self.build_layer is None:
             return super().build_decoder_layer(args, no_encoder_attn)
         cfg = TransformerConfig.from_namespace(args)
-        return wrapped_like_fairseq(MultiwayDecoderLayer(cfg, no_encoder_attn), cfg)
+        index, self.layers_built = self.layers_built, self.layers_built + 1
+        return wrapped_like_fairseq(self.build_layer(cfg, index, no_encoder_attn), cfg)
 
     def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
                 incremental_state: Optional[IncrementalState] = None, features_only: bool = False,

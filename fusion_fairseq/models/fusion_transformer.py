@@ -8,6 +8,7 @@ the stacks (``--aggregate-*``, DenseFormer, hyper-connections, MUDDFormer). Any 
 set at once; combinations that define the same thing twice are refused (``fusion_config.check_fusion_args``).
 """
 
+import functools
 import logging
 from typing import Optional
 
@@ -27,9 +28,10 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, fill_defaults, set_defaults
 from .fusion_config import FusionTransformerConfig, check_fusion_args
-from .fusion_stacks import FusionTransformerDecoder, FusionTransformerEncoder
-from .hyper_connected_layers import install_hyper_connections
-from .layer_stack import install_multi_layer_attention
+from .fusion_stacks import BuildLayer, FusionTransformerDecoder, FusionTransformerEncoder
+from .hyper_connected_layers import HyperConnectedDecoderLayer, HyperConnectedEncoderLayer
+from .multi_layer_attention_layers import build_multi_layer_attention_layer
+from .multiway_dense_layers import build_multiway_layer
 from fusion_fairseq.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,27 @@ def build_side_aggregation(args, side: str):
                                    args.aggregation_residual, heads, args.dense_connection, args.dropout)
 
 
+def build_side_layer(args, side: str) -> Optional[BuildLayer]:
+    """How one side builds its layers when they are not fairseq's own: MUDDFormer's block B', a
+    hyper-connected layer, or a layer with multi-layer attention (Dou et al. Eq. 8) from layer k + 1
+    on; ``fusion_config`` allows one of them per side."""
+    decoder = side == "decoder"
+    if getattr(args, f"mudd_{side}"):
+        return functools.partial(build_multiway_layer, decoder=decoder)
+    kind = getattr(args, f"hyper_connections_{side}")
+    if kind != "none":
+        return functools.partial(
+            HyperConnectedDecoderLayer if decoder else HyperConnectedEncoderLayer, kind=kind,
+            rate=args.hyper_connections_rate, sinkhorn_order=args.hyper_connections_sinkhorn_order,
+            rescale_outputs=not args.hyper_connections_no_output_rescale,
+            decay_static=args.hyper_connections_decay_static)
+    if args.multi_layer_attention > 1:
+        return functools.partial(
+            build_multi_layer_attention_layer, decoder=decoder, num_attended=args.multi_layer_attention,
+            aggregation_function=args.aggregation_fn, aggregation_residual=args.aggregation_residual)
+    return None
+
+
 def build_layer_attention(args) -> Optional[LayerAttention]:
     if args.layer_attention == "none":
         return None
@@ -134,24 +157,13 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
         layer_embedding = build_shared_layer_embedding(args)
         encoder = FusionTransformerEncoder(
             args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding),
-            keep_layer_states=args.layer_attention != "none", aggregation=build_side_aggregation(args, "encoder"))
+            keep_layer_states=args.layer_attention != "none", aggregation=build_side_aggregation(args, "encoder"),
+            build_layer=build_side_layer(args, "encoder"))
         decoder = FusionTransformerDecoder(
             args, task.target_dictionary, decoder_embed_tokens, build_side_fusion(args, "decoder", layer_embedding),
             layer_attention=build_layer_attention(args), surface_fusion=build_surface_fusion(args),
-            aggregation=build_side_aggregation(args, "decoder"), no_encoder_attn=getattr(args, "no_cross_attention", False))
-        for side, layers in (("encoder", encoder.layers), ("decoder", decoder.layers)):
-            # multi-layer attention (Dou et al. Eq. 8) and hyper-connections go into fairseq's own layers
-            _, embed_dim, ffn_dim, heads = side_widths(args, side)
-            if args.multi_layer_attention > 1:
-                install_multi_layer_attention(layers, args.multi_layer_attention, embed_dim, heads,
-                                              args.attention_dropout, ffn_dim, args.aggregation_fn,
-                                              args.aggregation_residual)
-            kind = getattr(args, f"hyper_connections_{side}")
-            if kind != "none":
-                install_hyper_connections(layers, kind, args.hyper_connections_rate, embed_dim,
-                                          args.hyper_connections_sinkhorn_order,
-                                          rescale_outputs=not args.hyper_connections_no_output_rescale,
-                                          decay_static=args.hyper_connections_decay_static)
+            aggregation=build_side_aggregation(args, "decoder"), no_encoder_attn=getattr(args, "no_cross_attention", False),
+            build_layer=build_side_layer(args, "decoder"))
         return cls(args, encoder, decoder)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
@@ -171,7 +183,13 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
         do): from a checkpoint without any fusion parameter the shared parameters are loaded and the fusion
         ones keep their fresh initialisation, where :func:`checkpoint_safety.may_start_parameters_fresh`
         allows it; any other load names the missing parameters. A checkpoint with some fusion parameters
-        is left as it is: a mismatched configuration fails the strict load."""
+        is left as it is: a mismatched configuration fails the strict load.
+
+        Why the hook asks the plugin's loading entry points: fairseq calls it with the same arguments
+        whether it fine-tunes, resumes a training or loads a model to translate (each calls
+        ``load_state_dict(state, strict=True)``), so only those entry points know which load this is
+        (``tests/test_crafted_checkpoints.py``: fine-tuning starts the parameters fresh, a load that
+        switches fusion on is refused naming them)."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}

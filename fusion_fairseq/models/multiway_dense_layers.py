@@ -29,9 +29,7 @@ at build time; the former cannot be set for this model).
 from typing import Dict, Optional
 
 from torch import Tensor
-from fairseq.distributed import fsdp_wrap
 from fairseq.modules import LayerNorm
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -120,8 +118,6 @@ class MultiwayDecoderLayer(MultiwaySublayers, TransformerDecoderLayerBase):
         return self.feed_forward(x), attention, None
 
 
-def wrapped_like_fairseq(layer, cfg):
-    """``layer`` under fairseq's activation checkpointing and FSDP wrapping, as its layer builders do."""
-    if cfg.checkpoint_activations:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    return fsdp_wrap(layer, min_num_params=0 if cfg.checkpoint_activations else cfg.min_params_to_wrap)
+def build_multiway_layer(cfg, index: int, no_encoder_attn: bool = False, *, decoder: bool):
+    """Layer ``index`` of a MUDD stack: every layer is B'."""
+    return MultiwayDecoderLayer(cfg, no_encoder_attn) if decoder else MultiwayEncoderLayer(cfg)

@@ -17,10 +17,10 @@ class MultiLayerSelfAttention(MultiheadAttention):
 
     It is a drop-in ``self_attn`` of fairseq's encoder / decoder layers (same parameter names
     for the ordinary attention, so vanilla checkpoints load into it). Those layers call
-    ``self_attn(query, key, value, ...)`` with no room for further inputs, so the stack hands the
-    lower layers' states over with :meth:`attend_lower_layers` right before calling the layer
-    (also when activation checkpointing recomputes the layer in backward: the stack then runs it
-    under torch's non-re-entrant checkpoint, see ``models.layer_stack.run_layer``).
+    ``self_attn(query, key, value, ...)`` with no room for further inputs, so the layer hands the
+    lower layers' states over with :meth:`attend_lower_layers` right before running fairseq's
+    forward (also when activation checkpointing recomputes the layer in backward, see
+    ``models.multi_layer_attention_layers``).
     The separate attention models are fairseq attentions with their own incremental state: in
     incremental decoding each keeps the keys/values of the lower layer's past positions, like the
     ordinary self-attention does.
