@@ -235,8 +235,9 @@ def set_defaults(args, **defaults) -> None:
             setattr(args, name, value)
 
 
-def check_values(args, config) -> None:
-    """Raise :class:`ConfigurationError` for the first field (in field order) whose value its flag does not accept."""
+def check_values(args, config, name: Callable[[str], str] = flag_of) -> None:
+    """Raise :class:`ConfigurationError` for the first field (in field order) whose value its flag does not accept;
+    ``name(field)`` names it (a hydra config's: ``model.FIELD``)."""
     for field in _options(config):
         meta = field.metadata
         if meta["values"] is None or not hasattr(args, field.name):
@@ -244,7 +245,7 @@ def check_values(args, config) -> None:
         value = getattr(args, field.name)
         if value is None and field.default is None and meta["derive"] is None:
             continue  # None is this field's "off"
-        message = meta["values"].error(flag_of(field.name), value, repr(value))
+        message = meta["values"].error(name(field.name), value, repr(value))
         if message:
             raise ConfigurationError(message)
 

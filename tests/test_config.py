@@ -159,6 +159,26 @@ def test_a_misspelt_model_field_in_a_hydra_config_is_refused_naming_it():
                                 "(the fields are the flags of fairseq-train --arch fusion_transformer, with _ for -)")
 
 
+@pytest.mark.parametrize("field, value, allowed", [
+    ("fuse_decoder", "sax", "must be one of none, avg, fnn, sa"),
+    ("fusion_hops", 0, "must be a positive integer"),
+    ("dropout", 1.5, "must be in [0, 1)"),
+])
+def test_a_bad_value_in_a_hydra_config_is_refused_naming_its_field(field, value, allowed):
+    """By the name the config gives it; on the command line the same value is named by its flag."""
+    from fairseq import models
+
+    task = SimpleNamespace(source_dictionary=dictionary_of_size(30), target_dictionary=dictionary_of_size(30))
+    with pytest.raises(ConfigurationError) as error:
+        models.build_model(compose_example(f"model.{field}={value}").model, task)
+    assert str(error.value) == f"model.{field} {allowed}, got {value!r}"
+    args = parse_model_args("fusion_transformer")
+    setattr(args, field, value)
+    with pytest.raises(ConfigurationError) as error:
+        ARCH_MODEL_REGISTRY["fusion_transformer"].build_model(args, task)
+    assert str(error.value) == f"--{field.replace('_', '-')} {allowed}, got {value!r}"
+
+
 def test_a_preset_in_a_hydra_config_is_refused_rather_than_applied_by_halves():
     """fairseq's merge would give the preset's FFN width the model's default before the preset runs."""
     with pytest.raises(ConfigurationError, match="^model._name mlrf_iwslt_de_en is a preset of fusion_transformer"):
@@ -192,6 +212,32 @@ def test_fairseq_hydra_train_refuses_a_misspelt_model_field(tiny_data_bin, tmp_p
     assert refusal == ["fusion_fairseq.errors.ConfigurationError: model.fuse_decodr is no field of fusion_transformer: "
                        "did you mean fuse_decoder? (the fields are the flags of fairseq-train --arch "
                        "fusion_transformer, with _ for -)"], result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_fairseq_hydra_train_names_a_bad_value_by_its_field(tiny_data_bin, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", EXAMPLE_DIR, "--config-name", "mlrf",
+         f"task.data={tiny_data_bin}", f"common.user_dir={USER_DIR}", "model.fuse_decoder=sax"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 1 and not list(tmp_path.rglob("*.pt")), result.stderr[-3000:]
+    assert ("fusion_fairseq.errors.ConfigurationError: model.fuse_decoder must be one of none, avg, fnn, sa, got 'sax'"
+            in result.stderr.splitlines()), result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_fairseq_hydra_train_reads_relative_paths_from_where_it_runs(tiny_data_bin, tmp_path):
+    """The example's data and save_dir are relative to the folder the command runs in, as fairseq-train's."""
+    os.symlink(tiny_data_bin, tmp_path / "data-bin")
+    result = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", EXAMPLE_DIR, "--config-name", "mlrf",
+         "task.data=data-bin", f"common.user_dir={USER_DIR}", "checkpoint.save_dir=saved",
+         "optimization.max_update=1", "model.encoder_embed_dim=16", "model.decoder_embed_dim=16",
+         "model.fusion_attn_dim=16", "model.fusion_ffn_dim=16"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "saved" / "checkpoint_last.pt").is_file()
+    assert sorted(os.listdir(tmp_path)) == ["data-bin", "saved"]  # hydra's record in saved/, no outputs/
 
 
 # --- checkpoints saved before the dataclasses were registered ----------------------------------

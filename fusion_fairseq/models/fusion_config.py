@@ -219,7 +219,10 @@ class FusionTransformerConfig(TransformerDropouts):
 
 def check_fusion_args(args) -> None:
     """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
-    check_values(args, FusionTransformerConfig)  # every value's type before any comparison
+    # every value's type before any comparison; a hydra config's model (its _name, no fairseq-train --arch) is
+    # told of a bad value by the name it wrote, model.FIELD
+    from_hydra = getattr(args, "_name", None) and not getattr(args, "arch", None)
+    check_values(args, FusionTransformerConfig, name=(lambda field: f"model.{field}") if from_hydra else flag_of)
     reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
                                "aggregate_decoder", "denseformer_encoder", "denseformer_decoder",
                                "mudd_encoder", "mudd_decoder", "multi_layer_attention")
