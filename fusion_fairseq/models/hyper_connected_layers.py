@@ -83,15 +83,10 @@ class HyperConnectedEncoderLayer(HyperConnectedSublayers, TransformerEncoderLaye
         super().__init__(cfg)
         self.add_hyper_connections(index, kind, rate, sinkhorn_order, rescale_outputs, decay_static)
 
-    def forward(self, streams: Tensor, encoder_padding_mask: Optional[Tensor],
-                attn_mask: Optional[Tensor] = None) -> Tensor:
-        """fairseq's encoder layer's arguments (``attn_mask`` 1 where attention is not allowed)."""
-        if attn_mask is not None:  # as fairseq's layer: a large negative number, not -inf
-            attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if streams.dtype == torch.float32 else -1e4)
-
+    def forward(self, streams: Tensor, encoder_padding_mask: Optional[Tensor]) -> Tensor:
+        """What fairseq's encoder passes its layers."""
         def self_attention(x):
-            x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask, need_weights=False,
-                                  attn_mask=attn_mask)
+            x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask, need_weights=False)
             return self.dropout_module(x), None
 
         streams, _ = self.connect(0, streams, self_attention, self.self_attn_layer_norm)
