@@ -51,11 +51,13 @@ def generate(data_bin, checkpoint, *flags):
 
 
 def assert_one_line_error(result, *fragments):
-    """The program failed with the plugin's error (one line, the last of Python's report) naming ``fragments``."""
+    """The program failed with the plugin's error, one line of Python's report naming ``fragments`` (the last
+    line, or the cause of the error fairseq's trainer re-raises a failed load as)."""
     assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(("fusion_fairseq.errors.ConfigurationError: ",
-                            "fusion_fairseq.checkpoint_safety.CheckpointContentError: ")), result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith((
+        "fusion_fairseq.errors.ConfigurationError: ", "fusion_fairseq.checkpoint_safety.CheckpointContentError: "))]
+    assert len(errors) == 1, result.stderr[-3000:]
+    last = errors[0]
     for fragment in fragments:
         assert fragment in last
 
