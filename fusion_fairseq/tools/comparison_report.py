@@ -6,6 +6,7 @@ Every score comes from sacreBLEU's public interface (``corpus_score``, ``sentenc
 import statistics
 from typing import Dict, List, Optional, Sequence
 
+from fusion_fairseq.tools.common import replace_atomically
 from fusion_fairseq.tools.corpus import read_lines
 
 #: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
@@ -319,7 +320,7 @@ def plot_curves(results: dict, path: str) -> None:
         ax.grid(alpha=0.3)
     if whole.lines:
         whole.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
+    replace_atomically(path, lambda file: fig.savefig(file, dpi=120, format="png"))
     plt.close(fig)
 
 

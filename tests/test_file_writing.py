@@ -1,0 +1,322 @@
+"""One way to write a file and one way to trust a folder (docs/safety.md, "Files and folders"): every writer
+of the package, its scripts and its shell scripts goes through ``replace_atomically`` (Python) or
+``replace_file`` (shell, scripts/files.sh); a link is replaced, never written through; a folder a tool did
+not make is written into only when empty or with --force; a stamp counts only in a folder owned by the user
+and closed to others' writes."""
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, write_multi30k_slice
+from fusion_fairseq.tools import quickstart
+from fusion_fairseq.tools.common import claim_out_dir, replace_atomically, trust_problem, write_file
+from test_script_safety import recipe, snapshot, write_raw_multi30k
+
+FILES_SH = os.path.join(REPO_ROOT, "scripts", "files.sh")
+RUNBOOK = os.path.join(REPO_ROOT, "examples", "gpu", "run.sh")
+
+# --- no writer bypasses the primitive -----------------------------------------------------------------------
+
+PYTHON_WRITES = re.compile(r"""\bopen\([^)]*["'][wax]b?\+?["']|\.write_(text|bytes)\(|shutil\.copy(file|2|tree)?\(|"""
+                           r"""json\.dump\(|\.savefig\(|torch\.save\(|np\.save""")
+SHELL_WRITES = re.compile(r"""(^|[;&|(]\s*|\s)(tee|cp)\s|\btar\b[^#\n]*\s-\w*f\s+(?!-(\s|$))|"""
+                          r"""[^2&>=]>>?\s*(?!/dev/)(?![0-9])["$\w/.]""")
+
+#: (file, the line's text after stripping) -> why it may write without the primitive
+ALLOWED = {
+    ("fusion_fairseq/tools/analysis.py", 'figure.savefig(file, dpi=dpi, format=os.path.splitext(name)[1][1:].lower() '
+                                         'or None)'): "writes into the file replace_atomically opened",
+    ("scripts/files.sh", 'if (($#)); then "$@" > "$temporary" || status=$?; else cat > "$temporary" || status=$?; fi'):
+        "the primitive itself, into the file mktemp made",
+    ("scripts/files.sh", "{ tee /dev/fd/3 | replace_file \"$1\"; } 3>&1"): "a copy to standard output",
+    ("examples/comparison/launch.sh", '>> "$EXP/logs/train.log" 2>&1 < /dev/null &'):
+        "the runner's log, appended across sessions after `appendable` (no link, no other hard link)",
+    ("examples/comparison/launch.sh", "printf '\\n==== train-one %s threads %s\\n' \"$(date -u +%FT%T+00:00)\" "
+                                      "\"$THREADS\" >> run.log"): "the run's log, appended after `appendable`",
+    ("examples/comparison/launch.sh", 'flock -n .lock "$PY" -P -m fusion_fairseq.tools.comparison _train "$EXP/$RUN" '
+                                      '"$BUDGET" >> run.log 2>&1 < /dev/null &'): "the run's log, appended after `appendable`",
+    ("scripts/wheelhouse.sh", '--python "$TARGET_PYTHON" --exclude "$EXCLUDE" > "$WORK/needs.txt"'):
+        "a scratch file in the folder mktemp -d made",
+    ("examples/comparison/multi30k.sh", 'curl -fsSL --retry 3 "$BASE/data/task1/raw/$file.gz" | gunzip > "$work/$file" \\'):
+        "a scratch file in the folder mktemp -d made, moved into place as a whole",
+    ("examples/dense_nmt/time_to_loss.sh", '> "$OUT/$name.log" 2>&1'):
+        "not yet through replace_file: fairseq-train's log into the script's OUT",
+}
+
+
+def source_files():
+    tracked = subprocess.run(["git", "-C", REPO_ROOT, "ls-files", "fusion_fairseq", "scripts", "examples"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    untracked = subprocess.run(["git", "-C", REPO_ROOT, "ls-files", "--others", "--exclude-standard", "fusion_fairseq",
+                                "scripts", "examples"], capture_output=True, text=True, check=True).stdout.split()
+    return sorted(name for name in set(tracked + untracked) if name.endswith((".py", ".sh"))
+                  and os.path.isfile(os.path.join(REPO_ROOT, name)))
+
+
+def writes_outside_the_primitive(name, text):
+    pattern = PYTHON_WRITES if name.endswith(".py") else SHELL_WRITES
+    found = []
+    for line in text.splitlines():
+        code = line.split("#", 1)[0] if name.endswith(".py") else re.sub(r"(^|\s)#.*$", "", line)
+        if pattern.search(code) and "replace_atomically(" not in code and (name, line.strip()) not in ALLOWED:
+            found.append(line.strip())
+    return found
+
+
+def test_every_writer_goes_through_the_primitive():
+    """A new writer that opens, copies, dumps, tees, tars or redirects into a file by itself fails here: write it
+    with replace_atomically / write_file / copy_file (Python) or replace_file / tee_file (shell), or add it to
+    ALLOWED with the reason it may not."""
+    bypassing = {name: lines for name in source_files()
+                 if (lines := writes_outside_the_primitive(name, Path(REPO_ROOT, name).read_text(encoding="utf-8")))}
+    assert bypassing == {}
+    unused = [key for key in ALLOWED if key[0] in source_files() and key[1] not in
+              [line.strip() for line in Path(REPO_ROOT, key[0]).read_text(encoding="utf-8").splitlines()]]
+    assert unused == []  # an entry whose line is gone: remove it
+
+
+@pytest.mark.parametrize("name,line", [
+    ("fusion_fairseq/tools/x.py", 'with open(path, "w") as f:'), ("fusion_fairseq/tools/x.py", "p.write_text(text)"),
+    ("scripts/x.py", "shutil.copyfile(a, b)"), ("scripts/x.py", "json.dump(data, f)"),
+    ("examples/x.sh", 'cmd | tee "$OUT/log"'), ("examples/x.sh", 'cp -- "$a" "$OUT/"'),
+    ("examples/x.sh", 'tar -czf "$OUT/a.tgz" -C "$W" .'), ("examples/x.sh", 'echo $! > "$PIDFILE"'),
+    ("examples/x.sh", 'bash x.sh >> "$EXP/list"'),
+])
+def test_the_scan_finds_each_kind_of_write(name, line):
+    assert writes_outside_the_primitive(name, line) == [line]
+
+
+@pytest.mark.parametrize("line", ['echo "x" >&2', "cmd >/dev/null 2>&1", 'tee_file "$OUT/log"', "# cp a b",
+                                  'replace_file "$OUT/a" cat -- "$b"'])
+def test_the_scan_leaves_what_writes_no_file(line):
+    assert writes_outside_the_primitive("examples/x.sh", line) == []
+
+
+# --- the primitive ------------------------------------------------------------------------------------------
+
+def test_a_link_is_replaced_and_a_hard_link_keeps_its_content(tmp_path):
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("theirs\n")
+    (tmp_path / "linked").symlink_to(theirs)
+    os.link(theirs, tmp_path / "hard")
+    for name in ("linked", "hard"):
+        write_file(str(tmp_path / name), "ours\n")
+        assert (tmp_path / name).read_text() == "ours\n" and not (tmp_path / name).is_symlink()
+    assert theirs.read_text() == "theirs\n"
+
+
+def test_a_failed_write_leaves_the_target_and_no_temporary_file(tmp_path):
+    target = tmp_path / "results.json"
+    target.write_text("before\n")
+
+    def fail(file):
+        file.write(b"half")
+        raise ValueError("stopped")
+
+    with pytest.raises(ValueError):
+        replace_atomically(str(target), fail)
+    assert target.read_text() == "before\n" and os.listdir(tmp_path) == ["results.json"]
+    with pytest.raises(ValueError):
+        replace_atomically(str(target), fail, keep_partial=True)  # a log: what was written replaces it
+    assert target.read_bytes() == b"half" and os.listdir(tmp_path) == ["results.json"]
+
+
+# --- trusting a folder --------------------------------------------------------------------------------------
+
+STAMP = "fusion-fairseq test"
+
+
+def claim(out, force=False):
+    claim_out_dir(str(out), ["results.md"], STAMP, force, "the test", SystemExit)
+
+
+def test_a_folder_the_tool_did_not_make_is_written_into_only_when_empty_or_forced(tmp_path):
+    empty, theirs = tmp_path / "empty", tmp_path / "theirs"
+    empty.mkdir()
+    claim(empty)
+    assert (empty / ".written_by").read_text() == STAMP + "\n"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine\n")
+    with pytest.raises(SystemExit, match=r"^--out '.*theirs' holds files that the test did not write: notes.txt; "
+                                         r"pass --force to replace them, or give another --out$"):
+        claim(theirs)
+    assert os.listdir(theirs) == ["notes.txt"]
+    claim(theirs, force=True)
+    claim(theirs)  # its own now
+    assert (theirs / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("how", ["group-writable folder", "others-writable stamp", "stamp of another user"])
+def test_a_stamp_counts_only_where_no_one_else_could_have_written_it(tmp_path, how):
+    out = tmp_path / "out"
+    claim(out)
+    (out / "results.md").write_text("ours\n")
+    claim(out)
+    if how == "group-writable folder":
+        out.chmod(0o775)
+    elif how == "others-writable stamp":
+        (out / ".written_by").chmod(0o646)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(out / ".written_by", 65534, 65534)
+    assert trust_problem(str(out if how == "group-writable folder" else out / ".written_by")) is not None
+    with pytest.raises(SystemExit, match="holds files that the test did not write: results.md .written_by"):
+        claim(out)
+    claim(out, force=True)
+    assert trust_problem(str(out)) is None and trust_problem(str(out / ".written_by")) is None
+
+
+# --- the writers named in docs/safety.md --------------------------------------------------------------------
+
+def test_corpus_prepare_force_replaces_a_data_bin_link_instead_of_writing_into_another_corpus(tmp_path):
+    raw, other = tmp_path / "raw", tmp_path / "other-corpus" / "data-bin"
+    write_raw_multi30k(raw)
+    other.mkdir(parents=True)
+    (other / "dict.de.txt").write_text("another corpus's dictionary 1\n")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "data-bin").symlink_to(other)
+    result = recipe("multi30k", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "1")
+    assert result.returncode == 2 and f"{dest}/data-bin (a link)" in result.stderr
+    result = recipe("multi30k", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "1", "--force")
+    assert result.returncode == 0, result.stderr
+    assert os.listdir(other) == ["dict.de.txt"] and (other / "dict.de.txt").read_text() == \
+        "another corpus's dictionary 1\n"
+    assert not (dest / "data-bin").is_symlink() and (dest / "data-bin" / "recipe.env").is_file()
+
+
+def test_corpus_prepare_refuses_a_dest_holding_other_files_without_force(tmp_path):
+    raw, dest = tmp_path / "raw", tmp_path / "dest"
+    write_raw_multi30k(raw)
+    dest.mkdir()
+    (dest / "thesis.tex").write_text("mine\n")
+    result = recipe("multi30k", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "1")
+    assert result.returncode == 2 and result.stderr.splitlines()[0] == \
+        f"corpus: error: --dest '{dest}' holds files that corpus prepare did not write: thesis.tex; pass --force to " \
+        "replace them, or give another --dest"
+    assert os.listdir(dest) == ["thesis.tex"]
+
+
+def quickstart_main(*argv):
+    try:
+        quickstart.main([str(a) for a in argv])
+    except SystemExit as error:
+        return error.code
+    return 0
+
+
+def test_quickstart_refuses_an_out_it_did_not_make_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoints" / "transformer").mkdir(parents=True)
+    (out / "checkpoints" / "transformer" / "checkpoint_best.pt").write_bytes(b"a user's model")
+    code = quickstart_main("--out", out, "--models", "transformer")
+    assert code == f"fusion-fairseq-quickstart: error: --out '{out}' holds files that quickstart did not write: " \
+        "checkpoints; pass --force to replace them, or give another --out"
+    assert (out / "checkpoints" / "transformer" / "checkpoint_best.pt").read_bytes() == b"a user's model"
+    assert sorted(os.listdir(out)) == ["checkpoints"]
+
+
+@pytest.mark.slow
+def test_quickstart_force_replaces_linked_outputs_and_writes_through_none(tmp_path):
+    """The five files quickstart wrote through links (results.json, its logs, fairseq-generate's output) and
+    the checkpoints fairseq-train writes by name: with --force each link is replaced, its target kept."""
+    out, theirs = tmp_path / "out", tmp_path / "theirs"
+    theirs.mkdir()
+    for name in ("results.json", "train.log", "generate.log", "generate-test.txt", "checkpoint_best.pt.tmp",
+                 "preprocess.log"):
+        (theirs / name).write_text(f"their {name}\n")
+    (out / "logs" / "generate-transformer").mkdir(parents=True)
+    (out / "checkpoints" / "transformer").mkdir(parents=True)
+    links = {"results.json": "results.json", "logs/train-transformer.log": "train.log",
+             "logs/generate-transformer.log": "generate.log", "logs/preprocess.log": "preprocess.log",
+             "logs/generate-transformer/generate-test.txt": "generate-test.txt",
+             "checkpoints/transformer/checkpoint_best.pt.tmp": "checkpoint_best.pt.tmp"}
+    for name, target in links.items():
+        (out / name).symlink_to(theirs / target)
+    before = snapshot(theirs)
+    code = quickstart_main("--out", out, "--models", "transformer", "--force", "--train-size", 60, "--valid-size", 10,
+                           "--test-size", 6, "--max-update", 4, "--layers", 1, "--embed-dim", 16, "--ffn-dim", 32,
+                           "--heads", 2, "--bpe-merges", 50, "--threads", 1, "--cpu")
+    assert code == 0
+    assert snapshot(theirs) == before
+    assert not any((out / name).is_symlink() for name in links)
+    assert (out / "logs" / "generate-transformer" / "generate-test.txt").read_text().count("\nH-") == 6
+
+
+# --- shell: replace_file, claim_folder and examples/gpu/run.sh ----------------------------------------------
+
+def shell(script, cwd, **env):
+    return subprocess.run(["bash", "-c", f'set -euo pipefail; source "{FILES_SH}"; {script}'], cwd=cwd,
+                          capture_output=True, text=True, env={**os.environ, **env})
+
+
+def test_replace_file_replaces_a_link_and_a_failed_command_leaves_the_target(tmp_path):
+    (tmp_path / "theirs").write_text("theirs\n")
+    (tmp_path / "out.log").symlink_to(tmp_path / "theirs")
+    assert shell('replace_file out.log echo ours', tmp_path).returncode == 0
+    assert (tmp_path / "out.log").read_text() == "ours\n" and (tmp_path / "theirs").read_text() == "theirs\n"
+    failed = shell('replace_file out.log bash -c "echo half; exit 3"', tmp_path)
+    assert failed.returncode == 3 and (tmp_path / "out.log").read_text() == "ours\n"
+    assert sorted(os.listdir(tmp_path)) == ["out.log", "theirs"]
+    assert shell('printf "a\\nb\\n" | tee_file copy.log', tmp_path).stdout == "a\nb\n"
+    assert (tmp_path / "copy.log").read_text() == "a\nb\n" and oct((tmp_path / "copy.log").stat().st_mode)[-3:] == "644"
+
+
+def test_claim_folder_is_claim_out_dir_in_shell(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine\n")
+    refused = shell('claim_folder out "a stamp" a.log', tmp_path)
+    assert refused.returncode == 1 and refused.stdout.strip() == "notes.txt"
+    assert os.listdir(tmp_path / "out") == ["notes.txt"]
+    assert shell('claim_folder out "a stamp" a.log', tmp_path, FORCE="1").returncode == 0
+    assert shell('claim_folder out "a stamp" a.log', tmp_path).returncode == 0  # its own now
+    (tmp_path / "out").chmod(0o777)
+    assert shell('claim_folder out "a stamp" a.log', tmp_path).returncode == 1  # anyone could have stamped it
+
+
+def runbook(step, *args, **env):
+    return subprocess.run(["bash", RUNBOOK, step, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable, "SMOKE": "1", **env}, timeout=300)
+
+
+def test_run_sh_compare_writes_no_output_through_a_link(tmp_path):
+    """compare.log (tee), results.md (cp) and compare.tar.gz (tar -f) were written through links in OUT."""
+    out, work, theirs = tmp_path / "out", tmp_path / "work", tmp_path / "theirs"
+    (work / "runs" / "transformer" / "seed1").mkdir(parents=True)
+    (work / "runs" / "transformer" / "seed1" / "run.log").write_text("trained before\n")
+    (work / "results.md").write_text("the report\n")
+    out.mkdir()
+    theirs.mkdir()
+    for name in ("compare.log", "results.md", "compare.tar.gz"):
+        (theirs / name).write_text(f"their {name}\n")
+        (out / name).symlink_to(theirs / name)
+    before = snapshot(theirs)
+    refused = runbook("compare", out, tmp_path / "kit", WORK=str(work), TIME_LIMIT="1")
+    assert refused.returncode == 2 and f"OUT {out} holds files that run.sh did not write: " in refused.stderr
+    assert snapshot(theirs) == before
+    forced = runbook("compare", out, tmp_path / "kit", WORK=str(work), TIME_LIMIT="1", FORCE="1")
+    assert forced.returncode == 124, forced.stderr
+    assert snapshot(theirs) == before
+    assert not any((out / name).is_symlink() for name in ("compare.log", "results.md", "compare.tar.gz"))
+    assert (out / "results.md").read_text() == "the report\n"
+    with tarfile.open(out / "compare.tar.gz") as packed:
+        assert packed.getnames() == ["results.md", "runs/transformer/seed1/run.log"]
+
+
+def test_run_sh_prepare_copies_into_no_linked_folder(tmp_path):
+    raw, kit, theirs = tmp_path / "raw", tmp_path / "kit", tmp_path / "theirs"
+    write_multi30k_slice(raw)
+    (kit / "multi30k" / "data-bin").mkdir(parents=True)
+    (kit / "multi30k" / "data-bin" / "recipe.env").write_text("SRC=de\n")  # prepared already
+    theirs.mkdir()
+    (kit / "multi30k" / "test-raw").symlink_to(theirs)
+    result = runbook("prepare", kit, MULTI30K_RAW=str(raw))
+    assert result.returncode == 2 and f"{kit}/multi30k/test-raw is a link; move it away" in result.stderr
+    assert os.listdir(theirs) == []
