@@ -754,6 +754,53 @@ def test_the_launchers_refuse_what_they_did_not_create(tmp_path, launcher):
                 os.remove(path)
 
 
+@pytest.mark.parametrize("how", ["group-writable EXP", "others-writable venv file", "a file of another user"])
+def test_the_launchers_run_nothing_from_an_exp_anyone_else_could_have_written(tmp_path, how):
+    """An EXP whose stamps name it passes only if nothing in it is owned by another user or writable by group
+    or others, as ssh trusts a key file: else one line naming the first such path, and no git and no Python
+    of EXP runs."""
+    clone, script = _pinned_clone(tmp_path)
+    exp, ran = tmp_path / "exp", tmp_path / "ran"
+    _stand_in_venv(exp, f"touch {ran}")
+    (exp / "venv" / "bin" / "python").write_text(f"#!/usr/bin/env bash\ntouch {ran}\n")
+    stranger = {"group-writable EXP": exp, "others-writable venv file": exp / "venv" / "bin" / "python",
+                "a file of another user": exp / "venv" / ".created_by_deep_sh"}[how]
+    if how == "a file of another user":
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(stranger, 65534, 65534)
+    else:
+        stranger.chmod(0o775 if stranger == exp else 0o757)
+    result = subprocess.run(["bash", str(script), "status", str(exp)], capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr == f"deep.sh: error: EXP {exp} holds {stranger}, owned by another " \
+        "user or writable by group or others: nothing runs from it (fix its owner or mode, or give a new folder)\n"
+    assert not ran.exists() and not (exp / "code").exists()
+
+
+def test_the_launchers_import_nothing_from_exp_and_run_no_fsmonitor_of_its_checkout(tmp_path):
+    """python -P: a fusion_fairseq folder in EXP (the working directory of the import check) is not imported;
+    git -c core.fsmonitor=false: the checkout's fsmonitor hook does not run on git status."""
+    clone, script = _pinned_clone(tmp_path)
+    exp, imported, monitored = tmp_path / "exp", tmp_path / "imported", tmp_path / "monitored"
+    _stand_in_venv(exp, "exit 0")
+    (exp / "venv" / "bin" / "python").write_text(  # the real interpreter for -c, importing the pinned checkout
+        f'#!/usr/bin/env bash\n[[ "$1" == -c || "$2" == -c ]] && PYTHONPATH={exp}/code exec {sys.executable} "$@"\nexit 0\n')
+    (exp / "fusion_fairseq").mkdir()
+    (exp / "fusion_fairseq" / "__init__.py").write_text(f"open({str(imported)!r}, 'w').close()\n")
+    result = subprocess.run(["bash", str(script), "status", str(exp)], capture_output=True, text=True)
+    assert result.returncode == 0 and "report: " in result.stdout, result.stderr
+    assert not imported.exists()
+    hook = tmp_path / "fsmonitor.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {monitored}\n")
+    hook.chmod(0o755)
+    subprocess.run(["git", "-C", str(exp / "code"), "config", "core.fsmonitor", str(hook)], check=True)
+    result = subprocess.run(["bash", str(script), "status", str(exp)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert not monitored.exists()
+    subprocess.run(["git", "-C", str(exp / "code"), "status", "--porcelain"], capture_output=True, check=True)
+    assert monitored.exists()  # what the launcher's git would have run
+
+
 def _pinned_clone(tmp_path):
     """A clone of the repository whose deep.sh is pinned to its HEAD, without the committed export."""
     clone = tmp_path / "repo"
