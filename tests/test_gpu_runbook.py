@@ -80,8 +80,8 @@ def test_the_comparison_command_trains_and_scores(kit, tmp_path):
     assert runs == {("transformer", 1): "done", ("transformer", 2): "done"}  # --deep: a third seed for the Transformer
     scored = {"test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr", "all"}
     assert all(set(m["test"]) == scored for m in methods), [m["test"].keys() for m in methods]
-    assert sorted(os.listdir(out)) == ["compare.log", "compare.tar.gz", "learning_curves.png", "results.json",
-                                       "results.md"]
+    assert sorted(os.listdir(out)) == [".written_by", "compare.log", "compare.tar.gz", "learning_curves.png",
+                                       "results.json", "results.md"]  # .written_by: OUT is run.sh's own
     with tarfile.open(out / "compare.tar.gz") as packed:
         members = packed.getnames()
     assert {"results.md", "runs/transformer/seed2/done.json", "runs/transformer/seed2/run.log",
