@@ -231,7 +231,13 @@ def spawn_cpu_processes(cfg, main, kwargs):
 
 
 def run_rank(index, main, cfg, kwargs, parent, meets_at_parent):
+    # unpickling this function imported fusion_fairseq already, so fairseq's --user-dir import skips the
+    # package and would not register its models in this rank: register them here
+    import fusion_fairseq.models  # noqa: F401
+    from fusion_fairseq.process_lifetime import end_forked_children_with_this_process
+
     die_with_parent(parent)
+    end_forked_children_with_this_process()  # its DataLoader workers end with it (docs/safety.md)
     distributed = cfg.distributed_training
     if meets_at_parent:
         meet(distributed.distributed_backend, *loopback_tcp_address(distributed.distributed_init_method), index,
@@ -250,6 +256,9 @@ def with_cpu_processes(call_main):
         whole_number(world_size, 1, None, f"--distributed-world-size {world_size}")
         if cfg.common.tpu or not (cfg.common.cpu or not torch.cuda.is_available()):  # fairseq's Trainer's rule
             return call_main(cfg, main, **kwargs)
+        from fusion_fairseq.process_lifetime import end_forked_children_with_this_process
+
+        end_forked_children_with_this_process()  # DataLoader workers and the resource tracker end with it
         if distributed.distributed_backend == "nccl":  # fairseq's default; NCCL moves CUDA tensors only
             distributed.distributed_backend = "gloo"
         world = environment_world() if init_method is None else None  # fairseq's rule

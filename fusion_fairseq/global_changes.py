@@ -5,11 +5,12 @@ loaded under two module names) and has a test that fails without it: the table i
 the plugin changes") gives each one's reason, upstream issue and test.
 """
 
-from . import checkpoint_safety, fairseq_fixes
+from . import checkpoint_safety, config_fields, fairseq_fixes
 
 CHANGES = (
     checkpoint_safety.read_checkpoints_safely,
     checkpoint_safety.check_loaded_configurations,
+    config_fields.check_model_configs,
     fairseq_fixes.train_in_cpu_processes,
     fairseq_fixes.train_bf16_without_tpu,
     fairseq_fixes.resume_with_the_batches_of_an_unbroken_run,

@@ -332,13 +332,16 @@ def test_registered_under_its_name_with_its_flags():
     assert config.diversity_lambda == 1.0 and config.diversity_sides == "both"
 
 
-def test_the_same_file_under_a_second_module_name_does_not_clash():
+def test_the_same_file_under_a_second_module_name_is_refused_naming_both():
+    """The plugin registers once, as fusion_fairseq: a second copy of the criterion (the same file under
+    another module name) is a clash naming both definitions, and the registered one stays."""
     name = "fusion_fairseq_second_copy.criterions.label_smoothed_cross_entropy_with_layer_diversity"
     spec = importlib.util.spec_from_file_location(name, criterion_module.__file__)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # would raise "Cannot register duplicate criterion"
+    with pytest.raises(ValueError, match=f"Cannot register duplicate criterion .{NAME}.: fusion_fairseq_second_copy"
+                                         f".* would replace fusion_fairseq.criterions"):
+        spec.loader.exec_module(module)
     assert CRITERION_REGISTRY[NAME] is DiversityCriterion
-    assert module.LabelSmoothedCrossEntropyWithLayerDiversityCriterion is DiversityCriterion
 
 
 def test_a_genuine_criterion_name_clash_still_raises():

@@ -49,19 +49,23 @@ def test_a_helper_imports_no_model(module, loaded):
 
 @pytest.mark.slow
 def test_importing_the_plugin_leaves_vanilla_fairseq_unchanged():
-    """In a fresh interpreter: fairseq's batching (its last partial batch dropped, fairseq #5036), the
-    process's exception printing and fairseq's hydra merge are the same objects, giving the same results,
-    before and after the plugin registers."""
+    """In a fresh interpreter: fairseq's batching (its last partial batch dropped, fairseq #5036) and the
+    process's exception printing are the same objects, giving the same results, before and after the plugin
+    registers; fairseq's hydra merge (checked first for the plugin's own configs, docs/safety.md) merges a
+    config of fairseq's own Transformer as before."""
     result = run_python(
         "import sys, numpy as np\n"
+        "from omegaconf import OmegaConf\n"
         "from fairseq.data import data_utils\n"
         "from fairseq.dataclass import utils as dataclass_utils\n"
-        "from fairseq import models\n"
+        "from fairseq.models.transformer import TransformerConfig\n"
         "def state():\n"
         "    batches = data_utils.batch_by_size(np.arange(10), None, num_tokens_vec=np.ones(10, dtype=np.int64),\n"
         "                                       max_sentences=4, required_batch_size_multiple=4)\n"
+        "    merged = dataclass_utils.merge_with_parent(TransformerConfig(), OmegaConf.create(\n"
+        "        {'dropout': 0.3, 'encoder': {'layers': 3}}))\n"
         "    return ([len(batch) for batch in batches], sys.excepthook, data_utils.batch_by_size,\n"
-        "            dataclass_utils.merge_with_parent, models.merge_with_parent)\n"
+        "            OmegaConf.to_yaml(merged))\n"
         "before = state()\n"
         "import fusion_fairseq.models\n"
         "after = state()\n"

@@ -132,8 +132,6 @@ def test_a_killed_two_rank_training_leaves_no_worker_and_no_resource_tracker(req
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="process_lifetime.end_forked_children_with_this_process is not yet called by "
-                   "the plugin (fairseq_fixes.run_rank and the training process); remove this mark when it is")
 def test_the_installed_fairseq_train_leaves_no_process_behind(request, tmp_path):
     below, survivors = kill_and_count_survivors(
         [sys.executable, fairseq_train_script(), *two_ranks_with_workers(request, tmp_path)],

@@ -315,15 +315,20 @@ def test_romanian_normalisation_is_for_the_romanian_side_only():
 
 @pytest.mark.parametrize("name", [name for name, recipe in corpus.CORPORA.items() if recipe.urls])
 def test_offline_download_fails_with_a_clear_message(name, tmp_path):
+    """Offline, the download fails in one line pointing to --from and leaves no partial download; a --dest
+    holding a file of the user's is refused before anything is fetched, the file kept."""
     dest = tmp_path / "dest"
-    dest.mkdir()
-    (dest / "mine.txt").write_text("keep me\n")
     result = run_corpus("prepare", name, "--dest", dest, "--mirror", UNROUTABLE, "--timeout", "2", check=False)
     assert result.returncode == 1
     assert "download of http://10.255.255.1/" in result.stderr and "--from PATH" in result.stderr, result.stderr
-    assert (dest / "mine.txt").read_text() == "keep me\n"
     assert not [p for p in os.listdir(dest) if p.startswith(".work")]
     assert not (dest / "orig").exists() or os.listdir(dest / "orig") == []  # no partial download left
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "mine.txt").write_text("keep me\n")
+    result = run_corpus("prepare", name, "--dest", users, "--mirror", UNROUTABLE, "--timeout", "2", check=False)
+    assert result.returncode == 2 and "holds files that corpus prepare did not write: mine.txt" in result.stderr
+    assert os.listdir(users) == ["mine.txt"] and (users / "mine.txt").read_text() == "keep me\n"
 
 
 # ------------------------------------------------------------------------------ the comparisons' RAW
