@@ -70,7 +70,7 @@ def half_precision_pipeline(data_bin: str, arch: str, mode_flag: str, save_dir: 
     generate_precision = () if mode_flag == "--bf16" else ("--fp16",)
     generate = CliRun("generate", "fairseq_cli.generate", [
         data_bin, "--user-dir", user_dir(), "--path", f"{save_dir}/checkpoint_last.pt",
-        *generate_precision, "--beam", "3", *IN_PROCESS,
+        *generate_precision, "--beam", "3", *IN_PROCESS, "--required-batch-size-multiple", "1",
     ])
     return [train, generate]
 

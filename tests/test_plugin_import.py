@@ -172,19 +172,21 @@ def test_every_change_to_fairseq_is_listed_and_applied_once():
         "from fairseq.distributed import utils as distributed_utils\n"
         "from fairseq.models import distributed_fairseq_model\n"
         "from fairseq.tasks import FairseqTask\n"
+        "from fairseq.dataclass import utils as dataclass_utils\n"
         "from fusion_fairseq import global_changes\n"
         "def installed():\n"
         "    return (checkpoint_utils.torch, checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_checkpoint,\n"
         "            checkpoint_utils.load_model_ensemble_and_task, hub_utils.from_pretrained,\n"
         "            distributed_utils.call_main, distributed_fairseq_model.DistributedDataParallel,\n"
-        "            FairseqTask.get_batch_iterator)\n"
+        "            FairseqTask.get_batch_iterator, dataclass_utils.merge_with_parent)\n"
         "before = installed()\n"
         "marked = [(distributed_utils.call_main, '_trains_in_cpu_processes'),\n"
         "          (distributed_utils.call_main, '_trains_bf16_without_tpu'),\n"
         "          (checkpoint_utils.load_checkpoint_to_cpu, 'checks_loaded_configurations'),\n"
-        "          (FairseqTask.get_batch_iterator, '_resumes_with_the_batches_of_an_unbroken_run')]\n"
+        "          (FairseqTask.get_batch_iterator, '_resumes_with_the_batches_of_an_unbroken_run'),\n"
+        "          (dataclass_utils.merge_with_parent, 'checks_model_configs')]\n"
         "print(len(global_changes.CHANGES), [bool(getattr(f, m, False)) for f, m in marked])\n"
         "global_changes.apply_all()\n"
         "print(installed() == before)\n")
     assert checked.returncode == 0, checked.stderr[-2000:]
-    assert checked.stdout.split("\n")[:2] == ["5 [True, True, True, True]", "True"]
+    assert checked.stdout.split("\n")[:2] == ["6 [True, True, True, True, True]", "True"]
