@@ -179,8 +179,8 @@ def test_users_commands_train_two_processes(launcher, trained, request, tmp_path
 # --------------------------------------------------------------------------- what a user's machine sees
 
 
-def children(pid):
-    """The live (not zombie) processes whose parent is ``pid``: {pid: command line} (Linux's /proc)."""
+def live_processes():
+    """{pid: (parent pid, command line)} of every live (not zombie) process (Linux's /proc)."""
     found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -190,9 +190,14 @@ def children(pid):
                 command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if int(parent) == pid and state != "Z":
-            found[int(entry)] = command
+        if state != "Z":
+            found[int(entry)] = (int(parent), command)
     return found
+
+
+def children(pid):
+    """The live processes whose parent is ``pid``: {pid: command line}."""
+    return {child: command for child, (parent, command) in live_processes().items() if parent == pid}
 
 
 def is_loopback(address):

@@ -9,22 +9,15 @@ import textwrap
 
 import pytest
 
-from test_distributed import FAMILY, SPAWNED, data_bin_fixture, fairseq_train_script, train_args, wait_for
+from test_distributed import (FAMILY, SPAWNED, data_bin_fixture, fairseq_train_script, live_processes, train_args,
+                              wait_for)
 from fusion_fairseq.cli import user_dir
 from test_fairseq_fixes import running
 
 
 def descendants(pid):
-    """Every live process below ``pid`` (Linux's /proc)."""
-    parents = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                state, parent = stat.read().rsplit(")", 1)[1].split()[:2]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if state != "Z":
-            parents[int(entry)] = int(parent)
+    """Every live process below ``pid``."""
+    parents = {child: parent for child, (parent, _) in live_processes().items()}
     found, frontier = set(), {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
