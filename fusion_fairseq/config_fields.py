@@ -1,19 +1,19 @@
-"""What fairseq's configuration dataclasses lack, as field metadata: a field made by :func:`option` adds the
-values it accepts, the rule deriving its default, whether it is structural and which feature reads it, from
-which the checks, defaults, idle-flag warnings and structural list derive (docs/models.md, "Flags")."""
+"""How the plugin's models use fairseq's configuration. Each model's flags are the fields of one
+``FairseqDataclass`` carrying fairseq's metadata only (``help``; choices as ``ChoiceEnum``), and each
+model has one validation function, called by ``build_model``, that checks the values and the
+combinations, fills the derived defaults and names idle flags. This module holds the vocabulary that
+function speaks: what a flag accepts (:class:`Values`), the one-line errors, and the glue to fairseq's
+parser and hydra merge (docs/models.md, "Flags")."""
 
 import argparse
 import dataclasses
 import difflib
+import enum
 import functools
-import inspect
 import logging
-import re
-import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
-from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from omegaconf import OmegaConf
 
@@ -30,22 +30,19 @@ class Values:
     description: str  # completes "--flag ..., got X", e.g. "must be a positive integer"; a range: "in [0, 1)"
     accepts: Callable[[Any], bool]
     convert: Callable[[str], Any] = str
-    choices: Optional[Sequence[str]] = None
     number: bool = False
-    check: Optional[Callable[[Any], Optional[str]]] = None  # the message for an accepted value still wrong
 
     def error(self, flag: str, value, shown: str) -> Optional[str]:
         if self.number and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             message = f"must be a number {self.description}"
         elif self.accepts(value):
-            return self.check(value) if self.check else None
+            return None
         else:
             message = f"must be {self.description}" if self.number else self.description
         return f"{flag} {message}, got {shown}" if flag else f"{message}, got {shown}"
 
 
-def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False,
-         check: Optional[Callable[[Any], Optional[str]]] = None) -> Values:
+def real(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> Values:
     def inside(value):
         return (low < value or low_included and value == low) and (value < high or high_included and value == high)
 
@@ -53,11 +50,11 @@ def real(low: float, high: float, *, low_included: bool = True, high_included: b
         text = f">= {low:g}" if low_included else f"> {low:g}"
     else:
         text = f"in {'[' if low_included else '('}{low:g}, {high:g}{']' if high_included else ')'}"
-    return Values(text, inside, float, number=True, check=check)
+    return Values(text, inside, float, number=True)
 
 
-def choice(options: Sequence[str]) -> Values:
-    return Values(f"must be one of {', '.join(options)}", lambda value: value in options, str, tuple(options))
+def choice(options) -> Values:
+    return Values(f"must be one of {', '.join(options)}", lambda value: value in options)
 
 
 POSITIVE_INT = Values("must be a positive integer", lambda value: type(value) is int and value > 0, int)
@@ -67,42 +64,8 @@ SWITCH = Values("is a switch: True or False", lambda value: isinstance(value, bo
 PROBABILITY = real(0.0, 1.0)
 
 
-@dataclass(frozen=True)
-class Feature:
-    """A part of a model; the flags it reads do nothing when ``present(args)`` is false, which
-    ``absence(args)`` explains by the configuration (e.g. "--surface-fusion is none")."""
-
-    present: Callable[[argparse.Namespace], bool]
-    absence: Callable[[argparse.Namespace], str]
-
-
-def flag_feature(name: str, present: Callable[[Any], bool] = lambda value: value not in ("none", False), *,
-                 sides: bool = False) -> Feature:
-    """The feature that flag ``name`` (``sides``: ``--NAME-encoder`` or ``--NAME-decoder``) switches on where
-    ``present(value)``."""
-    names, verb = ((f"{name}_encoder", f"{name}_decoder"), "are") if sides else ((name,), "is")
-    return Feature(lambda args: any(present(getattr(args, flag)) for flag in names), lambda args: (
-        f"{'/'.join(map(flag_of, names))} {verb} {'/'.join(str(getattr(args, flag)) for flag in names)}"))
-
-
-def option(default=None, help: str = "", values: Optional[Values] = None, *, metavar: Optional[str] = None,
-           derive: Optional[Callable[[argparse.Namespace], Any]] = None, structural: bool = False,
-           read_by: Optional[Feature] = None, idle_reason: str = "", declared_by_fairseq: bool = False):
-    """A configuration field. ``derive(args)``: its default from other flags; ``structural``: a checkpoint
-    fixes it; ``read_by`` and ``idle_reason``: a warning when it is set and the feature is absent;
-    ``declared_by_fairseq``: the flag and its default are fairseq's, the field only adds the check of its values."""
-    metadata = dict(help=help, values=values, metavar=metavar, derive=derive, structural=structural,
-                    read_by=read_by, idle_reason=idle_reason, declared_by_fairseq=declared_by_fairseq)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
 def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _options(config):
-    """The fields made by :func:`option` (fairseq's own fields carry fairseq's metadata only)."""
-    return [field for field in dataclasses.fields(config) if "values" in field.metadata]
 
 
 def argparse_type(values: Values, flag: str = ""):
@@ -121,49 +84,43 @@ def argparse_type(values: Values, flag: str = ""):
     return parse
 
 
-def add_flags(parser, config) -> None:
-    """fairseq's flags for ``config`` without defaults (the architecture fills what the user leaves unset),
-    each own flag's text checked against its field's values."""
-    gen_parser_from_dataclass(parser, config(), delete_default=True)
-    actions = {action.dest: action for action in parser._actions}
-    for field in _options(config):
-        meta, action = field.metadata, actions[field.name]
-        if meta["declared_by_fairseq"]:
-            continue
-        if meta["values"].choices:
-            action.choices = meta["values"].choices
-        elif meta["values"] is not SWITCH:
-            action.type = argparse_type(meta["values"], flag_of(field.name))
-            action.metavar = meta["metavar"]
+def choices_of(field: dataclasses.Field) -> Optional[tuple]:
+    """The values of a field typed by fairseq's ``ChoiceEnum``, else None."""
+    kind = field.type
+    return tuple(member.value for member in kind) if isinstance(kind, type) and issubclass(kind, enum.Enum) else None
+
+
+def field_values(config) -> Dict[str, Values]:
+    """{field: what it accepts} of ``config``, in field order: the plugin's own fields typed by fairseq's
+    ``ChoiceEnum`` or ``bool``, and ``flag_values`` (a class variable of the plugin's configurations, since a
+    type cannot say "positive"; fairseq's dropouts among them)."""
+    ranges, own = getattr(config, "flag_values", {}), {field.name for field in own_fields(config)}
+    values = {}
+    for field in dataclasses.fields(config):
+        options = choices_of(field)
+        if field.name in ranges:
+            values[field.name] = ranges[field.name]
+        elif field.name in own and options is not None:
+            values[field.name] = choice(options)
+        elif field.name in own and field.type is bool:
+            values[field.name] = SWITCH
+    return values
 
 
 class FlagsOfConfig:
-    """A model mixin: ``add_args`` adds the base model's flags, then its registered dataclass's (:func:`add_flags`)."""
+    """A model mixin: ``add_args`` adds the base model's flags, then its registered dataclass's, as
+    fairseq does, without defaults (the architecture fills what the user leaves unset); a flag of
+    ``flag_values`` has its text checked as it is parsed, naming the flag."""
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        add_flags(parser, getattr(cls, "__dataclass"))  # set by fairseq's register_model
-
-
-def flat_fields(config, checks: Optional[dict] = None, prefix: str = "") -> list:
-    """``(name, type, field)`` of fairseq's nested ``config`` (``TransformerConfig``) under its flat legacy
-    names (``encoder.embed_dim`` as ``encoder_embed_dim``), for ``dataclasses.make_dataclass``; ``checks``:
-    {flat name: :class:`Values`} of the fields whose values are checked (:func:`option`, declared by fairseq)."""
-    checks, flat = checks or {}, []
-    for field in dataclasses.fields(config):
-        name = prefix + field.name
-        if field.name.startswith("_"):
-            continue
-        if inspect.isclass(field.type) and issubclass(field.type, FairseqDataclass):
-            flat += flat_fields(field.type, checks, name + "_")
-            continue
-        default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
-        if isinstance(default, str):  # ${model.decoder.embed_dim}: the sibling field decoder_embed_dim
-            default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${.\1_\2}", default)
-        flat.append((name, field.type, option(default, field.metadata["help"], checks[name], declared_by_fairseq=True)
-                     if name in checks else dataclasses.field(default=default, metadata=field.metadata)))
-    return flat
+        config = getattr(cls, "__dataclass")  # set by fairseq's register_model
+        gen_parser_from_dataclass(parser, config(), delete_default=True)
+        ranges, own = getattr(config, "flag_values", {}), {field.name for field in own_fields(config)}
+        for action in parser._actions:  # fairseq's own flags keep fairseq's parsing
+            if action.dest in own and action.dest in ranges:
+                action.type = argparse_type(ranges[action.dest], flag_of(action.dest))
 
 
 def as_namespace(cfg) -> argparse.Namespace:
@@ -175,6 +132,62 @@ def as_namespace(cfg) -> argparse.Namespace:
     return argparse.Namespace(**vars(cfg))
 
 
+def set_defaults(args, **defaults) -> None:
+    """A preset's defaults: each flag the user left unset (absent or None) takes the preset's value."""
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def own_fields(config) -> list:
+    """The fields the plugin declares in ``config``: not those of fairseq's classes, nor of a class holding
+    fairseq's flags (``fairseqs_flags = True``, e.g. its Transformer's flattened), which fairseq's
+    architectures fill and fairseq's parser parses."""
+    own = {name for klass in (config if isinstance(config, type) else type(config)).__mro__ if not klass.__module__.startswith("fairseq")
+           and not vars(klass).get("fairseqs_flags") for name in vars(klass).get("__annotations__", {})}
+    return [field for field in dataclasses.fields(config) if field.name in own]
+
+
+def fill_defaults(args, config) -> None:
+    """Give every own field of ``config`` the user left unset (absent or None) its dataclass default; a
+    default that depends on other flags (None in the dataclass) is the model's to fill after."""
+    for field in own_fields(config):
+        interpolated = isinstance(field.default, str) and field.default.startswith("${")  # the task's, II(...)
+        if getattr(args, field.name, None) is None and not interpolated:
+            setattr(args, field.name, field.default)
+
+
+def field_defaults(config) -> Dict[str, Any]:
+    return {field.name: field.default for field in dataclasses.fields(config)}
+
+
+def check_values(args, config, name: Callable[[str], str] = flag_of, derived=()) -> None:
+    """Raise :class:`ConfigurationError` for the first field of ``config`` (in field order) whose value its
+    flag does not accept (:func:`field_values`); ``name(field)`` names it (a hydra config's: ``model.FIELD``).
+    None is the "off" of a field whose default is None, except for the ``derived`` ones (filled before)."""
+    defaults = field_defaults(config)
+    for field, values in field_values(config).items():
+        if not hasattr(args, field):
+            continue
+        value = getattr(args, field)
+        if value is None and defaults[field] is None and field not in derived:
+            continue
+        message = values.error(name(field), value, repr(value))
+        if message:
+            raise ConfigurationError(message)
+
+
+def warn_idle_flags(args, idle: Dict[str, tuple], defaults: Dict[str, Any]) -> None:
+    """Warn about each flag of ``idle`` ({flag: (what it acts on, why that is absent)}, the flags whose feature
+    the configuration lacks) set to something other than its default. Warnings, not errors: such a
+    configuration still means what it says, and checkpoints trained with one must keep loading."""
+    for name, (reason, absence) in idle.items():
+        value = getattr(args, name)
+        if value != defaults[name]:
+            given = flag_of(name) if isinstance(value, bool) else f"{flag_of(name)} {value}"
+            logger.warning("flag without effect: %s: %s, and %s", given, reason, absence)
+
+
 def require_mergeable_model_config(config, cfg, remove_missing: bool = False) -> None:
     """Refuse to merge the plugin model dataclass ``config`` with ``cfg`` (a hydra config's ``model``) when
     ``cfg`` has a field ``config`` lacks, or names a preset and leaves fields out, which fairseq's merge
@@ -182,15 +195,19 @@ def require_mergeable_model_config(config, cfg, remove_missing: bool = False) ->
     configuration (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    if remove_missing or not _options(config):
+    if remove_missing or not own_fields(config):
         return  # a checkpoint's, or not the plugin's
-    name, known = cfg.get("_name"), [field.name for field in dataclasses.fields(config)]
+    name, fields = cfg.get("_name"), {field.name: field for field in dataclasses.fields(config)}
     for key in cfg:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ConfigurationError(f"model.{key} is no field of {name}: {hint}(the fields are the flags of "
                                      f"fairseq-train --arch {name}, with _ for -)")
+        options, value = choices_of(fields[key]), cfg[key]
+        if options is not None and value is not None and str(value) not in options:  # else omegaconf's traceback
+            raise ConfigurationError(choice(options).error(f"model.{key}", value, repr(value)))
+    known = list(fields)
     model = ARCH_MODEL_NAME_REGISTRY.get(name, name)
     left_out = [key for key in known if key not in cfg]
     if name != model and left_out:
@@ -217,73 +234,3 @@ def check_model_configs() -> None:
 
     checking.checks_model_configs = True
     utils.merge_with_parent = models.merge_with_parent = checking
-
-
-def fill_defaults(args, config) -> None:
-    """Give every own field the user left unset (absent or None) its default, in field order (a derived
-    default may read fields above it)."""
-    for field in _options(config):
-        if getattr(args, field.name, None) is None and not field.metadata["declared_by_fairseq"]:
-            derive = field.metadata["derive"]
-            setattr(args, field.name, derive(args) if derive else field.default)
-
-
-def set_defaults(args, **defaults) -> None:
-    """A preset's defaults: each flag the user left unset takes the preset's value."""
-    for name, value in defaults.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-
-
-def check_values(args, config, name: Callable[[str], str] = flag_of) -> None:
-    """Raise :class:`ConfigurationError` for the first field (in field order) whose value its flag does not accept;
-    ``name(field)`` names it (a hydra config's: ``model.FIELD``)."""
-    for field in _options(config):
-        meta = field.metadata
-        if meta["values"] is None or not hasattr(args, field.name):
-            continue
-        value = getattr(args, field.name)
-        if value is None and field.default is None and meta["derive"] is None:
-            continue  # None is this field's "off"
-        message = meta["values"].error(name(field.name), value, repr(value))
-        if message:
-            raise ConfigurationError(message)
-
-
-def structural_fields(config) -> tuple:
-    return tuple(field.name for field in dataclasses.fields(config) if field.metadata.get("structural"))
-
-
-def idle_flags(args, config) -> list:
-    """The fields read by an absent feature that the user set (a value other than the architecture's own,
-    or typed on the command line), each with the reason. A checkpoint's configuration holds every flag, at
-    the architecture's value where the user gave none: no warning then. The architecture's own value comes
-    from running it (``_name``, else ``arch``, else the model that registered ``config``) on a copy of
-    ``args`` without the flag, so that a preset's own value (e.g. mlrf_nist_zh_en's independent W1) is
-    never taken for the user's."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_DATACLASS_REGISTRY
-
-    idle = []
-    for field in _options(config):
-        feature, flag = field.metadata["read_by"], flag_of(field.name)
-        if feature is None or feature.present(args):
-            continue
-        value = getattr(args, field.name)
-        typed = any(word == flag or word.startswith(flag + "=") for word in sys.argv[1:])  # then the user's choice
-        arch = getattr(args, "_name", None) or getattr(args, "arch", None) or next(
-            model for model, registered in MODEL_DATACLASS_REGISTRY.items()
-            if registered.__qualname__ == config.__qualname__)
-        probe = argparse.Namespace(**{name: setting for name, setting in vars(args).items() if name != field.name})
-        ARCH_CONFIG_REGISTRY[arch](probe)
-        if value == getattr(probe, field.name) and not typed:
-            continue
-        given = flag if isinstance(value, bool) else f"{flag} {value}"
-        idle.append(f"{given}: {field.metadata['idle_reason']}, and {feature.absence(args)}")
-    return idle
-
-
-def warn_idle_flags(args, config) -> None:
-    """Warnings, not errors: a configuration with an idle flag still means what it says, and
-    checkpoints trained with one must keep loading."""
-    for text in idle_flags(args, config):
-        logger.warning("flag without effect: %s", text)

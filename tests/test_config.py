@@ -1,5 +1,5 @@
-"""A flag is one field of its model's configuration dataclass: parser, checks, defaults, idle-flag
-warnings and the structural list all come from it."""
+"""A flag is one field of its model's fairseq dataclass (help, ChoiceEnum choices); the range of values it
+accepts, its structural mark and its idle-flag rule are the model's, read by one validation function."""
 
 import argparse
 import dataclasses
@@ -7,71 +7,81 @@ import os
 import subprocess
 import sys
 from argparse import Namespace
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Optional
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
 
 import fusion_fairseq.models  # noqa: F401  (registers the plugin)
 from fusion_fairseq.checkpoint_safety import structural_flags
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT,
-    PROBABILITY,
-    SWITCH,
-    Feature,
-    add_flags,
-    argparse_type,
-    check_values,
-    choice,
-    fill_defaults,
-    idle_flags,
-    option,
-    structural_fields,
+    POSITIVE_INT, PROBABILITY, FlagsOfConfig, argparse_type, check_values, fill_defaults, own_fields, warn_idle_flags,
 )
 from fusion_fairseq.tools.common import positive_int
 from conftest import USER_DIR
 from model_building import dictionary_of_size, parse_model_args
 
 PLUGIN_MODELS = ["fusion_transformer", "dense_transformer", "dense_fconv", "layerwise_coordination"]
-WIDE = Feature(lambda args: args.kind == "wide", lambda args: f"--kind is {args.kind}")
 
 
 @dataclass
-class ToyConfig(FairseqDataclass):
-    dropout: float = option(0.1, "dropout", PROBABILITY, declared_by_fairseq=True)
-    kind: str = option("narrow", "the kind", choice(("narrow", "wide")), structural=True)
-    width: int = option(None, "the width", POSITIVE_INT, metavar="N", derive=lambda args: 2 * args.size,
-                        read_by=WIDE, idle_reason="only wide models have a width")
-    gate: bool = option(False, "a switch", SWITCH, structural=True)
-    layer: Optional[int] = option(None, "an optional layer", POSITIVE_INT)
+class FairseqsFlags(FairseqDataclass):
+    fairseqs_flags = True
+    dropout: float = field(default=0.1, metadata={"help": "dropout"})
+
+
+@dataclass
+class ToyConfig(FairseqsFlags):
+    kind: ChoiceEnum(("narrow", "wide")) = field(default="narrow", metadata={"help": "the kind"})
+    width: Optional[int] = field(default=None, metadata={"help": "the width"})
+    gate: bool = field(default=False, metadata={"help": "a switch"})
+    layer: Optional[int] = field(default=None, metadata={"help": "an optional layer"})
+
+    flag_values = {"dropout": PROBABILITY, "width": POSITIVE_INT, "layer": POSITIVE_INT}
+
+
+class FairseqsModel:
+    @classmethod
+    def add_args(cls, parser):
+        parser.add_argument("--dropout", type=float)  # fairseq's own flag, declared by fairseq
+
+
+class ToyModel(FlagsOfConfig, FairseqsModel):
+    pass
+
+
+setattr(ToyModel, "__dataclass", ToyConfig)  # as fairseq's register_model does
 
 
 def toy_parser():
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    parser.add_argument("--dropout", type=float)  # fairseq's own flag, declared by fairseq
-    add_flags(parser, ToyConfig)
+    ToyModel.add_args(parser)
     return parser
 
 
-def test_one_field_gives_the_flag_its_check_and_its_default():
-    args = toy_parser().parse_args(["--kind", "wide", "--gate"])
-    assert vars(args) == {"kind": "wide", "gate": True}  # absent flags stay unset (fairseq's SUPPRESS)
-    args.size = 8
+def test_the_plugins_fields_are_its_own_fairseqs_are_fairseqs():
+    assert [item.name for item in own_fields(ToyConfig)] == ["kind", "width", "gate", "layer"]
+
+
+def test_fairseqs_parser_reads_the_fields_and_the_own_ranges():
+    args = toy_parser().parse_args(["--kind", "wide", "--gate", "--dropout", "1.5"])  # fairseq's --dropout: fairseq's
+    assert vars(args) == {"kind": "wide", "gate": True, "dropout": 1.5}  # absent flags stay unset (fairseq's SUPPRESS)
     fill_defaults(args, ToyConfig)
-    assert (args.width, args.layer) == (16, None) and not hasattr(args, "dropout")  # fairseq fills its own
-    check_values(args, ToyConfig)
+    assert (args.width, args.layer, args.dropout) == (None, None, 1.5)  # the model derives width; fairseq fills its own
 
 
 def test_the_parser_names_the_flag_and_the_text(capsys):
-    with pytest.raises(SystemExit):
-        toy_parser().parse_args(["--width", "two"])
-    assert "--width must be a positive integer, got 'two'" in capsys.readouterr().err
+    for flags, message in ((["--width", "two"], "--width must be a positive integer, got 'two'"),
+                           (["--kind", "tall"], "argument --kind: invalid choice: 'tall'")):
+        with pytest.raises(SystemExit):
+            toy_parser().parse_args(flags)
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("parse_type", [positive_int, argparse_type(POSITIVE_INT)], ids=["tools", "models"])
@@ -85,33 +95,55 @@ def test_the_tools_flags_accept_what_the_models_flags_accept(parse_type, capsys)
         assert f"argument --steps: must be a positive integer, got '{text}'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("field,value,message", [
+@pytest.mark.parametrize("field_name,value,message", [
     ("dropout", 1.0, "--dropout must be in [0, 1), got 1.0"),
     ("kind", "tall", "--kind must be one of narrow, wide, got 'tall'"),
     ("width", "16", "--width must be a positive integer, got '16'"),
     ("gate", "yes", "--gate is a switch: True or False, got 'yes'"),
     ("width", None, "--width must be a positive integer, got None"),  # derived: None is no value
 ])
-def test_values_built_in_code_get_the_same_one_line_errors(field, value, message):
+def test_values_built_in_code_get_the_same_one_line_errors(field_name, value, message):
     args = argparse.Namespace(dropout=0.1, kind="wide", width=16, gate=False, layer=None)
-    setattr(args, field, value)
+    setattr(args, field_name, value)
     with pytest.raises(ConfigurationError) as error:
-        check_values(args, ToyConfig)
+        check_values(args, ToyConfig, derived=("width",))
     assert str(error.value) == message
 
 
-def test_idle_flags_come_from_the_field(monkeypatch):
-    from fairseq.models import ARCH_CONFIG_REGISTRY
+def test_idle_flags_are_named_unless_at_the_architectures_value(caplog):
+    args = argparse.Namespace(kind="narrow", width=5)
+    warn_idle_flags(args, {"width": ("only wide models have a width", "--kind is narrow")}, {"width": 5})
+    assert not caplog.records
+    warn_idle_flags(args, {"width": ("only wide models have a width", "--kind is narrow")}, {"width": 16})
+    assert [r.getMessage() for r in caplog.records] == [
+        "flag without effect: --width 5: only wide models have a width, and --kind is narrow"]
 
-    monkeypatch.setitem(ARCH_CONFIG_REGISTRY, "toy", lambda args: fill_defaults(args, ToyConfig))
-    args = argparse.Namespace(arch="toy", size=8, kind="narrow", width=5, gate=False, layer=None)
-    assert idle_flags(args, ToyConfig) == ["--width 5: only wide models have a width, and --kind is narrow"]
-    args.width = 16  # the architecture's own value
-    assert idle_flags(args, ToyConfig) == []
 
+def test_the_one_validation_function_leaves_no_file_it_returns_to():
+    """The walk of args through build_model: no plugin file calls out of itself and is called back into."""
+    task = SimpleNamespace(source_dictionary=dictionary_of_size(30), target_dictionary=dictionary_of_size(30))
+    args = parse_model_args("mlrf_iwslt_de_en", "--fuse-decoder", "none", "--encoder-embed-dim", "16",
+                            "--decoder-embed-dim", "16")
+    plugin, stack, returns = os.path.dirname(fusion_fairseq.__file__), [], []
 
-def test_structural_fields_are_marked_in_the_config():
-    assert structural_fields(ToyConfig) == ("kind", "gate")
+    def profile(frame, event, arg):
+        path = frame.f_code.co_filename
+        if event == "call" and path.startswith(plugin):
+            files = [name for name in stack if name is not None]
+            if path in files and files[-1] != path:
+                returns.append(f"{path} after {files[files.index(path):]}")
+            stack.append(path)
+        elif event == "call":
+            stack.append(None)
+        elif event == "return" and stack:
+            stack.pop()
+
+    sys.setprofile(profile)
+    try:
+        ARCH_MODEL_REGISTRY["mlrf_iwslt_de_en"].build_model(args, task)
+    finally:
+        sys.setprofile(None)
+    assert not returns, returns[:3]
 
 
 @pytest.mark.parametrize("model", PLUGIN_MODELS)
@@ -120,16 +152,16 @@ def test_every_own_field_of_a_model_is_a_flag_with_help(model):
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
     ARCH_MODEL_REGISTRY[model].add_args(parser)
     options = {action.dest: action for action in parser._actions}
-    for field in dataclasses.fields(config):
-        if not field.metadata.get("declared_by_fairseq", True):
-            assert options[field.name].help, field.name
-            assert options[field.name].option_strings == ["--" + field.name.replace("_", "-")]
+    for item in own_fields(config):
+        if not item.name.startswith("max_"):  # the task's flags
+            assert options[item.name].help, item.name
+            assert options[item.name].option_strings == ["--" + item.name.replace("_", "-")]
 
 
 @pytest.mark.parametrize("model", PLUGIN_MODELS)
 def test_checkpoint_safety_reads_the_structural_fields_of_the_config(model):
     args = parse_model_args(model)
-    assert structural_flags(vars(args)) == structural_fields(MODEL_DATACLASS_REGISTRY[model])
+    assert structural_flags(vars(args)) == MODEL_DATACLASS_REGISTRY[model].structural_fields
     assert "fuse_encoder" in structural_flags({"arch": "mlrf_iwslt_de_en"})
     assert structural_flags({"arch": "transformer"}) == ()  # fairseq's own model
 

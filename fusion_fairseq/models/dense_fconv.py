@@ -28,7 +28,8 @@ from fairseq.models.fconv import (
     ConvTBC, Embedding, FConvDecoder, FConvEncoder, FConvModel, Linear, LinearizedConv1d, extend_conv_spec,
     base_architecture as fconv_base_architecture, fconv_iwslt_de_en, fconv_wmt_en_de,
 )
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.modules import GradMultiply
 from omegaconf import II
 
@@ -38,8 +39,8 @@ from fusion_fairseq.modules.densenmt_connection import SummaryLayer, build_dense
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, SWITCH, Feature, FlagsOfConfig, Values, as_namespace, check_values, choice,
-    fill_defaults, flag_of, option, set_defaults, warn_idle_flags,
+    POSITIVE_INT, PROBABILITY, FlagsOfConfig, Values, as_namespace, check_values, fill_defaults, flag_of,
+    set_defaults, warn_idle_flags,
 )
 from fusion_fairseq.errors import ConfigurationError
 
@@ -52,34 +53,35 @@ _PLACEHOLDER_SPEC = ((1, 1),)
 SUMMARY_INTERVAL = Values(
     "must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary layer after every sumlen-1 "
     "layers)", lambda value: type(value) is int and (value == 0 or value >= 2), int)
-DENSE_SIDE = Feature(lambda a: not (a.no_dense_encoder and a.no_dense_decoder),
-                     lambda a: "both --no-dense-encoder and --no-dense-decoder are set")
-RESIDUAL_SIDE = Feature(lambda a: a.no_dense_encoder or a.no_dense_decoder,
-                        lambda a: "neither --no-dense-encoder nor --no-dense-decoder is set")
-SUMMARY_LAYERS = Feature(lambda a: a.summary_every > 0, lambda a: f"--summary-every is {a.summary_every} (no summary layers)")
+
+
+def flag(default, help: str):
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class DenseConfig(FairseqDataclass):
     """DenseNMT's flags (Shen et al. 2018), common to its ConvS2S and Transformer models."""
 
-    dropout: float = option(0.1, "dropout probability", PROBABILITY, declared_by_fairseq=True)
-    growth_dim: Optional[int] = option(
+    dropout: float = flag(0.1, "dropout probability")
+    growth_dim: Optional[int] = flag(
         None, "hidden size of every layer: the new features each dense layer adds (Eq. 6/7), the width of a residual "
-        "side unless --residual-dim is set (default: the per-layer sizes of the architecture)", POSITIVE_INT,
-        metavar="D", structural=True, read_by=DENSE_SIDE, idle_reason="it is the dense layers' width")
-    summary_every: int = option(
+        "side unless --residual-dim is set (default: the per-layer sizes of the architecture)")
+    summary_every: int = flag(
         0, "Sec. 3.3 sumlen: one summary layer (projection back to the embedding size) after every SUMLEN-1 layers "
-        "of a dense side; 0 = none (paper: 5 or 6 for deep models)", SUMMARY_INTERVAL, metavar="SUMLEN",
-        structural=True)
-    dense_attention: str = option(
-        "2", "none: multi-step attention over the top encoder layer; 1: DenseAtt-1 (Eq. 9); 2: DenseAtt-2 (Eq. 10)",
-        choice(DENSE_ATTENTION_KINDS), structural=True)
-    embed_bottleneck_dim: Optional[int] = option(
+        "of a dense side; 0 = none (paper: 5 or 6 for deep models)")
+    dense_attention: ChoiceEnum(DENSE_ATTENTION_KINDS) = flag(
+        "2", "none: multi-step attention over the top encoder layer; 1: DenseAtt-1 (Eq. 9); 2: DenseAtt-2 (Eq. 10)")
+    embed_bottleneck_dim: Optional[int] = flag(
         None, "Sec. 4.2: source/target embeddings and softmax matrix of width E, projected back to the embedding "
-        "size (must not exceed it)", POSITIVE_INT, metavar="E", structural=True)
-    no_dense_encoder: bool = option(False, "ablation (Table 2): residual encoder", SWITCH, structural=True)
-    no_dense_decoder: bool = option(False, "ablation (Table 2): residual decoder", SWITCH, structural=True)
+        "size (must not exceed it)")
+    no_dense_encoder: bool = flag(False, "ablation (Table 2): residual encoder")
+    no_dense_decoder: bool = flag(False, "ablation (Table 2): residual decoder")
+
+    flag_values = {"dropout": PROBABILITY, "growth_dim": POSITIVE_INT, "embed_bottleneck_dim": POSITIVE_INT,
+                                   "summary_every": SUMMARY_INTERVAL}
+    structural_fields = ("growth_dim", "summary_every", "dense_attention", "embed_bottleneck_dim",
+                                          "no_dense_encoder", "no_dense_decoder")
 
 
 @dataclass
@@ -99,19 +101,33 @@ class DenseFConvConfig(DenseConfig):
     max_source_positions: Optional[int] = II("task.max_source_positions")
     max_target_positions: Optional[int] = II("task.max_target_positions")
 
-    summary_layer: str = option(
+    summary_layer: ChoiceEnum(("conv", "linear")) = flag(
         "conv", "Sec. 3.3 summary layer: conv = a convolution layer + GLU of the stack's kernel width (default; "
-        "reproduces En-De-15's 20%% fewer parameters than ConvS2S), linear = a position-wise linear projection",
-        choice(("conv", "linear")), structural=True, read_by=SUMMARY_LAYERS,
-        idle_reason="it is the kind of the summary layers")
-    residual_dim: Optional[int] = option(
+        "reproduces En-De-15's 20%% fewer parameters than ConvS2S), linear = a position-wise linear projection")
+    residual_dim: Optional[int] = flag(
         None, "width of every layer of a residual side (--no-dense-encoder/--no-dense-decoder): the residual BASE "
         "model's (Table 2 ablations keep it; default: the IWSLT presets' BASE-4L 256 / BASE-8L 192, else the layer "
-        "sizes)", POSITIVE_INT, metavar="D", structural=True, read_by=RESIDUAL_SIDE,
-        idle_reason="it is the width of a residual side")
-    decoder_attention: str = option(
-        "True", "decoder attention [True, ...]", declared_by_fairseq=True, read_by=Feature(lambda a: False, lambda a: "it cannot be switched off"),
-        idle_reason="the dense_fconv decoder attends to the source in every layer (Sec. 3.2)")
+        "sizes)")
+    decoder_attention: str = flag("True", "decoder attention [True, ...]")
+
+    flag_values = {**DenseConfig.flag_values, "residual_dim": POSITIVE_INT}
+    structural_fields = (*DenseConfig.structural_fields, "summary_layer", "residual_dim")
+
+
+def idle_dense_flags(args) -> dict:
+    """{flag: (what it acts on, why that is absent)} of DenseNMT's flags whose feature the configuration lacks."""
+    idle = {}
+    if args.no_dense_encoder and args.no_dense_decoder:
+        idle["growth_dim"] = ("it is the dense layers' width", "both --no-dense-encoder and --no-dense-decoder are set")
+    if hasattr(args, "summary_layer") and args.summary_every == 0:
+        idle["summary_layer"] = ("it is the kind of the summary layers", "--summary-every is 0 (no summary layers)")
+    if hasattr(args, "residual_dim") and not (args.no_dense_encoder or args.no_dense_decoder):
+        idle["residual_dim"] = ("it is the width of a residual side",
+                                "neither --no-dense-encoder nor --no-dense-decoder is set")
+    if hasattr(args, "decoder_attention"):
+        idle["decoder_attention"] = ("the dense_fconv decoder attends to the source in every layer (Sec. 3.2)",
+                                     "it cannot be switched off")
+    return idle
 
 
 def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_dim: str) -> argparse.Namespace:
@@ -136,7 +152,10 @@ def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_di
     for name in unsupported:
         if getattr(args, name, None):
             raise ConfigurationError(f"{flag_of(name)} is not supported by {architecture.__name__}")
-    warn_idle_flags(args, config)
+    idle = idle_dense_flags(args)
+    unset = argparse.Namespace(**{name: value for name, value in vars(args).items() if name not in idle})
+    ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None) or getattr(args, "_name", None), architecture)(unset)
+    warn_idle_flags(args, idle, vars(unset))  # a preset's own value is not the user's
     # a warning, not an error (checkpoints trained with it keep loading), when --summary-every builds no
     # summary layer; --{side}-layers is a count (dense Transformer) or a ConvS2S layer spec (dense ConvS2S)
     depths = {}

@@ -22,7 +22,7 @@ The paper builds DenseNMT on ConvS2S and notes that it "is agnostic to the trans
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import torch
@@ -37,10 +37,10 @@ from fusion_fairseq.modules.densenmt_connection import SummaryLayer, build_dense
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import layer_checkpointing
-from fusion_fairseq.config_fields import POSITIVE_INT, FlagsOfConfig, fill_defaults, option, set_defaults
+from fusion_fairseq.config_fields import PROBABILITY, FlagsOfConfig, fill_defaults, set_defaults
 
-from .dense_fconv import DENSE_SIDE, DenseConfig, dense_args
-from .fusion_config import TransformerDropouts
+from .dense_fconv import DenseConfig, dense_args
+from .fusion_config import TransformerFlags
 from .fusion_stacks import FusionTransformerDecoder
 from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
@@ -232,14 +232,15 @@ class DenseTransformerDecoder(FusionTransformerDecoder):
 
 
 @dataclass
-class DenseTransformerConfig(DenseConfig, TransformerDropouts):
+class DenseTransformerConfig(DenseConfig, TransformerFlags):
     """``--arch dense_transformer``: fairseq's Transformer flags and DenseNMT's; the growth
     dimension defaults to half the embedding size."""
 
-    growth_dim: Optional[int] = option(
-        None, "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding "
-        "size", POSITIVE_INT, metavar="D", derive=lambda args: args.encoder_embed_dim // 2, structural=True,
-        read_by=DENSE_SIDE, idle_reason="it is the dense layers' width")
+    growth_dim: Optional[int] = field(default=None, metadata={"help": (
+        "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding size")})
+
+    flag_values = {**dict.fromkeys(("attention_dropout", "activation_dropout"), PROBABILITY),
+                                   **DenseConfig.flag_values}
 
 
 @register_model("dense_transformer", dataclass=DenseTransformerConfig)
@@ -276,6 +277,8 @@ def dense_transformer(args):
     """Defaults: fairseq's ``transformer`` widths; growth dimension half the embedding size."""
     transformer_base_architecture(args)
     fill_defaults(args, DenseTransformerConfig)
+    if args.growth_dim is None:
+        args.growth_dim = args.encoder_embed_dim // 2
 
 
 @register_model_architecture("dense_transformer", "dense_transformer_iwslt_de_en")

@@ -1,11 +1,13 @@
-"""The configuration of the layer-fusion Transformer: its flags as typed fields
-(:class:`FusionTransformerConfig`, see :mod:`fusion_fairseq.config_fields`) and the checks that
-relate several flags."""
+"""The configuration of the layer-fusion Transformer: its flags as one fairseq dataclass
+(:class:`FusionTransformerConfig`), the derived defaults, and :func:`check_fusion_args`, the one
+function that checks their values and combinations."""
 
-from dataclasses import dataclass, make_dataclass
-from typing import Optional
+import dataclasses
+import re
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Callable, Dict, Optional
 
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models.transformer import TransformerConfig
 
 from fusion_fairseq.errors import ConfigurationError
@@ -17,8 +19,8 @@ from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS, SINK
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from fusion_fairseq.config_fields import (
-    INTEGER, POSITIVE_INT, PROBABILITY, SWITCH, Feature, check_values, choice, flag_feature, flag_of, flat_fields,
-    option, real, warn_idle_flags,
+    INTEGER, POSITIVE_INT, PROBABILITY, check_values, field_defaults, fill_defaults, flag_of, real,
+    warn_idle_flags,
 )
 
 # Reading: the paper uses tau = 1 (hard) and 5 (soft). Below 0.01 the surface logits, and their
@@ -26,59 +28,56 @@ from fusion_fairseq.config_fields import (
 MIN_SURFACE_FUSION_TAU = 0.01
 
 
-def tau_error(value) -> Optional[str]:
-    """The temperature bounds beyond "> 0" (see :data:`MIN_SURFACE_FUSION_TAU`), or None."""
-    if value < MIN_SURFACE_FUSION_TAU:
-        return (f"--surface-fusion-tau must be at least {MIN_SURFACE_FUSION_TAU} (smaller temperatures scale the "
-                f"surface logits and their gradients by more than {1 / MIN_SURFACE_FUSION_TAU:g}), got {value!r}")
-    if value == float("inf"):
-        return (f"--surface-fusion-tau must be finite (an infinite temperature makes the surface distribution "
-                f"uniform, whatever the source), got {value!r}")
-    return None
+def transformer_flags() -> list:
+    """fairseq's Transformer flags as the flat fields of fairseq's legacy ``TransformerModel``
+    (``encoder.embed_dim`` as ``encoder_embed_dim``), for ``dataclasses.make_dataclass``.
+    Reading: flat, not a subclass of fairseq's nested ``TransformerConfig``, because the legacy model
+    reads them flat and every checkpoint of the plugin stores them under these names."""
+
+    def flat(config, prefix=""):
+        for item in dataclasses.fields(config):
+            if item.name.startswith("_"):
+                continue
+            if isinstance(item.type, type) and issubclass(item.type, FairseqDataclass):
+                yield from flat(item.type, prefix + item.name + "_")
+                continue
+            default = item.default if item.default_factory is dataclasses.MISSING else item.default_factory()
+            if isinstance(default, str):  # ${model.decoder.embed_dim}: the sibling field decoder_embed_dim
+                default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${.\1_\2}", default)
+            yield prefix + item.name, item.type, field(default=default, metadata=item.metadata)
+
+    return list(flat(TransformerConfig))
 
 
-SELF_ATTENTION_FUSION = flag_feature("fuse", lambda value: value == "sa", sides=True)
-FUSION_FNN = flag_feature("fuse", lambda value: value in ("fnn", "sa"), sides=True)
-LAYER_FUSION = flag_feature("fuse", sides=True)
-AGGREGATION_NODES = Feature(
-    lambda a: flag_feature("aggregate", lambda value: value in ("iterative", "hierarchical"), sides=True).present(a)
-    or a.multi_layer_attention > 1, flag_feature("aggregate", sides=True).absence)
-DENSE_AGGREGATION = flag_feature("aggregate", lambda value: value == "dense", sides=True)
-LAYER_ATTENTION = flag_feature("layer_attention")
-HARD_SURFACE_FUSION = flag_feature("surface_fusion", lambda value: value == "hard")
-SURFACE_FUSION = flag_feature("surface_fusion")
-DENSEFORMER = flag_feature("denseformer", sides=True)
-HYPER_CONNECTIONS = flag_feature("hyper_connections", sides=True)
-MUDD = flag_feature("mudd", sides=True)
-ZHU_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value in ("static", "dynamic"), sides=True)
-MANIFOLD_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value == "manifold", sides=True)
+TransformerFlags = make_dataclass("TransformerFlags", transformer_flags(), bases=(FairseqDataclass,),
+                                  namespace={"fairseqs_flags": True})
 
 
-# help texts of the flags --NAME-encoder and --NAME-decoder, {} the side
-FUSE_HELP = ("fuse all {} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
-             "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
-DENSEFORMER_HELP = ("DenseFormer (Pagliardini et al. 2024): after each {} layer, a learned depth-weighted average "
-                    "of the embedding and every earlier layer output, starting as the identity")
-HYPER_CONNECTIONS_HELP = ("replace the {}'s residual connections by hyper-connections over --hyper-connections-rate "
-                          "streams: static or dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream "
-                          "mixing (manifold: mHC, Xie et al. 2025)")
-MUDD_HELP = ("MUDDFormer (Xiao et al. 2025): the {}'s layers read their query, key, value and residual from their "
-             "own dynamic dense aggregates of the embedding and every earlier layer output, starting as the identity")
-AGGREGATE_HELP = ("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative (Eqs. 6-7) "
-                  "or hierarchical aggregation (Fig. 2)")
+def sides_help(text: str) -> Dict[str, str]:
+    """fairseq's field metadata of the flags --NAME-encoder and --NAME-decoder: ``text`` with {} the side."""
+    return {side: {"help": text.format(side)} for side in ("encoder", "decoder")}
 
 
-# fairseq's Transformer flags as one flat dataclass: the legacy TransformerModel reads them flat
-# (args.encoder_embed_dim), and fairseq's flags-to-config conversion keeps only a registered dataclass's
-# fields. Its dropouts are checked at build time: fairseq's parser takes any float, and values from
-# checkpoints or --model-overrides are not parsed at all. They keep their place among fairseq's fields,
-# above the plugin's: a bad --dropout is named as itself, not as the --fusion-dropout it sets.
-TransformerDropouts = make_dataclass("TransformerDropouts", flat_fields(TransformerConfig, dict.fromkeys(
-    ("dropout", "attention_dropout", "activation_dropout"), PROBABILITY)), bases=(FairseqDataclass,))
+FUSE_HELP = sides_help("fuse all {} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
+                       "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
+DENSEFORMER_HELP = sides_help("DenseFormer (Pagliardini et al. 2024): after each {} layer, a learned depth-weighted "
+                              "average of the embedding and every earlier layer output, starting as the identity")
+HYPER_CONNECTIONS_HELP = sides_help(
+    "replace the {}'s residual connections by hyper-connections over --hyper-connections-rate streams: static or "
+    "dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream mixing (manifold: mHC, Xie et al. 2025)")
+MUDD_HELP = sides_help(
+    "MUDDFormer (Xiao et al. 2025): the {}'s layers read their query, key, value and residual from their own dynamic "
+    "dense aggregates of the embedding and every earlier layer output, starting as the identity")
+AGGREGATE_HELP = sides_help("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative "
+                            "(Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
+
+
+def flag(default, help: str):
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
-class FusionTransformerConfig(TransformerDropouts):
+class FusionTransformerConfig(TransformerFlags):
     """The flags of ``--arch fusion_transformer``: fairseq's Transformer's and the fusion ones, with
     the defaults of the plain architecture (no fusion). Paper defaults:
 
@@ -91,138 +90,199 @@ class FusionTransformerConfig(TransformerDropouts):
       for hard and 5 for soft SurfaceFusion (Sec. 4.1); lambda 0.8 (their Ro-En, base-size setting).
     """
 
-    encoder_layerdrop: float = option(0.0, "LayerDrop probability", PROBABILITY, declared_by_fairseq=True)
-    decoder_layerdrop: float = option(0.0, "LayerDrop probability", PROBABILITY, declared_by_fairseq=True)
-
     # --- MLRF (Wang et al., COLING 2018) ---------------------------------------------------------
-    fuse_encoder: str = option("none", FUSE_HELP.format("encoder"), choice(FUSION_FUNCTIONS), structural=True)
-    fuse_decoder: str = option("none", FUSE_HELP.format("decoder"), choice(FUSION_FUNCTIONS), structural=True)
-    fusion_hops: int = option(
-        4, "number of attention hops nhop of self-attention fusion (MLRF Eq. 5)", POSITIVE_INT, metavar="N",
-        structural=True, read_by=SELF_ATTENTION_FUSION, idle_reason="only self-attention fusion "
-        "(--fuse-encoder/--fuse-decoder sa) has hops")
-    fusion_attn_dim: Optional[int] = option(
-        None, "inner size da of the attention FNN of self-attention fusion (MLRF Eq. 5; default 4d)", POSITIVE_INT,
-        metavar="N", derive=lambda args: 4 * args.encoder_embed_dim, structural=True, read_by=SELF_ATTENTION_FUSION,
-        idle_reason="only self-attention fusion has an attention FNN (Eq. 5)")
-    fusion_ffn_dim: Optional[int] = option(
-        None, "hidden units df of the fusion FNN (FNN fusion and after the hops; default 2d)", POSITIVE_INT,
-        metavar="N", derive=lambda args: 2 * args.encoder_embed_dim, structural=True, read_by=FUSION_FNN,
-        idle_reason="only FNN and self-attention fusion have a fusion FNN")
-    fusion_independent_w1: bool = option(
-        False, "one W1 per layer in self-attention fusion (MLRF Table 3, '+ indep. W1')", SWITCH, structural=True,
-        read_by=SELF_ATTENTION_FUSION, idle_reason="only self-attention fusion has W1 (Eq. 5)")
-    fusion_no_embedding_layer: bool = option(
-        False, "do not fuse the embedding layer h0 (MLRF Table 4 ablation)", SWITCH, structural=True,
-        read_by=LAYER_FUSION, idle_reason="it acts on layer fusion")
-    fusion_no_layer_embedding: bool = option(
-        False, "no layer embedding in self-attention and FNN fusion (MLRF Eq. 4, Table 4 ablation)", SWITCH,
-        structural=True, read_by=FUSION_FNN, idle_reason="only self-attention and FNN fusion read the layer embedding")
-    fusion_no_layernorm: bool = option(
-        False, "skip the layer normalisation after the fusion layer", SWITCH, structural=True, read_by=LAYER_FUSION,
-        idle_reason="it acts on layer fusion")
-    fusion_dropout: Optional[float] = option(
-        None, "dropout on the hidden units of the fusion FNNs (default: --dropout)", PROBABILITY, metavar="P",
-        derive=lambda args: args.dropout, read_by=FUSION_FNN,
-        idle_reason="only FNN and self-attention fusion have a fusion FNN")
+    fuse_encoder: ChoiceEnum(FUSION_FUNCTIONS) = field(default="none", metadata=FUSE_HELP["encoder"])
+    fuse_decoder: ChoiceEnum(FUSION_FUNCTIONS) = field(default="none", metadata=FUSE_HELP["decoder"])
+    fusion_hops: int = flag(4, "number of attention hops nhop of self-attention fusion (MLRF Eq. 5)")
+    fusion_attn_dim: Optional[int] = flag(
+        None, "inner size da of the attention FNN of self-attention fusion (MLRF Eq. 5; default 4d)")
+    fusion_ffn_dim: Optional[int] = flag(
+        None, "hidden units df of the fusion FNN (FNN fusion and after the hops; default 2d)")
+    fusion_independent_w1: bool = flag(False, "one W1 per layer in self-attention fusion (MLRF Table 3, '+ indep. W1')")
+    fusion_no_embedding_layer: bool = flag(False, "do not fuse the embedding layer h0 (MLRF Table 4 ablation)")
+    fusion_no_layer_embedding: bool = flag(
+        False, "no layer embedding in self-attention and FNN fusion (MLRF Eq. 4, Table 4 ablation)")
+    fusion_no_layernorm: bool = flag(False, "skip the layer normalisation after the fusion layer")
+    fusion_dropout: Optional[float] = flag(None, "dropout on the hidden units of the fusion FNNs (default: --dropout)")
 
     # --- deep representations (Dou et al., EMNLP 2018) ---------------------------------------------
-    aggregate_encoder: str = option(
-        "none", AGGREGATE_HELP.format("encoder"), choice(AGGREGATION_STRATEGIES), structural=True)
-    aggregate_decoder: str = option(
-        "none", AGGREGATE_HELP.format("decoder"), choice(AGGREGATION_STRATEGIES), structural=True)
-    dense_connection: str = option(
+    aggregate_encoder: ChoiceEnum(AGGREGATION_STRATEGIES) = field(default="none", metadata=AGGREGATE_HELP["encoder"])
+    aggregate_decoder: ChoiceEnum(AGGREGATION_STRATEGIES) = field(default="none", metadata=AGGREGATE_HELP["decoder"])
+    dense_connection: ChoiceEnum(DENSE_CONNECTION_READINGS) = flag(
         "layernorm", "reading of Eq. 4 for --aggregate-* dense: Eq. 4 followed by a LayerNorm without parameters "
         "(default), Eq. 4 to the letter (the sum of the accumulated states, doubling every layer), or the sum or the "
-        "mean of the layers' own outputs", choice(DENSE_CONNECTION_READINGS), structural=True,
-        read_by=DENSE_AGGREGATION, idle_reason="it reads dense aggregation")
-    aggregation_fn: str = option(
-        "sigmoid", "the function F inside the aggregation node AGG (Table 4; paper: sigmoid)",
-        choice(AGGREGATION_FUNCTIONS), structural=True, read_by=AGGREGATION_NODES,
-        idle_reason="only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes")
-    aggregation_residual: str = option(
-        "all", "which inputs of AGG have a residual connection to its output (Table 4; paper: all)",
-        choice(AGGREGATION_RESIDUALS), structural=True, read_by=AGGREGATION_NODES,
-        idle_reason="only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes")
-    multi_layer_attention: int = option(
+        "mean of the layers' own outputs")
+    aggregation_fn: ChoiceEnum(AGGREGATION_FUNCTIONS) = flag(
+        "sigmoid", "the function F inside the aggregation node AGG (Table 4; paper: sigmoid)")
+    aggregation_residual: ChoiceEnum(AGGREGATION_RESIDUALS) = flag(
+        "all", "which inputs of AGG have a residual connection to its output (Table 4; paper: all)")
+    multi_layer_attention: int = flag(
         1, "self-attention of every layer l > K attends to its K nearest lower layers with separate attention "
-        "models, merged by AGG (Eq. 8); 1 is the vanilla self-attention", POSITIVE_INT, metavar="K", structural=True)
+        "models, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
 
     # --- encoder layer fusion (Liu et al., ICLR 2021) ------------------------------------------------
-    layer_attention: str = option(
+    layer_attention: ChoiceEnum(LAYER_ATTENTION_KINDS) = flag(
         "none", "give each decoder layer its own source memory S_m = sum_n W_mn (x) X_n over the encoder embedding "
         "layer and all encoder layers: one scalar per (m, n) (coarse) or element-wise weights (fine), softmax over "
-        "encoder layers (Liu et al. 2021 Sec. 3.2)", choice(LAYER_ATTENTION_KINDS), structural=True)
-    layer_attention_dropconnect: float = option(
-        0.3, "DropConnect probability on the layer-attention weights (paper: 0.3)", PROBABILITY, metavar="P",
-        read_by=LAYER_ATTENTION, idle_reason="it drops layer-attention weights")
-    mask_encoder_layer: Optional[int] = option(
+        "encoder layers (Liu et al. 2021 Sec. 3.2)")
+    layer_attention_dropconnect: float = flag(0.3, "DropConnect probability on the layer-attention weights (paper: 0.3)")
+    mask_encoder_layer: Optional[int] = flag(
         None, "analysis: zero the layer-attention weight of encoder layer N (0 = embedding) and renormalise the "
-        "others; use at generation time with --model-overrides \"{'mask_encoder_layer': N}\"", INTEGER, metavar="N")
-    surface_fusion: str = option(
+        "others; use at generation time with --model-overrides \"{'mask_encoder_layer': N}\"")
+    surface_fusion: ChoiceEnum(SURFACE_FUSION_KINDS) = flag(
         "none", "fuse the output distribution with a surface attention over the source word embeddings: hard "
-        "(Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)", choice(SURFACE_FUSION_KINDS), structural=True)
-    surface_fusion_lambda: float = option(
-        0.8, "interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]", real(0.0, 1.0, high_included=True),
-        metavar="L", read_by=HARD_SURFACE_FUSION, idle_reason="only hard SurfaceFusion (Eq. 6) interpolates")
-    surface_fusion_tau: Optional[float] = option(
+        "(Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)")
+    surface_fusion_lambda: float = flag(0.8, "interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]")
+    surface_fusion_tau: Optional[float] = flag(
         None, f"softmax temperature tau of the surface distribution (Eq. 5), >= {MIN_SURFACE_FUSION_TAU}; default 1 "
-        "for hard and 5 for soft fusion, as in the paper",
-        real(0.0, float("inf"), low_included=False, high_included=True, check=tau_error), metavar="T",
-        derive=lambda args: 5.0 if args.surface_fusion == "soft" else 1.0, read_by=SURFACE_FUSION,
-        idle_reason="it is SurfaceFusion's temperature")
-    surface_fusion_variant: str = option(
+        "for hard and 5 for soft fusion, as in the paper")
+    surface_fusion_variant: ChoiceEnum(SURFACE_FUSION_VARIANTS) = flag(
         "paper", "paper: SurfaceFusion as the paper's text describes it (default); released: as the authors' "
         "released code trains it (query and keys detached, one head, a shared residual FFN on decoder output and "
-        "surface vector, dropout on the embedding values)", choice(SURFACE_FUSION_VARIANTS), structural=True,
-        read_by=SURFACE_FUSION, idle_reason="it changes SurfaceFusion")
+        "surface vector, dropout on the embedding values)")
 
     # --- today's layer fusion ----------------------------------------------------------------------
-    denseformer_encoder: bool = option(False, DENSEFORMER_HELP.format("encoder"), SWITCH, structural=True)
-    denseformer_decoder: bool = option(False, DENSEFORMER_HELP.format("decoder"), SWITCH, structural=True)
-    denseformer_dilation: int = option(
+    denseformer_encoder: bool = field(default=False, metadata=DENSEFORMER_HELP["encoder"])
+    denseformer_decoder: bool = field(default=False, metadata=DENSEFORMER_HELP["decoder"])
+    denseformer_dilation: int = flag(
         1, "dilation k of DenseFormer: the average after layer i weighs only the outputs X_j with j = i mod k "
-        "(Pagliardini et al. 2024, 'kxp-DenseFormer')", POSITIVE_INT, metavar="K", structural=True,
-        read_by=DENSEFORMER, idle_reason="it thins DenseFormer's averages")
-    denseformer_period: int = option(
-        1, "period p of DenseFormer: an average follows only layers p, 2p, ...", POSITIVE_INT, metavar="P",
-        structural=True, read_by=DENSEFORMER, idle_reason="it thins DenseFormer's averages")
-    mudd_encoder: bool = option(False, MUDD_HELP.format("encoder"), SWITCH, structural=True)
-    mudd_decoder: bool = option(False, MUDD_HELP.format("decoder"), SWITCH, structural=True)
-    mudd_variant: str = option(
+        "(Pagliardini et al. 2024, 'kxp-DenseFormer')")
+    denseformer_period: int = flag(1, "period p of DenseFormer: an average follows only layers p, 2p, ...")
+    mudd_encoder: bool = field(default=False, metadata=MUDD_HELP["encoder"])
+    mudd_decoder: bool = field(default=False, metadata=MUDD_HELP["decoder"])
+    mudd_variant: ChoiceEnum(MUDD_VARIANTS) = flag(
         "paper", "paper: MUDD's weight generators with hidden size 4(i+1) after layer i, as the paper sizes them "
         "(default); released: that size rounded up past the next multiple of 64, as the authors' released "
-        "configurations", choice(MUDD_VARIANTS), structural=True, read_by=MUDD,
-        idle_reason="it sizes MUDD's weight generators")
-    hyper_connections_encoder: str = option(
-        "none", HYPER_CONNECTIONS_HELP.format("encoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
-    hyper_connections_decoder: str = option(
-        "none", HYPER_CONNECTIONS_HELP.format("decoder"), choice(HYPER_CONNECTION_KINDS), structural=True)
-    hyper_connections_rate: int = option(
-        4, "expansion rate n of hyper-connections: the number of residual streams (Zhu et al. 2025; paper: 4)",
-        POSITIVE_INT, metavar="N", structural=True, read_by=HYPER_CONNECTIONS,
-        idle_reason="it sets the streams of hyper-connections")
-    hyper_connections_sinkhorn_order: str = option(
+        "configurations")
+    hyper_connections_encoder: ChoiceEnum(HYPER_CONNECTION_KINDS) = field(
+        default="none", metadata=HYPER_CONNECTIONS_HELP["encoder"])
+    hyper_connections_decoder: ChoiceEnum(HYPER_CONNECTION_KINDS) = field(
+        default="none", metadata=HYPER_CONNECTIONS_HELP["decoder"])
+    hyper_connections_rate: int = flag(
+        4, "expansion rate n of hyper-connections: the number of residual streams (Zhu et al. 2025; paper: 4)")
+    hyper_connections_sinkhorn_order: ChoiceEnum(SINKHORN_ORDERS) = flag(
         "columns-first", "order of mHC's Sinkhorn-Knopp normalisation: columns-first, Eq. 9 of the paper (the rows of "
-        "the stream mix sum exactly to one), or rows-first (the order of checkpoints trained before this option)",
-        choice(SINKHORN_ORDERS), read_by=MANIFOLD_HYPER_CONNECTIONS,
-        idle_reason="only manifold hyper-connections normalise their stream mix")
-    hyper_connections_no_output_rescale: bool = option(
+        "the stream mix sum exactly to one), or rows-first (the order of checkpoints trained before this option)")
+    hyper_connections_no_output_rescale: bool = flag(
         False, "keep fairseq's initialisation of the sublayers' output projections; by default static and dynamic "
-        "hyper-connections divide its std by sqrt(n) (Zhu et al. 2025, Sec. 4)", SWITCH, read_by=ZHU_HYPER_CONNECTIONS,
-        idle_reason="only static and dynamic hyper-connections rescale the output projections")
-    hyper_connections_decay_static: bool = option(
+        "hyper-connections divide its std by sqrt(n) (Zhu et al. 2025, Sec. 4)")
+    hyper_connections_decay_static: bool = flag(
         False, "apply --weight-decay to the static hyper-connection weights too; by default they carry no weight "
-        "decay (Zhu et al. 2025, Sec. 4), honoured by --optimizer adam_with_overrides", SWITCH,
-        read_by=ZHU_HYPER_CONNECTIONS, idle_reason="only static and dynamic hyper-connections have static weights")
+        "decay (Zhu et al. 2025, Sec. 4), honoured by --optimizer adam_with_overrides")
+
+    # What each flag accepts beyond its type (its text is checked as it is parsed, and again at build
+    # time: values from checkpoints, hydra configs or --model-overrides are not parsed), in field order.
+    # fairseq's parser takes any float for the dropouts: a bad --dropout is named as itself, not as the
+    # --fusion-dropout it sets.
+    flag_values = {
+        **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "encoder_layerdrop",
+                         "decoder_layerdrop", "fusion_dropout", "layer_attention_dropconnect"), PROBABILITY),
+        **dict.fromkeys(("fusion_hops", "fusion_attn_dim", "fusion_ffn_dim", "multi_layer_attention",
+                         "denseformer_dilation", "denseformer_period", "hyper_connections_rate"), POSITIVE_INT),
+        "mask_encoder_layer": INTEGER,
+        "surface_fusion_lambda": real(0.0, 1.0, high_included=True),
+        "surface_fusion_tau": real(0.0, float("inf"), low_included=False, high_included=True),
+    }
+    # What a checkpoint fixes: the flags that change the parameters or what the model computes with
+    # them (checkpoint_safety refuses them as overrides, and when a training resumes).
+    structural_fields = (
+        "fuse_encoder", "fuse_decoder", "fusion_hops", "fusion_attn_dim", "fusion_ffn_dim", "fusion_independent_w1",
+        "fusion_no_embedding_layer", "fusion_no_layer_embedding", "fusion_no_layernorm", "aggregate_encoder",
+        "aggregate_decoder", "dense_connection", "aggregation_fn", "aggregation_residual", "multi_layer_attention",
+        "layer_attention", "surface_fusion", "surface_fusion_variant", "denseformer_encoder", "denseformer_decoder",
+        "denseformer_dilation", "denseformer_period", "mudd_encoder", "mudd_decoder", "mudd_variant",
+        "hyper_connections_encoder", "hyper_connections_decoder", "hyper_connections_rate")
 
 
-def check_fusion_args(args) -> None:
-    """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about idle flags."""
+# The defaults that depend on other flags.
+DERIVED_DEFAULTS = {
+    "fusion_attn_dim": lambda args: 4 * args.encoder_embed_dim,
+    "fusion_ffn_dim": lambda args: 2 * args.encoder_embed_dim,
+    "fusion_dropout": lambda args: args.dropout,
+    "surface_fusion_tau": lambda args: 5.0 if args.surface_fusion == "soft" else 1.0,
+}
+
+
+def flag_feature(name: str, present: Callable[[Any], bool] = lambda value: value not in ("none", False), *,
+                 sides: bool = False):
+    """``(present(args), absence(args))`` of the feature that flag ``name`` (``sides``: ``--NAME-encoder`` or
+    ``--NAME-decoder``) switches on where ``present(value)``; ``absence`` says its setting, e.g. "--surface-fusion
+    is none"."""
+    names, verb = ((f"{name}_encoder", f"{name}_decoder"), "are") if sides else ((name,), "is")
+    return (lambda args: any(present(getattr(args, flag)) for flag in names), lambda args: (
+        f"{'/'.join(map(flag_of, names))} {verb} {'/'.join(str(getattr(args, flag)) for flag in names)}"))
+
+
+SELF_ATTENTION_FUSION = flag_feature("fuse", lambda value: value == "sa", sides=True)
+FUSION_FNN = flag_feature("fuse", lambda value: value in ("fnn", "sa"), sides=True)
+LAYER_FUSION = flag_feature("fuse", sides=True)
+AGGREGATION_NODES = (
+    lambda a: flag_feature("aggregate", lambda value: value in ("iterative", "hierarchical"), sides=True)[0](a)
+    or a.multi_layer_attention > 1, flag_feature("aggregate", sides=True)[1])
+NO_AGGREGATION_NODES = "only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes"
+DENSEFORMER = flag_feature("denseformer", sides=True)
+ZHU_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value in ("static", "dynamic"), sides=True)
+
+# The flags that do nothing unless what they act on is there, and why.
+IDLE_FLAGS = {
+    "fusion_hops": (*SELF_ATTENTION_FUSION, "only self-attention fusion (--fuse-encoder/--fuse-decoder sa) has hops"),
+    "fusion_attn_dim": (*SELF_ATTENTION_FUSION, "only self-attention fusion has an attention FNN (Eq. 5)"),
+    "fusion_ffn_dim": (*FUSION_FNN, "only FNN and self-attention fusion have a fusion FNN"),
+    "fusion_independent_w1": (*SELF_ATTENTION_FUSION, "only self-attention fusion has W1 (Eq. 5)"),
+    "fusion_no_embedding_layer": (*LAYER_FUSION, "it acts on layer fusion"),
+    "fusion_no_layer_embedding": (*FUSION_FNN, "only self-attention and FNN fusion read the layer embedding"),
+    "fusion_no_layernorm": (*LAYER_FUSION, "it acts on layer fusion"),
+    "fusion_dropout": (*FUSION_FNN, "only FNN and self-attention fusion have a fusion FNN"),
+    "dense_connection": (*flag_feature("aggregate", lambda value: value == "dense", sides=True),
+                             "it reads dense aggregation"),
+    "aggregation_fn": (*AGGREGATION_NODES, NO_AGGREGATION_NODES),
+    "aggregation_residual": (*AGGREGATION_NODES, NO_AGGREGATION_NODES),
+    "layer_attention_dropconnect": (*flag_feature("layer_attention"), "it drops layer-attention weights"),
+    "surface_fusion_lambda": (*flag_feature("surface_fusion", lambda value: value == "hard"),
+                                  "only hard SurfaceFusion (Eq. 6) interpolates"),
+    "surface_fusion_tau": (*flag_feature("surface_fusion"), "it is SurfaceFusion's temperature"),
+    "surface_fusion_variant": (*flag_feature("surface_fusion"), "it changes SurfaceFusion"),
+    "denseformer_dilation": (*DENSEFORMER, "it thins DenseFormer's averages"),
+    "denseformer_period": (*DENSEFORMER, "it thins DenseFormer's averages"),
+    "mudd_variant": (*flag_feature("mudd", sides=True), "it sizes MUDD's weight generators"),
+    "hyper_connections_rate": (*flag_feature("hyper_connections", sides=True),
+                                   "it sets the streams of hyper-connections"),
+    "hyper_connections_sinkhorn_order": (
+        *flag_feature("hyper_connections", lambda value: value == "manifold", sides=True),
+        "only manifold hyper-connections normalise their stream mix"),
+    "hyper_connections_no_output_rescale": (
+        *ZHU_HYPER_CONNECTIONS, "only static and dynamic hyper-connections rescale the output projections"),
+    "hyper_connections_decay_static": (
+        *ZHU_HYPER_CONNECTIONS, "only static and dynamic hyper-connections have static weights"),
+}
+
+
+def fill_fusion_defaults(args) -> None:
+    """The fusion flags the user left unset, after fairseq's Transformer architecture filled its own."""
+    fill_defaults(args, FusionTransformerConfig)
+    for name, derive in DERIVED_DEFAULTS.items():  # in field order: surface_fusion_tau reads surface_fusion
+        if getattr(args, name, None) is None:
+            setattr(args, name, derive(args))
+
+
+def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None) -> None:
+    """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about the flags of
+    :data:`IDLE_FLAGS` whose feature is absent and whose value is not ``architecture_values``' (what the
+    architecture gives them where the user sets nothing: a preset's value, or one derived from the other flags;
+    by default ``fusion_transformer``'s)."""
     # every value's type before any comparison; a hydra config's model (its _name, no fairseq-train --arch) is
     # told of a bad value by the name it wrote, model.FIELD
     from_hydra = getattr(args, "_name", None) and not getattr(args, "arch", None)
-    check_values(args, FusionTransformerConfig, name=(lambda field: f"model.{field}") if from_hydra else flag_of)
+    named = (lambda field: f"model.{field}") if from_hydra else flag_of
+    check_values(args, FusionTransformerConfig, name=named, derived=DERIVED_DEFAULTS)
+    tau = args.surface_fusion_tau
+    if tau < MIN_SURFACE_FUSION_TAU:
+        raise ConfigurationError(
+            f"{named('surface_fusion_tau')} must be at least {MIN_SURFACE_FUSION_TAU} (smaller temperatures scale "
+            f"the surface logits and their gradients by more than {1 / MIN_SURFACE_FUSION_TAU:g}), got {tau!r}")
+    if tau == float("inf"):
+        raise ConfigurationError(f"{named('surface_fusion_tau')} must be finite (an infinite temperature makes the "
+                                 f"surface distribution uniform, whatever the source), got {tau!r}")
     reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
                                "aggregate_decoder", "denseformer_encoder", "denseformer_decoder",
                                "mudd_encoder", "mudd_decoder", "multi_layer_attention")
@@ -314,7 +374,11 @@ def check_fusion_args(args) -> None:
         raise ConfigurationError(
             f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
             f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them")
-    warn_idle_flags(args, FusionTransformerConfig)
+    if architecture_values is None:
+        architecture_values = {**field_defaults(FusionTransformerConfig),
+                               **{name: derive(args) for name, derive in DERIVED_DEFAULTS.items()}}
+    warn_idle_flags(args, {name: (reason, absence(args)) for name, (present, absence, reason) in IDLE_FLAGS.items()
+                           if not present(args)}, architecture_values)
 
 
 def chosen(args, *names) -> list:

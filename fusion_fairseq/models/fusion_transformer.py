@@ -8,11 +8,13 @@ the stacks (``--aggregate-*``, DenseFormer, hyper-connections, MUDDFormer). Any 
 set at once; combinations that define the same thing twice are refused (``fusion_config.check_fusion_args``).
 """
 
+import argparse
 import functools
 import logging
 from typing import Optional
 
 from torch import nn
+from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.models.transformer import TransformerModel, base_architecture, transformer_iwslt_de_en
 from fairseq.models.transformer import transformer_vaswani_wmt_en_de_big
 
@@ -26,8 +28,8 @@ from fusion_fairseq.modules.layer_aggregation import build_layer_aggregation
 from fusion_fairseq.modules.multiway_dense_connection import MultiwayDynamicDense
 from fusion_fairseq.registry import register_model, register_model_architecture
 
-from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, fill_defaults, set_defaults
-from .fusion_config import FusionTransformerConfig, check_fusion_args
+from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, set_defaults
+from .fusion_config import IDLE_FLAGS, FusionTransformerConfig, check_fusion_args, fill_fusion_defaults
 from .fusion_stacks import BuildLayer, FusionTransformerDecoder, FusionTransformerEncoder
 from .hyper_connected_layers import HyperConnectedDecoderLayer, HyperConnectedEncoderLayer
 from .multi_layer_attention_layers import build_multi_layer_attention_layer
@@ -141,6 +143,15 @@ def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_di
     return encoder_embed, encoder_embed
 
 
+def architecture_values(args, names) -> dict:
+    """{name: the value the architecture of ``args`` gives it where the user sets none} for ``names``: a preset's
+    own value, or the default derived from the other flags, so that neither is taken for the user's."""
+    unset = argparse.Namespace(**{name: value for name, value in vars(args).items() if name not in names})
+    name = getattr(args, "arch", None) or getattr(args, "_name", None)
+    ARCH_CONFIG_REGISTRY.get(name, fusion_transformer)(unset)
+    return {name: getattr(unset, name) for name in names}
+
+
 @register_model("fusion_transformer", dataclass=FusionTransformerConfig)
 class FusionTransformerModel(FlagsOfConfig, TransformerModel):
     """fairseq's Transformer with layer-fusion strategies wired from flags."""
@@ -149,7 +160,7 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
     def build_model(cls, args, task):
         args = as_namespace(args)
         fusion_transformer(args)
-        check_fusion_args(args)
+        check_fusion_args(args, architecture_values(args, IDLE_FLAGS))
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
         encoder_embed_tokens, decoder_embed_tokens = build_token_embeddings(
             cls, args, task, args.encoder_embed_dim, args.decoder_embed_dim, args.encoder_embed_path,
@@ -206,7 +217,7 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
 def fusion_transformer(args):
     """fairseq's base Transformer dimensions (6+6 layers, d=512, FFN 2048, 8 heads)."""
     base_architecture(args)
-    fill_defaults(args, FusionTransformerConfig)
+    fill_fusion_defaults(args)
 
 
 @register_model_architecture("fusion_transformer", "muddformer")

@@ -9,7 +9,7 @@ are projected to keys/values once per sentence; each new target token costs one 
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
@@ -27,7 +27,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 from fusion_fairseq.errors import ConfigurationError
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, SWITCH, FlagsOfConfig, as_namespace, check_values, fill_defaults, option, set_defaults,
+    POSITIVE_INT, PROBABILITY, FlagsOfConfig, as_namespace, check_values, fill_defaults, set_defaults,
 )
 
 SOURCE, TARGET = 0, 1
@@ -175,33 +175,42 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
         return self._max_positions
 
 
+def flag(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class LayerwiseCoordinationConfig(FairseqDataclass):
     """The flags of ``--arch layerwise_coordination``; defaults: the paper's small configuration
     (d=256, d_ff=1024, 4 heads, 14 layers, Sec. 4.2)."""
 
-    layers: int = option(14, "depth N of the stack (the same for both sides; paper: 14)", POSITIVE_INT,
-                         metavar="N", structural=True)
-    embed_dim: int = option(256, "model width d_model", POSITIVE_INT, metavar="D", structural=True)
-    ffn_embed_dim: int = option(1024, "d_ff", POSITIVE_INT, metavar="F", structural=True)
-    attention_heads: int = option(4, "attention heads", POSITIVE_INT, metavar="H", structural=True)
-    dropout: float = option(0.1, "dropout probability, in [0, 1)", PROBABILITY, metavar="P")
-    attention_dropout: float = option(0.0, "dropout on attention weights, in [0, 1)", PROBABILITY, metavar="P")
-    activation_dropout: float = option(0.0, "dropout after the FFN's activation, in [0, 1)", PROBABILITY, metavar="P")
-    normalize_before: bool = option(False, "pre-norm layers (final LayerNorm on top)", SWITCH, structural=True)
-    no_scale_embedding: bool = option(False, "do not scale token embeddings by sqrt(d)", SWITCH, structural=True)
-    no_layer_sharing: bool = option(
-        False, "ablation (Table 3): separate source and target layers (halve --layers for the same size)", SWITCH,
-        structural=True)
-    no_mixed_attention: bool = option(
+    layers: int = flag(14, "depth N of the stack (the same for both sides; paper: 14)")
+    embed_dim: int = flag(256, "model width d_model")
+    ffn_embed_dim: int = flag(1024, "d_ff")
+    attention_heads: int = flag(4, "attention heads")
+    dropout: float = flag(0.1, "dropout probability, in [0, 1)")
+    attention_dropout: float = flag(0.0, "dropout on attention weights, in [0, 1)")
+    activation_dropout: float = flag(0.0, "dropout after the FFN's activation, in [0, 1)")
+    normalize_before: bool = flag(False, "pre-norm layers (final LayerNorm on top)")
+    no_scale_embedding: bool = flag(False, "do not scale token embeddings by sqrt(d)")
+    no_layer_sharing: bool = flag(
+        False, "ablation (Table 3): separate source and target layers (halve --layers for the same size)")
+    no_mixed_attention: bool = flag(
         False, "ablation (Table 3): separate target self-attention and source attention, the source attention "
-        "reading the corresponding source layer", SWITCH, structural=True)
-    no_language_embedding: bool = option(
-        False, "ablation (Table 3): no learned source/target language embedding", SWITCH, structural=True)
-    no_position_embedding: bool = option(False, "ablation (Table 3): no position embedding", SWITCH, structural=True)
+        "reading the corresponding source layer")
+    no_language_embedding: bool = flag(False, "ablation (Table 3): no learned source/target language embedding")
+    no_position_embedding: bool = flag(False, "ablation (Table 3): no position embedding")
     # the task's flags (no help: no flag of the model's)
     max_source_positions: Optional[int] = II("task.max_source_positions")
     max_target_positions: Optional[int] = II("task.max_target_positions")
+
+    flag_values = {
+        **dict.fromkeys(("layers", "embed_dim", "ffn_embed_dim", "attention_heads"), POSITIVE_INT),
+        **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout"), PROBABILITY),
+    }
+    structural_fields = (
+        "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "no_scale_embedding",
+        "no_layer_sharing", "no_mixed_attention", "no_language_embedding", "no_position_embedding")
 
 
 @register_model("layerwise_coordination", dataclass=LayerwiseCoordinationConfig)
