@@ -5,6 +5,7 @@ import argparse
 import ast
 import collections
 import contextvars
+import dataclasses
 import functools
 import itertools
 import os
@@ -62,7 +63,31 @@ class _TorchReadingWeightsOnly:
             if what:
                 raise CheckpointContentError(f"{path}: cannot read the checkpoint: parameter {name} is {what}; a "
                                              "model's parameters are real tensors with data")
+        require_model_configuration(state, path)
         return state
+
+
+def require_model_configuration(state, path):
+    """fairseq builds the model from the legacy ``args`` (a Namespace) or else ``cfg.model``; a checkpoint with
+    neither failed inside fairseq's upgrade of the state (``cfg.model = None``: a TypeError) or named no
+    architecture."""
+    args, cfg = state.get("args"), state.get("cfg")
+    if args is not None and not isinstance(args, argparse.Namespace):
+        raise CheckpointContentError(f"{path}: cannot read the checkpoint: its legacy 'args' is a "
+                                     f"{type(args).__name__}, not the argparse.Namespace fairseq stores there")
+    model = stored_value(cfg, "model")
+    if args is None and not isinstance(model, (dict, DictConfig, argparse.Namespace)):
+        held = "no 'cfg'" if cfg is None else "no 'cfg.model'" if model in (_ABSENT, None) \
+            else f"a cfg.model of type {type(model).__name__}"
+        raise CheckpointContentError(f"{path}: cannot read the checkpoint: it stores no model configuration (no legacy "
+                                     f"'args', and {held}); fairseq builds the model from one of them")
+
+
+def read_checkpoint_state(path):
+    """The state stored in checkpoint ``path``, read weights-only and checked as fairseq's reader is made to check
+    it (a file it cannot use is a one-line :class:`CheckpointContentError`); fairseq's upgrades not applied."""
+    read_checkpoints_safely()
+    return _TorchReadingWeightsOnly.load(path, map_location="cpu")
 
 
 def damaged_file_error(path, error: Exception) -> CheckpointContentError:
@@ -360,6 +385,58 @@ def unfit_weights_error(error, path):
     return None
 
 
+def misfit_value_error(error, path, overrides):
+    """For omegaconf's refusal of a value while fairseq merges a checkpoint's model configuration into the model's
+    dataclass (``denseformer_dilation`` 'x', ``adaptive_softmax_cutoff`` '5,10' where a list is due: a 60-line
+    traceback), a one-line ``CheckpointContentError`` naming ``path``, the field, its value and its type; else None."""
+    key = getattr(error, "key", None)
+    if path is None or not isinstance(error, OmegaConfBaseException) or key is None:
+        return None
+    fields = {field.name: field.type for field in dataclasses.fields(error.object_type)} \
+        if dataclasses.is_dataclass(error.object_type) else {}
+    kind = fields.get(key)
+    allowed = "" if kind is None else f" of type {type_name(kind)}"
+    source = "given by --model-overrides" if key in (overrides or {}) else "as stored"
+    reason = str(error.msg).strip().splitlines()[0]
+    return CheckpointContentError(f"checkpoint {path}: {key} {error.value!r} ({source}) is not a value{allowed} "
+                                  f"(omegaconf: {reason})")
+
+
+def type_name(kind) -> str:
+    """A dataclass field's type as its annotation reads: ``int``, ``Optional[List[int]]``."""
+    return kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
+
+
+def missing_adaptive_softmax_error(error, path):
+    """fairseq's ``AdaptiveSoftmax`` refuses a state without its ``version`` buffer (a configuration that sets
+    ``adaptive_softmax_cutoff`` over weights trained without one) in words naming neither the file nor the
+    parameter: a one-line ``CheckpointContentError`` naming both; else None."""
+    if path is None or type(error) is not Exception or str(error) != "This version of the model is no longer supported":
+        return None
+    frame = error.__traceback__
+    while frame.tb_next is not None:  # the innermost frame is AdaptiveSoftmax.upgrade_state_dict_named
+        frame = frame.tb_next
+    name = frame.tb_frame.f_locals.get("version_name", "adaptive_softmax.version")
+    return CheckpointContentError(
+        f"{path}: parameter {name} is missing from the checkpoint: its configuration builds an adaptive softmax "
+        "(adaptive_softmax_cutoff) and it holds none; the checkpoint does not hold the weights of the configuration "
+        "it stores")
+
+
+def file_named_error(error, path):
+    """The plugin's refusal of the configuration a checkpoint stores (a value its flag does not allow, a missing
+    fusion parameter) names the flag: with ``checkpoint PATH:`` before it where it does not name the file."""
+    if path is None or type(error) is not ConfigurationError or str(path) in str(error):
+        return None
+    return ConfigurationError(f"checkpoint {path}: {error}")
+
+
+def one_line_load_error(error, load):
+    """A failed load's error as one line naming the file it read, or None where ``error`` is already one."""
+    return (unfit_weights_error(error, load.read) or misfit_value_error(error, load.read, load.overrides)
+            or missing_adaptive_softmax_error(error, load.read) or file_named_error(error, load.read))
+
+
 # --- why fairseq loads a checkpoint ------------------------------------------------------------
 # fairseq's two entry points, ``load_checkpoint`` (fairseq-train) and ``load_model_ensemble_and_task``
 # (everything else), both call the reader ``load_checkpoint_to_cpu`` and the model hook
@@ -368,8 +445,8 @@ def unfit_weights_error(error, path):
 # fresh; so may a ``model.load_state_dict(...)`` in code, the caller's own initialisation.
 
 class _Load:
-    def __init__(self, fine_tuning=False, resumed_with=None, hub=False, read=None):
-        self.fine_tuning, self.hub = fine_tuning, hub
+    def __init__(self, fine_tuning=False, resumed_with=None, hub=False, read=None, overrides=None):
+        self.fine_tuning, self.hub, self.overrides = fine_tuning, hub, overrides
         self.resumed_with = resumed_with  # the command line's model configuration of a training (fairseq-train)
         self.conflicts = []  # structural changes found by the reader
         self.read = read  # the checkpoint file the reader read last (else the one the entry point was given)
@@ -445,9 +522,9 @@ def _recording(entry_point, describe=None, after=None):
         except Exception as error:
             if load.conflicts and configuration_error(error) is None:
                 raise load.conflicts[0] from None
-            unfit = unfit_weights_error(error, load.read)
-            if unfit is not None:
-                raise unfit from None
+            refusal = one_line_load_error(error, load)
+            if refusal is not None:
+                raise refusal from None
             raise
         finally:
             _load.reset(token)
@@ -493,9 +570,9 @@ def _hub_file_setting_errors(loaded, filenames, arg_overrides=None, *args, **kwa
     ) for setting in found]
 
 
-def _ensemble_load(filenames=(), *args, **kwargs):
+def _ensemble_load(filenames=(), arg_overrides=None, *args, **kwargs):
     """A load of ``filenames`` (the analysis scripts hand in the state they read: then no reader names the file)."""
-    return _Load(read=next(iter(filenames), None))
+    return _Load(read=next(iter(filenames), None), overrides=arg_overrides)
 
 
 def check_loaded_configurations():

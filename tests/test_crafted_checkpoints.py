@@ -20,7 +20,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from conftest import TINY_MLRF_FLAGS, USER_DIR, load_script, run_cli
-from fusion_fairseq.checkpoint_safety import parse_config_literal, starts_from_pretrained_model
+from fusion_fairseq.checkpoint_safety import CheckpointContentError, parse_config_literal, starts_from_pretrained_model
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.models import FusionTransformerModel
 from fusion_fairseq.models.dense_fconv import layer_spec
@@ -783,3 +783,189 @@ def test_the_analysis_scripts_report_what_a_checkpoint_holds_in_one_line(densefo
         load_model(path, tiny_data_bin)
     text = str(error.value)
     assert f"{path}: parameter {named[0]} " in text and named[1] in text and "\n" not in text, text
+
+
+# --- a stored configuration that disagrees with the weights, or that fairseq cannot read ----------
+
+@pytest.fixture(scope="module")
+def hyper_connections_checkpoint(tiny_data_bin, tmp_path_factory):
+    return train(tiny_data_bin, str(tmp_path_factory.mktemp("hyper_connections")), "fusion_transformer",
+                 *TINY_TRANSFORMER, "--hyper-connections-encoder", "dynamic", "--hyper-connections-decoder", "static",
+                 "--hyper-connections-rate", "2")
+
+
+def with_model_config(checkpoint, tmp_path, **fields):
+    return edited(checkpoint, tmp_path, lambda state: state["cfg"]["model"].update(fields))
+
+
+# (checkpoint fixture, cfg.model fields changed while the weights stay, what the one line says after the file)
+STORED_DISAGREEMENTS = {
+    "dilation of another type": ("denseformer_checkpoint", {"denseformer_dilation": "x"},
+                                 "denseformer_dilation 'x' (as stored) is not a value of type int"),
+    "dilation beyond the depth": ("denseformer_checkpoint", {"denseformer_dilation": 3},
+                                  "--denseformer-dilation 3 leaves every encoder average reading only its own"),
+    "period 0": ("denseformer_checkpoint", {"denseformer_period": 0},
+                 "model.denseformer_period must be a positive integer, got 0"),
+    "dilation 2": ("denseformer_checkpoint", {"denseformer_dilation": 2},
+                   "parameter encoder.aggregation.alphas.0 has shape [2] in the checkpoint but [1] in the model"),
+    "layer count": ("denseformer_checkpoint", {"encoder_layers": 3},
+                    "parameter encoder.layers.2.self_attn.k_proj.weight is missing from the checkpoint"),
+    "embed dim": ("denseformer_checkpoint", {"encoder_embed_dim": 32, "decoder_embed_dim": 32},
+                  "parameter encoder.embed_tokens.weight has shape [40, 16] in the checkpoint but [40, 32]"),
+    "expansion rate": ("hyper_connections_checkpoint", {"hyper_connections_rate": 3},
+                       "hyper_connections.0.static_alpha has shape [2, 3] in the checkpoint but [3, 4] in the model"),
+    "rate 0": ("hyper_connections_checkpoint", {"hyper_connections_rate": 0},
+               "model.hyper_connections_rate must be a positive integer, got 0"),
+    "rate of another type": ("hyper_connections_checkpoint", {"hyper_connections_rate": [2]},
+                             "hyper_connections_rate [2] (as stored) is not a value of type int"),
+    "no decoder layer": ("hyper_connections_checkpoint", {"decoder_layers": 0},
+                         "--hyper-connections-decoder static wires the decoder's layers, and --decoder-layers is 0"),
+    "another kind": ("hyper_connections_checkpoint", {"hyper_connections_encoder": "manifold"},
+                     "parameter encoder.layers.0.hyper_connections.0.phi is missing from the checkpoint"),
+    "cutoff as a string": ("denseformer_checkpoint", {"adaptive_softmax_cutoff": "5,10"},
+                           "adaptive_softmax_cutoff '5,10' (as stored) is not a value of type Optional[List[int]]"),
+    "cutoff without its weights": ("denseformer_checkpoint", {"adaptive_softmax_cutoff": [5, 10]},
+                                   "parameter decoder.adaptive_softmax.version is missing from the checkpoint: its "
+                                   "configuration builds an adaptive softmax"),
+}
+
+
+def assert_names_the_file_in_one_line(text, path, message):
+    assert text.startswith((f"{path}: ", f"checkpoint {path}: ")) and message in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("kind", list(STORED_DISAGREEMENTS))
+def test_a_stored_configuration_that_does_not_fit_is_refused_naming_the_file(request, tmp_path, kind):
+    """A wrongly typed value was omegaconf's 60-line traceback, the cutoff without its weights fairseq's "This
+    version of the model is no longer supported"; the plugin's own refusals of a stored value did not name the file."""
+    checkpoint, fields, message = STORED_DISAGREEMENTS[kind]
+    path = with_model_config(request.getfixturevalue(checkpoint), tmp_path, **fields)
+    with pytest.raises(ValueError) as error:
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert isinstance(error.value, ConfigurationError), error.value
+    assert_names_the_file_in_one_line(str(error.value), path, message)
+
+
+@pytest.mark.parametrize("kind", ["dilation of another type", "rate 0", "cutoff without its weights"])
+def test_the_hub_and_the_analysis_scripts_refuse_a_stored_configuration_in_one_line(request, tiny_data_bin,
+                                                                                      tmp_path, kind):
+    from fusion_fairseq.tools.analysis import UsageError, load_model
+
+    checkpoint, fields, message = STORED_DISAGREEMENTS[kind]
+    path = with_model_config(request.getfixturevalue(checkpoint), tmp_path, **fields)
+    with pytest.raises(ConfigurationError) as error:
+        FusionTransformerModel.from_pretrained(str(tmp_path), checkpoint_file="edited.pt",
+                                               data_name_or_path=tiny_data_bin)
+    assert_names_the_file_in_one_line(str(error.value), tmp_path / "edited.pt", message)
+    with pytest.raises(UsageError) as error:
+        load_model(path, tiny_data_bin)
+    assert_names_the_file_in_one_line(str(error.value), path, message)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dilation of another type", "expansion rate"])
+def test_generate_and_validate_refuse_a_stored_configuration_in_one_line(request, tiny_data_bin, tmp_path, kind):
+    checkpoint, fields, message = STORED_DISAGREEMENTS[kind]
+    path = with_model_config(request.getfixturevalue(checkpoint), tmp_path, **fields)
+    assert_one_line_error(generate(tiny_data_bin, path), path, message)
+    assert_one_line_error(validate(tiny_data_bin, path, "--task", "translation"), path, message)
+
+
+def test_a_wrongly_typed_override_is_named_as_an_override(denseformer_checkpoint):
+    with pytest.raises(ConfigurationError, match=f"^checkpoint {denseformer_checkpoint}: dropout 'high' "
+                                                 r"\(given by --model-overrides\) is not a value of type float"):
+        checkpoint_utils.load_model_ensemble_and_task([denseformer_checkpoint], arg_overrides={"dropout": "high"})
+
+
+def legacy_args(state):
+    """The state as fairseq saved it before its omegaconf configuration: one flat ``args`` Namespace, no ``cfg``."""
+    sections = ("common", "task", "criterion", "optimization", "checkpoint", "dataset", "model")
+    flat = {key: value for section in sections for key, value in (state["cfg"][section] or {}).items()}
+    flat.update(arch=state["cfg"]["model"]["_name"], task="translation", criterion="cross_entropy", optimizer="adam",
+                lr_scheduler="fixed")
+    del flat["_name"]
+    state["args"] = Namespace(**flat)
+    del state["cfg"]
+
+
+def test_a_legacy_args_checkpoint_loads_as_fairseq_loads_it(denseformer_checkpoint, tiny_data_bin, tmp_path):
+    path = edited(denseformer_checkpoint, tmp_path, legacy_args)
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": tiny_data_bin})
+    trained = torch.load(denseformer_checkpoint)["model"]
+    assert cfg.model.denseformer_encoder and cfg.model.encoder_layers == 2
+    assert all(torch.equal(tensor, trained[name]) for name, tensor in models[0].state_dict().items())
+
+
+@pytest.mark.parametrize("edit,held", [
+    (lambda state: state["cfg"].update(model=None), "no 'cfg.model'"),
+    (lambda state: state.update(cfg=None), "no 'cfg'"),
+    (lambda state: state["cfg"].update(model=[1, 2]), "a cfg.model of type list"),
+])
+def test_a_checkpoint_without_a_model_configuration_is_refused_in_one_line(denseformer_checkpoint, tmp_path, edit,
+                                                                           held):
+    """``cfg.model = None`` was a TypeError inside fairseq's upgrade of the state."""
+    path = edited(denseformer_checkpoint, tmp_path, edit)
+    with pytest.raises(CheckpointContentError) as error:
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert_names_the_file_in_one_line(str(error.value), path, f"it stores no model configuration (no legacy 'args', "
+                                                              f"and {held})")
+
+
+def test_legacy_args_that_are_no_namespace_are_refused_in_one_line(denseformer_checkpoint, tmp_path):
+    path = edited(denseformer_checkpoint, tmp_path, lambda state: state.update(args={"arch": "fusion_transformer"}))
+    with pytest.raises(CheckpointContentError) as error:
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert_names_the_file_in_one_line(str(error.value), path, "its legacy 'args' is a dict, not the argparse.Namespace")
+
+
+# --- corpus evaluate: one line for a checkpoint it cannot score, or a flag fairseq-generate refuses --------
+
+def evaluate(data_bin, checkpoint, reference, out, *extra):
+    return run_unchecked("fusion_fairseq.tools.corpus", "evaluate", data_bin, checkpoint, "--ref", reference,
+                         "--out", out, *extra)
+
+
+def error_lines(result):
+    """What a failed run printed besides fairseq's import notice and the tool's progress lines."""
+    return [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(("INFO:", "[corpus]"))]
+
+
+@pytest.fixture
+def another_dictionary(tiny_data_bin, tmp_path):
+    """``tiny_data_bin`` whose source dictionary has three more types than the one the checkpoints were trained on."""
+    import shutil
+
+    data_bin = tmp_path / "another-bin"
+    shutil.copytree(tiny_data_bin, data_bin)
+    with open(data_bin / "dict.src.txt", "a") as dictionary:
+        dictionary.write("xa 1\nxb 1\nxc 1\n")
+    return data_bin
+
+
+def test_evaluate_names_a_checkpoint_of_another_dictionary_in_one_line(denseformer_checkpoint, another_dictionary,
+                                                                       tiny_raw, tmp_path):
+    """It was a 36-line dump of fairseq-generate's output."""
+    result = evaluate(another_dictionary, denseformer_checkpoint, f"{tiny_raw}/test.tgt", tmp_path / "eval")
+    assert result.returncode == 2 and error_lines(result) == [
+        f"corpus: error: CHECKPOINT {denseformer_checkpoint}: parameter encoder.embed_tokens.weight has 40 rows, one "
+        f"per type of the dictionary it was trained with, but {another_dictionary}/dict.src.txt has 43 types: the "
+        "checkpoint was trained on another dictionary; evaluate it on the DATA_BIN it was trained with"], result.stderr
+    assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra,said", [
+    (["--", "--no-such-flag"], "generate.py: error: unrecognized arguments: --no-such-flag"),
+    (["--", "--beam", "x"], "generate.py: error: argument --beam: invalid int value: 'x'"),
+    ([], "parameter encoder.aggregation.alphas.0 has shape [2] in the checkpoint but [1]"),
+])
+def test_evaluate_reports_a_failed_generate_in_one_line(denseformer_checkpoint, tiny_data_bin, tiny_raw, tmp_path,
+                                                        extra, said):
+    """A flag fairseq-generate refused printed its 65-line usage, a checkpoint it refused 26 lines of traceback."""
+    checkpoint = with_model_config(denseformer_checkpoint, tmp_path, denseformer_dilation=2) if not extra \
+        else denseformer_checkpoint
+    result = evaluate(tiny_data_bin, checkpoint, f"{tiny_raw}/test.tgt", tmp_path / "eval", *extra)
+    log = tmp_path / "eval" / "generate-test.log"
+    [line] = error_lines(result)
+    assert result.returncode == 1 and line.startswith(f"error: fairseq-generate failed (exit ") and said in line, line
+    assert f"; log {log}: " in line and said in log.read_text()  # the whole output stays in the log

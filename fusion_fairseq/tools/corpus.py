@@ -558,11 +558,21 @@ def evaluate(args):
         usage_error(f"--ref is required: the raw (untokenised) {tgt} reference of '{subset}'")
     lowercase = recipe.get("LOWERCASE", "0") == "1" if args.lowercase is None else args.lowercase
     compound = recipe.get("COMPOUND_SPLIT", "0") == "1" if args.compound_split is None else args.compound_split
+    require_dictionaries_of(args.checkpoint, data, src, tgt)
     out = args.out or os.path.join(os.path.dirname(args.checkpoint), f"eval-{subset}-beam{args.beam}")
     claim_out_dir(out, [name.format(subset=subset) for name in EVAL_OUTPUTS], EVAL_STAMP, args.force, "corpus evaluate",
                   usage_error)
     generated = os.path.join(out, f"generate-{subset}.txt")  # fairseq-generate's name in --results-path
+    generate_log = os.path.join(out, f"generate-{subset}.log")
     log(f"fairseq-generate {subset} ({src} -> {tgt}), beam {args.beam} -> {generated}")
+    try:
+        run_generate(args, data, subset, src, tgt, out, generate_log)
+    except SystemExit as failed:  # its report ends with the output's last 4000 characters: the error line only
+        raise SystemExit(f"{str(failed).splitlines()[0]} {error_line(generate_log)}") from None
+    score(generated, out, tgt, ref, tok_ref, lowercase, compound)
+
+
+def run_generate(args, data, subset, src, tgt, out, log_path):
     run_fairseq("generate", [
         data, "--path", args.checkpoint, "--gen-subset", subset, "--source-lang", src, "--target-lang", tgt,
         "--beam", args.beam, "--lenpen", args.lenpen, "--remove-bpe", "@@ ", "--results-path", out,
@@ -570,9 +580,42 @@ def evaluate(args):
         "--required-batch-size-multiple", "1",
         *(["--max-tokens", args.max_tokens] if args.max_tokens else ["--batch-size", args.batch_size]),
         # the plugin lets torch >= 2.6's safe loader read fairseq's checkpoints
-        *([] if args.no_user_dir else ["--user-dir", args.user_dir or user_dir()]), *args.extra],
-        os.path.join(out, f"generate-{subset}.log"))
-    score(generated, out, tgt, ref, tok_ref, lowercase, compound)
+        *([] if args.no_user_dir else ["--user-dir", args.user_dir or user_dir()]), *args.extra], log_path)
+
+
+# a logging record (fairseq's format, or Python's before logging is configured), not the error
+LOG_RECORD = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| )?(DEBUG|INFO|WARNING)\b")
+
+
+def error_line(log_path):
+    """What a failed tool said last: the last line of its output that is neither indented (a traceback's frames,
+    a message's continuation) nor a logging record: Python's ``Type: message``, argparse's ``prog: error: ...``."""
+    lines = [line for line in read_lines(log_path)[1:] if line.strip() and not line[0].isspace()
+             and not LOG_RECORD.match(line)]  # the first line is the command
+    return lines[-1] if lines else "it printed nothing"
+
+
+def require_dictionaries_of(checkpoint, data, src, tgt):
+    """A model has an embedding row per type of the dictionaries it was trained with; DATA_BIN's dictionaries of
+    another size fail fairseq-generate's strict load, named here in one line with the dictionary file."""
+    from fairseq.data import Dictionary
+
+    from fusion_fairseq.checkpoint_safety import CheckpointContentError, read_checkpoint_state
+
+    try:
+        weights = read_checkpoint_state(checkpoint)["model"]
+    except CheckpointContentError as error:  # it names the file
+        usage_error(f"CHECKPOINT {error}")
+    for name, lang in (("encoder.embed_tokens.weight", src), ("decoder.embed_tokens.weight", tgt),
+                       ("decoder.output_projection.weight", tgt)):
+        dictionary = os.path.join(data, f"dict.{lang}.txt")
+        if name not in weights or not os.path.isfile(dictionary):
+            continue
+        rows, types = len(weights[name]), len(Dictionary.load(dictionary))
+        if rows != types:
+            usage_error(f"CHECKPOINT {checkpoint}: parameter {name} has {rows} rows, one per type of the dictionary "
+                        f"it was trained with, but {dictionary} has {types} types: the checkpoint was trained on "
+                        "another dictionary; evaluate it on the DATA_BIN it was trained with")
 
 
 def score(generated, out, tgt, ref, tok_ref=None, lowercase=False, compound_split=False):
