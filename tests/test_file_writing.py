@@ -45,8 +45,6 @@ ALLOWED = {
         "a scratch file in the folder mktemp -d made",
     ("examples/comparison/multi30k.sh", 'curl -fsSL --retry 3 "$BASE/data/task1/raw/$file.gz" | gunzip > "$work/$file" \\'):
         "a scratch file in the folder mktemp -d made, moved into place as a whole",
-    ("examples/dense_nmt/time_to_loss.sh", '> "$OUT/$name.log" 2>&1'):
-        "not yet through replace_file: fairseq-train's log into the script's OUT",
 }
 
 
@@ -320,3 +318,59 @@ def test_run_sh_prepare_copies_into_no_linked_folder(tmp_path):
     result = runbook("prepare", kit, MULTI30K_RAW=str(raw))
     assert result.returncode == 2 and f"{kit}/multi30k/test-raw is a link; move it away" in result.stderr
     assert os.listdir(theirs) == []
+
+
+# --- examples/dense_nmt/time_to_loss.sh -------------------------------------------------------------------------
+
+TIME_TO_LOSS = os.path.join(REPO_ROOT, "examples", "dense_nmt", "time_to_loss.sh")
+
+
+def time_to_loss(data_bin, out, tmp_path, **env):
+    """The recipe with a ``fairseq-train`` on PATH that prints a line to each stream, notes it ran, and fails."""
+    fake = tmp_path / "fake-bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "fairseq-train").write_text(f'#!/bin/sh\ntouch "{tmp_path}/trained"\necho "training $*"\n'
+                                        'echo "it failed" >&2\nexit 3\n')
+    (fake / "fairseq-train").chmod(0o755)
+    return subprocess.run(["bash", TIME_TO_LOSS, str(data_bin), str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": REPO_ROOT,
+                                             "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", **env})
+
+
+@pytest.fixture
+def binarised(tmp_path):
+    """What the recipe checks DATA_BIN for before anything else."""
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    for name in ("train.de-en.de.idx", "dict.de.txt"):
+        (data_bin / name).write_text("")
+    return data_bin
+
+
+def test_time_to_loss_refuses_an_out_it_did_not_make_before_training(binarised, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "residual.log").write_text("a user's log\n")
+    result = time_to_loss(binarised, out, tmp_path)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: OUT {out} holds files that time_to_loss.sh did not write: residual.log ; set FORCE=1 to replace "
+        "them, or give another OUT"]
+    assert (out / "residual.log").read_text() == "a user's log\n" and not (tmp_path / "trained").exists()
+
+
+def test_time_to_loss_writes_its_logs_through_no_link_and_keeps_a_failed_trainings_log(binarised, tmp_path):
+    """fairseq-train's log was redirected into OUT with ``>``, through a link there."""
+    out, theirs = tmp_path / "out", tmp_path / "theirs"
+    out.mkdir()
+    theirs.mkdir()
+    for name in ("residual.log", "dense.log"):
+        (theirs / name).write_text(f"their {name}\n")
+        (out / name).symlink_to(theirs / name)
+    before = snapshot(theirs)
+    result = time_to_loss(binarised, out, tmp_path, FORCE="1")
+    assert result.returncode == 1 and result.stderr.splitlines()[-1] == \
+        f"error: the residual model's training failed, see {out}/residual.log"
+    assert snapshot(theirs) == before
+    for name in ("residual.log", "dense.log"):
+        log = out / name
+        assert not log.is_symlink() and log.read_text().startswith("training ") and "it failed\n" in log.read_text()

@@ -10,6 +10,8 @@
 # `corpus prepare multi30k`. Environment: MAX_UPDATE (400), VALID_EVERY (25), MAX_TOKENS (4000),
 # SEED (1), THREADS (1 per model; the two models train at the same time). Step throughput on
 # identical batches: the benchmark command in examples/dense_nmt/README.md.
+# OUT is this script's own folder: one holding files it did not write is refused unless FORCE=1; each
+# training's log is written by replace_file (scripts/files.sh) and appears when that training ends.
 set -euo pipefail
 usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
@@ -20,9 +22,15 @@ if ! compgen -G "$DATA_BIN/train.*.idx" >/dev/null || ! compgen -G "$DATA_BIN/di
   echo "error: $DATA_BIN: no binarised training data (train.SRC-TGT.*.idx, dict.*.txt from fairseq-preprocess)" >&2
   exit 2
 fi
+source "$(cd "$(dirname "$0")/../.." && pwd)/scripts/files.sh"
 PYTHON=${PYTHON:-python}
 USER_DIR=$("$PYTHON" -c 'import fusion_fairseq, os; print(os.path.dirname(fusion_fairseq.__file__))')
-mkdir -p "$OUT"
+NAMES=(residual.log dense.log time_to_loss.json checkpoints-residual checkpoints-dense)
+if ! held=$(claim_folder "$OUT" "fusion-fairseq examples/dense_nmt/time_to_loss.sh" "${NAMES[@]}"); then
+  echo "error: OUT $OUT holds files that time_to_loss.sh did not write: $held; set FORCE=1 to replace them, or" \
+    "give another OUT" >&2
+  exit 2
+fi
 
 train() {  # name, model flags...
   local name=$1; shift
@@ -36,7 +44,7 @@ train() {  # name, model flags...
     --max-tokens "${MAX_TOKENS:-4000}" --max-update "${MAX_UPDATE:-400}" --seed "${SEED:-1}" \
     --validate-interval-updates "${VALID_EVERY:-25}" --validate-interval 1000000 --no-save \
     --log-format json --log-interval 1 --num-workers 0 --required-batch-size-multiple 1 \
-    > "$OUT/$name.log" 2>&1
+    2>&1 | replace_file "$OUT/$name.log"  # the whole log, also of a training that fails (pipefail: its status)
 }
 
 # BASE-4L: fairseq's fconv_iwslt_de_en with 4 decoder layers (examples/dense_nmt/README.md, Table 2)
