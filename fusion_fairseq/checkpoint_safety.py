@@ -6,6 +6,7 @@ import ast
 import collections
 import contextvars
 import dataclasses
+import enum
 import functools
 import itertools
 import os
@@ -294,10 +295,12 @@ FAIRSEQ_STRUCTURAL_FIELDS = tuple(f"{side}_{name}" for side in ("encoder", "deco
 
 
 def structure(model_config):
-    """``{"arch": architecture, field: value or _ABSENT}`` of the fairseq and plugin structural fields."""
+    """``{"arch": architecture, field: value or _ABSENT}`` of the fairseq and plugin structural fields; a choice
+    as its string (a command line's configuration holds fairseq's ``ChoiceEnum`` members, whose repr is unquoted)."""
+    values = {flag: stored_value(model_config, flag)
+              for flag in (*FAIRSEQ_STRUCTURAL_FIELDS, *structural_flags(model_config))}
     return {"arch": architecture(model_config),
-            **{flag: stored_value(model_config, flag)
-               for flag in (*FAIRSEQ_STRUCTURAL_FIELDS, *structural_flags(model_config))}}
+            **{flag: value.value if isinstance(value, enum.Enum) else value for flag, value in values.items()}}
 
 
 def _same_value(override, trained):
