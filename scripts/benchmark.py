@@ -5,7 +5,7 @@ import os
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.benchmark import main  # noqa: E402
+from fusion_lab.benchmark import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

@@ -22,9 +22,9 @@ import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.layer_aggregation import DENSE_CONNECTION_READINGS  # noqa: E402 (registers the models)
-from fusion_fairseq.tools.analysis import format_matrix  # noqa: E402
-from fusion_fairseq.tools.benchmark import build_model  # noqa: E402
-from fusion_fairseq.tools.common import dictionary_of_size  # noqa: E402
+from fusion_lab.analysis import format_matrix  # noqa: E402
+from fusion_lab.benchmark import build_model  # noqa: E402
+from fusion_lab.common import dictionary_of_size  # noqa: E402
 
 ARCH = "fusion_transformer"
 

@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import UsageError, checkpoint_arguments, checkpoint_setting, format_matrix, \
+from fusion_lab.analysis import UsageError, checkpoint_arguments, checkpoint_setting, format_matrix, \
     load_model, pyplot, script_main, write_outputs  # noqa: E402
 
 MATRICES = ("encoder", "decoder", "output")

@@ -1,5 +1,5 @@
 # The one way the project's shell scripts write a file and judge a folder; sourced by
-# examples/comparison/launch.sh and examples/gpu/run.sh. Python's counterpart: fusion_fairseq/tools/common.py
+# examples/comparison/launch.sh and examples/gpu/run.sh. Python's counterpart: fusion_lab/common.py
 # (replace_atomically, trust_problem); the rules: docs/safety.md.
 
 # replace_file TARGET [COMMAND [ARG...]]: COMMAND's output (without COMMAND: standard input) into a new file
@@ -37,7 +37,7 @@ tee_file() {
 }
 
 # claim_folder FOLDER STAMP NAME...: FOLDER as a tool's own before anything is written into it, the rule of
-# claim_out_dir in fusion_fairseq/tools/common.py. One that is not the tool's (a trusted regular .written_by
+# claim_out_dir in fusion_lab/common.py. One that is not the tool's (a trusted regular .written_by
 # holding STAMP, in a trusted folder) and holds anything is refused (status 1, its entries on stdout) unless
 # FORCE=1; then the NAMEs that are links are removed (a program writing them by name makes new files), the
 # folder is made, closed to group and others' writes, and stamped.

@@ -23,9 +23,9 @@ import sacrebleu
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.checkpoint_safety import stored_model_config  # noqa: E402
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
-from fusion_fairseq.tools.analysis import ReportedError, UsageError, checkpoint_setting, finite, format_matrix, \
+from fusion_lab.analysis import ReportedError, UsageError, checkpoint_setting, finite, format_matrix, \
     number, positive, pyplot, read_checkpoint, run_parallel, script_main, script_parser, write_outputs  # noqa: E402
-from fusion_fairseq.tools.common import refuse_existing_output, write_file  # noqa: E402
+from fusion_lab.common import refuse_existing_output, write_file  # noqa: E402
 
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
 LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")

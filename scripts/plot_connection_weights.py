@@ -21,7 +21,7 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # 
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage  # noqa: E402
 from fusion_fairseq.modules.hyper_connection import HyperConnection, ManifoldHyperConnection, sinkhorn  # noqa: E402
 from fusion_fairseq.modules.multiway_dense_connection import WAYS, MultiwayDynamicDense  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, heatmap, load_model, pyplot, script_main, script_parser, \
+from fusion_lab.analysis import UsageError, heatmap, load_model, pyplot, script_main, script_parser, \
     write_outputs  # noqa: E402
 
 

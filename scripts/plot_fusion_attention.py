@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import checkpoint_setting, format_matrix, heatmap, load_model, positive, \
+from fusion_lab.analysis import checkpoint_setting, format_matrix, heatmap, load_model, positive, \
     pyplot, script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
 
 X_AXIS = {"predicted": "target word predicted at each position (fed: the previous word, EOS first)",

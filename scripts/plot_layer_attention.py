@@ -15,7 +15,7 @@ import textwrap
 import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_fairseq.tools.analysis import checkpoint_setting, format_matrix, heatmap, load_model, pyplot, \
+from fusion_lab.analysis import checkpoint_setting, format_matrix, heatmap, load_model, pyplot, \
     script_main, script_parser, write_outputs  # noqa: E402
 
 PARSER = script_parser(__doc__)

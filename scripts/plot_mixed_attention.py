@@ -18,7 +18,7 @@ import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.models.layerwise_coordination import LayerwiseCoordinationModel  # noqa: E402
-from fusion_fairseq.tools.analysis import UsageError, finite, format_matrix, heatmap, load_model, positive, pyplot, \
+from fusion_lab.analysis import UsageError, finite, format_matrix, heatmap, load_model, positive, pyplot, \
     script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 import fusion_fairseq.models  # noqa: F401  (registers the plugin)
 from conftest import TINY_MLRF_FLAGS, run_cli
 from fusion_fairseq.cli import user_dir
-from fusion_fairseq.tools import common
+from fusion_lab import common
 from fusion_fairseq.models import activation_checkpointing
 
 TOLERANCE = 1e-5

@@ -3,7 +3,7 @@ computing the same function for, on one fixed batch, stored as numbers in ``gold
 
 Three sets of configurations:
 
-* every configuration of the comparisons (``fusion_fairseq/tools/comparison.py``): the shallow one
+* every configuration of the comparisons (``fusion_lab/comparison.py``): the shallow one
   (``comparison/``, 3+3) and the deep one (``deep/``, 6+6), each at its width with the matched
   sizes it trains, and every composition of its ``fusion_transformer`` components that builds, so
   that the code on main provably computes what the pinned checkout of a comparison computes;
@@ -32,7 +32,7 @@ sys.path.insert(0, HERE)
 
 from conformance_utils import ARCHITECTURES, build_like_fairseq_train, flags_of, Variant  # noqa: E402
 from conftest import preprocess, write_reversal_corpus  # noqa: E402
-from fusion_fairseq.tools import comparison  # noqa: E402
+from fusion_lab import comparison  # noqa: E402
 
 GOLDEN_PATH = os.path.join(HERE, "golden_outputs.json")
 #: the sizes the comparisons matched on Multi30k (7,872 joined types): the shallow one's plan.json

@@ -6,7 +6,7 @@ from fairseq import options
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fusion_fairseq.models  # noqa: F401  (registers the plugin)
-from fusion_fairseq.tools.common import count_parameters, dictionary_of_size  # noqa: F401  (the tests' imports)
+from fusion_lab.common import count_parameters, dictionary_of_size  # noqa: F401  (the tests' imports)
 
 
 def parse_model_args(arch, *flags):

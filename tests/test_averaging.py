@@ -1,4 +1,4 @@
-"""scripts/average_checkpoints.py (fusion_fairseq/tools/averaging.py): parameter means of fairseq
+"""scripts/average_checkpoints.py (fusion_lab/averaging.py): parameter means of fairseq
 checkpoints that fairseq then loads, and its refusals."""
 
 import os
@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from fusion_fairseq.tools.averaging import average_checkpoints, last_checkpoints, main
+from fusion_lab.averaging import average_checkpoints, last_checkpoints, main
 
 slow = pytest.mark.slow  # trained checkpoints: CI runs them
 

@@ -317,7 +317,7 @@ def test_wrong_types_for_the_other_architectures_are_named(arch, changes, messag
 
 def find_in_a_child(root, name, work, timeout=60):
     """``corpus.find(name, root, work)`` in a child process that a walk without end cannot hang."""
-    code = "import sys; from fusion_fairseq.tools.corpus import find; print(find(*sys.argv[1:]))"
+    code = "import sys; from fusion_lab.corpus import find; print(find(*sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, name, str(root), str(work)], capture_output=True, text=True,
                           timeout=timeout)
 
@@ -341,7 +341,7 @@ def test_a_walk_does_not_follow_links_back_up_the_tree(tmp_path):
 def test_a_walk_reads_no_file_through_a_link(tmp_path, capsys):
     """A file found by its name may not be a link out of the tree (a stranger's folder naming ~/.ssh/id_rsa
     train.de), nor may an archive beside it."""
-    from fusion_fairseq.tools import corpus
+    from fusion_lab import corpus
 
     root, work, outside = tmp_path / "mine", tmp_path / "work", tmp_path / "outside"
     for folder in (root, work, outside):

@@ -1,4 +1,4 @@
-"""The speed benchmark (fusion_fairseq/tools/benchmark.py) at tiny sizes: structure of its JSON and
+"""The speed benchmark (fusion_lab/benchmark.py) at tiny sizes: structure of its JSON and
 Markdown, parameter counts, fixed-length decoding, configuration discovery and bad input.
 Timing values are never asserted on."""
 
@@ -9,9 +9,9 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from fusion_fairseq.tools import benchmark
-from fusion_fairseq.tools.benchmark import BenchmarkError, build_configs, parse_variant, settings
-from fusion_fairseq.tools.common import cpu_name, plugin_architectures
+from fusion_lab import benchmark
+from fusion_lab.benchmark import BenchmarkError, build_configs, parse_variant, settings
+from fusion_lab.common import cpu_name, plugin_architectures
 
 from model_building import build_model, count_parameters
 

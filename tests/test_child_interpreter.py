@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fusion_fairseq.tools import comparison
+from fusion_lab import comparison
 
 
 @pytest.fixture

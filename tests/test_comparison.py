@@ -1,4 +1,4 @@
-"""scripts/compare_methods.py (fusion_fairseq.tools.comparison and comparison_report): a smoke run of the whole
+"""scripts/compare_methods.py (fusion_lab.comparison and comparison_report): a smoke run of the whole
 pipeline on a tiny slice of Multi30k (2 methods x 2 seeds x 4 updates at a tiny width), the report's numbers,
 resuming without retraining, and the errors."""
 
@@ -15,10 +15,10 @@ import time
 import pytest
 
 from conftest import MULTI30K_SLICE, REPO_ROOT, write_multi30k_slice
-from fusion_fairseq.tools import comparison
-from fusion_fairseq.tools import comparison_report as report
-from fusion_fairseq.tools.comparison import METHODS, Width, main, match_parameter, parse_width
-from fusion_fairseq.tools.comparison_report import summarise
+from fusion_lab import comparison
+from fusion_lab import comparison_report as report
+from fusion_lab.comparison import METHODS, Width, main, match_parameter, parse_width
+from fusion_lab.comparison_report import summarise
 
 METHODS_UNDER_TEST = ["transformer", "surface_fusion"]
 SEEDS = [1, 2]
@@ -388,7 +388,7 @@ def test_out_holding_a_users_results_is_refused_without_force(smoke, tmp_path):
 def test_a_linked_stamp_is_not_the_tools_and_linked_outputs_are_removed(tmp_path):
     """--out's stamp must be a regular file; with --force, an output that is a link is removed (its target,
     the user's file, is left as it was), never written through."""
-    from fusion_fairseq.tools.common import claim_out_dir
+    from fusion_lab.common import claim_out_dir
 
     out, theirs, stamp = tmp_path / "out", tmp_path / "theirs.md", "fusion-fairseq compare_methods.py"
     out.mkdir()
@@ -883,15 +883,20 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
     assert result.returncode == 1 and "runs/deeprep_finetuned/seed2 is training in another process" in result.stderr
     assert not record.exists()
 
-    result = train_one("runs/deeprep_finetuned/seed2")
-    assert result.returncode == 0 and "up to update 1000" in result.stdout, result.stderr
-    for _ in range(300):
-        if record.exists():
-            break
-        time.sleep(0.1)
     cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    assert record.read_text().split() == [str(run), cores, cores, "-P", "-m", "fusion_fairseq.tools.comparison",
-                                          "_train", str(run), "1000"]
+    reviewed_pin = re.search(r"^PIN=(\S+)", (clone / "examples" / "comparison" / "reviewed.sh").read_text(), re.M)[1]
+    for pin, runner in ((None, "fusion_lab.comparison"),
+                        (reviewed_pin, "fusion_fairseq.tools.comparison")):  # pinned before the laboratory moved
+        if pin:
+            script.write_text(re.sub(r"^PIN=\S*", f"PIN={pin}", script.read_text(), count=1, flags=re.MULTILINE))
+        record.unlink(missing_ok=True)
+        result = train_one("runs/deeprep_finetuned/seed2")
+        assert result.returncode == 0 and "up to update 1000" in result.stdout, result.stderr
+        for _ in range(300):
+            if record.exists():
+                break
+            time.sleep(0.1)
+        assert record.read_text().split() == [str(run), cores, cores, "-P", "-m", runner, "_train", str(run), "1000"]
     assert "==== train-one " in (run / "run.log").read_text()
 
 
@@ -996,7 +1001,7 @@ def test_the_reviewed_round_end_to_end(tmp_path, monkeypatch):
     chosen from the validation NLL its grid runs logged at the budget (learning_rates.json), the other seeds
     at that rate only, the paired verdicts of the whole family, and the longer budget for the Transformer and
     every decided configuration (here one made decided), trained with the same schedule to the longer budget."""
-    from fusion_fairseq.tools import seed_analysis
+    from fusion_lab import seed_analysis
 
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
     write_multi30k_slice(raw)
@@ -1103,7 +1108,7 @@ def test_the_capacity_matched_transformer_widens_both_ffns():
 
 
 def test_the_train_one_worker_trains_the_named_run_with_the_launchers_threads(tmp_path, monkeypatch):
-    """``python -m fusion_fairseq.tools.comparison _train RUN UPDATE``, what ``launch.sh train-one`` starts:
+    """``python -m fusion_lab.comparison _train RUN UPDATE``, what ``launch.sh train-one`` starts:
     the run's own training up to UPDATE with OMP_NUM_THREADS threads; anything else is refused in one line."""
     run = tmp_path / "runs" / "transformer" / "seed1"
     run.mkdir(parents=True)

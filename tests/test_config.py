@@ -23,7 +23,7 @@ from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.config_fields import (
     POSITIVE_INT, PROBABILITY, FlagsOfConfig, argparse_type, check_values, fill_defaults, own_fields, warn_idle_flags,
 )
-from fusion_fairseq.tools.common import positive_int
+from fusion_lab.common import positive_int
 from conftest import USER_DIR
 from model_building import dictionary_of_size, parse_model_args
 

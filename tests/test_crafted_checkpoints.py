@@ -775,7 +775,7 @@ def test_generate_reports_what_a_checkpoint_holds_in_one_line(denseformer_checkp
 def test_the_analysis_scripts_report_what_a_checkpoint_holds_in_one_line(denseformer_checkpoint, tiny_data_bin,
                                                                          tmp_path, kind):
     """They read the state themselves and hand it to fairseq's loader, which then reads no file."""
-    from fusion_fairseq.tools.analysis import UsageError, load_model
+    from fusion_lab.analysis import UsageError, load_model
 
     named = []
     path = edited(denseformer_checkpoint, tmp_path, lambda state: named.extend(HELD[kind](state)))
@@ -849,7 +849,7 @@ def test_a_stored_configuration_that_does_not_fit_is_refused_naming_the_file(req
 @pytest.mark.parametrize("kind", ["dilation of another type", "rate 0", "cutoff without its weights"])
 def test_the_hub_and_the_analysis_scripts_refuse_a_stored_configuration_in_one_line(request, tiny_data_bin,
                                                                                       tmp_path, kind):
-    from fusion_fairseq.tools.analysis import UsageError, load_model
+    from fusion_lab.analysis import UsageError, load_model
 
     checkpoint, fields, message = STORED_DISAGREEMENTS[kind]
     path = with_model_config(request.getfixturevalue(checkpoint), tmp_path, **fields)
@@ -921,7 +921,7 @@ def test_legacy_args_that_are_no_namespace_are_refused_in_one_line(denseformer_c
 # --- corpus evaluate: one line for a checkpoint it cannot score, or a flag fairseq-generate refuses --------
 
 def evaluate(data_bin, checkpoint, reference, out, *extra):
-    return run_unchecked("fusion_fairseq.tools.corpus", "evaluate", data_bin, checkpoint, "--ref", reference,
+    return run_unchecked("fusion_lab.corpus", "evaluate", data_bin, checkpoint, "--ref", reference,
                          "--out", out, *extra)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, write_multi30k_slice
-from fusion_fairseq.tools import quickstart
-from fusion_fairseq.tools.common import claim_out_dir, replace_atomically, trust_problem, write_file
+from fusion_lab import quickstart
+from fusion_lab.common import claim_out_dir, replace_atomically, trust_problem, write_file
 from test_script_safety import recipe, snapshot, write_raw_multi30k
 
 FILES_SH = os.path.join(REPO_ROOT, "scripts", "files.sh")
@@ -30,7 +30,7 @@ SHELL_WRITES = re.compile(r"""(^|[;&|(]\s*|\s)(tee|cp)\s|\btar\b[^#\n]*\s-\w*f\s
 
 #: (file, the line's text after stripping) -> why it may write without the primitive
 ALLOWED = {
-    ("fusion_fairseq/tools/analysis.py", 'figure.savefig(file, dpi=dpi, format=os.path.splitext(name)[1][1:].lower() '
+    ("fusion_lab/analysis.py", 'figure.savefig(file, dpi=dpi, format=os.path.splitext(name)[1][1:].lower() '
                                          'or None)'): "writes into the file replace_atomically opened",
     ("scripts/files.sh", 'if (($#)); then "$@" > "$temporary" || status=$?; else cat > "$temporary" || status=$?; fi'):
         "the primitive itself, into the file mktemp made",
@@ -39,7 +39,7 @@ ALLOWED = {
         "the runner's log, appended across sessions after `appendable` (no link, no other hard link)",
     ("examples/comparison/launch.sh", "printf '\\n==== train-one %s threads %s\\n' \"$(date -u +%FT%T+00:00)\" "
                                       "\"$THREADS\" >> run.log"): "the run's log, appended after `appendable`",
-    ("examples/comparison/launch.sh", 'flock -n .lock "$PY" -P -m fusion_fairseq.tools.comparison _train "$EXP/$RUN" '
+    ("examples/comparison/launch.sh", 'flock -n .lock "$PY" -P -m "$RUNNER" _train "$EXP/$RUN" '
                                       '"$BUDGET" >> run.log 2>&1 < /dev/null &'): "the run's log, appended after `appendable`",
     ("scripts/wheelhouse.sh", '--python "$TARGET_PYTHON" --exclude "$EXCLUDE" > "$WORK/needs.txt"'):
         "a scratch file in the folder mktemp -d made",
@@ -80,7 +80,7 @@ def test_every_writer_goes_through_the_primitive():
 
 
 @pytest.mark.parametrize("name,line", [
-    ("fusion_fairseq/tools/x.py", 'with open(path, "w") as f:'), ("fusion_fairseq/tools/x.py", "p.write_text(text)"),
+    ("fusion_lab/x.py", 'with open(path, "w") as f:'), ("fusion_lab/x.py", "p.write_text(text)"),
     ("scripts/x.py", "shutil.copyfile(a, b)"), ("scripts/x.py", "json.dump(data, f)"),
     ("examples/x.sh", 'cmd | tee "$OUT/log"'), ("examples/x.sh", 'cp -- "$a" "$OUT/"'),
     ("examples/x.sh", 'tar -czf "$OUT/a.tgz" -C "$W" .'), ("examples/x.sh", 'echo $! > "$PIDFILE"'),

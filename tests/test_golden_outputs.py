@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import golden_outputs
-from fusion_fairseq.tools import comparison
+from fusion_lab import comparison
 
 STORED = golden_outputs.read_golden()
 CONFIGURATIONS = golden_outputs.configurations()

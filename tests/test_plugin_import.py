@@ -37,6 +37,22 @@ def test_user_dir_command_prints_the_package_directory(tmp_path):
     assert os.path.isfile(os.path.join(path, "__init__.py"))
 
 
+def test_the_plugin_package_holds_the_plugin_only():
+    """What --user-dir names is what it imports (models, modules, criterion, scheduler, optimizer and what they
+    need); the laboratory (quickstart, corpus pipeline, benchmark, comparison) lives beside it, in fusion_lab."""
+    import ast
+
+    plugin = user_dir()
+    for folder, _, files in os.walk(plugin):
+        for name in files:
+            if name.endswith(".py"):
+                tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+                imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)] + [
+                    alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+                assert not [module for module in imported if module.split(".")[0] == "fusion_lab"], name
+    assert not os.path.exists(os.path.join(plugin, "tools"))  # the laboratory's old place inside the plugin
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("module,loaded", [
     ("checkpoint_safety", ["fusion_fairseq", "fusion_fairseq.checkpoint_safety", "fusion_fairseq.errors"]),

@@ -1,4 +1,4 @@
-"""The main job (``fusion_fairseq.tools.quickstart``): a tiny-budget run of the whole pipeline on the
+"""The main job (``fusion_lab.quickstart``): a tiny-budget run of the whole pipeline on the
 synthetic corpus and on the output of ``corpus prepare`` (a Multi30k-shaped slice)."""
 
 import json
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import MULTI30K_SLICE, REPO_ROOT, write_multi30k_slice
-from fusion_fairseq.tools import corpus, quickstart
+from fusion_lab import corpus, quickstart
 
 # A tiny budget: small model, a few updates; the table must still be complete.
 TINY = [
@@ -21,7 +21,7 @@ TINY = [
 
 def run_quickstart(*args, timeout=900):
     result = subprocess.run(
-        [sys.executable, "-m", "fusion_fairseq.tools.quickstart", *map(str, args)],
+        [sys.executable, "-m", "fusion_lab.quickstart", *map(str, args)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
@@ -148,7 +148,7 @@ def test_data_that_corpus_prepare_did_not_make_is_refused_before_any_work(tmp_pa
         quickstart.main(["--data", str(data), "--out", str(tmp_path / "o")])
     message = str(error.value.code)
     assert message.startswith(f"error: --data {data}: expected the --dest folder of `python -m "
-                              "fusion_fairseq.tools.corpus prepare`") and "\n" not in message
+                              "fusion_lab.corpus prepare`") and "\n" not in message
     assert "corpus prepare text --from DIR --src L --tgt L --dest OUT" in message
     assert not (tmp_path / "o").exists()
 

@@ -1,4 +1,4 @@
-"""The data pipeline (``fusion_fairseq.tools.corpus``: prepare, evaluate), offline, and the paper
+"""The data pipeline (``fusion_lab.corpus``: prepare, evaluate), offline, and the paper
 training recipes (examples/*/train.sh, dry runs).
 
 Multi30k slices come from the team's shared copy (``<repo>/../shared/data/multi30k/raw``; tests that need
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import write_multi30k_slice
-from fusion_fairseq.tools import corpus
+from fusion_lab import corpus
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_RAW = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k", "raw")
@@ -33,7 +33,7 @@ UNROUTABLE = "http://10.255.255.1"
 
 
 def run_corpus(*args, check=True):
-    """``python -m fusion_fairseq.tools.corpus ARGS`` in this process: exit status, stdout, stderr."""
+    """``python -m fusion_lab.corpus ARGS`` in this process: exit status, stdout, stderr."""
     stdout, stderr, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -358,7 +358,7 @@ def test_the_multi30k_download_and_the_comparisons_script_are_pinned_to_one_data
         commit = re.search(r"^COMMIT=([0-9a-f]{40})\b", f.read(), re.M).group(1)
     assert corpus.MULTI30K == f"https://raw.githubusercontent.com/multi30k/dataset/{commit}/"
     assert all(url.startswith(corpus.MULTI30K) for url in corpus.CORPORA["multi30k"].urls)
-    from fusion_fairseq.tools.comparison_report import TEST_SETS
+    from fusion_lab.comparison_report import TEST_SETS
     assert multi30k_files() == [f"{split}.{lang}" for split in ("train", "val", *TEST_SETS) for lang in ("de", "en")]
 
 

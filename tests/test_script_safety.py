@@ -22,7 +22,7 @@ def recipe(name, *args):
 
 
 def run_corpus(*args):
-    from fusion_fairseq.tools import corpus
+    from fusion_lab import corpus
 
     stderr, code = io.StringIO(), 0
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
@@ -231,7 +231,7 @@ def marked_outputs(tmp_path):
 
 def test_an_existing_output_is_overwritten_only_with_force(tmp_path):
     """Whoever wrote it: a file carrying this script's own mark is refused without --force too."""
-    from fusion_fairseq.tools.analysis import UsageError, check_outputs
+    from fusion_lab.analysis import UsageError, check_outputs
 
     for path in [*marked_outputs(tmp_path), users_figure(tmp_path / "users.png")]:
         before = path.read_bytes()
@@ -343,7 +343,7 @@ def measurement_refused(main, measure, monkeypatch, capsys, argv):
 
 def measurements(tmp_path):
     """``{script: (main, (module, the function doing the work), arguments it needs)}``."""
-    from fusion_fairseq.tools import benchmark
+    from fusion_lab import benchmark
 
     return {"fusion-fairseq-benchmark": (benchmark.main, (benchmark, "run_benchmark"), []),
             "time_to_loss": (benchmark.main, (benchmark, "time_to_loss"),
@@ -354,7 +354,7 @@ def measurements(tmp_path):
     ("fusion-fairseq-benchmark", "--json"), ("fusion-fairseq-benchmark", "--markdown"), ("time_to_loss", "--json"),
 ])
 def test_measurements_check_their_outputs_first(monkeypatch, capsys, tmp_path, script, flag):
-    from fusion_fairseq.tools.analysis import write_json, write_markdown
+    from fusion_lab.analysis import write_json, write_markdown
 
     main, function, needed = measurements(tmp_path)[script]
 

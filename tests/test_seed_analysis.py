@@ -1,4 +1,4 @@
-"""The paired-seed analysis (fusion_fairseq/tools/seed_analysis.py): BLEU from sufficient statistics, the
+"""The paired-seed analysis (fusion_lab/seed_analysis.py): BLEU from sufficient statistics, the
 paired test, Holm, power, the learning-rate rule, and the simulation of the new and the old verdict rule
 under no effect at the seed spread of the committed 6+6 comparison."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fusion_fairseq.tools import seed_analysis as sa
-from fusion_fairseq.tools.comparison_report import corpus_bleu, sentence_statistics
+from fusion_lab import seed_analysis as sa
+from fusion_lab.comparison_report import corpus_bleu, sentence_statistics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEEP = os.path.join(REPO, "examples", "comparison", "deep", "results.json")

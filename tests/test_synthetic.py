@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fusion_fairseq.tools import synthetic
-from fusion_fairseq.tools.synthetic import (
+from fusion_lab import synthetic
+from fusion_lab.synthetic import (
     CONJUNCTIONS, PREPOSITIONS, PUNCT, TGT_ADJ_AGR, TGT_DET, TGT_VERB_AGR, TGT_VERB_TENSE,
     SRC_FUNCTION_WORDS, TGT_FUNCTION_WORDS, Clause, Entry, NounPhrase, Sentence, build_lexicon, generate_sentences,
     write_corpus,
@@ -76,7 +76,7 @@ def test_zero_size_split_is_an_empty_file(tmp_path):
 @pytest.mark.slow
 def test_command_line_writes_the_same_corpus(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "fusion_fairseq.tools.synthetic", "--out", str(tmp_path / "cli"), "--train-size", "50",
+        [sys.executable, "-m", "fusion_lab.synthetic", "--out", str(tmp_path / "cli"), "--train-size", "50",
          "--valid-size", "7", "--test-size", "5", "--seed", "4"],
         check=True, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from fusion_fairseq.tools import benchmark
-from fusion_fairseq.tools.benchmark import BenchmarkError
+from fusion_lab import benchmark
+from fusion_lab.benchmark import BenchmarkError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "examples", "dense_nmt", "time_to_loss.sh")

@@ -123,11 +123,13 @@ case "$STEP" in
         BUDGET=$("$PY" -P -c 'import json, sys; argv = json.load(open(sys.argv[1]))["train_argv"]
 print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || die "$RUN/config.json names no --total-num-update"
         THREADS=$(nproc)
+        RUNNER=fusion_lab.comparison  # code pinned before the laboratory left the plugin: fusion_fairseq.tools.comparison
+        [ -d "$CODE/fusion_lab" ] || RUNNER=fusion_fairseq.tools.comparison
         cd "$EXP/$RUN"  # the run directory, as the runner trains in it (-P: nothing imported from it)
         appendable run.log || die "$RUN/run.log is a link or has other hard links: not appended to"
         printf '\n==== train-one %s threads %s\n' "$(date -u +%FT%T+00:00)" "$THREADS" >> run.log
         OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS PYTHONWARNINGS=ignore nohup nice -n 19 \
-            flock -n .lock "$PY" -P -m fusion_fairseq.tools.comparison _train "$EXP/$RUN" "$BUDGET" >> run.log 2>&1 < /dev/null &
+            flock -n .lock "$PY" -P -m "$RUNNER" _train "$EXP/$RUN" "$BUDGET" >> run.log 2>&1 < /dev/null &
         echo "training $RUN alone up to update $BUDGET with $THREADS threads in the background at nice 19 (pid $!); log: $EXP/$RUN/run.log" ;;
     status)
         if training; then echo "training (pid $(cat "$PIDFILE"))"; else echo "not training"; fi

@@ -7,7 +7,7 @@
 #
 # MULTI30K_BASE replaces the address of that commit (a mirror holding data/task1/raw/*.gz).
 set -euo pipefail
-COMMIT=a3d2e0d26b56f3846f66a952536ffed4e401d05a  # as fusion_fairseq/tools/corpus.py downloads
+COMMIT=a3d2e0d26b56f3846f66a952536ffed4e401d05a  # as fusion_lab/corpus.py downloads
 BASE=${MULTI30K_BASE:-https://raw.githubusercontent.com/multi30k/dataset/$COMMIT}
 SUMS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/multi30k.sha256"
 fail() { echo "multi30k.sh: error: $*" >&2; exit 1; }

@@ -55,5 +55,5 @@ dense=$!
 wait "$residual" || { echo "error: the residual model's training failed, see $OUT/residual.log" >&2; exit 1; }
 wait "$dense" || { echo "error: the dense model's training failed, see $OUT/dense.log" >&2; exit 1; }
 # --force: OUT is this recipe's own directory, whose logs every run rewrites; the JSON is read from them
-"$PYTHON" -m fusion_fairseq.tools.benchmark --time-to-loss "$OUT/residual.log" "$OUT/dense.log" \
+"$PYTHON" -m fusion_lab.benchmark --time-to-loss "$OUT/residual.log" "$OUT/dense.log" \
   --json "$OUT/time_to_loss.json" --force

@@ -87,7 +87,7 @@ case "$STEP" in
         if [[ ! -f "$KIT/multi30k/data-bin/recipe.env" ]]; then
             [[ ! -e "$KIT/multi30k" ]] || { echo "run.sh prepare: $KIT/multi30k exists without prepared data; move it away" >&2; exit 2; }
             WORK=$(mktemp -d)
-            PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -P -m fusion_fairseq.tools.corpus prepare multi30k \
+            PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -P -m fusion_lab.corpus prepare multi30k \
                 --from "$RAW" --dest "$WORK" --src de --tgt en --test-set test_2016_flickr --bpe-merges 8000
             mkdir -p "$KIT" && mkdir "$KIT/multi30k" && mv "$WORK/data-bin" "$WORK/code" "$KIT/multi30k/" && rm -rf "$WORK"
         fi

@@ -62,7 +62,7 @@ echo "== Figure 4: spectra of the embedding matrices"
 "$PYTHON" "$scripts/embedding_analysis.py" spectrum "${force[@]}" "${models[@]}" --data "$data" \
   --out "$figures/fig4_spectrum.png" --json "$figures/fig4_spectrum.json"
 
-synthetic_dicts=("$run"/raw/dict.*-*.txt)  # written by the synthetic corpus (fusion_fairseq/tools/synthetic.py)
+synthetic_dicts=("$run"/raw/dict.*-*.txt)  # written by the synthetic corpus (fusion_lab/synthetic.py)
 dict="${DICT:-${synthetic_dicts[0]}}"
 if [[ -f "$dict" ]]; then
   echo "== Table 3: cosine of aligned source/target embeddings ($dict)"

@@ -11,7 +11,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
 from test_seed_analysis import noise_models  # noqa: E402
 
-from fusion_fairseq.tools import seed_analysis as sa  # noqa: E402
+from fusion_lab import seed_analysis as sa  # noqa: E402
 
 
 def main():

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from multiprocessing import Pool
 
 from fusion_fairseq.cli import user_dir
-from fusion_fairseq.tools.analysis import checked, finite
-from fusion_fairseq.tools.common import claim_out_dir, make_own_folder, positive_int, replace_atomically, write_file
+from fusion_lab.analysis import checked, finite
+from fusion_lab.common import claim_out_dir, make_own_folder, positive_int, replace_atomically, write_file
 
 SPLITS = ("train", "valid", "test")
 
@@ -452,7 +452,7 @@ def prepare(corpus, args):
     refs = [f"{kind.upper()}_REF_{split}={os.path.abspath(os.path.join(args.dest, kind, f'{split}.{tgt}'))}"
             for split in ("valid", "test") for kind in ("raw", "tok")]
     write_lines(os.path.join(args.databin, "recipe.env"), [
-        "# written by fusion_fairseq.tools.corpus prepare; read by its evaluate", f"RECIPE={args.corpus}", f"SRC={src}",
+        "# written by fusion_lab.corpus prepare; read by its evaluate", f"RECIPE={args.corpus}", f"SRC={src}",
         f"TGT={tgt}", f"LOWERCASE={int(args.lowercase)}", "BPE=subword_nmt", f"BPE_MERGES={args.bpe_merges}",
         f"COMPOUND_SPLIT={int(corpus.compound_split and tgt == 'de')}", f"TEST_SET={args.test_set}", *refs])
     log("sentence pairs: " + ", ".join(f"{split} {len(text['bpe'][split][src]):,}" for split in SPLITS))

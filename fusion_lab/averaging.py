@@ -11,7 +11,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from fusion_fairseq.tools.common import refuse_existing_output, replace_atomically
+from fusion_lab.common import refuse_existing_output, replace_atomically
 
 EPOCH_CHECKPOINT, UPDATE_CHECKPOINT = r"checkpoint(\d+)\.pt", r"checkpoint_\d+_(\d+)\.pt"
 

@@ -1,13 +1,13 @@
 """The comparison's scores and report: sacreBLEU's paired bootstrap, the verdict, the budget check,
-``results.md`` and ``learning_curves.png`` from the results :mod:`fusion_fairseq.tools.comparison` collects.
+``results.md`` and ``learning_curves.png`` from the results :mod:`fusion_lab.comparison` collects.
 Every score comes from sacreBLEU's public interface (``corpus_score``, ``sentence_score``, ``compute_bleu``,
 ``PairedTest``)."""
 
 import statistics
 from typing import Dict, List, Optional, Sequence
 
-from fusion_fairseq.tools.common import replace_atomically
-from fusion_fairseq.tools.corpus import read_lines
+from fusion_lab.common import replace_atomically
+from fusion_lab.corpus import read_lines
 
 #: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
@@ -175,7 +175,7 @@ def reviewed_sections(results: dict) -> List[str]:
     reviewed = results.get("reviewed")
     if not reviewed:
         return []
-    from fusion_fairseq.tools.seed_analysis import ANALYSIS_RULE, LEARNING_RATE_RULE
+    from fusion_lab.seed_analysis import ANALYSIS_RULE, LEARNING_RATE_RULE
 
     rates = reviewed.get("learning_rates") or {"validation_nll": {}, "chosen": {}}
     grid = results["settings"]["learning_rates"]
@@ -217,7 +217,7 @@ def header(results: dict) -> List[str]:
         f"Seeds: {', '.join(map(str, s['seeds']))}.",
         f"* Scored: the average of the last {s['averaged']} checkpoints, beam {s['beam']}: detokenised sacreBLEU "
         "against the raw reference (signature in results.json) and tokenised BLEU, both as "
-        "`python -m fusion_fairseq.tools.corpus evaluate`.",
+        "`python -m fusion_lab.corpus evaluate`.",
         f"* Device(s): {'; '.join(devices) or '–'}. Time summed over runs: training "
         f"{_duration(sum(run.get('train_seconds') or 0 for run in runs))}, test decoding "
         f"{_duration(sum(run.get('generate_seconds') or 0 for run in runs))}.",
@@ -300,7 +300,7 @@ def methods_table(rows: List[dict]) -> List[str]:
 
 
 def plot_curves(results: dict, path: str) -> None:
-    from fusion_fairseq.tools.analysis import pyplot
+    from fusion_lab.analysis import pyplot
 
     plt = pyplot()
     # the right panel repeats the second half of training at a scale where the methods come apart

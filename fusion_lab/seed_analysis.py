@@ -59,7 +59,7 @@ ANALYSIS_RULE = (
 
 def bleu(sums: np.ndarray, brevity_penalty: bool = True) -> np.ndarray:
     """Corpus BLEU (sacreBLEU's ``compute_bleu``, ``exp`` smoothing) of statistics summed over sentences,
-    along the last axis as :func:`fusion_fairseq.tools.comparison_report.sentence_statistics` orders them:
+    along the last axis as :func:`fusion_lab.comparison_report.sentence_statistics` orders them:
     matches n = 1..4, totals n = 1..4, output length, reference length. Any leading axes."""
     sums = np.asarray(sums, dtype=np.float64)
     correct, total, sys_len, ref_len = sums[..., 0:4], sums[..., 4:8], sums[..., 8], sums[..., 9]

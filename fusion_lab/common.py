@@ -13,9 +13,10 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
+from fusion_fairseq.cli import user_dir
 from fusion_fairseq.config_fields import NON_NEGATIVE_INT, POSITIVE_INT, argparse_type
 
-PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_DIR = user_dir()  # the plugin package, which --user-dir names
 PLUGIN_PACKAGE = "fusion_fairseq"
 
 #: fairseq's batches made in the calling thread: a loading process (--num-workers) forked from a threaded caller

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional
 import torch
 
 from fusion_fairseq.errors import ConfigurationError
-from fusion_fairseq.tools.common import refuse_existing_output, replace_atomically, write_file
+from fusion_lab.common import refuse_existing_output, replace_atomically, write_file
 
 # Figures are a few inches wide: 1200 dots per inch is print quality, and far more exhausts memory.
 MAX_DPI = 1200

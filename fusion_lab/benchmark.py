@@ -42,13 +42,13 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 import fusion_fairseq.models  # noqa: F401  (registers the plugin)
-from fusion_fairseq.tools.analysis import (
+from fusion_lab.analysis import (
     UsageError, add_force_argument, check_outputs, checked, format_matrix, markdown_rows, number, write_json,
     write_markdown)
-from fusion_fairseq.tools.common import (
+from fusion_lab.common import (
     count_parameters, device_name, dictionary_of_size, learning_curve, load_average, non_negative_int,
     plugin_architectures, positive_int, updates_to_reach)
-from fusion_fairseq.tools.corpus import read_lines
+from fusion_lab.corpus import read_lines
 
 PROG = "fusion-fairseq-benchmark"  # the console script; scripts/benchmark.py runs the same main()
 BASELINE_NAME = "vanilla"

@@ -18,8 +18,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_fairseq.tools.common import non_negative_int
-from fusion_fairseq.tools.corpus import SPLITS, write_lines, write_splits
+from fusion_lab.common import non_negative_int
+from fusion_lab.corpus import SPLITS, write_lines, write_splits
 
 GENDERS = ("m", "f", "n")
 NUMBERS = ("sg", "pl")
@@ -245,7 +245,7 @@ def write_corpus(out_dir: str, train_size: int = 8000, valid_size: int = 300, te
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_fairseq.tools.synthetic",
+        prog="python -m fusion_lab.synthetic",
         description="Write a deterministic synthetic parallel corpus (SVO source -> SOV target with "
         "agreement morphology): OUT/{train,valid,test}.{src,tgt} and the bilingual dictionary OUT/dict.src-tgt.txt.")
     parser.add_argument("--out", required=True, help="output directory (created if missing)")

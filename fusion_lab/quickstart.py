@@ -1,6 +1,6 @@
 """The main job: a vanilla Transformer vs. MLRF (Both-FNN-SA) at the same size and budget.
 
-The synthetic corpus of :mod:`fusion_fairseq.tools.synthetic` -> one joint subword-nmt BPE ->
+The synthetic corpus of :mod:`fusion_lab.synthetic` -> one joint subword-nmt BPE ->
 ``fairseq-preprocess --joined-dictionary`` (or ``--data DIR``, the output of ``corpus prepare``, which did
 these stages) -> ``fairseq-train`` of each model with the same dimensions, updates, batch and schedule ->
 ``fairseq-generate``, scored as ``corpus evaluate`` scores, then a table of BLEU, parameters and speeds.
@@ -25,9 +25,9 @@ from types import SimpleNamespace
 
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.config_fields import INTEGER, PROBABILITY, Values, argparse_type, flag_of, real
-from fusion_fairseq.tools import corpus
-from fusion_fairseq.tools.analysis import markdown_rows, number, run_parallel
-from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, claim_out_dir, folder_without_links, non_negative_int,
+from fusion_lab import corpus
+from fusion_lab.analysis import markdown_rows, number, run_parallel
+from fusion_lab.common import (BATCHES_IN_THREAD, claim_out_dir, folder_without_links, non_negative_int,
                                          positive_int, write_file)
 
 # name -> (arch, description, fusion flags); fgla and surface_fusion feed examples/surface_fusion/analyses.sh.
@@ -179,7 +179,7 @@ def build_parser():
     p.add_argument("--force", action="store_true", help="write into an --out that holds files quickstart did not write "
                    "(its own outputs there are replaced; other files are kept)")
     g = p.add_argument_group("data")
-    g.add_argument("--data", help="the --dest folder of `python -m fusion_fairseq.tools.corpus prepare` (its data-bin "
+    g.add_argument("--data", help="the --dest folder of `python -m fusion_lab.corpus prepare` (its data-bin "
                    "and recipe.env); default: generate the synthetic corpus")
     for split, size in (("train", 12000), ("valid", 300), ("test", 300)):
         g.add_argument(f"--{split}-size", type=positive_int, default=size, help=f"synthetic {split} pairs")
@@ -235,7 +235,7 @@ def prepared_data(directory):
     recipe = corpus.read_recipe_env(data_bin)
     references = [recipe.get(f"{kind}_REF_test", "") for kind in ("RAW", "TOK")]
     if not ("SRC" in recipe and "TGT" in recipe and all(map(os.path.isfile, references))):
-        raise SystemExit(f"error: --data {directory}: expected the --dest folder of `python -m fusion_fairseq.tools."
+        raise SystemExit(f"error: --data {directory}: expected the --dest folder of `python -m fusion_lab."
                          "corpus prepare` (its data-bin/recipe.env names the test references); run that first (your "
                          "own text: corpus prepare text --from DIR --src L --tgt L --dest OUT, then --data OUT)")
     stage(1, f"data: {data_bin} ({recipe['SRC']} -> {recipe['TGT']}), BPE'd and binarised by corpus prepare")
@@ -244,7 +244,7 @@ def prepared_data(directory):
 
 def prepare_synthetic(args, dirs):
     """Stages 1 to 3: the synthetic corpus, its joint BPE, fairseq-preprocess; its recipe as corpus prepare's."""
-    from fusion_fairseq.tools.synthetic import write_corpus
+    from fusion_lab.synthetic import write_corpus
 
     stage(1, "data: synthetic corpus (src -> tgt)")
     langs = ("src", "tgt")

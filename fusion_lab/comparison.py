@@ -1,7 +1,7 @@
 """One benchmark for all methods: translation quality at a matched size and an identical budget
 (examples/comparison/README.md). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
 resumed by fairseq from ``checkpoint_last.pt``; its ``done.json``, written last after the evaluation, marks it as
-finished: it is never retrained. The report is :mod:`fusion_fairseq.tools.comparison_report`'s."""
+finished: it is never retrained. The report is :mod:`fusion_lab.comparison_report`'s."""
 
 import argparse
 import bisect
@@ -25,11 +25,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_fairseq.tools import comparison_report as report, corpus
-from fusion_fairseq.tools.common import (BATCHES_IN_THREAD, PLUGIN_DIR, append_to_log, claim_out_dir, copy_file,
+from fusion_lab import comparison_report as report, corpus
+from fusion_lab.common import (BATCHES_IN_THREAD, PLUGIN_DIR, append_to_log, claim_out_dir, copy_file,
                                          count_parameters, cpu_flags, cpu_name, device_name, learning_curve,
                                          positive_int, replace_atomically, tree_sha256)
-from fusion_fairseq.tools.comparison_report import TEST_SETS
+from fusion_lab.comparison_report import TEST_SETS
 
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
 
@@ -247,14 +247,14 @@ def model_flags(method: Method, width: Width, matched: Optional[int] = None) -> 
 
 def prepare_data(args) -> str:
     """The binarised data: ``--data-bin`` as given, else ``OUT/data/data-bin`` made (once) by
-    ``fusion_fairseq.tools.corpus prepare multi30k --from RAW`` (joint BPE, joined dictionary)."""
+    ``fusion_lab.corpus prepare multi30k --from RAW`` (joint BPE, joined dictionary)."""
     dest = os.path.join(args.out, "data")
     data_bin = os.path.abspath(args.data_bin) if args.data_bin else os.path.join(dest, "data-bin")
     if os.path.isfile(os.path.join(data_bin, "recipe.env")):
         return data_bin
     if args.data_bin:
         raise ComparisonError(f"--data-bin: {data_bin}/recipe.env is missing (make the data with python -m "
-                              "fusion_fairseq.tools.corpus prepare multi30k, which records the references there)")
+                              "fusion_lab.corpus prepare multi30k, which records the references there)")
     if args.report_only:
         raise ComparisonError(f"--report-only: no prepared data in {data_bin}")
     if not args.raw:
@@ -262,7 +262,7 @@ def prepare_data(args) -> str:
                               "task-1 raw files train/val/test_*.de/.en) or --data-bin DIR")
     argv = ["prepare", "multi30k", "--from", os.path.abspath(args.raw), "--dest", dest, "--src", "de", "--tgt", "en",
             "--test-set", TEST_SETS[0], "--bpe-merges", str(args.bpe_merges)]
-    log(f"preparing the data: python -m fusion_fairseq.tools.corpus {shlex.join(argv)}")
+    log(f"preparing the data: python -m fusion_lab.corpus {shlex.join(argv)}")
     log_path = os.path.join(args.out, "logs", "prepare.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
 
@@ -284,10 +284,10 @@ def prepare_data(args) -> str:
 
 def _build_counter(data_bin: str, settings, recipe: dict):
     """count(method, model flags) -> parameters of the model fairseq-train would build with the data's joined
-    dictionary (:func:`fusion_fairseq.tools.benchmark.build_model`: fairseq's own training parser)."""
+    dictionary (:func:`fusion_lab.benchmark.build_model`: fairseq's own training parser)."""
     from fairseq.data import Dictionary
 
-    from fusion_fairseq.tools.benchmark import BenchmarkError, build_model
+    from fusion_lab.benchmark import BenchmarkError, build_model
 
     dictionary = Dictionary.load(os.path.join(data_bin, f"dict.{recipe['SRC']}.txt"))
 
@@ -548,7 +548,7 @@ def _last_number(log_path: str, pattern) -> Optional[int]:
 def final_average(save_dir: str, budget: int, interval: int) -> str:
     """The average of :func:`averaged_updates`, made once (atomically) into ``save_dir`` and kept: it is scored,
     and the runs that start from a trained model start from it."""
-    from fusion_fairseq.tools.averaging import average_checkpoints
+    from fusion_lab.averaging import average_checkpoints
 
     path = os.path.join(save_dir, f"average-last{AVERAGED}-to-{budget}.pt")
     if not os.path.isfile(path):
@@ -1048,7 +1048,7 @@ class ReviewedExperiment(Experiment):
 
     def choose_learning_rates(self) -> None:
         """Add to learning_rates.json the rate of every configuration whose grid runs all reached the budget."""
-        from fusion_fairseq.tools import seed_analysis
+        from fusion_lab import seed_analysis
 
         path, budget, first = os.path.join(self.out, "learning_rates.json"), self.settings.max_update, self.settings.seeds[0]
         record = _read_json(path) or {"rule": seed_analysis.LEARNING_RATE_RULE, "seed": first, "budget": budget,
@@ -1077,7 +1077,7 @@ class ReviewedExperiment(Experiment):
     def main_verdicts(self) -> Optional[Dict[str, dict]]:
         """:func:`seed_analysis.compare_with_baselines` over the whole family, once: when every configuration's
         rate is chosen and every run on every seed that it reads is scored."""
-        from fusion_fairseq.tools import seed_analysis
+        from fusion_lab import seed_analysis
 
         family = self.main_family()
         if len(self.chosen_rates()) < len(self.methods):
@@ -1128,7 +1128,7 @@ class ReviewedExperiment(Experiment):
 
     def longer_verdicts(self) -> Optional[Dict[str, dict]]:
         """The configurations of stage 3 against the Transformer at the longer budget, once all are scored."""
-        from fusion_fairseq.tools import seed_analysis
+        from fusion_lab import seed_analysis
 
         chosen, budget, seeds = self.chosen_rates(), self.settings.longer_budget, self.settings.longer_seeds
         names = {name: self.variant(METHODS[name], chosen[name], budget).name for name in self.longer_methods()}
@@ -1174,7 +1174,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
     g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en): to prepare the data and the test sets")
-    g.add_argument("--data-bin", help="binarised data made by python -m fusion_fairseq.tools.corpus prepare multi30k")
+    g.add_argument("--data-bin", help="binarised data made by python -m fusion_lab.corpus prepare multi30k")
     g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
     g = p.add_argument_group("models")
     w = g.add_mutually_exclusive_group()
@@ -1322,7 +1322,7 @@ def check_settings(settings, methods: List[Method]) -> None:
 
 
 def train_one(argv: Sequence[str]) -> None:
-    """``python -m fusion_fairseq.tools.comparison _train RUN_DIR UPDATE`` (``launch.sh train-one``): one run
+    """``python -m fusion_lab.comparison _train RUN_DIR UPDATE`` (``launch.sh train-one``): one run
     that the runner made, trained alone up to UPDATE with the threads of ``OMP_NUM_THREADS``."""
     if len(argv) != 2 or not argv[1].isdigit() or not os.path.isfile(os.path.join(argv[0], "config.json")):
         raise ComparisonError(f"_train RUN_DIR UPDATE: RUN_DIR a run folder with its config.json, UPDATE a "
