@@ -897,6 +897,13 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
                 break
             time.sleep(0.1)
         assert record.read_text().split() == [str(run), cores, cores, "-P", "-m", runner, "_train", str(run), "1000"]
+        with open(run / ".lock", "a") as lock:  # the worker has let go of the run before the next train-one
+            for _ in range(300):
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.1)
     assert "==== train-one " in (run / "run.log").read_text()
 
 

@@ -7,9 +7,11 @@ import json
 import os
 import re
 import sys
+from argparse import Namespace
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conftest import load_script
 
@@ -381,12 +383,13 @@ def test_measurements_check_their_outputs_first(monkeypatch, capsys, tmp_path, s
 # --- corpus evaluate --------------------------------------------------------------------------
 
 def evaluate(tmp_path, out, *args):
-    """``corpus evaluate`` on a stand-in data directory and an empty checkpoint: the run stops at
-    fairseq-generate (exit status 1) once its checks have passed."""
+    """``corpus evaluate`` on a stand-in data directory (no dictionaries) and a checkpoint without weights that
+    its own checks read: the run stops at fairseq-generate (exit status 1) once those checks have passed."""
     data = tmp_path / "data-bin"
     data.mkdir(exist_ok=True)
     (data / "test.de-en.de.idx").write_bytes(b"")
-    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    torch.save({"cfg": {"model": Namespace(arch="transformer", _name="transformer")}, "model": {}},
+               tmp_path / "checkpoint.pt")
     (tmp_path / "ref.en").write_text("a reference\n")
     return run_corpus("evaluate", data, tmp_path / "checkpoint.pt", "--src", "de", "--tgt", "en", "--ref",
                       tmp_path / "ref.en", "--no-user-dir", "--out", out, *args)
@@ -426,7 +429,8 @@ def test_evaluate_reads_a_recipe_env_with_crlf_line_endings(tmp_path):
     data.mkdir()
     (data / "test.de-en.de.idx").write_bytes(b"")
     (data / "recipe.env").write_bytes(b"# written on Windows\r\nSRC=de\r\nTGT=en\r\nLOWERCASE=1\r\nCOMPOUND_SPLIT=0\r\n")
-    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    torch.save({"cfg": {"model": Namespace(arch="transformer", _name="transformer")}, "model": {}},
+               tmp_path / "checkpoint.pt")  # read by evaluate's checks, refused by fairseq-generate
     (tmp_path / "ref.en").write_text("a reference\n")
     result = run_corpus("evaluate", data, tmp_path / "checkpoint.pt", "--ref", tmp_path / "ref.en", "--no-user-dir",
                         "--out", tmp_path / "eval")
