@@ -92,6 +92,31 @@ SINKHORN_ITERATIONS = 20
 MANIFOLD_OFF_DIAGONAL_LOGIT = -4.0
 
 
+def read_streams(weights: Tensor, streams: Tensor) -> Tuple[Tensor, Tensor]:
+    """The width-connection in one batched product: ``weights`` are [A_m | A_r]^T, ``(n+1, n)`` or
+    per position ``(..., n+1, n)``; returns (h_0 = A_m^T H ``(..., d)``, A_r^T H ``(..., n, d)``).
+    The shared matrix is expanded over the positions because torch's ``matmul`` of a plain matrix
+    and batched streams transposes the streams into one tall product and copies its result back,
+    the largest cost of a connection on a CPU; ``split``, not two slices: the backward of a slice
+    fills a zero tensor of the product's size."""
+    mixed = weights.to(streams).expand(*streams.shape[:-2], *weights.shape[-2:]) @ streams
+    layer_input, kept = mixed.split([1, streams.shape[-2]], dim=-2)
+    return layer_input.squeeze(-2), kept
+
+
+def thin_product(x: Tensor, weight: Tensor) -> Tensor:
+    """``x @ weight`` for a weight of a few columns ``(d, k)``, computed as (weight^T x^T)^T: the same
+    products, but CPU BLAS runs a product with k = 6 or 24 output columns three to six times
+    slower, and its weight gradient (x^T g) likewise, than the transposed ones."""
+    rows = x.reshape(-1, x.shape[-1])
+    return (weight.t() @ rows.t()).t().view(*x.shape[:-1], weight.shape[-1])
+
+
+def write_streams(output: Tensor, kept_streams: Tensor, beta: Tensor) -> Tensor:
+    """The depth-connection H' = B^T T(h_0) + A_r^T H, one fused multiply-add."""
+    return torch.addcmul(kept_streams, beta.to(output).unsqueeze(-1), output.unsqueeze(-2))
+
+
 class HyperConnection(nn.Module):
     """SHC or DHC around one sublayer: :meth:`width` gives the sublayer's input, :meth:`depth`
     the new streams. Streams are ``(..., n, d)``."""
@@ -114,32 +139,34 @@ class HyperConnection(nn.Module):
     def width(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """(h_0 = A_m^T H ``(..., d)``, A_r^T H ``(..., n, d)``, B ``(..., n)``)."""
         alpha, beta = self.static_alpha, self.static_beta  # alpha = [A_m | A_r] (..., n, n+1)
-        if self.dynamic:
-            normed = self.norm(streams)
-            alpha = alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)
-            beta = beta + self.dynamic_beta_scale * torch.tanh(normed @ self.dynamic_beta_fn)
-        mixed = alpha.transpose(-1, -2).to(streams) @ streams  # (..., n+1, d)
-        # split, not two slices: the backward of a slice fills a zero tensor of mixed's size
-        layer_input, kept = mixed.split([1, self.rate], dim=-2)
-        return layer_input.squeeze(-2), kept, beta
+        if self.dynamic:  # tanh(H_bar [W_m | W_r | W_beta]): the three input-dependent terms from one product
+            weights = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn.unsqueeze(-1)], dim=-1)
+            dynamic = torch.tanh(thin_product(self.norm(streams), weights))
+            dynamic_alpha, dynamic_beta = dynamic.split([self.rate + 1, 1], dim=-1)
+            alpha = torch.addcmul(alpha, self.dynamic_alpha_scale, dynamic_alpha)
+            beta = torch.addcmul(beta, self.dynamic_beta_scale, dynamic_beta.squeeze(-1))
+        layer_input, kept = read_streams(alpha.transpose(-1, -2), streams)
+        return layer_input, kept, beta
 
-    @staticmethod
-    def depth(output: Tensor, kept_streams: Tensor, beta: Tensor) -> Tensor:
-        """H' = B^T T(h_0) + A_r^T H."""
-        return beta.to(output).unsqueeze(-1) * output.unsqueeze(-2) + kept_streams
+    depth = staticmethod(write_streams)
 
 
 def sinkhorn(logits: Tensor, iterations: int = SINKHORN_ITERATIONS, order: str = "columns-first") -> Tensor:
     """exp(logits) scaled to a doubly stochastic matrix over the last two dimensions by alternating
-    normalisation (Sinkhorn-Knopp), computed in log space for stability. ``columns-first`` is Eq. 9 of
-    the mHC paper, T_r(T_c(M)): the rows sum exactly to one; ``rows-first`` the reverse order."""
+    normalisation (Sinkhorn-Knopp). ``columns-first`` is Eq. 9 of the mHC paper, T_r(T_c(M)): the rows
+    sum exactly to one; ``rows-first`` the reverse order.
+
+    The first iteration runs in log space (``log_softmax``), so that no row or column of exp(logits)
+    can underflow to a zero sum; after it every row and column sums to between 1/n and n, and the
+    remaining iterations divide by sums directly, which on a CPU costs a third of a ``log_softmax``
+    over four elements. The result is the log-space iteration's to float rounding."""
     rows, columns = -1, -2  # the dimension summed over to normalise rows, columns
     first, last = (columns, rows) if order == "columns-first" else (rows, columns)
-    log_matrix = logits.float()
-    for _ in range(iterations):
-        log_matrix = log_matrix - log_matrix.logsumexp(dim=first, keepdim=True)
-        log_matrix = log_matrix - log_matrix.logsumexp(dim=last, keepdim=True)
-    return log_matrix.exp().to(logits.dtype)
+    matrix = logits.float().log_softmax(dim=first).log_softmax(dim=last).exp()
+    for _ in range(iterations - 1):
+        matrix = matrix / matrix.sum(dim=first, keepdim=True)
+        matrix = matrix / matrix.sum(dim=last, keepdim=True)
+    return matrix.to(logits.dtype)
 
 
 class ManifoldHyperConnection(nn.Module):
@@ -158,22 +185,27 @@ class ManifoldHyperConnection(nn.Module):
         res_bias = torch.full((rate, rate), MANIFOLD_OFF_DIAGONAL_LOGIT).fill_diagonal_(0.0)
         pre_bias = torch.full((rate,), -math.log(rate - 1))  # sigmoid(b_pre) = 1/n
         self.bias = nn.Parameter(torch.cat([pre_bias, torch.zeros(rate), res_bias.flatten()]))  # [b_pre | b_post | b_res]
+        # which of the three scales multiplies each logit; not saved: it follows from n
+        self.register_buffer("scale_of_logit", torch.tensor([0] * rate + [1] * rate + [2] * rate * rate),
+                             persistent=False)
 
     def width(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """(H_pre x ``(..., d)``, H_res x ``(..., n, d)``, H_post ``(..., n)``)."""
         n = self.rate
         flat = streams.flatten(-2)
-        flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-6)  # RMSNorm without weight
-        sizes = [n, n, n * n]
-        dynamic_pre, dynamic_post, dynamic_res = (flat @ self.phi.to(flat)).split(sizes, dim=-1)
-        bias_pre, bias_post, bias_res = self.bias.to(flat).split(sizes)
-        a_pre, a_post, a_res = self.scales.to(flat)
-        pre = torch.sigmoid(a_pre * dynamic_pre + bias_pre)
-        post = 2 * torch.sigmoid(a_post * dynamic_post + bias_post)
-        res = sinkhorn((a_res * dynamic_res + bias_res).unflatten(-1, (n, n)), order=self.sinkhorn_order)
-        return (pre.unsqueeze(-2) @ streams).squeeze(-2), res @ streams, post
+        # RMSNorm without weight, applied after the product: (x / rms(x)) phi = (x phi) / rms(x), so the
+        # normalised n x d vector is never built (its backward was the largest part of mHC's own cost)
+        mean_square = torch.linalg.vector_norm(flat, dim=-1, keepdim=True).square() / flat.shape[-1]
+        scales = self.scales.to(flat)[self.scale_of_logit]  # a_pre (n times), a_post (n), a_res (n^2)
+        dynamic = thin_product(flat, self.phi.to(flat))
+        logits = torch.addcmul(self.bias.to(flat), scales * torch.rsqrt(mean_square + 1e-6), dynamic)
+        gates, res_logits = logits.split([2 * n, n * n], dim=-1)
+        pre, post = torch.sigmoid(gates).split([n, n], dim=-1)
+        res = sinkhorn(res_logits.unflatten(-1, (n, n)), order=self.sinkhorn_order)
+        layer_input, kept = read_streams(torch.cat([pre.unsqueeze(-2), res], dim=-2), streams)  # [H_pre; H_res]
+        return layer_input, kept, 2 * post
 
-    depth = staticmethod(HyperConnection.depth)
+    depth = staticmethod(write_streams)
 
 
 def build_hyper_connection(kind: str, rate: int, embed_dim: int, layer_index: int,
