@@ -64,6 +64,11 @@ SWITCH = Values("is a switch: True or False", lambda value: isinstance(value, bo
 PROBABILITY = real(0.0, 1.0)
 
 
+def flag(default, help: str):
+    """A field of a model's configuration: its default and its help, fairseq's metadata."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -39,7 +39,7 @@ from fusion_fairseq.modules.densenmt_connection import SummaryLayer, build_dense
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, FlagsOfConfig, Values, as_namespace, check_values, fill_defaults, flag_of,
+    POSITIVE_INT, PROBABILITY, FlagsOfConfig, Values, as_namespace, check_values, fill_defaults, flag, flag_of,
     set_defaults, warn_idle_flags,
 )
 from fusion_fairseq.errors import ConfigurationError
@@ -53,10 +53,6 @@ _PLACEHOLDER_SPEC = ((1, 1),)
 SUMMARY_INTERVAL = Values(
     "must be 0 (no summary layers) or an integer >= 2 (the paper's sumlen: one summary layer after every sumlen-1 "
     "layers)", lambda value: type(value) is int and (value == 0 or value >= 2), int)
-
-
-def flag(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -79,9 +75,9 @@ class DenseConfig(FairseqDataclass):
     no_dense_decoder: bool = flag(False, "ablation (Table 2): residual decoder")
 
     flag_values = {"dropout": PROBABILITY, "growth_dim": POSITIVE_INT, "embed_bottleneck_dim": POSITIVE_INT,
-                                   "summary_every": SUMMARY_INTERVAL}
-    structural_fields = ("growth_dim", "summary_every", "dense_attention", "embed_bottleneck_dim",
-                                          "no_dense_encoder", "no_dense_decoder")
+                   "summary_every": SUMMARY_INTERVAL}
+    structural_fields = ("growth_dim", "summary_every", "dense_attention", "embed_bottleneck_dim", "no_dense_encoder",
+                         "no_dense_decoder")
 
 
 @dataclass

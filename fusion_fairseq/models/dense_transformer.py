@@ -239,8 +239,7 @@ class DenseTransformerConfig(DenseConfig, TransformerFlags):
     growth_dim: Optional[int] = field(default=None, metadata={"help": (
         "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding size")})
 
-    flag_values = {**dict.fromkeys(("attention_dropout", "activation_dropout"), PROBABILITY),
-                                   **DenseConfig.flag_values}
+    flag_values = {**dict.fromkeys(("attention_dropout", "activation_dropout"), PROBABILITY), **DenseConfig.flag_values}
 
 
 @register_model("dense_transformer", dataclass=DenseTransformerConfig)

@@ -19,7 +19,7 @@ from fusion_fairseq.modules.hyper_connection import HYPER_CONNECTION_KINDS, SINK
 from fusion_fairseq.modules.surface_fusion import SURFACE_FUSION_VARIANTS
 
 from fusion_fairseq.config_fields import (
-    INTEGER, POSITIVE_INT, PROBABILITY, check_values, field_defaults, fill_defaults, flag_of, real,
+    INTEGER, POSITIVE_INT, PROBABILITY, check_values, field_defaults, fill_defaults, flag, flag_of, real,
     warn_idle_flags,
 )
 
@@ -70,10 +70,6 @@ MUDD_HELP = sides_help(
     "dense aggregates of the embedding and every earlier layer output, starting as the identity")
 AGGREGATE_HELP = sides_help("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative "
                             "(Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
-
-
-def flag(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

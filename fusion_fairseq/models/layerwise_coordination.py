@@ -9,7 +9,7 @@ are projected to keys/values once per sentence; each new target token costs one 
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
@@ -27,7 +27,7 @@ from fusion_fairseq.registry import register_model, register_model_architecture
 from fusion_fairseq.errors import ConfigurationError
 
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, FlagsOfConfig, as_namespace, check_values, fill_defaults, set_defaults,
+    POSITIVE_INT, PROBABILITY, FlagsOfConfig, as_namespace, check_values, fill_defaults, flag, set_defaults,
 )
 
 SOURCE, TARGET = 0, 1
@@ -173,10 +173,6 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
 
     def max_positions(self):
         return self._max_positions
-
-
-def flag(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
