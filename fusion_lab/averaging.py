@@ -20,13 +20,18 @@ def average_checkpoints(paths: Sequence[str], out: str) -> str:
     """Write to ``out`` (atomically) the last of ``paths`` with the mean of their parameters (in float64,
     stored in each one's dtype) and no optimizer state, which no decoder reads. Returns ``out``. A
     ValueError names a checkpoint of another model than the last one's (a mean of two models is a third):
-    another structural configuration, other parameter names or shapes."""
+    another structural configuration, other parameter names or shapes; a file fairseq's loaders refuse (not a
+    checkpoint, a weight that is NaN or infinite) is refused as they refuse it, naming the file."""
     import torch
 
     import fusion_fairseq.models  # noqa: F401  (registers the plugin; reads fairseq checkpoints under torch >= 2.6)
-    from fusion_fairseq.checkpoint_safety import stored_model_config, structural_differences
+    from fusion_fairseq.checkpoint_safety import (
+        read_checkpoint_state, require_finite_weights, stored_model_config, structural_differences,
+    )
 
-    states = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
+    states = [read_checkpoint_state(path) for path in paths]
+    for path, state in zip(paths, states):
+        require_finite_weights(state, path)
     last, last_path = states[-1], paths[-1]
     for path, state in zip(paths, states):
         for field, value, expected in structural_differences(stored_model_config(state), stored_model_config(last)):

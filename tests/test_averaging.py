@@ -78,7 +78,9 @@ def test_refusals_are_one_line_and_keep_files(three_checkpoints, tmp_path):
 
 
 def small_checkpoint(path, **tensors):
-    torch.save({"model": {name: torch.tensor(value) for name, value in tensors.items()}}, path)
+    """A checkpoint fairseq's loaders read: its weights and the model configuration they belong to."""
+    torch.save({"cfg": {"model": Namespace(arch="transformer")},
+                "model": {name: torch.tensor(value) for name, value in tensors.items()}}, path)
     return str(path)
 
 
@@ -176,3 +178,14 @@ def test_parameters_of_another_shape_are_refused_not_broadcast(tmp_path):
         main(["--inputs", first, second, "--output", str(tmp_path / "avg.pt")])
     third = configured_checkpoint(tmp_path / "c.pt", shape=(3,))
     main(["--inputs", second, third, "--output", str(tmp_path / "avg.pt")])  # one model: averaged
+
+
+def test_a_weight_that_is_not_finite_is_refused_naming_the_file_and_parameter(tmp_path):
+    """The mean of a diverged checkpoint and others is NaN too: refused as fairseq's loaders refuse it."""
+    first = configured_checkpoint(tmp_path / "a.pt")
+    diverged = str(tmp_path / "b.pt")
+    torch.save({"cfg": {"model": Namespace(arch="transformer")}, "model": {"w": torch.tensor([0.0, float("nan")])}},
+               diverged)
+    with pytest.raises(SystemExit, match=f"{diverged}: parameter w holds 1 NaN or infinite value of 2"):
+        main(["--inputs", first, diverged, "--output", str(tmp_path / "avg.pt")])
+    assert not (tmp_path / "avg.pt").exists()
