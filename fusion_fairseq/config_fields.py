@@ -2,8 +2,9 @@
 ``FairseqDataclass`` carrying fairseq's metadata only (``help``; choices as ``ChoiceEnum``), and each
 model has one validation function, called by ``build_model``, that checks the values and the
 combinations and names idle flags (defaults that depend on other flags are filled by the model's base
-architecture, as fairseq's own are). This module holds the vocabulary that function speaks: what a flag accepts (:class:`Values`), the one-line errors, and the glue to fairseq's
-parser and hydra merge (docs/models.md, "Flags")."""
+architecture, as fairseq's own are). This module holds the vocabulary that function speaks: what a flag
+accepts (:class:`Values`), the one-line errors, and the glue to fairseq's parser and hydra merge
+(docs/models.md, "Flags")."""
 
 import argparse
 import dataclasses
@@ -148,8 +149,9 @@ def own_fields(config) -> list:
     """The fields the plugin declares in ``config``: not those of fairseq's classes, nor of a class holding
     fairseq's flags (``fairseqs_flags = True``, e.g. its Transformer's flattened), which fairseq's
     architectures fill and fairseq's parser parses."""
-    own = {name for klass in (config if isinstance(config, type) else type(config)).__mro__ if not klass.__module__.startswith("fairseq")
-           and not vars(klass).get("fairseqs_flags") for name in vars(klass).get("__annotations__", {})}
+    classes = (config if isinstance(config, type) else type(config)).__mro__
+    own = {name for klass in classes if not (klass.__module__.startswith("fairseq") or vars(klass).get("fairseqs_flags"))
+           for name in vars(klass).get("__annotations__", {})}
     return [field for field in dataclasses.fields(config) if field.name in own]
 
 
@@ -212,9 +214,8 @@ def require_mergeable_model_config(config, cfg, remove_missing: bool = False) ->
         options, value = choices_of(fields[key]), cfg[key]
         if options is not None and value is not None and str(value) not in options:  # else omegaconf's traceback
             raise ConfigurationError(choice(options).error(f"model.{key}", value, repr(value)))
-    known = list(fields)
     model = ARCH_MODEL_NAME_REGISTRY.get(name, name)
-    left_out = [key for key in known if key not in cfg]
+    left_out = [key for key in fields if key not in cfg]
     if name != model and left_out:
         raise ConfigurationError(
             f"model._name {name} is a preset of {model}, which fills only what the command line leaves unset; a hydra "

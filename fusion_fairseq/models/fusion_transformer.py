@@ -147,8 +147,8 @@ def architecture_values(args, names) -> dict:
     """{name: the value the architecture of ``args`` gives it where the user sets none} for ``names``: a preset's
     own value, or the default derived from the other flags, so that neither is taken for the user's."""
     unset = argparse.Namespace(**{name: value for name, value in vars(args).items() if name not in names})
-    name = getattr(args, "arch", None) or getattr(args, "_name", None)
-    ARCH_CONFIG_REGISTRY.get(name, fusion_transformer)(unset)
+    arch = getattr(args, "arch", None) or getattr(args, "_name", None)
+    ARCH_CONFIG_REGISTRY.get(arch, fusion_transformer)(unset)
     return {name: getattr(unset, name) for name in names}
 
 
