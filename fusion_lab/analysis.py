@@ -93,15 +93,16 @@ def checkpoint_arguments(parser, data_required=False, out_required=True, paths=1
     return parser
 
 
-def script_parser(doc: str, sentence: bool = False, allow_abbrev: bool = True, **arguments):
+def script_parser(doc: str, sentence: bool = False, allow_abbrev: bool = True, source_required: bool = True,
+                  **arguments):
     """An analysis script's parser, described by the first paragraph of its docstring ``doc``, with the flags
     of :func:`checkpoint_arguments` (``arguments``); with ``sentence``, also those of the sentence pair of an
-    attention plot: ``--source``, ``--target`` (teacher-forced; default: the beam-search translation),
-    ``--bpe``, ``--bpe-codes`` and ``--allow-unk``."""
+    attention plot: ``--source`` (``source_required`` or not), ``--target`` (teacher-forced; default: the
+    beam-search translation), ``--bpe``, ``--bpe-codes`` and ``--allow-unk``."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=allow_abbrev)
     checkpoint_arguments(parser, **arguments)
     if sentence:
-        parser.add_argument("--source", required=True, help="source sentence, tokens separated by spaces")
+        parser.add_argument("--source", required=source_required, help="source sentence, tokens separated by spaces")
         parser.add_argument("--target", help="target sentence to teacher-force; default: translate --source with "
                             "beam search and plot the hypothesis")
         parser.add_argument("--bpe", choices=("subword_nmt",), help="apply BPE to --source/--target before lookup")

@@ -68,3 +68,64 @@ def test_mudd_weights_are_drawn_per_way():
     assert value_block[1, 0] == -0.5 and value_block[1, 2] == 1.0 and all(value_block[1, 3:] != value_block[1, 3:])
     assert all(value_block[2] != value_block[2])  # the last aggregate has no value way: blank
     assert list(residual_block[2, :4]) == [0.0, 0.0, 0.0, 1.0]  # a_L one-hot on X_L
+
+
+SOURCE, TARGET = "w3 w17 w5", "W5 W17 W3"
+
+
+@pytest.fixture(scope="module")
+def trained_mudd(tiny_data_bin, tmp_path_factory):
+    return train(tiny_data_bin, str(tmp_path_factory.mktemp("mudd")), "--mudd-encoder", "--mudd-decoder")
+
+
+def test_mudd_dynamic_weights_of_a_sentence_are_drawn_beside_the_static_ones(trained_mudd, tiny_data_bin, tmp_path):
+    out, weights = str(tmp_path / "w.png"), str(tmp_path / "w.json")
+    assert plot_connection_weights.main(["--path", trained_mudd, "--data", tiny_data_bin, "--out", out, "--json",
+                                         weights, "--source", SOURCE, "--target", TARGET]) == 0
+    with open(weights) as handle:
+        matrices = json.load(handle)
+    sides = [f"{side} MUDD{panel}" for side in ("encoder", "decoder")
+             for panel in ("", ", mean over the sentence", ", std over the sentence")]
+    assert sorted(matrices) == sorted(sides)
+    for side in ("encoder", "decoder"):
+        static, mean, spread = (matrices[f"{side} MUDD{panel}"] for panel in
+                                ("", ", mean over the sentence", ", std over the sentence"))
+        assert [[cell is None for cell in row] for row in mean] == [[cell is None for cell in row] for row in static]
+        cells = [(m, s, a) for rows in zip(mean, spread, static) for m, s, a in zip(*rows) if m is not None]
+        assert all(s >= 0 for _, s, _ in cells) and any(s > 1e-6 for _, s, _ in cells)  # trained: W_2 != 0
+        assert any(abs(m - a) > 1e-6 for m, _, a in cells)
+
+
+def test_weights_that_do_not_depend_on_the_input_have_no_spread(trained_mudd, tiny_data_bin):
+    """With W_2 = 0 (as at initialisation) A_i(X_i) = a_i at every position: the mean is the static
+    weights and the spread 0 on that side, while the other side still varies."""
+    import argparse
+
+    import torch
+    from fusion_lab.analysis import load_model
+
+    model, _, task = load_model(trained_mudd, tiny_data_bin)
+    with torch.no_grad():
+        for generator in model.encoder.aggregation.generators:
+            generator.w2.weight.zero_()
+    args = argparse.Namespace(source=SOURCE, target=TARGET, bpe=None, bpe_codes=None, allow_unk=False, beam=5)
+    found = plot_connection_weights.sentence_weights(args, model, task)
+    static = plot_connection_weights.side_weights(model)["encoder MUDD"]
+    mean, spread = found["encoder MUDD, mean over the sentence"], found["encoder MUDD, std over the sentence"]
+    cells = static == static
+    assert (abs(mean[cells] - static[cells]) < 1e-6).all() and (spread[cells] == 0).all()
+    decoder = found["decoder MUDD, std over the sentence"]
+    assert (decoder[decoder == decoder] > 1e-6).any()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--source", SOURCE], "--source: the checkpoint's model has no MUDD connections"),
+    (["--target", TARGET], "--target: only with --source"),
+])
+def test_a_sentence_is_refused_where_no_weight_depends_on_it(trained, tiny_data_bin, tmp_path, capsys, flags,
+                                                             message):
+    code = plot_connection_weights.main(["--path", trained, "--data", tiny_data_bin, "--out", str(tmp_path / "w.png"),
+                                         *flags])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "w.png")
