@@ -1,0 +1,46 @@
+"""The hand-written parts of the connections' computation against autograd's: each check fails if
+the written-out backward (or the rearranged forward) differs from the function it stands for."""
+
+import pytest
+import torch
+
+from fusion_fairseq.modules.hyper_connection import SINKHORN_ORDERS, SinkhornKnopp, sinkhorn
+
+
+def reference_sinkhorn(logits, iterations, order):
+    """Eq. 9 as written, in log space throughout, differentiated by autograd."""
+    dims = (-2, -1) if order == "columns-first" else (-1, -2)
+    for _ in range(iterations):
+        for dim in dims:
+            logits = logits.log_softmax(dim=dim)
+    return logits.exp()
+
+
+@pytest.mark.parametrize("order", SINKHORN_ORDERS)
+@pytest.mark.parametrize("iterations", [1, 2, 20])
+def test_sinkhorn_gradient_is_the_derivative_of_its_output(order, iterations):
+    """In float64 (``sinkhorn`` itself computes in float32), against finite differences."""
+    logits = (3 * torch.randn(2, 3, 4, 4, dtype=torch.float64)).requires_grad_()
+    columns_first = order == "columns-first"
+    assert torch.autograd.gradcheck(lambda x: SinkhornKnopp.apply(x, iterations, columns_first), (logits,))
+
+
+@pytest.mark.parametrize("order", SINKHORN_ORDERS)
+def test_sinkhorn_and_its_gradient_are_the_log_space_iterations(order):
+    logits = (3 * torch.randn(5, 4, 4)).requires_grad_()
+    logits.data[0, 1] -= 200  # a row whose exp underflows: the first iteration runs in log space
+    weights = torch.randn(5, 4, 4)
+    matrix = sinkhorn(logits, order=order)
+    expected = reference_sinkhorn(logits, 20, order)
+    torch.testing.assert_close(matrix, expected, rtol=1e-5, atol=1e-6)
+    grad, = torch.autograd.grad((matrix * weights).sum(), logits)
+    expected_grad, = torch.autograd.grad((expected * weights).sum(), logits)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_sinkhorn_keeps_the_dtype_and_computes_in_float32():
+    logits = torch.randn(3, 4, 4).half()
+    matrix = sinkhorn(logits)
+    assert matrix.dtype == torch.float16
+    torch.testing.assert_close(matrix.float(), reference_sinkhorn(logits.float(), 20, "columns-first"),
+                               rtol=1e-3, atol=1e-3)
