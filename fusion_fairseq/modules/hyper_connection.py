@@ -105,11 +105,29 @@ def read_streams(weights: Tensor, streams: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def thin_product(x: Tensor, weight: Tensor) -> Tensor:
-    """``x @ weight`` for a weight of a few columns ``(d, k)``, computed as (weight^T x^T)^T: the same
-    products, but CPU BLAS runs a product with k = 6 or 24 output columns three to six times
-    slower, and its weight gradient (x^T g) likewise, than the transposed ones."""
+    """``x @ weight`` for a weight of a few columns ``(d, k)``, by :class:`ThinProduct`."""
     rows = x.reshape(-1, x.shape[-1])
-    return (weight.t() @ rows.t()).t().view(*x.shape[:-1], weight.shape[-1])
+    return ThinProduct.apply(rows, weight).view(*x.shape[:-1], weight.shape[-1])
+
+
+class ThinProduct(torch.autograd.Function):
+    """``rows @ weight`` ``(N, d) @ (d, k)`` with k = 6 or 24, each of its three products in the
+    orientation CPU BLAS runs fast: the output as (weight^T rows^T)^T, the weight's gradient as
+    (grad^T rows)^T, the rows' as grad weight^T. The other orientations (x @ weight; rows^T grad,
+    which autograd picks to hand back the weight's layout) run three to six times slower."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(rows, weight)
+        return (weight.t() @ rows.t()).t()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        rows, weight = ctx.saved_tensors
+        grad_rows = grad @ weight.t() if ctx.needs_input_grad[0] else None
+        grad_weight = (grad.t() @ rows).t() if ctx.needs_input_grad[1] else None
+        return grad_rows, grad_weight
 
 
 def write_streams(output: Tensor, kept_streams: Tensor, beta: Tensor) -> Tensor:
