@@ -1,7 +1,9 @@
-"""One benchmark for all methods: translation quality at a matched size and an identical budget
-(examples/comparison/README.md). Every (method, seed) run is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``,
-resumed by fairseq from ``checkpoint_last.pt``; its ``done.json``, written last after the evaluation, marks it as
-finished: it is never retrained. The report is :mod:`fusion_lab.comparison_report`'s."""
+"""One benchmark for all methods: translation quality at a matched size and an identical budget, in the design of
+examples/comparison/reviewed/plan.md (:class:`Experiment`; examples/comparison/README.md). Every (method, seed) run
+is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``, resumed by fairseq from ``checkpoint_last.pt``; its
+``done.json``, written last after the evaluation, marks it as finished: it is never retrained. The report is
+:mod:`fusion_lab.comparison_report`'s. The earlier designs (the 3+3 and 6+6 comparisons) run at their pins:
+examples/comparison/converged.sh and deep.sh."""
 
 import argparse
 import bisect
@@ -25,7 +27,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_lab import comparison_report as report, corpus
+from fusion_lab import comparison_report as report, corpus, seed_analysis
 from fusion_lab.common import (BATCHES_IN_THREAD, PLUGIN_DIR, append_to_log, claim_out_dir, copy_file,
                                          count_parameters, cpu_flags, cpu_name, device_name, learning_curve,
                                          positive_int, replace_atomically, tree_sha256)
@@ -56,10 +58,7 @@ class Method:
     note: str = ""
     #: the BLEU difference to its baseline that the paper reports for this configuration, and where
     paper_gap: Optional[Tuple[float, str]] = None
-    #: starts from the final averaged checkpoint of this method's run of the same seed (--finetune-from-model)
-    init: Optional[str] = None
-    baseline: str = "transformer"  # the row its difference and verdict are taken against
-    #: its own peak learning rate and budget (``--reviewed``: chosen per configuration), else the round's
+    #: its own peak learning rate and budget (a variant of the grid or of the longer budget), else the round's
     lr: Optional[float] = None
     max_update: Optional[int] = None
     #: with ``match``: the method whose parameter count is matched (else the vanilla Transformer's)
@@ -101,8 +100,6 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
     Method("hyper_connections", "Hyper-connections DHCx4", "Zhu et al. 2025 (ICLR)", "fusion_transformer",
            ("--hyper-connections-encoder", "dynamic", "--hyper-connections-decoder", "dynamic",
             "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
-    Method("transformer_continued", "Transformer, continued", "fairseq's vanilla Transformer", "transformer",
-           init="transformer", note="the baseline of deeprep_finetuned"),
     Method("mhc", "Manifold-constrained hyper-connections (mHC) x4", "Xie et al. 2025",
            "fusion_transformer", ("--hyper-connections-encoder", "manifold", "--hyper-connections-decoder", "manifold",
                                   "--hyper-connections-rate", "4"), note="the paper measures language models, no BLEU"),
@@ -112,21 +109,43 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            "Transformer", "transformer", match="--ffn-embed-dim", match_target="deeprep",
            note="the capacity-matched baseline: both FFN widths matched to deep representations' parameters"),
 )}
-METHODS["deeprep_finetuned"] = replace(
-    METHODS["deeprep"], name="deeprep_finetuned", title="Deep representations, fine-tuned from the Transformer",
-    init="transformer", baseline="transformer_continued", note="as deeprep, fine-tuned as the paper trains it")
-#: the methods of the 3+3 (shallow) comparison: the default of --methods without --deep
+
+#: The rows of the finished 3+3 and 6+6 comparisons, which trained at their pins (examples/comparison/converged.sh,
+#: deep.sh): tests/golden_outputs.py checks that main still computes their functions. The two 6+6 rows that
+#: started from the Transformer's final model and the composition chosen after seed 1 are not rows of this runner.
 SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "layerwise_coordination",
                    "dense_transformer")
+FINE_TUNED = ("transformer_continued", "deeprep_finetuned")
+METHODS.update({fine_tuned: replace(METHODS[name], name=fine_tuned, title=title) for fine_tuned, name, title in (
+    ("transformer_continued", "transformer", "Transformer, continued"),
+    ("deeprep_finetuned", "deeprep", "Deep representations, fine-tuned from the Transformer"))})
+COMPOSITION = "composition"
+DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", *FINE_TUNED, COMPOSITION)
+COMPONENTS = ("mlrf", "deeprep", "fgla")  # the 6+6 composition's candidates
+
+
+def composed_method(components: Sequence[str]) -> Method:
+    """The finished rounds' composition of the ``fusion_transformer`` rows ``components``."""
+    parts = [METHODS[name] for name in components]
+    return Method(COMPOSITION, "Composition: " + " + ".join(components), "fusion_transformer features composed",
+                  "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
+                  criterion=next((part.criterion for part in parts if part.criterion), ()))
+
+
+def known_methods() -> Dict[str, Method]:
+    """The rows this runner trains: every method but the 6+6 comparison's fine-tuned ones."""
+    return {name: method for name, method in METHODS.items() if name not in FINE_TUNED}
 
 
 def resolve_methods(names: Sequence[str]) -> List[Method]:
     wanted = [name.strip() for item in names for name in item.split(",") if name.strip()]
-    known = {**METHODS, COMPOSITION: composed_method()}
+    known = known_methods()
     unknown = [name for name in wanted if name not in known]
     if unknown or not wanted:
         problem = f"unknown method(s) {', '.join(map(repr, unknown))}" if unknown else "no method given"
-        raise ComparisonError(f"--methods: {problem}; known methods: {', '.join(known)}")
+        pinned = [name for name in unknown if name in DEEP_METHODS]
+        where = f" ({', '.join(pinned)}: the 6+6 comparison's, at examples/comparison/deep.sh's pin)" if pinned else ""
+        raise ComparisonError(f"--methods: {problem}; known methods: {', '.join(known)}{where}")
     return [known[name] for name in dict.fromkeys(wanted)]
 
 
@@ -145,19 +164,14 @@ class Width:
         return f"{self.encoder_layers}+{self.decoder_layers} layers, d={self.dim}, FFN {self.ffn}, {self.heads} heads"
 
 
-DEFAULT_WIDTH = "3+3:256:1024:4"
+DEEP_WIDTH = "6+6:128:512:4"  # the 6+6 comparison's and the reviewed design's: the default
 SMALL_WIDTH = "3+3:128:512:4"
-#: ``--deep``: the 6+6 comparison (examples/comparison/README.md): this width, the polynomial schedule, these
-#: methods, and a third seed where two do not decide (:data:`THIRD_SEED_RULE`)
-DEEP_WIDTH = "6+6:128:512:4"
-DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", "transformer_continued", "deeprep_finetuned",
-                "composition")
 
 
 def parse_width(text: str) -> Width:
     m = re.fullmatch(r"\s*(\d+)\+(\d+):(\d+):(\d+):(\d+)\s*", text or "")
     if not m:
-        raise argparse.ArgumentTypeError(f"expected ENC+DEC:DIM:FFN:HEADS (e.g. {DEFAULT_WIDTH}), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected ENC+DEC:DIM:FFN:HEADS (e.g. {DEEP_WIDTH}), got {text!r}")
     width = Width(*(int(g) for g in m.groups()))
     if min(width.encoder_layers, width.decoder_layers, width.dim, width.ffn, width.heads) < 1:
         raise argparse.ArgumentTypeError(f"every number of --width must be positive, got {text!r}")
@@ -200,24 +214,18 @@ def match_parameter(count, candidates: Sequence[int], target: int) -> Tuple[int,
     return candidates[best], at(best), seen
 
 
-def schedule_flags(settings: argparse.Namespace, total: Optional[int] = None) -> List[str]:
-    """The learning-rate schedule: inverse-sqrt (never anneals), or with ``--lr-schedule polynomial``
-    fairseq's polynomial_decay, linear from the end of the warm-up to 0 at ``total`` updates (the run's budget)."""
-    if settings.lr_schedule == "polynomial":
-        return ["--lr-scheduler", "polynomial_decay", "--warmup-updates", str(settings.warmup),
-                "--end-learning-rate", "0", "--total-num-update", str(total or settings.max_update)]
-    return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(settings.warmup), "--warmup-init-lr", "1e-07"]
-
-
 def common_train_flags(settings: argparse.Namespace, src: str, tgt: str, total: Optional[int] = None,
                        lr: Optional[float] = None) -> List[str]:
-    """The flags identical for all runs (``total``: see :func:`schedule_flags`; ``lr``: a configuration's own
-    peak learning rate, else ``--lr``)."""
+    """The flags identical for all runs: the learning rate warms up, then decays linearly to 0 at ``total``
+    updates, the run's budget (default ``--max-update``); ``lr``: a configuration's own peak rate, else ``--lr``.
+    adam_with_overrides is fairseq's Adam honouring the parameters' own settings (no weight decay on
+    hyper-connections' static weights)."""
     return [
         "--task", "translation", "--source-lang", src, "--target-lang", tgt,
         "--dropout", str(settings.dropout),
-        "--optimizer", settings.optimizer, "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-        "--lr", str(lr or settings.lr), *schedule_flags(settings, total), "--weight-decay", "0.0001",
+        "--optimizer", "adam_with_overrides", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+        "--lr", str(lr or settings.lr), "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(settings.warmup),
+        "--end-learning-rate", "0", "--total-num-update", str(total or settings.max_update), "--weight-decay", "0.0001",
         "--max-tokens", str(settings.max_tokens),
         # validate + checkpoint every --eval-every updates and at the end only (not at epoch ends); every
         # interval checkpoint is kept: they are the resume points and the candidates of the evaluation
@@ -361,41 +369,6 @@ def finished_run(rdir: str) -> Optional[dict]:
         raise ComparisonError(f"{path} is unreadable or not a record of this runner (truncated?): move it away "
                               "and remove the run's checkpoints to train and evaluate the run again")
     return done
-
-
-#: The rows that compose into the eighth configuration, and its rule, fixed before any run was scored. Hard
-#: SurfaceFusion is not one: its validation "NLL" is its un-normalised Eq. 6 score, which the rule cannot rank.
-COMPONENTS = ("mlrf", "deeprep", "fgla")
-COMPOSITION = "composition"
-COMPOSITION_RULE = (
-    "the components (" + ", ".join(COMPONENTS) + ") whose first-seed best validation NLL within the budget is "
-    "below the Transformer's, best first, each added when fairseq builds it together with those already chosen; "
-    "when fewer than two qualify, the two best that build together")
-
-
-def choose_components(best_nll: Dict[str, float], baseline_nll: float, builds) -> List[str]:
-    """:data:`COMPOSITION_RULE`; ``builds(names)`` tells whether a composition of ``names`` builds."""
-    ranked = sorted(best_nll, key=lambda name: (best_nll[name], name))
-
-    def greedy(candidates):
-        chosen: List[str] = []
-        for name in candidates:
-            if builds(chosen + [name]):
-                chosen.append(name)
-        return chosen
-
-    chosen = greedy([name for name in ranked if best_nll[name] < baseline_nll])
-    return chosen if len(chosen) >= 2 else greedy(ranked)[:2]
-
-
-def composed_method(components: Sequence[str] = ()) -> Method:
-    """The composition of ``components``; without any, its placeholder until they are chosen."""
-    parts = [METHODS[name] for name in components]
-    return Method(COMPOSITION, "Composition: " + " + ".join(components) if components else
-                  "Composition (chosen after the first seed)", "fusion_transformer features composed",
-                  "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
-                  criterion=next((part.criterion for part in parts if part.criterion), ()),
-                  note=f"chosen by rule: {COMPOSITION_RULE}")
 
 
 INTERVAL_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
@@ -546,8 +519,7 @@ def _last_number(log_path: str, pattern) -> Optional[int]:
 
 
 def final_average(save_dir: str, budget: int, interval: int) -> str:
-    """The average of :func:`averaged_updates`, made once (atomically) into ``save_dir`` and kept: it is scored,
-    and the runs that start from a trained model start from it."""
+    """The average of :func:`averaged_updates`, made once (atomically) into ``save_dir`` and kept: it is scored."""
     from fusion_lab.averaging import average_checkpoints
 
     path = os.path.join(save_dir, f"average-last{AVERAGED}-to-{budget}.pt")
@@ -670,7 +642,7 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
     curves = [{int(u): v for u, v in r["curve"].items()} for r in (done or runs) if r["curve"]]
     return {
         "method": method.name, "title": method.title, "paper": method.paper, "arch": method.arch,
-        "baseline": method.baseline, "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
+        "baseline": "transformer", "method_flags": list(method.flags), "flags": plan_entry.get("model_flags"),
         "criterion": list(method.criterion or DEFAULT_CRITERION), "params": plan_entry.get("params"),
         "matched": plan_entry.get("matched"), "note": method.note,
         "paper_gap": list(method.paper_gap) if method.paper_gap else None, "runs": runs,
@@ -680,15 +652,53 @@ def method_row(method: Method, runs: List[dict], plan_entry: dict) -> dict:
     }
 
 
-class Experiment:
-    """The runs of one ``--out``: which step each needs next, in which order, and the report.
+#: The configurations of examples/comparison/reviewed/plan.md, in the order its parts train: the papers' rows and
+#: both Transformers first, then today's layer fusion (the default of ``--methods``)
+REVIEWED_ROUNDS = (("transformer", "transformer_wide", "deeprep", "surface_fusion", "mlrf", "dense_transformer",
+                    "layerwise_coordination", "fgla"),
+                   ("denseformer", "hyper_connections", "muddformer", "mhc"))
+REVIEWED_METHODS = tuple(name for names in REVIEWED_ROUNDS for name in names)
+#: compared besides every configuration against the Transformer: (configuration, its other baseline)
+REVIEWED_EXTRA_COMPARISONS = (("deeprep", "transformer_wide"),)
+#: plan.md, "Runs that count": the 6+6 comparison's runs at 1e-3 whose configuration computes the same function
+#: now (tests/test_golden_outputs.py) and that trained on the round's CPU kind, {method: seeds}
+REVIEWED_REUSED = {"transformer": (1, 2, 3), "layerwise_coordination": (1, 2), "dense_transformer": (1, 2),
+                   "denseformer": (1, 2, 3), "mlrf": (2,), "deeprep": (2, 3), "surface_fusion": (2,), "fgla": (2, 3)}
+REVIEWED_CPU_KIND = "AMD EPYC"
+REVIEWED_SEEDS = (1, 2, 3, 4, 5, 6)
 
-    Every decision is read back from the run directories (interval checkpoints, logs, ``plan.json``,
-    ``composition.json``, ``third_seed.json``), so an invocation killed at any point is continued by the next."""
+
+def at_learning_rate(method: Method, lr: float, reference: float) -> Method:
+    """``method`` at peak rate ``lr``; at the round's reference rate it keeps its name (and run folders), so
+    that runs of earlier rounds with the same function and flags count."""
+    return replace(method, name=method.name if lr == reference else f"{method.name}@lr{lr:g}",
+                   title=f"{method.title}, lr {lr:g}", lr=lr)
+
+
+def at_budget(method: Method, updates: int) -> Method:
+    return replace(method, name=f"{method.name}@{updates}", title=f"{method.title}, {updates} updates",
+                   max_update=updates)
+
+
+class Experiment:
+    """The runs of one ``--out`` (examples/comparison/reviewed/plan.md): which step each needs next, in which
+    order, and the report, in three stages, each decided by a rule fixed beforehand:
+
+    1. the grid: every configuration at each of ``--learning-rates`` on the first seed;
+    2. every configuration at its chosen rate (``learning_rates.json``, :func:`seed_analysis.choose_learning_rate`
+       on the validation NLL its grid runs logged at the budget) on the other seeds;
+    3. the Transformer and every configuration decided better or worse on all seeds, at ``--longer-budget``
+       updates (same warm-up, linear decay to 0 there) on ``--longer-seeds`` (``longer_budget.json``).
+
+    Every configuration is compared with the Transformer at its own chosen rate, seeds paired
+    (:func:`seed_analysis.compare_with_baselines`). Every decision is read back from the run directories
+    (interval checkpoints, logs) and the files of ``--out`` (``plan.json``, ``learning_rates.json``,
+    ``longer_budget.json``), so an invocation killed at any point is continued by the next."""
 
     def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
         self.settings, self.methods, self.data_bin, self.recipe = settings, methods, data_bin, recipe
         self.out = settings.out
+        self.variants: Dict[str, Method] = {}
         known = (_read_json(os.path.join(self.out, "plan.json")) or {}).get("max_update", settings.max_update)
         if known != settings.max_update:  # plan.json holds the budget of --out; another one is refused
             raise ComparisonError(f"{self.out} was started with other settings (--max-update {known} -> "
@@ -733,25 +743,49 @@ class Experiment:
             corpus.write_lines(os.path.join(where, "bin", "done"), [""])
         return sets
 
+    def variant(self, method: Method, lr: float, budget: Optional[int] = None) -> Method:
+        found = at_learning_rate(method, lr, self.settings.lr)
+        found = at_budget(found, budget) if budget else found
+        self.variants[found.name] = found
+        return found
+
+    def chosen_rates(self) -> Dict[str, float]:
+        return (_read_json(os.path.join(self.out, "learning_rates.json")) or {}).get("chosen", {})
+
+    def longer_methods(self) -> List[str]:
+        return (_read_json(os.path.join(self.out, "longer_budget.json")) or {}).get("methods", [])
+
+    def main_variant(self, method: Method) -> Optional[Method]:
+        lr = self.chosen_rates().get(method.name)
+        return None if lr is None else self.variant(method, lr)
+
     def runs(self) -> List[Tuple[str, int]]:
-        """(method, seed), seed-major: the first runs make a full one-seed table; the third seed last."""
-        third = _read_json(os.path.join(self.out, "third_seed.json")) or {"seed": None, "methods": []}
-        return ([(method.name, seed) for seed in self.settings.seeds for method in self.methods] +
-                [(method.name, third["seed"]) for method in self.methods if method.name in third["methods"]])
+        """(method, seed): per round of :data:`REVIEWED_ROUNDS` (a method in none: the last), its grid then its
+        other seeds (seed-major); then the Transformer at the longer budget; then every configuration decided."""
+        settings, first, runs = self.settings, self.settings.seeds[0], []
+        rounds = [[m for m in self.methods if m.name in names] for names in REVIEWED_ROUNDS]
+        rounds.append([m for m in self.methods if m.name not in REVIEWED_METHODS])
+        for methods in rounds:
+            runs += [(self.variant(m, lr).name, first) for m in methods for lr in settings.learning_rates]
+            chosen = [v for v in map(self.main_variant, methods) if v]
+            runs += [(v.name, seed) for seed in settings.seeds[1:] for v in chosen]
+        longer = [m for m in self.methods if m.name == "transformer" or m.name in self.longer_methods()]
+        for method in sorted(longer, key=lambda m: m.name != "transformer"):
+            lr = self.chosen_rates().get(method.name)
+            if lr is not None:
+                runs += [(self.variant(method, lr, settings.longer_budget).name, seed) for seed in settings.longer_seeds]
+        return runs
 
     def seeds_of(self, name: str) -> List[int]:
         return [seed for method, seed in self.runs() if method == name]
 
     def method(self, name: str) -> Optional[Method]:
-        if name != COMPOSITION:
-            return METHODS[name]
-        chosen = _read_json(os.path.join(self.out, "composition.json"))
-        return composed_method(chosen["components"]) if chosen else None
+        if name not in self.variants:
+            self.runs()
+        return self.variants.get(name) or METHODS.get(name)
 
-    def concrete_methods(self, keep_unchosen: bool = False) -> List[Method]:
-        """The methods, the composition as chosen; before that left out, or kept as its placeholder."""
-        resolved = [(self.method(method.name), method) for method in self.methods]
-        return [chosen or method for chosen, method in resolved if chosen is not None or keep_unchosen]
+    def concrete_methods(self) -> List[Method]:
+        return [self.method(name) for name in dict.fromkeys(name for name, _ in self.runs())]
 
     def rdir(self, name: str, seed: int) -> str:
         return run_dir(self.out, name, seed)
@@ -760,92 +794,114 @@ class Experiment:
         return os.path.join(self.rdir(name, seed), "checkpoints")
 
     def run_budget(self, name: str) -> int:
-        method = self.method(name)
-        if method and method.max_update:
-            return method.max_update
-        return self.settings.finetune_update if method and method.init else self.settings.max_update
+        return self.method(name).max_update or self.settings.max_update
 
     def trained_to(self, name: str, seed: int, budget: int) -> bool:
         """An interval checkpoint at ``budget``, or evaluated (which removes the checkpoints)."""
         return finished_run(self.rdir(name, seed)) is not None or saved_updates(self.save_dir(name, seed)) >= budget
 
-    def choose_composition(self) -> None:
-        """Write composition.json once every component's first seed has reached the budget."""
-        budget, seed, names = self.settings.max_update, self.settings.seeds[0], ["transformer", *COMPONENTS]
-        path = os.path.join(self.out, "composition.json")
-        if (COMPOSITION not in [m.name for m in self.methods] or os.path.isfile(path)
-                or not all(self.trained_to(name, seed, budget) for name in names)):
+    def choose_learning_rates(self) -> None:
+        """Add to learning_rates.json the rate of every configuration whose grid runs all reached the budget."""
+        path, budget, first = os.path.join(self.out, "learning_rates.json"), self.settings.max_update, self.settings.seeds[0]
+        record = _read_json(path) or {"rule": seed_analysis.LEARNING_RATE_RULE, "seed": first, "budget": budget,
+                                      "validation_nll": {}, "chosen": {}}
+        for method in self.methods:
+            grid = {lr: self.variant(method, lr) for lr in self.settings.learning_rates}
+            if method.name in record["chosen"] or not all(self.trained_to(v.name, first, budget) for v in grid.values()):
+                continue
+            validation = {lr: learning_curve(os.path.join(self.rdir(v.name, first), "run.log")).get(budget)
+                          for lr, v in grid.items()}
+            record["validation_nll"][method.name] = {f"{lr:g}": nll for lr, nll in validation.items()}
+            record["chosen"][method.name] = seed_analysis.choose_learning_rate(validation)
+            _write_json(path, record)
+            log(f"{method.name}: learning rate {record['chosen'][method.name]:g} chosen")
+            self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
+
+    def main_family(self) -> Dict[str, Tuple[str, str]]:
+        """{comparison: (configuration, baseline)} at the chosen rates: every configuration against the
+        Transformer, and :data:`REVIEWED_EXTRA_COMPARISONS` ("A vs B"); only those whose rates are chosen."""
+        chosen = {m.name: v for m, v in ((m, self.main_variant(m)) for m in self.methods) if v}
+        pairs = [(name, "transformer") for name in chosen if name != "transformer"]
+        pairs += [pair for pair in REVIEWED_EXTRA_COMPARISONS if pair[0] in chosen and pair[1] in chosen]
+        return {(chosen[a].name if b == "transformer" else f"{chosen[a].name} vs {chosen[b].name}"):
+                (chosen[a].name, chosen[b].name) for a, b in pairs if "transformer" in chosen}
+
+    def main_verdicts(self) -> Optional[Dict[str, dict]]:
+        """:func:`seed_analysis.compare_with_baselines` over the whole family, once: when every configuration's
+        rate is chosen and every run on every seed that it reads is scored; None before, or with no comparison."""
+        family, chosen = self.main_family(), self.chosen_rates()
+        if not family or any(method.name not in chosen for method in self.methods):
+            return None
+        names = {name for pair in family.values() for name in pair}
+        if not all(finished_run(self.rdir(name, seed)) for name in names for seed in self.settings.seeds):
+            return None
+        statistics = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in self.settings.seeds}
+                      for name in names}
+        runs = {comparison: statistics[configuration] for comparison, (configuration, _) in family.items()}
+        runs.update({baseline: statistics[baseline] for _, baseline in family.values()})
+        return seed_analysis.compare_with_baselines(runs, {comparison: baseline for comparison, (_, baseline)
+                                                           in family.items()})
+
+    def choose_longer_budget(self) -> None:
+        path = os.path.join(self.out, "longer_budget.json")
+        if os.path.isfile(path):
             return
-        best = {name: min(nll for u, nll in learning_curve(os.path.join(self.rdir(name, seed), "run.log")).items()
-                          if u <= budget) for name in names}
-        count = _build_counter(self.data_bin, self.settings, self.recipe)
-
-        def builds(components):
-            method = composed_method(components)
-            try:
-                count(method, model_flags(method, self.settings.width))
-                return True
-            except ComparisonError:
-                return False
-
-        components = choose_components({n: best[n] for n in COMPONENTS}, best["transformer"], builds)
-        _write_json(path, {"components": components, "rule": COMPOSITION_RULE, "seed": seed, "budget": budget,
-                           "best_valid_nll": best})
-        log(f"composition chosen: {' + '.join(components)}")
+        verdicts = self.main_verdicts()
+        if verdicts is None:
+            return
+        decided = [name.split("@")[0] for name, found in verdicts.items()
+                   if found["verdict"] != "undecided" and " vs " not in name]
+        methods = [m.name for m in self.methods if m.name == "transformer" or m.name in decided]
+        _write_json(path, {"rule": "the Transformer and every configuration decided better or worse than the "
+                                   "Transformer on all seeds",
+                           "budget": self.settings.longer_budget, "seeds": list(self.settings.longer_seeds),
+                           "methods": methods, "verdicts": {name: found["verdict"] for name, found in verdicts.items()}})
+        log(f"longer budget ({self.settings.longer_budget} updates) for: {', '.join(methods)}")
         self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
 
-    def choose_third_seed(self) -> None:
-        """With --deep, write third_seed.json once every run of the first seeds is scored (:data:`THIRD_SEED_RULE`)."""
-        path = os.path.join(self.out, "third_seed.json")
-        if not self.settings.deep or os.path.isfile(path) or not all(finished_run(self.rdir(*r)) for r in self.runs()):
-            return
-        intervals = {method.name: self.verdict(method.name, method.baseline)
-                     for method in self.concrete_methods() if method.name != "transformer"}
-        chosen = [name for name, found in intervals.items() if found["verdict"] == "undecided"]
-        wanted = {"transformer", *chosen, *(self.method(name).baseline for name in chosen)}
-        methods = [method.name for method in self.methods if method.name in wanted]
-        _write_json(path, {"seed": max(self.settings.seeds) + 1, "rule": report.THIRD_SEED_RULE, "intervals": intervals,
-                           "methods": methods})
-        log(f"third seed for: {', '.join(methods)}")
-
-    def verdict(self, name: str, baseline: str) -> dict:
-        """:func:`report.seed_sentence_bootstrap` of a method's runs and its baseline's."""
-        return report.seed_sentence_bootstrap(*[[run_statistics(self.rdir(n, seed)) for seed in self.seeds_of(n)]
-                                                for n in (name, baseline)])
+    def longer_verdicts(self) -> Optional[Dict[str, dict]]:
+        """The configurations of stage 3 against the Transformer at the longer budget, once all are scored."""
+        chosen, budget, seeds = self.chosen_rates(), self.settings.longer_budget, self.settings.longer_seeds
+        names = {name: self.variant(METHODS[name], chosen[name], budget).name for name in self.longer_methods()}
+        if "transformer" not in names or len(names) < 2 or not all(
+                finished_run(self.rdir(name, seed)) for name in names.values() for seed in seeds):
+            return None
+        runs = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in seeds} for name in names.values()}
+        return seed_analysis.compare_with_baselines(
+            runs, {name: names["transformer"] for key, name in names.items() if key != "transformer"})
 
     def next_step(self, name: str, seed: int) -> Optional[Tuple[str, int]]:
-        """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget, the
-        composition or the run it starts from."""
-        method, stage = self.method(name), self.settings.stage
-        if method is None or finished_run(self.rdir(name, seed)):
+        """("train", up to update) or ("evaluate", at budget); None: done, or waiting for the budget."""
+        if finished_run(self.rdir(name, seed)):
             return None
-        if method.init and not self.trained_to(method.init, seed, self.settings.max_update):
-            return None  # it starts from that run's final model
-        saved, budget = saved_updates(self.save_dir(name, seed)), self.run_budget(name)
+        saved, budget, stage = saved_updates(self.save_dir(name, seed)), self.run_budget(name), self.settings.stage
         if saved >= budget:
             return None if stage == "train" else ("evaluate", budget)
         return None if stage == "evaluate" else ("train", budget)
 
     def start(self, name: str, seed: int, step: str, updates: int) -> None:
-        method, rdir, settings = self.method(name), self.rdir(name, seed), self.settings
+        """One step, on the round's CPU kind only (plan.md: one kind of machine)."""
+        settings, kind = self.settings, self.settings.cpu_kind
+        if settings.device == "cpu" and kind and not cpu_name().startswith(kind):
+            raise ComparisonError(f"--cpu-kind {kind}: this machine is {cpu_name()}; the round's runs train and are "
+                                  "scored on one CPU kind only")
+        method, rdir = self.method(name), self.rdir(name, seed)
         log(f"{name} seed {seed}: {'training up to update' if step == 'train' else 'evaluating at update'} {updates} "
             f"-> {rdir}/run.log")
         started = time.time()
         if step == "evaluate":
             evaluate_run(rdir, updates, self.test_sets())
         else:
-            init = method.init and final_average(self.save_dir(method.init, seed), settings.max_update,
-                                                 settings.eval_every)
             src, tgt = self.recipe["SRC"], self.recipe["TGT"]
             config = {  # fairseq-train's argv without the budget, the save dir and the device (see train_run)
                 "method": name, "seed": seed, "arch": method.arch, "params": self.plan[name]["params"],
                 "train_argv": [self.data_bin, "--user-dir", PLUGIN_DIR, *self.plan[name]["model_flags"],
                                *(method.criterion or DEFAULT_CRITERION),
                                *common_train_flags(settings, src, tgt, self.run_budget(name), method.lr),
-                               "--seed", str(seed),
-                               *(["--finetune-from-model", init] if init else []), *shlex.split(settings.train_args)],
-                "data_bin": self.data_bin, "data_sha256": self.data_sha256(), "beam": settings.beam, "gen_args": settings.gen_args, "recipe": self.recipe,
-                "device": settings.device, "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints}
+                               "--seed", str(seed), *shlex.split(settings.train_args)],
+                "data_bin": self.data_bin, "data_sha256": self.data_sha256(), "beam": settings.beam,
+                "gen_args": settings.gen_args, "recipe": self.recipe, "device": settings.device,
+                "threads": settings.threads, "keep_checkpoints": settings.keep_checkpoints}
             check_config(rdir, config)
             os.makedirs(rdir, exist_ok=True)
             _write_json(os.path.join(rdir, "config.json"), config)
@@ -859,8 +915,8 @@ class Experiment:
             self.test_sets()  # once, before the runs read them
         with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
             while True:
-                self.choose_composition()
-                self.choose_third_seed()
+                self.choose_learning_rates()
+                self.choose_longer_budget()
                 for run in self.runs():
                     step = None if run in failed | set(running.values()) else self.next_step(*run)
                     if step and len(running) < self.settings.jobs:
@@ -878,14 +934,16 @@ class Experiment:
                 self.report(quiet=True)
 
     def collect(self) -> dict:
-        settings, methods = self.settings, self.concrete_methods(keep_unchosen=True)
-        rows = [method_row(m, [collect_run(self.out, m.name, seed, self.run_budget(m.name), m.baseline)
+        settings, methods = self.settings, self.concrete_methods()
+        rows = [method_row(m, [collect_run(self.out, m.name, seed, self.run_budget(m.name))
                                for seed in self.seeds_of(m.name)], self.plan.get(m.name, {})) for m in methods]
-        by_name = {row["method"]: row for row in rows}
-        for row in rows:
-            base = by_name.get(row["baseline"])
-            if base is not row and base and all(run["status"] == "done" for run in row["runs"] + base["runs"]):
-                row["verdict"] = self.verdict(row["method"], row["baseline"])
+        verdicts, longer = self.main_verdicts(), self.longer_verdicts()
+        for row in rows:  # each configuration's row shows its verdict against the Transformer
+            found = {**(verdicts or {}), **(longer or {})}.get(row["method"])
+            if found:
+                row["baseline"] = found["baseline"]
+                row["verdict"] = {"difference": round(found["difference"], 2), "verdict": found["verdict"],
+                                  "ci95": [round(found["ci"][0], 2), round(found["ci"][1], 2)]}
         runs = [run for row in rows for run in row["runs"]]
         seconds = sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
         return {
@@ -896,10 +954,13 @@ class Experiment:
                          "common_flags": common_train_flags(settings, "SRC", "TGT"),
                          "default_criterion": list(DEFAULT_CRITERION)},
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
-            "third_seed": _read_json(os.path.join(self.out, "third_seed.json")),
-            "budget_check": report.budget_check(by_name.get("transformer"), settings.max_update),
+            "budget_check": report.budget_check(next((r for r in rows if r["method"] == "transformer"), None),
+                                                settings.max_update),
             "cpu_hours": {"planned": settings.planned_cpu_hours,
                           "actual": round(seconds * (settings.threads or 1) / 3600, 1)},
+            "reviewed": {"learning_rates": _read_json(os.path.join(self.out, "learning_rates.json")),
+                         "longer_budget": _read_json(os.path.join(self.out, "longer_budget.json")),
+                         "family": self.main_family(), "verdicts": verdicts, "longer_verdicts": longer},
         }
 
     def report(self, quiet: bool = False) -> dict:
@@ -917,20 +978,6 @@ class Experiment:
             log(f"warning: could not write the intermediate report: {error}")
             return {}
 
-
-#: ``--reviewed``: the configurations of the round planned in examples/comparison/reviewed/plan.md, in the
-#: order its parts train: the papers' rows and both Transformers first, then today's layer fusion
-REVIEWED_ROUNDS = (("transformer", "transformer_wide", "deeprep", "surface_fusion", "mlrf", "dense_transformer",
-                    "layerwise_coordination", "fgla"),
-                   ("denseformer", "hyper_connections", "muddformer", "mhc"))
-REVIEWED_METHODS = tuple(name for names in REVIEWED_ROUNDS for name in names)
-#: compared besides every configuration against the Transformer: (configuration, its other baseline)
-REVIEWED_EXTRA_COMPARISONS = (("deeprep", "transformer_wide"),)
-#: plan.md, "Runs that count": the 6+6 comparison's runs at 1e-3 whose configuration computes the same function
-#: now (tests/test_golden_outputs.py) and that trained on the round's CPU kind, {method: seeds}
-REVIEWED_REUSED = {"transformer": (1, 2, 3), "layerwise_coordination": (1, 2), "dense_transformer": (1, 2),
-                   "denseformer": (1, 2, 3), "mlrf": (2,), "deeprep": (2, 3), "surface_fusion": (2,), "fgla": (2, 3)}
-REVIEWED_CPU_KIND = "AMD EPYC"
 
 
 def reuse_runs(source: str, out: str, runs: Dict[str, Sequence[int]], cpu_kind: str) -> List[str]:
@@ -971,206 +1018,23 @@ def copy_regular_files(source: str, dest: str) -> None:
             path = os.path.join(root, name)
             if os.path.isfile(path) and not os.path.islink(path):
                 copy_file(path, os.path.join(target, name))
-REVIEWED_LEARNING_RATES = (5e-4, 1e-3, 2e-3)
-REVIEWED_SEEDS = (1, 2, 3, 4, 5, 6)
-REVIEWED_LONGER_SEEDS = (1, 2, 3)
-
-
-def at_learning_rate(method: Method, lr: float, reference: float) -> Method:
-    """``method`` at peak rate ``lr``; at the round's reference rate it keeps its name (and run folders), so
-    that runs of earlier rounds with the same function and flags count."""
-    return replace(method, name=method.name if lr == reference else f"{method.name}@lr{lr:g}",
-                   title=f"{method.title}, lr {lr:g}", lr=lr)
-
-
-def at_budget(method: Method, updates: int) -> Method:
-    return replace(method, name=f"{method.name}@{updates}", title=f"{method.title}, {updates} updates",
-                   max_update=updates)
-
-
-class ReviewedExperiment(Experiment):
-    """The round of ``--reviewed`` (examples/comparison/reviewed/plan.md), in three stages, each decided by a
-    rule fixed beforehand and read back from a file of ``--out`` like the rest:
-
-    1. the grid: every configuration at each of ``--learning-rates`` on the first seed;
-    2. every configuration at its chosen rate (``learning_rates.json``, :func:`seed_analysis.choose_learning_rate`
-       on the validation NLL its grid runs logged at the budget) on the other seeds;
-    3. the Transformer and every configuration decided better or worse on all seeds, at ``--longer-budget``
-       updates (same warm-up, linear decay to 0 there) on ``--longer-seeds`` (``longer_budget.json``).
-
-    Every configuration is compared with the Transformer at its own chosen rate, seeds paired
-    (:func:`seed_analysis.compare_with_baselines`)."""
-
-    def __init__(self, settings, methods: List[Method], data_bin: str, recipe: dict):
-        self.variants: Dict[str, Method] = {}
-        super().__init__(settings, methods, data_bin, recipe)
-
-    def variant(self, method: Method, lr: float, budget: Optional[int] = None) -> Method:
-        found = at_learning_rate(method, lr, self.settings.lr)
-        found = at_budget(found, budget) if budget else found
-        self.variants[found.name] = found
-        return found
-
-    def chosen_rates(self) -> Dict[str, float]:
-        return (_read_json(os.path.join(self.out, "learning_rates.json")) or {}).get("chosen", {})
-
-    def longer_methods(self) -> List[str]:
-        return (_read_json(os.path.join(self.out, "longer_budget.json")) or {}).get("methods", [])
-
-    def main_variant(self, method: Method) -> Optional[Method]:
-        lr = self.chosen_rates().get(method.name)
-        return None if lr is None else self.variant(method, lr)
-
-    def runs(self) -> List[Tuple[str, int]]:
-        """Per round of :data:`REVIEWED_ROUNDS` (a method in none: the last), its grid then its other seeds
-        (seed-major); then the Transformer at the longer budget; then every configuration decided on it."""
-        settings, first, runs = self.settings, self.settings.seeds[0], []
-        rounds = [[m for m in self.methods if m.name in names] for names in REVIEWED_ROUNDS]
-        rounds.append([m for m in self.methods if m.name not in REVIEWED_METHODS])
-        for methods in rounds:
-            runs += [(self.variant(m, lr).name, first) for m in methods for lr in settings.learning_rates]
-            chosen = [v for v in map(self.main_variant, methods) if v]
-            runs += [(v.name, seed) for seed in settings.seeds[1:] for v in chosen]
-        longer = [m for m in self.methods if m.name == "transformer" or m.name in self.longer_methods()]
-        for method in sorted(longer, key=lambda m: m.name != "transformer"):
-            lr = self.chosen_rates().get(method.name)
-            if lr is not None:
-                runs += [(self.variant(method, lr, settings.longer_budget).name, seed) for seed in settings.longer_seeds]
-        return runs
-
-    def method(self, name: str) -> Optional[Method]:
-        if name not in self.variants:
-            self.runs()
-        return self.variants.get(name) or METHODS.get(name)
-
-    def concrete_methods(self, keep_unchosen: bool = False) -> List[Method]:
-        return [self.method(name) for name in dict.fromkeys(name for name, _ in self.runs())]
-
-    def choose_learning_rates(self) -> None:
-        """Add to learning_rates.json the rate of every configuration whose grid runs all reached the budget."""
-        from fusion_lab import seed_analysis
-
-        path, budget, first = os.path.join(self.out, "learning_rates.json"), self.settings.max_update, self.settings.seeds[0]
-        record = _read_json(path) or {"rule": seed_analysis.LEARNING_RATE_RULE, "seed": first, "budget": budget,
-                                      "validation_nll": {}, "chosen": {}}
-        for method in self.methods:
-            grid = {lr: self.variant(method, lr) for lr in self.settings.learning_rates}
-            if method.name in record["chosen"] or not all(self.trained_to(v.name, first, budget) for v in grid.values()):
-                continue
-            validation = {lr: learning_curve(os.path.join(self.rdir(v.name, first), "run.log")).get(budget)
-                          for lr, v in grid.items()}
-            record["validation_nll"][method.name] = {f"{lr:g}": nll for lr, nll in validation.items()}
-            record["chosen"][method.name] = seed_analysis.choose_learning_rate(validation)
-            _write_json(path, record)
-            log(f"{method.name}: learning rate {record['chosen'][method.name]:g} chosen")
-            self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
-
-    def main_family(self) -> Dict[str, Tuple[str, str]]:
-        """{comparison: (configuration, baseline)} at the chosen rates: every configuration against the
-        Transformer, and :data:`REVIEWED_EXTRA_COMPARISONS` ("A vs B"); only those whose rates are chosen."""
-        chosen = {m.name: v for m, v in ((m, self.main_variant(m)) for m in self.methods) if v}
-        pairs = [(name, "transformer") for name in chosen if name != "transformer"]
-        pairs += [pair for pair in REVIEWED_EXTRA_COMPARISONS if pair[0] in chosen and pair[1] in chosen]
-        return {(chosen[a].name if b == "transformer" else f"{chosen[a].name} vs {chosen[b].name}"):
-                (chosen[a].name, chosen[b].name) for a, b in pairs if "transformer" in chosen}
-
-    def main_verdicts(self) -> Optional[Dict[str, dict]]:
-        """:func:`seed_analysis.compare_with_baselines` over the whole family, once: when every configuration's
-        rate is chosen and every run on every seed that it reads is scored."""
-        from fusion_lab import seed_analysis
-
-        family = self.main_family()
-        if len(self.chosen_rates()) < len(self.methods):
-            return None
-        names = {name for pair in family.values() for name in pair}
-        if not all(finished_run(self.rdir(name, seed)) for name in names for seed in self.settings.seeds):
-            return None
-        statistics = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in self.settings.seeds}
-                      for name in names}
-        runs = {comparison: statistics[configuration] for comparison, (configuration, _) in family.items()}
-        runs.update({baseline: statistics[baseline] for _, baseline in family.values()})
-        return seed_analysis.compare_with_baselines(runs, {comparison: baseline for comparison, (_, baseline)
-                                                           in family.items()})
-
-    def choose_longer_budget(self) -> None:
-        path = os.path.join(self.out, "longer_budget.json")
-        if os.path.isfile(path):
-            return
-        verdicts = self.main_verdicts()
-        if verdicts is None:
-            return
-        decided = [name.split("@")[0] for name, found in verdicts.items()
-                   if found["verdict"] != "undecided" and " vs " not in name]
-        methods = [m.name for m in self.methods if m.name == "transformer" or m.name in decided]
-        _write_json(path, {"rule": "the Transformer and every configuration decided better or worse than the "
-                                   "Transformer on all seeds",
-                           "budget": self.settings.longer_budget, "seeds": list(self.settings.longer_seeds),
-                           "methods": methods, "verdicts": {name: found["verdict"] for name, found in verdicts.items()}})
-        log(f"longer budget ({self.settings.longer_budget} updates) for: {', '.join(methods)}")
-        self.plan = make_plan(self.concrete_methods(), self.settings, self.data_bin, self.recipe)
-
-    def start(self, name: str, seed: int, step: str, updates: int) -> None:
-        """Every step on the round's CPU kind only (plan.md: one kind of machine)."""
-        kind = self.settings.cpu_kind
-        if self.settings.device == "cpu" and kind and not cpu_name().startswith(kind):
-            raise ComparisonError(f"--cpu-kind {kind}: this machine is {cpu_name()}; the round's runs train and are "
-                                  "scored on one CPU kind only")
-        super().start(name, seed, step, updates)
-
-    def choose_composition(self) -> None:  # the stages take its place
-        self.choose_learning_rates()
-
-    def choose_third_seed(self) -> None:
-        self.choose_longer_budget()
-
-    def verdict(self, name: str, baseline: str) -> None:
-        return None  # the round decides its configurations together: main_verdicts() and longer_verdicts()
-
-    def longer_verdicts(self) -> Optional[Dict[str, dict]]:
-        """The configurations of stage 3 against the Transformer at the longer budget, once all are scored."""
-        from fusion_lab import seed_analysis
-
-        chosen, budget, seeds = self.chosen_rates(), self.settings.longer_budget, self.settings.longer_seeds
-        names = {name: self.variant(METHODS[name], chosen[name], budget).name for name in self.longer_methods()}
-        if "transformer" not in names or len(names) < 2 or not all(
-                finished_run(self.rdir(name, seed)) for name in names.values() for seed in seeds):
-            return None
-        runs = {name: {seed: run_statistics(self.rdir(name, seed)) for seed in seeds} for name in names.values()}
-        return seed_analysis.compare_with_baselines(
-            runs, {name: names["transformer"] for key, name in names.items() if key != "transformer"})
-
-    def collect(self) -> dict:
-        results = super().collect()
-        verdicts, longer = self.main_verdicts(), self.longer_verdicts()
-        for row in results["methods"]:  # each configuration's row shows its verdict against the Transformer
-            found = {**(verdicts or {}), **(longer or {})}.get(row["method"])
-            if found:
-                row["baseline"] = found["baseline"]
-                row["verdict"] = {"difference": round(found["difference"], 2), "verdict": found["verdict"],
-                                  "ci95": [round(found["ci"][0], 2), round(found["ci"][1], 2)]}
-        results["reviewed"] = {"learning_rates": _read_json(os.path.join(self.out, "learning_rates.json")),
-                               "longer_budget": _read_json(os.path.join(self.out, "longer_budget.json")),
-                               "family": self.main_family(), "verdicts": verdicts, "longer_verdicts": longer}
-        return results
 
 
 def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compare_methods.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train the vanilla Transformer and every paper's headline configuration at a matched size with "
-        "one budget on Multi30k De->En; report BLEU per seed, mean and spread, parameters and learning curves. "
-        "Resumable: run the same command again to continue.")
-    p.add_argument("--methods", nargs="+", help=f"methods (space- or comma-separated) from: {', '.join(METHODS)}; and "
-                   f"'{COMPOSITION}': {COMPOSITION_RULE} (default: {', '.join(SHALLOW_METHODS)}; with --deep: "
-                   f"{', '.join(DEEP_METHODS)})")
-    p.add_argument("--deep", action="store_true", help=f"the 6+6 comparison: --width {DEEP_WIDTH} (unless --width "
-                   "is given), --lr-schedule polynomial, the methods above, and a third seed where two do not decide")
-    p.add_argument("--reviewed", action="store_true", help="the round of examples/comparison/reviewed/plan.md: --width "
-                   f"{DEEP_WIDTH}, --lr-schedule polynomial, --optimizer adam_with_overrides, the configurations "
-                   f"{', '.join(REVIEWED_METHODS)}, each at its own learning rate (a grid on the first seed), --seeds "
-                   f"{' '.join(map(str, REVIEWED_SEEDS))}, and a longer budget for the decided ones")
-    p.add_argument("--seeds", nargs="+", type=int, help="default: 1 2; with --reviewed: "
-                   + " ".join(map(str, REVIEWED_SEEDS)))
+        "one budget on Multi30k De->En in the design of examples/comparison/reviewed/plan.md: each configuration at "
+        "its own peak learning rate, chosen from a grid on the first seed by the validation NLL, on paired seeds, "
+        "then a longer budget for the Transformer and every configuration decided better or worse; report BLEU per "
+        "seed, the paired verdicts, parameters and learning curves. Resumable: run the same command again to "
+        "continue.", epilog="The 3+3 and 6+6 comparisons (--deep) ran with the runner of their pins: "
+        "examples/comparison/converged.sh and deep.sh.")
+    p.add_argument("--methods", nargs="+", default=list(REVIEWED_METHODS),
+                   help=f"methods (space- or comma-separated) from: {', '.join(known_methods())}")
+    p.add_argument("--reviewed", action="store_true", help="accepted for earlier command lines: this design is the "
+                   "only one")
+    p.add_argument("--seeds", nargs="+", type=int, default=list(REVIEWED_SEEDS), help="the paired seeds (at least 2)")
     p.add_argument("--out", default="comparison_out", help="output directory (runs, data, results)")
     g = p.add_argument_group("data")
     g.add_argument("--raw", help="Multi30k raw files (train/val/test_*.de/.en): to prepare the data and the test sets")
@@ -1178,36 +1042,28 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--bpe-merges", type=positive_int, default=8000, help="joint BPE merges when preparing the data")
     g = p.add_argument_group("models")
     w = g.add_mutually_exclusive_group()
-    w.add_argument("--width", type=parse_width,
-                   help=f"common size ENC+DEC:DIM:FFN:HEADS (default {DEFAULT_WIDTH}; with --deep {DEEP_WIDTH})")
+    w.add_argument("--width", type=parse_width, default=parse_width(DEEP_WIDTH),
+                   help="common size ENC+DEC:DIM:FFN:HEADS")
     w.add_argument("--small", dest="width", action="store_const", const=parse_width(SMALL_WIDTH),
                    help=f"the small CPU preset --width {SMALL_WIDTH}")
     g.add_argument("--dropout", type=float, default=0.1)
-    g = p.add_argument_group("budget (identical for every run)")
-    g.add_argument("--max-update", type=positive_int, default=800, help="updates of every run")
+    g = p.add_argument_group("budget (identical for every run of a stage)")
+    g.add_argument("--max-update", type=positive_int, default=3000, help="updates of every run of stages 1 and 2")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate; with --reviewed: the reference rate "
-                   "of the grid, whose runs keep the method's own name")
-    g.add_argument("--learning-rates", type=float, nargs="+", help="with --reviewed: the grid of peak rates on the "
-                   f"first seed (default {' '.join(f'{lr:g}' for lr in REVIEWED_LEARNING_RATES)})")
-    g.add_argument("--longer-budget", type=positive_int, help="with --reviewed: the updates of stage 3 (default: "
-                   "twice --max-update)")
-    g.add_argument("--longer-seeds", type=int, nargs="+", help="with --reviewed: the seeds of stage 3 (default "
-                   f"{' '.join(map(str, REVIEWED_LONGER_SEEDS))})")
-    g.add_argument("--reuse", help="with --reviewed: an exported comparison folder (runs/METHOD/seedS) whose runs of "
-                   "plan.md's 'Runs that count' are copied into --out before anything trains")
-    g.add_argument("--cpu-kind", help=f"with --reviewed: train and score only on a CPU whose name starts so (default "
-                   f"{REVIEWED_CPU_KIND!r}; '' for any)")
-    g.add_argument("--optimizer", choices=("adam", "adam_with_overrides"), help="fairseq's adam (the default), or "
-                   "adam_with_overrides (the default with --reviewed): the same Adam, honouring the parameters' own "
-                   "settings (no weight decay on hyper-connections' static weights)")
+    g.add_argument("--lr", type=float, default=1e-3, help="the reference peak learning rate of the grid, whose runs "
+                   "keep the method's own name")
+    g.add_argument("--learning-rates", type=float, nargs="+", default=list(seed_analysis.LEARNING_RATES),
+                   help="the grid of peak rates on the first seed")
+    g.add_argument("--longer-budget", type=positive_int, help="the updates of stage 3, twice --max-update when not given")
+    g.add_argument("--longer-seeds", type=int, nargs="+", help="the seeds of stage 3, the first three --seeds "
+                   "when not given")
+    g.add_argument("--reuse", help="an exported comparison folder (runs/METHOD/seedS) whose runs of plan.md's 'Runs "
+                   "that count' are copied into --out before anything trains")
+    g.add_argument("--cpu-kind", default=REVIEWED_CPU_KIND, help="train and score only on a CPU whose name starts "
+                   "so ('' for any)")
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
-    g.add_argument("--lr-schedule", choices=("inverse_sqrt", "polynomial"), help="inverse_sqrt (the default; never "
-                   "anneals) or polynomial: linear from the warm-up to 0 at the run's budget (the default with --deep)")
-    g.add_argument("--finetune-update", type=positive_int, default=2000, help="updates of the runs that start from the "
-                   "Transformer's final averaged checkpoint (transformer_continued, deeprep_finetuned)")
     g.add_argument("--planned-cpu-hours", type=float, help="the plan's CPU-hours, put beside the actual in the report")
-    g.add_argument("--eval-every", type=positive_int, default=100, help="updates between validations and checkpoints")
+    g.add_argument("--eval-every", type=positive_int, default=250, help="updates between validations and checkpoints")
     g.add_argument("--beam", type=positive_int, default=5)
     g.add_argument("--train-args", default="", help="extra fairseq-train flags for every run (e.g. '--fp16')")
     g.add_argument("--gen-args", default="", help="extra fairseq-generate flags for every run's test translation")
@@ -1224,26 +1080,8 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
     g.add_argument("--log-interval", type=positive_int, default=50, help=argparse.SUPPRESS)
     settings = p.parse_args(argv)
-    reviewed = settings.reviewed
-    if not reviewed:
-        given = [flag for flag, value in (("--learning-rates", settings.learning_rates), ("--longer-budget",
-                 settings.longer_budget), ("--longer-seeds", settings.longer_seeds), ("--reuse", settings.reuse),
-                 ("--cpu-kind", settings.cpu_kind)) if value is not None]
-        if given:
-            p.error(f"{', '.join(given)}: only with --reviewed")
-    if reviewed and settings.deep:
-        p.error("--reviewed and --deep are two rounds: give one")
-    settings.width = settings.width or parse_width(DEEP_WIDTH if settings.deep or reviewed else DEFAULT_WIDTH)
-    settings.lr_schedule = settings.lr_schedule or ("polynomial" if settings.deep or reviewed else "inverse_sqrt")
-    settings.methods = settings.methods or [",".join(REVIEWED_METHODS if reviewed else
-                                                     DEEP_METHODS if settings.deep else SHALLOW_METHODS)]
-    settings.seeds = settings.seeds or list(REVIEWED_SEEDS if reviewed else (1, 2))
-    settings.optimizer = settings.optimizer or ("adam_with_overrides" if reviewed else "adam")
-    if reviewed:
-        settings.learning_rates = settings.learning_rates or list(REVIEWED_LEARNING_RATES)
-        settings.longer_budget = settings.longer_budget or 2 * settings.max_update
-        settings.longer_seeds = settings.longer_seeds or list(REVIEWED_LONGER_SEEDS)
-        settings.cpu_kind = REVIEWED_CPU_KIND if settings.cpu_kind is None else settings.cpu_kind
+    settings.longer_budget = settings.longer_budget or 2 * settings.max_update
+    settings.longer_seeds = settings.longer_seeds or settings.seeds[:3]
     return settings
 
 
@@ -1265,11 +1103,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     claim_out_dir(settings.out, OUT_NAMES, "fusion-fairseq compare_methods.py", settings.force, "compare_methods.py",
                   ComparisonError)
     data_bin = prepare_data(settings)
-    if settings.reviewed and settings.reuse:
+    if settings.reuse:
         for run in reuse_runs(os.path.abspath(settings.reuse), settings.out, REVIEWED_REUSED, settings.cpu_kind):
             log(f"{run}: reused from {settings.reuse}")
-    experiment = (ReviewedExperiment if settings.reviewed else Experiment)(settings, methods, data_bin,
-                                                                            corpus.read_recipe_env(data_bin))
+    experiment = Experiment(settings, methods, data_bin, corpus.read_recipe_env(data_bin))
     done = [run for run in experiment.runs() if finished_run(experiment.rdir(*run))]
     for name, seed in done:
         log(f"{name} seed {seed}: already done, not retrained")
@@ -1285,37 +1122,26 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 #: what this tool writes into --out: a folder holding one of them without its stamp is refused (without --force)
-OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "composition.json",
-             "learning_rates.json", "longer_budget.json", "runs", "data", "test-sets")
+OUT_NAMES = ("results.md", "results.json", "learning_curves.png", "plan.json", "learning_rates.json",
+             "longer_budget.json", "runs", "data", "test-sets")
 
 
 def check_settings(settings, methods: List[Method]) -> None:
     """Before any work. Every update a run stops at must be a multiple of --eval-every: fairseq writes the
     interval checkpoints (the resume points and the averaged ones) only there."""
-    names = [method.name for method in methods]
-    if len(set(settings.seeds)) != len(settings.seeds):
-        raise ComparisonError("--seeds: repeated seed")
-    if "transformer" not in names:
+    if "transformer" not in [method.name for method in methods]:
         log("note: the baseline 'transformer' is not among --methods; its size is still the matching target")
-    missing = [name for name in ("transformer", *COMPONENTS) if name not in names]
-    if COMPOSITION in names and missing:
-        raise ComparisonError(f"--methods: '{COMPOSITION}' is chosen from the runs of {', '.join(COMPONENTS)} and "
-                              f"transformer; add {', '.join(missing)}")
-    stops = [("--max-update", settings.max_update)]
-    if settings.reviewed:
-        stops.append(("--longer-budget", settings.longer_budget))
-        if any(method.init for method in methods) or COMPOSITION in names:
-            raise ComparisonError("--reviewed: every configuration trains from scratch, and the composition is not "
-                                  f"one of it; drop {', '.join(m.name for m in methods if m.init or m.name == COMPOSITION)}")
-        if sorted(settings.learning_rates) != sorted(set(settings.learning_rates)) or settings.lr not in settings.learning_rates:
-            raise ComparisonError(f"--learning-rates {' '.join(map(str, settings.learning_rates))}: distinct rates "
-                                  f"that include the reference --lr {settings.lr:g}")
-        extra = sorted(set(settings.longer_seeds) - set(settings.seeds))
-        if extra:
-            raise ComparisonError(f"--longer-seeds: {extra} not among --seeds (the longer runs pair with them)")
-    if any(method.init for method in methods):
-        stops.append(("--finetune-update", settings.finetune_update))
-    for flag, updates in stops:
+    for flag, seeds in (("--seeds", settings.seeds), ("--longer-seeds", settings.longer_seeds)):
+        if len(set(seeds)) != len(seeds) or len(seeds) < 2:
+            raise ComparisonError(f"{flag} {' '.join(map(str, seeds))}: at least 2 distinct seeds (the paired "
+                                  "analysis needs the spread between seeds)")
+    extra = sorted(set(settings.longer_seeds) - set(settings.seeds))
+    if extra:
+        raise ComparisonError(f"--longer-seeds: {extra} not among --seeds (the longer runs pair with them)")
+    if sorted(settings.learning_rates) != sorted(set(settings.learning_rates)) or settings.lr not in settings.learning_rates:
+        raise ComparisonError(f"--learning-rates {' '.join(map(str, settings.learning_rates))}: distinct rates "
+                              f"that include the reference --lr {settings.lr:g}")
+    for flag, updates in (("--max-update", settings.max_update), ("--longer-budget", settings.longer_budget)):
         if updates % settings.eval_every:
             raise ComparisonError(f"{flag} {updates}: not a multiple of --eval-every {settings.eval_every}, the only "
                                   "updates with a checkpoint")

@@ -1,5 +1,6 @@
-"""The comparison's scores and report: sacreBLEU's paired bootstrap, the verdict, the budget check,
-``results.md`` and ``learning_curves.png`` from the results :mod:`fusion_lab.comparison` collects.
+"""The comparison's scores and report: sacreBLEU's paired bootstrap, the budget check, ``results.md`` and
+``learning_curves.png`` from the results :mod:`fusion_lab.comparison` collects (the verdicts are
+:mod:`fusion_lab.seed_analysis`'s).
 Every score comes from sacreBLEU's public interface (``corpus_score``, ``sentence_score``, ``compute_bleu``,
 ``PairedTest``)."""
 
@@ -11,7 +12,7 @@ from fusion_lab.corpus import read_lines
 
 #: Multi30k's four English test sets; the first is the one ``corpus prepare multi30k`` binarises as ``test``.
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
-#: both bootstraps: the paired one of each seed and the verdict's
+#: the paired bootstrap of each seed
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default
 
@@ -68,37 +69,6 @@ def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
     return {"sacrebleu": round(score.score, 2), "sacrebleu_signature": str(bleu.get_signature()),
             "sentences": sum(scores[name]["sentences"] for name in TEST_SETS),
             "length_ratio": round(score.sys_len / score.ref_len, 3)}
-
-
-#: The verdict, fixed before any of the 6+6 comparison's test scores existed: resampling the seeds makes
-#: seed-to-seed variance count, resampling the sentences the test-set sampling.
-VERDICT_RULE = ("Δ: mean sacreBLEU over the method's seeds minus its baseline's, on the four test sets together; "
-                f"95% interval of {BOOTSTRAP_SAMPLES} bootstrap replicates, each resampling the seeds of both (with "
-                "replacement), then the test sentences (one draw shared by every run); better: the interval is above "
-                "0, worse: below 0, otherwise undecided")
-THIRD_SEED_RULE = ("once every run of the first seeds is scored: one more seed for the Transformer, for every "
-                   "configuration whose verdict is undecided, and for its baseline")
-
-
-def seed_sentence_bootstrap(system: List, baseline: List) -> dict:
-    """:data:`VERDICT_RULE` on the sentence statistics of a method's runs (one per seed) and its baseline's."""
-    import numpy as np
-
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    n = len(system[0])
-
-    def mean_bleu(runs, weights=None):
-        return statistics.fmean(corpus_bleu(run.sum(0) if weights is None else weights @ run) for run in runs)
-
-    differences = []
-    for _ in range(BOOTSTRAP_SAMPLES):
-        picked = [[runs[i] for i in rng.integers(len(runs), size=len(runs))] for runs in (system, baseline)]
-        weights = np.bincount(rng.integers(n, size=n), minlength=n)
-        differences.append(mean_bleu(picked[0], weights) - mean_bleu(picked[1], weights))
-    low, high = (round(float(x), 2) for x in np.percentile(differences, [2.5, 97.5]))
-    return {"difference": round(mean_bleu(system) - mean_bleu(baseline), 2), "ci95": [low, high],
-            "seeds": [len(system), len(baseline)], "samples": BOOTSTRAP_SAMPLES,
-            "verdict": "better" if low > 0 else "worse" if high < 0 else "undecided"}
 
 
 #: With a fixed budget, the check after training that it was enough; the report says whether it held.
@@ -171,12 +141,10 @@ def markdown(results: dict) -> str:
 
 
 def reviewed_sections(results: dict) -> List[str]:
-    """``--reviewed``: the learning-rate grid, the verdicts at the chosen rates and at the longer budget."""
-    reviewed = results.get("reviewed")
-    if not reviewed:
-        return []
+    """The learning-rate grid, the verdicts at the chosen rates and at the longer budget."""
     from fusion_lab.seed_analysis import ANALYSIS_RULE, LEARNING_RATE_RULE
 
+    reviewed = results["reviewed"]
     rates = reviewed.get("learning_rates") or {"validation_nll": {}, "chosen": {}}
     grid = results["settings"]["learning_rates"]
     grid_rows = [[name, *(f"{nll:.3f}" if nll is not None else "–" for nll in
@@ -202,8 +170,7 @@ def header(results: dict) -> List[str]:
     runs = [run for r in results["methods"] for run in r["runs"]]
     n_done = sum(run["status"] == "done" for run in runs)
     devices = sorted({d for run in runs for d in run.get("devices", [])})
-    schedule = (f"linear decay to 0 at the budget after {s['warmup']} warm-up updates" if s["lr_schedule"] == "polynomial"
-                else f"inverse-sqrt schedule with {s['warmup']} warm-up updates")
+    grid = ", ".join(f"{lr:g}" for lr in s["learning_rates"])
     return [
         "# One benchmark for all methods: Multi30k De->En", "",
         f"Written {results['written']} by `scripts/compare_methods.py`. **{n_done} of {len(runs)} runs done**"
@@ -211,8 +178,9 @@ def header(results: dict) -> List[str]:
         f"* Data: {results['task']}, one joint BPE and one joined dictionary for all methods (`{results['data_bin']}`).",
         f"* Width: {s['width_text']} (`--width {s['width']}`); `--share-all-embeddings` for every encoder-decoder "
         "model (layer-wise coordination has one embedding for both sides and the softmax by construction).",
-        f"* Budget: {s['max_update']} updates of ≤{s['max_tokens']} tokens (the runs that start from the Transformer's "
-        f"final model: {s['finetune_update']} more), Adam (0.9, 0.98), lr {s['lr']}, {schedule}, dropout {s['dropout']}, "
+        f"* Budget: {s['max_update']} updates of ≤{s['max_tokens']} tokens ({s['longer_budget']} at the longer "
+        f"budget), Adam (0.9, 0.98), each configuration's peak learning rate from {grid} (below), linear decay to 0 "
+        f"at the budget after {s['warmup']} warm-up updates, dropout {s['dropout']}, "
         f"label smoothing 0.1, weight decay 1e-4; validation + checkpoint every {s['eval_every']} updates. "
         f"Seeds: {', '.join(map(str, s['seeds']))}.",
         f"* Scored: the average of the last {s['averaged']} checkpoints, beam {s['beam']}: detokenised sacreBLEU "
@@ -243,9 +211,9 @@ def summary_table(results: dict) -> List[str]:
                       f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–", *cells,
                       _mean_std(r["test"]["all"]), "–" if own else r["baseline"], _interval(r.get("verdict")),
                       "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"])
-    rule = "the paired analysis of the sections above" if results.get("reviewed") else VERDICT_RULE
     return _table("Summary", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the output's "
-                  f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: {rule}.",
+                  f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: the paired "
+                  "analysis of the sections above.",
                   ["method", "params", "vs Transformer", *(f"seed {seed}" for seed in seeds), "mean ± std",
                    "-baseline", "Δ [95% interval]", "-verdict"], table)
 
@@ -271,7 +239,7 @@ def runs_table(results: dict) -> List[str]:
 
 
 def checks(results: dict) -> List[str]:
-    check, third, hours = results["budget_check"], results["third_seed"], results["cpu_hours"]
+    check, hours = results["budget_check"], results["cpu_hours"]
     lines = ["", "## Budget check", "", f"Rule ({CHECK_RULE}): " + (
         "not checked (no Transformer run has reached the budget, or the budget is shorter than the windows)."
         if not check else
@@ -279,9 +247,6 @@ def checks(results: dict) -> List[str]:
         f"{', '.join(map(str, check['updates']))}: " + "; ".join(
             f"seed {seed}: " + (found.get("error") or " → ".join(f"{v:.3f}" for v in found["nll"]))
             for seed, found in check["seeds"].items()) + ").")]
-    if results["settings"]["deep"]:
-        lines += ["", f"Third seed ({THIRD_SEED_RULE}): " + (
-            f"seed {third['seed']} for {', '.join(third['methods'])}." if third else "not decided yet.")]
     return lines + ["", f"CPU-hours: planned {hours['planned'] if hours['planned'] is not None else '–'}; actual so "
                     f"far {hours['actual']} (training and test decoding summed over the runs, times the threads per run)."]
 

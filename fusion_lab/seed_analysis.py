@@ -380,10 +380,10 @@ def new_rule_rejects(scores: np.ndarray, noise: NoiseModel, alpha: float = ALPHA
 
 def old_rule_rejects(scores: np.ndarray, noise: NoiseModel, rng: np.random.Generator, replicates: int = 1000,
                      alpha: float = ALPHA) -> np.ndarray:
-    """The 6+6 comparison's rule (``comparison_report.VERDICT_RULE``) on simulated scores of two configurations
-    (simulations x 2 x seeds): per replicate, each configuration's seeds resampled with replacement
-    independently, then the sentences (one draw shared by every run: here a fresh offset per configuration of
-    the noise model's size); better / worse when the percentile interval excludes 0."""
+    """The 6+6 comparison's rule (``VERDICT_RULE`` of its runner, at examples/comparison/deep.sh's pin) on
+    simulated scores of two configurations (simulations x 2 x seeds): per replicate, each configuration's seeds
+    resampled with replacement independently, then the sentences (one draw shared by every run: here a fresh
+    offset per configuration of the noise model's size); better / worse when the percentile interval excludes 0."""
     if len(scores) > 1000:  # in pieces: replicates x seeds indices per simulation
         return np.concatenate([old_rule_rejects(scores[i:i + 1000], noise, rng, replicates, alpha)
                                for i in range(0, len(scores), 1000)])

@@ -1,6 +1,7 @@
 """scripts/compare_methods.py (fusion_lab.comparison and comparison_report): a smoke run of the whole
-pipeline on a tiny slice of Multi30k (2 methods x 2 seeds x 4 updates at a tiny width), the report's numbers,
-resuming without retraining, and the errors."""
+pipeline on a tiny slice of Multi30k (2 methods, the grid of learning rates on seed 1, seed 2 at the chosen
+rates, then the longer budget; 4 and 8 updates at a tiny width), the report's numbers, resuming without
+retraining, the launchers, and the errors."""
 
 import fcntl
 import json
@@ -28,16 +29,38 @@ def _argv(raw, out, methods=None):
     return ["--raw", raw, "--out", out, "--methods", ",".join(methods or METHODS_UNDER_TEST),
             "--seeds", *map(str, SEEDS), "--width", "1+1:16:32:2", "--max-update", "4", "--eval-every", "2",
             "--warmup", "2", "--max-tokens", "512", "--bpe-merges", "200", "--device", "cpu", "--jobs", "2",
-            "--threads", "1", "--gen-args", "--max-len-a 0 --max-len-b 12"]
+            "--threads", "1", "--cpu-kind", "", "--gen-args", "--max-len-a 0 --max-len-b 12"]
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    """The whole design; the verdicts at the chosen rates made "better" so that stage 3 trains SurfaceFusion too
+    (4 updates cannot tell two configurations apart)."""
+    from fusion_lab import seed_analysis
+
     root = tmp_path_factory.mktemp("comparison")
     raw, out = str(root / "raw"), str(root / "out")
     write_multi30k_slice(raw)
-    results = main(_argv(raw, out))
+    real = seed_analysis.compare_with_baselines
+
+    def all_decided(runs, baselines, **kwargs):
+        found = real(runs, baselines, **kwargs)
+        if any("@8" in name for name in runs):
+            return found
+        return {name: dict(row, verdict="better") for name, row in found.items()}
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(seed_analysis, "compare_with_baselines", all_decided)
+        results = main(_argv(raw, out))
     return raw, out, results
+
+
+def _rows(results):
+    return {row["method"]: row for row in results["methods"]}
+
+
+def _budget(name):
+    return 8 if name.endswith("@8") else 4
 
 
 def _done(out, method, seed):
@@ -50,20 +73,19 @@ def test_every_run_has_numeric_bleu_and_params(smoke):
     _, out, results = smoke
     with open(os.path.join(out, "results.json")) as f:
         stored = json.load(f)
-    assert [m["method"] for m in stored["methods"]] == METHODS_UNDER_TEST
-    for row in stored["methods"]:
+    rows = _rows(stored)
+    assert {"transformer", "surface_fusion", "transformer@lr0.0005", "surface_fusion@lr0.002"} <= set(rows)
+    for row in rows.values():
         assert isinstance(row["params"], int) and row["params"] > 0
-        assert [r["seed"] for r in row["runs"]] == SEEDS
         for run in row["runs"]:
             assert run["status"] == "done"
             for key in ("sacrebleu", "tokenized_bleu"):
                 assert isinstance(run[key], (int, float)) and 0 <= run[key] <= 100
             assert run["params"] == row["params"]  # fairseq's logged count == the plan's count
-            assert run["updates"] == 4
+            assert run["updates"] == _budget(row["method"])
             assert run["curve"], "no validation points parsed from the log"
     # SurfaceFusion adds parameters to the same-width Transformer (its surface attention)
-    params = {m["method"]: m["params"] for m in stored["methods"]}
-    assert params["surface_fusion"] > params["transformer"]
+    assert rows["surface_fusion"]["params"] > rows["transformer"]["params"]
     assert stored["settings"]["max_update"] == 4 and stored["settings"]["seeds"] == SEEDS
 
 
@@ -72,8 +94,11 @@ def test_mean_and_spread_by_hand(smoke):
     _, out, results = smoke
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         md = f.read()
-    assert "4 of 4 runs done" in md
-    for row in results["methods"]:
+    runs = [run for row in results["methods"] for run in row["runs"]]
+    assert f"{len(runs)} of {len(runs)} runs done" in md
+    paired_rows = [row for row in results["methods"] if len(row["runs"]) == 2]
+    assert len(paired_rows) == 4  # each configuration at its chosen rate and at the longer budget
+    for row in paired_rows:
         for key in ("sacrebleu", "tokenized_bleu"):
             values = [_done(out, row["method"], seed)[key] for seed in SEEDS]
             stats = row[key]
@@ -81,7 +106,7 @@ def test_mean_and_spread_by_hand(smoke):
             assert stats["mean"] == pytest.approx((values[0] + values[1]) / 2, abs=0.006)
             assert stats["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5, abs=0.006)
             assert (stats["min"], stats["max"]) == (min(values), max(values))
-        title = METHODS[row["method"]].title
+        title = row["title"]
         summary = md.split("## Summary")[1].split("## ")[0]
         line = next(line for line in summary.splitlines() if line.startswith(f"| {title} |"))
         assert f"{row['params']:,}" in line and f"{row['test']['all']['mean']:.2f} ± " in line
@@ -103,13 +128,16 @@ def test_four_test_sets_the_averaged_checkpoint_and_the_paired_difference(smoke)
     assert done["scores"]["average"]["all"]["sentences"] == sum(MULTI30K_SLICE[name] for name in comparison.TEST_SETS)
     assert done["averaged_updates"] == [2, 4]
     assert done["trained_by"] and "unknown" not in done["trained_by"] and done["evaluated_by"]
-    row = next(r for r in results["methods"] if r["method"] == "surface_fusion")
-    paired = row["runs"][0]["paired"]
+    rows = _rows(results)
+    paired = rows["surface_fusion"]["runs"][0]["paired"]
     assert paired["difference"] == pytest.approx(paired["system"] - paired["baseline"], abs=0.011)
     assert paired["ci95"][0] <= paired["difference"] <= paired["ci95"][1]
     baseline_all = _done(out, "transformer", 1)["scores"]["average"]["all"]["sacrebleu"]
     assert paired["baseline"] == pytest.approx(baseline_all, abs=0.011)
-    assert row["verdict"]["seeds"] == [2, 2] and row["verdict"]["verdict"] in ("better", "worse", "undecided")
+    (name, found), = results["reviewed"]["verdicts"].items()  # SurfaceFusion at its chosen rate
+    verdict = rows[name]["verdict"]
+    assert name.startswith("surface_fusion") and verdict["verdict"] == found["verdict"] == "better"
+    assert verdict["ci95"][0] <= verdict["difference"] <= verdict["ci95"][1]
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         md = f.read()
     line = next(line for line in md.split("## Runs")[1].splitlines() if line.startswith("| surface_fusion | 1 |"))
@@ -173,16 +201,17 @@ def test_learning_curve_png(smoke):
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     for row in results["methods"]:
-        assert row["curve_seeds"] == 2
-        assert set(row["mean_curve"]) == {"2", "4"}  # --eval-every 2, --max-update 4
+        assert row["curve_seeds"] == len(row["runs"])
+        assert set(row["mean_curve"]) == {str(u) for u in range(2, _budget(row["method"]) + 1, 2)}  # --eval-every 2
         runs = [{u: v for u, v in r["curve"].items()} for r in row["runs"]]
         assert row["mean_curve"]["4"] == pytest.approx(statistics.fmean(r["4"] for r in runs), abs=1e-3)
 
 
 @pytest.mark.slow
 def test_second_invocation_does_not_retrain(smoke, capsys):
-    raw, out, _ = smoke
-    markers = {(m, s): os.path.join(out, "runs", m, f"seed{s}", "done.json") for m in METHODS_UNDER_TEST for s in SEEDS}
+    raw, out, first = smoke
+    runs = [(row["method"], run["seed"]) for row in first["methods"] for run in row["runs"]]
+    markers = {(m, s): os.path.join(out, "runs", m, f"seed{s}", "done.json") for m, s in runs}
     logs = {k: os.path.join(os.path.dirname(p), "run.log") for k, p in markers.items()}
     before = {k: os.stat(p).st_mtime_ns for k, p in markers.items()}
     logs_before = {k: os.stat(p).st_size for k, p in logs.items()}
@@ -191,24 +220,28 @@ def test_second_invocation_does_not_retrain(smoke, capsys):
     printed = capsys.readouterr().out
     assert {k: os.stat(p).st_mtime_ns for k, p in markers.items()} == before
     assert {k: os.stat(p).st_size for k, p in logs.items()} == logs_before  # no worker started
-    for method in METHODS_UNDER_TEST:
-        for seed in SEEDS:
-            assert f"{method} seed {seed}: already done, not retrained" in printed
-    assert "4 of 4 runs done" in printed
+    for method, seed in runs:
+        assert f"{method} seed {seed}: already done, not retrained" in printed
+    assert f"{len(runs)} of {len(runs)} runs done" in printed
     assert all(r["status"] == "done" for row in results["methods"] for r in row["runs"])
 
 
 @pytest.mark.slow
 def test_report_only_shows_pending_runs(smoke, capsys):
+    """A configuration whose grid has not trained yet: its grid runs pending, no verdict for anyone (the
+    family is incomplete), the Transformer's runs reported as they are."""
     raw, out, _ = smoke
     results = main(_argv(raw, out, ["transformer", "mlrf"]) + ["--report-only"])
-    rows = {row["method"]: row for row in results["methods"]}
-    assert [r["status"] for r in rows["transformer"]["runs"]] == ["done", "done"]
-    assert [r["status"] for r in rows["mlrf"]["runs"]] == ["pending", "pending"]
+    rows = _rows(results)
+    assert {name for name in rows if name.startswith("mlrf")} == {"mlrf", "mlrf@lr0.0005", "mlrf@lr0.002"}
+    assert all([r["status"] for r in rows[name]["runs"]] == ["pending"] for name in rows if name.startswith("mlrf"))
+    assert all(r["status"] == "done" for name in rows if name.startswith("transformer") for r in rows[name]["runs"])
+    assert results["reviewed"]["verdicts"] is None and not any(row.get("verdict") for row in rows.values())
     assert not os.path.exists(os.path.join(out, "runs", "mlrf", "seed1", "done.json"))
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         md = f.read()
-    assert "2 of 4 runs done" in md and "| pending | pending |" in md
+    total = sum(len(row["runs"]) for row in rows.values())
+    assert f"{total - 3} of {total} runs done" in md and "| pending | – |" in md
 
 
 @pytest.mark.slow
@@ -225,7 +258,7 @@ def test_bad_method_name_lists_known_ones(tmp_path):
         main(["--methods", "transformer,not_a_method", "--out", str(tmp_path / "out")])
     message = str(error.value.code)
     assert "unknown method(s) 'not_a_method'" in message
-    for name in METHODS:
+    for name in comparison.known_methods():
         assert name in message
     assert not os.path.exists(tmp_path / "out" / "data")  # fails before any work
 
@@ -269,9 +302,9 @@ def test_every_method_uses_known_flags():
 
     from fairseq import options
 
-    width = parse_width(comparison.DEFAULT_WIDTH)
+    width = parse_width(comparison.DEEP_WIDTH)
     settings = SimpleNamespace(dropout=0.1, lr=1e-3, warmup=10, max_tokens=100, max_update=1, eval_every=1,
-                               log_interval=1, train_args="", lr_schedule="inverse_sqrt", optimizer="adam_with_overrides")
+                               log_interval=1, train_args="")
     known = options.get_training_parser()
     options.parse_args_and_arch(known, ["unused", "--user-dir", comparison.PLUGIN_DIR, "--arch", "fusion_transformer"])
     for method in METHODS.values():
@@ -288,7 +321,7 @@ def test_every_method_uses_known_flags():
         # batches made in the training thread: a prefetching thread still collating at exit aborts fairseq-train
         assert (args.num_workers, args.data_buffer_size) == (0, 0)
         if method.style == "encdec":
-            assert args.share_all_embeddings and args.encoder_embed_dim == 256 and args.decoder_layers == 3
+            assert args.share_all_embeddings and args.encoder_embed_dim == 128 and args.decoder_layers == 6
 
 
 def _trainings(rdir):
@@ -299,33 +332,29 @@ def _trainings(rdir):
 
 
 @pytest.mark.slow
-def test_staged_runs_and_composition(tmp_path, monkeypatch):
-    """The composition is chosen from the first seed's curves once its components reached the budget and
-    then trains; --stage train evaluates nothing, --stage evaluate trains nothing."""
-    monkeypatch.setattr(comparison, "COMPONENTS", ("surface_fusion", "fgla"))
+def test_staged_runs(tmp_path):
+    """--stage train trains every run it can reach to its budget and evaluates none: the grid, then, the rate
+    chosen from the grid's validation NLL, the other seed and the Transformer's longer budget at it; --stage
+    evaluate trains nothing. A Transformer alone has no comparison: no verdict, and no other configuration
+    trains longer."""
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
     write_multi30k_slice(raw)
-    argv = _argv(raw, out, ["transformer", "surface_fusion", "fgla", "composition"])
-    argv[argv.index("--seeds") + 1:argv.index("--seeds") + 3] = ["1"]
+    argv = _argv(raw, out, ["transformer"])
     main(argv + ["--stage", "train"])
-    with open(os.path.join(out, "composition.json")) as f:
-        assert json.load(f)["components"] in (["surface_fusion", "fgla"], ["fgla", "surface_fusion"])
-    for method in ("transformer", "surface_fusion", "fgla", "composition"):
-        rdir = os.path.join(out, "runs", method, "seed1")
-        assert comparison.saved_updates(os.path.join(rdir, "checkpoints")) == 4
+    with open(os.path.join(out, "learning_rates.json")) as f:
+        chosen = comparison.at_learning_rate(METHODS["transformer"], json.load(f)["chosen"]["transformer"], 1e-3)
+    longer = comparison.at_budget(chosen, 8).name
+    trained = [("transformer@lr0.0005", 1), ("transformer", 1), ("transformer@lr0.002", 1), (chosen.name, 2),
+               (longer, 1), (longer, 2)]
+    for name, seed in trained:
+        rdir = os.path.join(out, "runs", name, f"seed{seed}")
+        assert comparison.saved_updates(os.path.join(rdir, "checkpoints")) == _budget(name)
         assert not os.path.exists(os.path.join(rdir, "done.json"))
         assert all(training["commit"] for training in _trainings(rdir))
     results = main(argv + ["--stage", "evaluate"])
-    assert [run["status"] for row in results["methods"] for run in row["runs"]] == ["done"] * 4
-    assert all(run["updates"] == 4 for row in results["methods"] for run in row["runs"])
-
-
-def test_composition_rule():
-    nll = {"a": 3.0, "b": 3.1, "c": 3.2, "d": 3.4}
-    everything = lambda names: True  # noqa: E731
-    assert comparison.choose_components(nll, 3.3, everything) == ["a", "b", "c"]
-    assert comparison.choose_components(nll, 3.3, lambda names: not {"a", "b"} <= set(names)) == ["a", "c"]
-    assert comparison.choose_components(nll, 3.05, everything) == ["a", "b"]  # fewer than two beat it: the two best
+    statuses = {(row["method"], run["seed"]): run["status"] for row in results["methods"] for run in row["runs"]}
+    assert statuses == {run: "done" for run in trained}
+    assert results["reviewed"]["verdicts"] is None and not os.path.exists(os.path.join(out, "longer_budget.json"))
 
 
 def _fake_checkpoint(path, updates):
@@ -473,29 +502,6 @@ def test_the_reported_curve_stops_at_the_budget(tmp_path):
     assert comparison.collect_run(str(tmp_path), "transformer", 1, 500)["curve"] == {"250": 2.75, "500": 2.5}
 
 
-def test_the_composition_is_chosen_when_its_components_were_evaluated_before_it(tmp_path, monkeypatch):
-    """An evaluated run keeps only the checkpoint it scores, which may come before the budget: it
-    still counts as trained to the budget."""
-    out = tmp_path / "out"
-    curves = {"transformer": 2.70, "mlrf": 2.60, "deeprep": 2.65, "surface_fusion": 2.75, "fgla": 2.80}
-    for name, best in curves.items():
-        rdir = out / "runs" / name / "seed1"
-        (rdir / "checkpoints").mkdir(parents=True)
-        (rdir / "run.log").write_text("".join(f'x | valid | {{"valid_nll_loss": "{best + (4 - u) / 100}", '
-                                              f'"valid_num_updates": "{u}"}}\n' for u in (1, 2, 3, 4)))
-        (rdir / "checkpoints" / "checkpoint_1_3.pt").write_bytes(b"")
-        (rdir / "done.json").write_text(json.dumps({**dict.fromkeys(comparison.DONE_KEYS, 0), "scores": {}}))
-    monkeypatch.setattr(comparison, "_build_counter", lambda *args: lambda method, flags: 1)
-    monkeypatch.setattr(comparison, "make_plan", lambda *args: {})
-    experiment = object.__new__(comparison.Experiment)
-    experiment.out, experiment.methods = str(out), comparison.resolve_methods(["transformer,composition"])
-    experiment.settings = comparison.parse_settings(["--out", str(out), "--seeds", "1", "--max-update", "4"])
-    experiment.data_bin, experiment.recipe = None, {}
-    experiment.choose_composition()
-    with open(out / "composition.json") as f:
-        assert json.load(f)["components"] == ["mlrf", "deeprep"]
-
-
 def test_a_killed_unfinished_run_reports_its_time_until_its_last_log_line(tmp_path):
     rdir = tmp_path / "runs" / "mlrf" / "seed1"
     rdir.mkdir(parents=True)
@@ -507,6 +513,7 @@ def test_a_killed_unfinished_run_reports_its_time_until_its_last_log_line(tmp_pa
 
 @pytest.mark.parametrize("flags, message", [
     (["--max-update", "5", "--eval-every", "2"], r"--max-update 5: not a multiple of --eval-every 2, the only"),
+    (["--max-update", "4", "--eval-every", "2", "--longer-budget", "7"], r"--longer-budget 7: not a multiple of"),
 ])
 def test_a_run_must_stop_where_fairseq_writes_a_checkpoint(tmp_path, flags, message):
     with pytest.raises(SystemExit, match=message):
@@ -555,52 +562,6 @@ def test_the_readme_headline_is_the_deep_report_as_committed():
             assert f"| {cells[8]} | {cells[9]} |" in matching[0], cells[0]
 
 
-@pytest.mark.slow
-def test_the_deep_plan_end_to_end(tmp_path, monkeypatch):
-    """--deep at a tiny width: the polynomial schedule to the budget, the fine-tuned rows starting from the
-    Transformer's final averaged checkpoint, only the average scored, the seeds-and-sentences verdict, a
-    third seed once the first two are scored, the budget check and the package versions of every run."""
-    monkeypatch.setattr(report, "CHECK_WINDOW", 2)
-    monkeypatch.setattr(report, "CHECK_WINDOWS", 1)
-    raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
-    write_multi30k_slice(raw)
-    argv = _argv(raw, out, ["transformer", "fgla", "transformer_continued", "deeprep_finetuned"]) + [
-        "--deep", "--finetune-update", "2", "--planned-cpu-hours", "1.5"]
-    argv[argv.index("--width") + 1] = "2+2:16:32:2"  # the layer-diversity criterion needs two layers a side
-    results = main(argv)
-    with open(os.path.join(out, "third_seed.json")) as f:
-        third = json.load(f)
-    assert third["seed"] == 3 and "transformer" in third["methods"]
-    assert set(third["intervals"]) == {"fgla", "transformer_continued", "deeprep_finetuned"}
-    rows = {row["method"]: row for row in results["methods"]}
-    assert [run["seed"] for run in rows["transformer"]["runs"]] == [1, 2, 3]
-    assert all(run["status"] == "done" for row in rows.values() for run in row["runs"])
-    for name, row in rows.items():
-        for run in row["runs"]:
-            rdir = os.path.join(out, run["dir"])
-            with open(os.path.join(rdir, "config.json")) as f:
-                argv_run = json.load(f)["train_argv"]
-            total = argv_run[argv_run.index("--total-num-update") + 1]
-            assert argv_run[argv_run.index("--lr-scheduler") + 1] == "polynomial_decay"
-            done = _done(out, name, run["seed"])
-            assert list(done["scores"]) == ["average"] and any(p.startswith("torch==") for p in done["packages"])
-            if name in ("transformer_continued", "deeprep_finetuned"):
-                start = argv_run[argv_run.index("--finetune-from-model") + 1]
-                assert total == "2" and start == os.path.join(out, "runs", "transformer", f"seed{run['seed']}",
-                                                              "checkpoints", "average-last5-to-4.pt")
-                assert os.path.isfile(start) and done["updates"] == 2
-            else:
-                assert total == "4" and "--finetune-from-model" not in argv_run
-    assert rows["deeprep_finetuned"]["baseline"] == "transformer_continued"
-    assert rows["fgla"]["verdict"]["seeds"] == [len(rows["fgla"]["runs"]), 3]
-    assert results["budget_check"]["updates"] == [2, 4] and set(results["budget_check"]["seeds"]) == {"1", "2", "3"}
-    seconds = sum(run["train_seconds"] + run["generate_seconds"] for row in rows.values() for run in row["runs"])
-    assert seconds > 0 and results["cpu_hours"] == {"planned": 1.5, "actual": round(seconds / 3600, 1)}
-    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
-        md = f.read()
-    assert "## Summary" in md and "## Budget check" in md and "Third seed (" in md and "planned 1.5" in md
-
-
 def test_summed_sentence_statistics_give_sacrebleus_corpus_score():
     from sacrebleu.metrics import BLEU
 
@@ -612,55 +573,26 @@ def test_summed_sentence_statistics_give_sacrebleus_corpus_score():
         hypotheses[:2], [references[:2]]).score
 
 
-def _statistics(matches, sentences=200):
-    """Sentence statistics of a system whose every sentence of 10 words has ``matches`` unigram matches
-    (and as many of every longer n-gram, so BLEU grows with it)."""
-    import numpy as np
-
-    row = [matches, max(matches - 1, 0), max(matches - 2, 0), max(matches - 3, 0), 10, 9, 8, 7, 10, 10]
-    return np.array([row] * sentences)
-
-
-def test_the_verdict_counts_the_seed_to_seed_spread_and_the_sentences():
-    better = report.seed_sentence_bootstrap([_statistics(8), _statistics(8)], [_statistics(6), _statistics(6)])
-    assert better["verdict"] == "better" and better["difference"] > 0 and better["ci95"][0] > 0
-    worse = report.seed_sentence_bootstrap([_statistics(6), _statistics(6)], [_statistics(8), _statistics(8)])
-    assert worse["verdict"] == "worse" and worse["ci95"][1] < 0
-    # the same mean gain, but one seed of the method below the baseline: the seeds' spread makes it undecided,
-    # which a per-seed test of the sentences alone (each seed's interval) could not see as one verdict
-    spread = report.seed_sentence_bootstrap([_statistics(9), _statistics(5)], [_statistics(6), _statistics(6)])
-    assert spread["verdict"] == "undecided" and spread["ci95"][0] < 0 < spread["ci95"][1]
-    assert spread["seeds"] == [2, 2] and spread["samples"] == report.BOOTSTRAP_SAMPLES
+def test_the_reviewed_design_is_the_default():
+    """plan.md's design without flags: the 6+6 width, its configurations, the grid of learning rates, six paired
+    seeds and the longer budget of twice the updates on the first three; every run decays to 0 at its budget."""
+    settings = comparison.parse_settings([])
+    assert str(settings.width) == comparison.DEEP_WIDTH == "6+6:128:512:4"
+    assert [m.name for m in comparison.resolve_methods(settings.methods)] == list(comparison.REVIEWED_METHODS)
+    assert settings.learning_rates == [5e-4, 1e-3, 2e-3] and settings.seeds == [1, 2, 3, 4, 5, 6]
+    assert (settings.max_update, settings.eval_every, settings.longer_budget) == (3000, 250, 6000)
+    assert settings.longer_seeds == [1, 2, 3] and settings.cpu_kind == "AMD EPYC"
+    assert comparison.parse_settings(["--reviewed", "--seeds", "3", "4"]).longer_seeds == [3, 4]
+    flags = comparison.common_train_flags(settings, "de", "en", 6000, 2e-3)
+    assert flags[flags.index("--lr"):flags.index("--weight-decay")] == [
+        "--lr", "0.002", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "250", "--end-learning-rate", "0",
+        "--total-num-update", "6000"]
+    assert flags[flags.index("--optimizer") + 1] == "adam_with_overrides"
 
 
-def test_the_deep_preset_and_its_schedule():
-    settings = comparison.parse_settings(["--deep", "--max-update", "3000"])
-    assert str(settings.width) == comparison.DEEP_WIDTH == "6+6:128:512:4" and settings.lr_schedule == "polynomial"
-    assert comparison.resolve_methods(settings.methods)[-1].name == "composition"
-    assert {"denseformer", "hyper_connections", "deeprep_finetuned", "transformer_continued",
-            *comparison.SHALLOW_METHODS} <= {m.name for m in comparison.resolve_methods(settings.methods)}
-    assert comparison.schedule_flags(settings) == ["--lr-scheduler", "polynomial_decay", "--warmup-updates", "250",
-                                                   "--end-learning-rate", "0", "--total-num-update", "3000"]
-    assert comparison.schedule_flags(settings, 1000)[-1] == "1000"  # a fine-tuned run anneals over its own updates
-    shallow = comparison.parse_settings([])
-    assert str(shallow.width) == comparison.DEFAULT_WIDTH and shallow.lr_schedule == "inverse_sqrt"
-    assert [m.name for m in comparison.resolve_methods(shallow.methods)] == list(comparison.SHALLOW_METHODS)
-    assert METHODS["denseformer"].flags == ("--denseformer-encoder", "--denseformer-decoder")
-    assert METHODS["hyper_connections"].flags == ("--hyper-connections-encoder", "dynamic", "--hyper-connections-decoder",
-                                                  "dynamic", "--hyper-connections-rate", "4")
-    assert (METHODS["deeprep_finetuned"].init, METHODS["deeprep_finetuned"].baseline) == ("transformer",
-                                                                                         "transformer_continued")
-    assert METHODS["deeprep_finetuned"].criterion == METHODS["deeprep"].criterion
-
-
-@pytest.mark.parametrize("flags, message", [
-    (["--deep", "--max-update", "3000", "--eval-every", "250", "--finetune-update", "900"],
-     r"--finetune-update 900: not a multiple of --eval-every 250"),
-    (["--max-update", "4", "--eval-every", "2"], r"--raw: not given, and .* holds no prepared data"),
-])
-def test_the_deep_plan_refuses_what_it_cannot_run(tmp_path, flags, message):
-    with pytest.raises(SystemExit, match=message):
-        main(["--out", str(tmp_path / "out"), *flags])
+def test_a_missing_raw_is_refused_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match=r"--raw: not given, and .* holds no prepared data"):
+        main(["--out", str(tmp_path / "out"), "--max-update", "4", "--eval-every", "2"])
 
 
 def test_the_budget_check_looks_at_every_seed_of_the_transformer(monkeypatch):
@@ -694,9 +626,8 @@ def test_resuming_is_bit_exact(tmp_path):
     the resume is inside epoch 2, where fairseq alone would form other batches than the run in one go."""
     raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
     write_multi30k_slice(raw)
-    argv = _argv(raw, out, ["transformer"]) + ["--log-interval", "1", "--deep", "--width", "1+1:16:32:2"]
+    argv = _argv(raw, out, ["transformer"]) + ["--log-interval", "1"]
     argv[argv.index("--max-update") + 1], argv[argv.index("--eval-every") + 1] = "20", "10"
-    argv[argv.index("--seeds") + 1:argv.index("--seeds") + 3] = ["1"]
     main(argv + ["--stage", "train"])
     unbroken = os.path.join(out, "runs", "transformer", "seed1")
     resumed = str(tmp_path / "resumed")
@@ -1003,31 +934,17 @@ def test_an_unusable_done_json_stops_every_reader_in_one_line(tmp_path, content)
 
 
 @pytest.mark.slow
-def test_the_reviewed_round_end_to_end(tmp_path, monkeypatch):
-    """--reviewed at a tiny width: the grid of learning rates on the first seed, each configuration's rate
-    chosen from the validation NLL its grid runs logged at the budget (learning_rates.json), the other seeds
-    at that rate only, the paired verdicts of the whole family, and the longer budget for the Transformer and
-    every decided configuration (here one made decided), trained with the same schedule to the longer budget."""
+def test_the_three_stages(smoke):
+    """The grid of learning rates on the first seed, each configuration's rate chosen from the validation NLL
+    its grid runs logged at the budget (learning_rates.json), the other seeds at that rate only, the paired
+    verdicts of the whole family, and the longer budget for the Transformer and every decided configuration,
+    trained with the same schedule to the longer budget."""
     from fusion_lab import seed_analysis
 
-    raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
-    write_multi30k_slice(raw)
-    argv = _argv(raw, out, ["transformer", "fgla"])
-    argv[argv.index("--seeds") + 1: argv.index("--seeds") + 3] = ["1", "2"]
-    argv += ["--reviewed", "--longer-seeds", "1", "2", "--cpu-kind", ""]
-    real = seed_analysis.compare_with_baselines
-
-    def one_decided(runs, baselines, **kwargs):
-        found = real(runs, baselines, **kwargs)
-        if any("@8" in name for name in runs):
-            return found
-        return {name: dict(row, verdict="better") for name, row in found.items()}
-
-    monkeypatch.setattr(seed_analysis, "compare_with_baselines", one_decided)
-    results = main(argv)
+    _, out, results = smoke
     with open(os.path.join(out, "learning_rates.json")) as f:
         rates = json.load(f)
-    assert set(rates["chosen"]) == {"transformer", "fgla"}
+    assert set(rates["chosen"]) == set(METHODS_UNDER_TEST)
     for name, chosen in rates["chosen"].items():
         nll = {float(lr): value for lr, value in rates["validation_nll"][name].items()}
         assert chosen == seed_analysis.choose_learning_rate(nll)
@@ -1045,7 +962,7 @@ def test_the_reviewed_round_end_to_end(tmp_path, monkeypatch):
     assert all(seeds == [1] for name, seeds in rows.items() if name not in main_rows and "@8" not in name)
     with open(os.path.join(out, "longer_budget.json")) as f:
         longer = json.load(f)
-    assert longer["methods"] == ["transformer", "fgla"] and longer["budget"] == 8
+    assert longer["methods"] == METHODS_UNDER_TEST and longer["budget"] == 8
     longer_rows = {name for name in rows if name.endswith("@8")}
     assert len(longer_rows) == 2 and all(rows[name] == [1, 2] for name in longer_rows)
     for name in longer_rows:
@@ -1059,16 +976,17 @@ def test_the_reviewed_round_end_to_end(tmp_path, monkeypatch):
         md = f.read()
     assert "## Learning rates" in md and "## Verdicts at the chosen learning rates" in md
     assert "## Verdicts at the longer budget" in md
-    with open(os.path.join(out, "runs", "fgla", "seed1", "config.json")) as f:
+    with open(os.path.join(out, "runs", "surface_fusion", "seed1", "config.json")) as f:
         config = json.load(f)
     assert len(config["data_sha256"]) == 64
-    assert '"cpu_flags": "' in open(os.path.join(out, "runs", "fgla", "seed1", "run.log"), encoding="utf-8").read()
+    with open(os.path.join(out, "runs", "surface_fusion", "seed1", "run.log"), encoding="utf-8") as f:
+        assert '"cpu_flags": "' in f.read()
 
 
 def test_the_reviewed_round_trains_on_its_cpu_kind_only(tmp_path, monkeypatch):
     """A step of the round on another CPU kind than the plan's is refused in one line naming both."""
     settings = comparison.parse_settings(["--reviewed", "--out", str(tmp_path), "--device", "cpu"])
-    experiment = object.__new__(comparison.ReviewedExperiment)
+    experiment = object.__new__(comparison.Experiment)
     experiment.settings = settings
     monkeypatch.setattr(comparison, "cpu_name", lambda: "Intel(R) Xeon(R) CPU @ 2.20GHz (family 6, model 79)")
     with pytest.raises(comparison.ComparisonError, match="--cpu-kind AMD EPYC: this machine is Intel"):
@@ -1097,13 +1015,22 @@ def test_reused_runs_are_copied_with_their_paths_moved_and_only_from_the_rounds_
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--learning-rates", "0.001"], "--learning-rates: only with --reviewed"),
-    (["--reviewed", "--deep"], "--reviewed and --deep are two rounds"),
+    (["--seeds", "1"], "--seeds 1: at least 2 distinct seeds (the paired analysis needs the spread between seeds)"),
+    (["--seeds", "1", "1", "2"], "--seeds 1 1 2: at least 2 distinct seeds"),
+    (["--longer-seeds", "1"], "--longer-seeds 1: at least 2 distinct seeds"),
+    (["--seeds", "1", "2", "--longer-seeds", "2", "3"], "--longer-seeds: [3] not among --seeds"),
+    (["--learning-rates", "0.0005", "0.002"], "distinct rates that include the reference --lr 0.001"),
+    (["--methods", "transformer,deeprep_finetuned"], "(deeprep_finetuned: the 6+6 comparison's, at "
+                                                     "examples/comparison/deep.sh's pin)"),
+    (["--methods", "composition"], "unknown method(s) 'composition'"),
+    (["--deep"], "unrecognized arguments: --deep"),
+    (["--finetune-update", "1000"], "unrecognized arguments: --finetune-update"),
 ])
-def test_the_reviewed_round_refuses_what_it_cannot_run(tmp_path, capsys, flags, message):
-    with pytest.raises(SystemExit):
-        comparison.parse_settings(["--out", str(tmp_path / "out"), *flags])
-    assert message in capsys.readouterr().err
+def test_what_the_design_cannot_run_is_refused_before_any_work(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as error:
+        main(["--out", str(tmp_path / "out"), *flags])
+    assert message in f"{error.value.code} {capsys.readouterr().err}"
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_capacity_matched_transformer_widens_both_ffns():
