@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The small results of a comparison's folder (scripts/compare_methods.py --out DIR), one path a line,
 # relative to DIR: the report and its decisions, and per run its records, log, scores and test
-# hypotheses; no checkpoint, no data. What examples/comparison/launch.sh exports into the repository and
-# what examples/gpu/run.sh compare packs for the way back from a GPU machine.
+# hypotheses; no checkpoint, no data. What examples/comparison/launch.sh exports into the repository.
 #
 #   bash examples/comparison/small-results.sh DIR
 set -euo pipefail
