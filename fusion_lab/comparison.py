@@ -110,43 +110,14 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            note="the capacity-matched baseline: both FFN widths matched to deep representations' parameters"),
 )}
 
-#: The rows of the finished 3+3 and 6+6 comparisons, which trained at their pins (examples/comparison/converged.sh,
-#: deep.sh): tests/golden_outputs.py checks that main still computes their functions. The two 6+6 rows that
-#: started from the Transformer's final model and the composition chosen after seed 1 are not rows of this runner.
-SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "layerwise_coordination",
-                   "dense_transformer")
-FINE_TUNED = ("transformer_continued", "deeprep_finetuned")
-METHODS.update({fine_tuned: replace(METHODS[name], name=fine_tuned, title=title) for fine_tuned, name, title in (
-    ("transformer_continued", "transformer", "Transformer, continued"),
-    ("deeprep_finetuned", "deeprep", "Deep representations, fine-tuned from the Transformer"))})
-COMPOSITION = "composition"
-DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", *FINE_TUNED, COMPOSITION)
-COMPONENTS = ("mlrf", "deeprep", "fgla")  # the 6+6 composition's candidates
-
-
-def composed_method(components: Sequence[str]) -> Method:
-    """The finished rounds' composition of the ``fusion_transformer`` rows ``components``."""
-    parts = [METHODS[name] for name in components]
-    return Method(COMPOSITION, "Composition: " + " + ".join(components), "fusion_transformer features composed",
-                  "fusion_transformer", tuple(flag for part in parts for flag in part.flags),
-                  criterion=next((part.criterion for part in parts if part.criterion), ()))
-
-
-def known_methods() -> Dict[str, Method]:
-    """The rows this runner trains: every method but the 6+6 comparison's fine-tuned ones."""
-    return {name: method for name, method in METHODS.items() if name not in FINE_TUNED}
-
-
 def resolve_methods(names: Sequence[str]) -> List[Method]:
     wanted = [name.strip() for item in names for name in item.split(",") if name.strip()]
-    known = known_methods()
-    unknown = [name for name in wanted if name not in known]
+    unknown = [name for name in wanted if name not in METHODS]
     if unknown or not wanted:
         problem = f"unknown method(s) {', '.join(map(repr, unknown))}" if unknown else "no method given"
-        pinned = [name for name in unknown if name in DEEP_METHODS]
-        where = f" ({', '.join(pinned)}: the 6+6 comparison's, at examples/comparison/deep.sh's pin)" if pinned else ""
-        raise ComparisonError(f"--methods: {problem}; known methods: {', '.join(known)}{where}")
-    return [known[name] for name in dict.fromkeys(wanted)]
+        raise ComparisonError(f"--methods: {problem}; known methods: {', '.join(METHODS)} (the rows of the earlier "
+                              "tables that are not among them ran at their pins: examples/comparison/deep.sh)")
+    return [METHODS[name] for name in dict.fromkeys(wanted)]
 
 
 @dataclass(frozen=True)
@@ -684,7 +655,8 @@ class Experiment:
     """The runs of one ``--out`` (examples/comparison/reviewed/plan.md): which step each needs next, in which
     order, and the report, in three stages, each decided by a rule fixed beforehand:
 
-    1. the grid: every configuration at each of ``--learning-rates`` on the first seed;
+    1. the grid: every configuration at each rate of the rule's grid (:data:`seed_analysis.LEARNING_RATES`) on the
+       first seed;
     2. every configuration at its chosen rate (``learning_rates.json``, :func:`seed_analysis.choose_learning_rate`
        on the validation NLL its grid runs logged at the budget) on the other seeds;
     3. the Transformer and every configuration decided better or worse on all seeds, at ``--longer-budget``
@@ -1031,7 +1003,7 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "continue.", epilog="The 3+3 and 6+6 comparisons (--deep) ran with the runner of their pins: "
         "examples/comparison/converged.sh and deep.sh.")
     p.add_argument("--methods", nargs="+", default=list(REVIEWED_METHODS),
-                   help=f"methods (space- or comma-separated) from: {', '.join(known_methods())}")
+                   help=f"methods (space- or comma-separated) from: {', '.join(METHODS)}")
     p.add_argument("--reviewed", action="store_true", help="accepted for earlier command lines: this design is the "
                    "only one")
     p.add_argument("--seeds", nargs="+", type=int, default=list(REVIEWED_SEEDS), help="the paired seeds (at least 2)")
@@ -1050,10 +1022,6 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g = p.add_argument_group("budget (identical for every run of a stage)")
     g.add_argument("--max-update", type=positive_int, default=3000, help="updates of every run of stages 1 and 2")
     g.add_argument("--max-tokens", type=positive_int, default=4096)
-    g.add_argument("--lr", type=float, default=1e-3, help="the reference peak learning rate of the grid, whose runs "
-                   "keep the method's own name")
-    g.add_argument("--learning-rates", type=float, nargs="+", default=list(seed_analysis.LEARNING_RATES),
-                   help="the grid of peak rates on the first seed")
     g.add_argument("--longer-budget", type=positive_int, help="the updates of stage 3, twice --max-update when not given")
     g.add_argument("--longer-seeds", type=int, nargs="+", help="the seeds of stage 3, the first three --seeds "
                    "when not given")
@@ -1080,6 +1048,9 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="use an --out that holds results, runs or data this tool did not write (they are replaced)")
     g.add_argument("--log-interval", type=positive_int, default=50, help=argparse.SUPPRESS)
     settings = p.parse_args(argv)
+    # the grid and its reference rate (whose runs keep the method's own name) are the learning-rate rule's
+    settings.learning_rates = list(seed_analysis.LEARNING_RATES)
+    settings.lr = seed_analysis.DEFAULT_LEARNING_RATE
     settings.longer_budget = settings.longer_budget or 2 * settings.max_update
     settings.longer_seeds = settings.longer_seeds or settings.seeds[:3]
     return settings
@@ -1138,9 +1109,6 @@ def check_settings(settings, methods: List[Method]) -> None:
     extra = sorted(set(settings.longer_seeds) - set(settings.seeds))
     if extra:
         raise ComparisonError(f"--longer-seeds: {extra} not among --seeds (the longer runs pair with them)")
-    if sorted(settings.learning_rates) != sorted(set(settings.learning_rates)) or settings.lr not in settings.learning_rates:
-        raise ComparisonError(f"--learning-rates {' '.join(map(str, settings.learning_rates))}: distinct rates "
-                              f"that include the reference --lr {settings.lr:g}")
     for flag, updates in (("--max-update", settings.max_update), ("--longer-budget", settings.longer_budget)):
         if updates % settings.eval_every:
             raise ComparisonError(f"{flag} {updates}: not a multiple of --eval-every {settings.eval_every}, the only "

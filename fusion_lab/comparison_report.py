@@ -289,3 +289,83 @@ def plot_curves(results: dict, path: str) -> None:
     plt.close(fig)
 
 
+
+
+# --- beside BLEU, read from an exported comparison --------------------------------------------------------------
+
+SECONDARY_COLUMNS = {"bleu": "BLEU", "chrf": "chrF", "bleu_without_brevity_penalty": "BLEU without BP",
+                     "length_ratio": "length ratio"}
+
+
+def secondary_metrics_of(folder: str, raw: str) -> dict:
+    """:func:`seed_analysis.secondary_summary` of the comparison exported to ``folder`` (its results.json and
+    ``runs/METHOD/seedS``, as ``launch.sh export`` writes them): every scored run's test translations
+    (``eval-beamB/average/SET/hyp.detok``) against the raw references ``raw/SET.TGT``, cased as the run was
+    scored. A configuration is paired with its baseline on its own seeds, where the baseline has them all."""
+    import json
+    import os
+
+    from fusion_lab.seed_analysis import secondary_metrics, secondary_summary
+
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+        rows = json.load(f)["methods"]
+    metrics = {}
+    for row in rows:
+        for run in row["runs"]:
+            if run["status"] != "done":
+                continue
+            rdir = os.path.join(folder, "runs", row["method"], f"seed{run['seed']}")
+            with open(os.path.join(rdir, "config.json"), encoding="utf-8") as f:
+                config = json.load(f)
+            target, scored = config["recipe"]["TGT"], os.path.join(rdir, f"eval-beam{config['beam']}", "average")
+            metrics.setdefault(row["method"], {})[run["seed"]] = secondary_metrics(
+                {name: read_lines(os.path.join(scored, name, "hyp.detok")) for name in TEST_SETS},
+                {name: read_lines(os.path.join(raw, f"{name}.{target}")) for name in TEST_SETS},
+                lowercase=config["recipe"].get("LOWERCASE", "0") == "1")
+    summary = {}
+    for name, baseline in ((row["method"], row.get("baseline")) for row in rows if row["method"] in metrics):
+        paired = baseline != name and set(metrics[name]) <= set(metrics.get(baseline, {}))
+        runs = {name: metrics[name], **({baseline: {seed: metrics[baseline][seed] for seed in metrics[name]}}
+                                        if paired else {})}
+        summary[name] = secondary_summary(runs, {name: baseline} if paired else {})[name]
+    return summary
+
+
+def secondary_markdown(summary: dict) -> str:
+    """One table per test set (the four together first): each metric's mean over seeds, and in parentheses
+    the mean paired difference to the configuration's baseline."""
+    def cell(found):
+        difference = "" if found["difference"] is None else f" ({found['difference']:+.2f})"
+        return f"{found['mean']:.3f}{difference}" if found["mean"] < 2 else f"{found['mean']:.2f}{difference}"
+
+    lines = ["# Beside BLEU", "", "Mean over each configuration's scored seeds; in parentheses the mean paired "
+             "difference to its baseline (same seeds). These metrics decide nothing: BLEU does."]
+    for test_set in ("all", *TEST_SETS):
+        lines += _table("the four test sets together" if test_set == "all" else test_set, "",
+                        ["-configuration", *SECONDARY_COLUMNS.values()],
+                        [[name, *(cell(sets[test_set][metric]) for metric in SECONDARY_COLUMNS)]
+                         for name, sets in summary.items()])
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m fusion_lab.comparison_report secondary FOLDER RAW``: the tables, printed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fusion_lab.comparison_report",
+                                     description="chrF, BLEU without the brevity penalty and the length ratio of an "
+                                     "exported comparison's runs, beside their BLEU")
+    parser.add_argument("command", choices=("secondary",))
+    parser.add_argument("folder", help="an exported comparison (examples/comparison/NAME: results.json and runs/)")
+    parser.add_argument("raw", help="the raw test files RAW/SET.LANG the runs were scored against (Multi30k task 1)")
+    args = parser.parse_args(argv)
+    try:
+        summary = secondary_metrics_of(args.folder, args.raw)
+    except (OSError, ValueError, KeyError) as error:  # a folder that is not an export, references of other sets
+        parser.exit(2, f"{parser.prog} secondary: {type(error).__name__}: {error} (FOLDER: an exported comparison "
+                       "with results.json and runs/; RAW: the raw test files its runs were scored against)\n")
+    print(secondary_markdown(summary), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,8 +42,16 @@ DEEP_MATCHED = {"layerwise_coordination": 14, "dense_transformer": 96}
 #: the reviewed round's (--reviewed) at the 6+6 width: the deep one's, and the Transformer whose FFN widths
 #: match deep representations' 5,231,872 parameters (981: 5,231,100)
 REVIEWED_MATCHED = {**DEEP_MATCHED, "transformer_wide": 981}
-#: the shallow comparison's composition components (its pinned code's; SurfaceFusion was one then)
+#: the rows of the finished 3+3 and 6+6 comparisons, which trained at their pins (examples/comparison/
+#: converged.sh, deep.sh); the 6+6 rows fine-tuned from the Transformer's final model compute their base
+#: rows' functions, and each composition the features of its components together
+SHALLOW_METHODS = ("transformer", "mlrf", "deeprep", "surface_fusion", "fgla", "layerwise_coordination",
+                   "dense_transformer")
+FINE_TUNED = {"transformer_continued": "transformer", "deeprep_finetuned": "deeprep"}
+DEEP_METHODS = (*SHALLOW_METHODS, "denseformer", "hyper_connections", *FINE_TUNED)
+#: the composition components: the shallow comparison's (its pinned code's; SurfaceFusion was one then), the deep one's
 SHALLOW_COMPONENTS = ("mlrf", "deeprep", "surface_fusion", "fgla")
+DEEP_COMPONENTS = ("mlrf", "deeprep", "fgla")
 BATCH_SENTENCES = 8
 SEED = 7
 
@@ -51,10 +59,13 @@ SEED = 7
 def compared_configurations(prefix: str, names, components, width: str, matched: Dict[str, int]):
     """{id: (arch, model flags, criterion flags)} of one comparison's rows and the compositions of its components."""
     width = comparison.parse_width(width)
-    methods = {name: comparison.METHODS[name] for name in names if name != comparison.COMPOSITION}
+    methods = {name: comparison.METHODS[FINE_TUNED.get(name, name)] for name in names}
     for size in range(2, len(components) + 1):
         for parts in itertools.combinations(components, size):
-            methods["composition:" + "+".join(parts)] = comparison.composed_method(parts)
+            features = [comparison.METHODS[name] for name in parts]
+            methods["composition:" + "+".join(parts)] = comparison.Method(
+                "composition", "", "", "fusion_transformer", tuple(flag for part in features for flag in part.flags),
+                criterion=next((part.criterion for part in features if part.criterion), ()))
     return {
         f"{prefix}/{name}": (method.arch, comparison.model_flags(method, width, matched.get(name))[2:],
                              list(method.criterion or comparison.DEFAULT_CRITERION))
@@ -66,9 +77,9 @@ def comparison_configurations() -> Dict[str, Tuple[str, List[str], List[str]]]:
     """The shallow comparison's (``comparison/``, 3+3), the deep one's (``deep/``, 6+6) and the reviewed
     round's (``reviewed/``, 6+6, each configuration's function whatever its learning rate)."""
     return {
-        **compared_configurations("comparison", comparison.SHALLOW_METHODS, SHALLOW_COMPONENTS,
+        **compared_configurations("comparison", SHALLOW_METHODS, SHALLOW_COMPONENTS,
                                   comparison.SMALL_WIDTH, SHALLOW_MATCHED),
-        **compared_configurations("deep", comparison.DEEP_METHODS, comparison.COMPONENTS, comparison.DEEP_WIDTH,
+        **compared_configurations("deep", DEEP_METHODS, DEEP_COMPONENTS, comparison.DEEP_WIDTH,
                                   DEEP_MATCHED),
         **compared_configurations("reviewed", comparison.REVIEWED_METHODS, (), comparison.DEEP_WIDTH,
                                   REVIEWED_MATCHED),

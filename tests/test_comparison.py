@@ -258,7 +258,7 @@ def test_bad_method_name_lists_known_ones(tmp_path):
         main(["--methods", "transformer,not_a_method", "--out", str(tmp_path / "out")])
     message = str(error.value.code)
     assert "unknown method(s) 'not_a_method'" in message
-    for name in comparison.known_methods():
+    for name in comparison.METHODS:
         assert name in message
     assert not os.path.exists(tmp_path / "out" / "data")  # fails before any work
 
@@ -1019,9 +1019,9 @@ def test_reused_runs_are_copied_with_their_paths_moved_and_only_from_the_rounds_
     (["--seeds", "1", "1", "2"], "--seeds 1 1 2: at least 2 distinct seeds"),
     (["--longer-seeds", "1"], "--longer-seeds 1: at least 2 distinct seeds"),
     (["--seeds", "1", "2", "--longer-seeds", "2", "3"], "--longer-seeds: [3] not among --seeds"),
-    (["--learning-rates", "0.0005", "0.002"], "distinct rates that include the reference --lr 0.001"),
-    (["--methods", "transformer,deeprep_finetuned"], "(deeprep_finetuned: the 6+6 comparison's, at "
-                                                     "examples/comparison/deep.sh's pin)"),
+    (["--learning-rates", "0.0005", "0.002"], "unrecognized arguments: --learning-rates"),
+    (["--methods", "transformer,deeprep_finetuned"], "unknown method(s) 'deeprep_finetuned'; known methods: "
+                                                     "transformer, mlrf"),
     (["--methods", "composition"], "unknown method(s) 'composition'"),
     (["--deep"], "unrecognized arguments: --deep"),
     (["--finetune-update", "1000"], "unrecognized arguments: --finetune-update"),
@@ -1055,3 +1055,60 @@ def test_the_train_one_worker_trains_the_named_run_with_the_launchers_threads(tm
     for argv in ([str(run)], [str(run), "many"], [str(tmp_path), "3000"]):
         with pytest.raises(comparison.ComparisonError, match="_train RUN_DIR UPDATE"):
             comparison.train_one(argv)
+
+
+def exported_round(folder, raw, translations):
+    """An exported comparison: ``translations`` {(method, seed): one line per test set's sentence, or None for a
+    run not scored yet}; every test set has the same two references, each method's baseline the Transformer."""
+    references = ["A man rides a red horse .", "Two dogs play in the snow ."]
+    for name in report.TEST_SETS:
+        (raw / f"{name}.en").write_text("\n".join(references) + "\n")
+    rows = {}
+    for (method, seed), lines in translations.items():
+        rows.setdefault(method, []).append({"seed": seed, "status": "done" if lines else "running"})
+        rdir = folder / "runs" / method / f"seed{seed}"
+        rdir.mkdir(parents=True)
+        (rdir / "config.json").write_text(json.dumps({"recipe": {"TGT": "en", "LOWERCASE": "1"}, "beam": 5}))
+        for name in report.TEST_SETS if lines else ():
+            (rdir / "eval-beam5" / "average" / name).mkdir(parents=True)
+            (rdir / "eval-beam5" / "average" / name / "hyp.detok").write_text("\n".join(lines) + "\n")
+    (folder / "results.json").write_text(json.dumps({"methods": [
+        {"method": method, "baseline": "transformer", "runs": runs} for method, runs in rows.items()]}))
+    return references
+
+
+def test_the_metrics_beside_bleu_are_read_from_an_exported_round(tmp_path, capsys):
+    from sacrebleu.metrics import CHRF
+
+    folder, raw = tmp_path / "export", tmp_path / "raw"
+    raw.mkdir()
+    plain = ["a man rides a horse .", "two dogs play ."]
+    better = {1: ["a man rides a red horse .", "two dogs play in the snow ."], 2: ["a man rides a red horse .",
+                                                                                 "two dogs play ."]}
+    references = exported_round(folder, raw, {("transformer", 1): plain, ("transformer", 2): plain,
+                                              ("mlrf", 1): better[1], ("mlrf", 2): better[2], ("fgla", 1): better[1],
+                                              ("fgla", 2): None})
+    summary = report.secondary_metrics_of(str(folder), str(raw))
+    assert sorted(summary) == ["fgla", "mlrf", "transformer"]
+    chrf = [CHRF(lowercase=True).corpus_score(better[seed], [references]).score
+            - CHRF(lowercase=True).corpus_score(plain, [references]).score for seed in (1, 2)]
+    found = summary["mlrf"]["test_2017_mscoco"]["chrf"]
+    assert found["difference"] == pytest.approx(sum(chrf) / 2) and found["difference"] > 0
+    assert summary["transformer"]["all"]["length_ratio"]["difference"] is None  # its own baseline
+    fgla = summary["fgla"]["all"]["chrf"]  # seed 2 not scored yet: paired on seed 1
+    assert fgla["difference"] == pytest.approx(chrf[0]) and fgla["mean"] == pytest.approx(
+        CHRF(lowercase=True).corpus_score(better[1] * 4, [references * 4]).score)
+    assert summary["mlrf"]["all"]["length_ratio"]["mean"] == pytest.approx((14 / 14 + 11 / 14) / 2)  # 7 + 7 reference tokens
+
+    report.main(["secondary", str(folder), str(raw)])
+    printed = capsys.readouterr().out
+    assert printed.count("| configuration | BLEU | chrF | BLEU without BP | length ratio |") == 5
+    assert f"| mlrf | {summary['mlrf']['all']['bleu']['mean']:.2f} (+" in printed
+
+
+def test_the_metrics_beside_bleu_refuse_a_folder_that_is_no_export_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as error:
+        report.main(["secondary", str(tmp_path), str(tmp_path)])
+    message = capsys.readouterr().err
+    assert error.value.code == 2 and len(message.strip().splitlines()) == 1
+    assert "results.json" in message and "FOLDER: an exported comparison" in message
