@@ -63,3 +63,18 @@ def test_thin_product_is_the_matrix_product():
     expected = torch.autograd.grad((x @ weight).square().sum(), (x, weight))
     for grad, expected_grad in zip(grads, expected):
         torch.testing.assert_close(grad, expected_grad)
+
+
+def test_under_autocast_both_run_as_autocast_runs_their_operations():
+    """The product in autocast's dtype with gradients in each input's own, Sinkhorn-Knopp in float32 (its
+    written-out backward had mixed bfloat16 and float32 operands and refused to run)."""
+    rows, weight = torch.randn(6, 8, requires_grad=True), torch.randn(8, 3, requires_grad=True)
+    logits = torch.randn(6, 4, 4, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        product, matrix = thin_product(rows, weight), sinkhorn(logits)
+        expected = rows @ weight
+    assert product.dtype == expected.dtype == torch.bfloat16 and torch.equal(product, expected)
+    assert matrix.dtype == torch.float32 and torch.allclose(matrix, sinkhorn(logits.detach()))
+    (product.float().sum() + matrix.square().sum()).backward()
+    assert rows.grad.dtype == weight.grad.dtype == logits.grad.dtype == torch.float32
+    assert torch.isfinite(rows.grad).all() and torch.isfinite(logits.grad).all()

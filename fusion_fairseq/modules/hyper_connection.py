@@ -106,8 +106,13 @@ def read_streams(weights: Tensor, streams: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def thin_product(x: Tensor, weight: Tensor) -> Tensor:
-    """``x @ weight`` for a weight of a few columns ``(d, k)``, by :class:`ThinProduct`."""
+    """``x @ weight`` for a weight of a few columns ``(d, k)``, by :class:`ThinProduct`. Under autocast
+    both are cast to its dtype first, as autocast casts a product's operands, so that the node's
+    gradients come in the dtype of what it was given."""
     rows = x.reshape(-1, x.shape[-1])
+    if torch.is_autocast_enabled(rows.device.type):
+        dtype = torch.get_autocast_dtype(rows.device.type)
+        rows, weight = rows.to(dtype), weight.to(dtype)
     return ThinProduct.apply(rows, weight).view(*x.shape[:-1], weight.shape[-1])
 
 
@@ -202,6 +207,8 @@ class SinkhornKnopp(torch.autograd.Function):
     for each, most of mHC's added training time on a CPU."""
 
     @staticmethod
+    @torch.autocast("cpu", enabled=False)  # its sums in float32 under autocast too, as its backward runs
+    @torch.autocast("cuda", enabled=False)
     def forward(ctx, logits: Tensor, iterations: int, columns_first: bool) -> Tensor:
         n = logits.shape[-1]
         rows, columns = -1, -2  # the dimension summed over to normalise rows, columns
