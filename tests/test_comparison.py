@@ -758,7 +758,7 @@ def _stand_in_venv(exp, otherwise):
 def test_export_copies_regular_files_inside_exp_only(tmp_path):
     """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
     copied; regular files are; an evaluated run of the export is not overwritten by the same run
-    training again in EXP. Run in a clone of the repository, whose examples/comparison/deep/ receives
+    training again in EXP, nor the export's plan by the runner's plan.json. Run in a clone of the repository, whose examples/comparison/deep/ receives
     the export, with a stand-in EXP/venv."""
     clone, script = _pinned_clone(tmp_path)
     exp = tmp_path / "exp"
@@ -770,7 +770,10 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     secret.write_text("not for the repository")
     (run / "run.log").symlink_to(secret)
     (exp / "results.md").symlink_to(run / "config.json")
+    (exp / "plan.json").write_text('{"max_update": 4}')  # the runner's cache of model flags and sizes
     dest = clone / "examples" / "comparison" / "deep"
+    dest.mkdir(parents=True)
+    (dest / "plan.json").write_text("the plan, written before the runs\n")
     evaluated, again = dest / "runs" / "transformer" / "seed2", exp / "runs" / "transformer" / "seed2"
     evaluated.mkdir(parents=True)
     (evaluated / "done.json").write_text("{}")
@@ -785,6 +788,7 @@ def test_export_copies_regular_files_inside_exp_only(tmp_path):
     assert not (dest / "runs" / "transformer" / "seed1" / "run.log").exists()
     assert not (dest / "results.md").exists()
     assert "not exported (not a regular file in EXP): results.md" in result.stdout  # runs/ lists regular files only
+    assert (dest / "plan.json").read_text() == "the plan, written before the runs\n"
 
 
 def test_train_one_trains_a_single_run_with_every_core(tmp_path):
