@@ -4,6 +4,8 @@
 Every score comes from sacreBLEU's public interface (``corpus_score``, ``sentence_score``, ``compute_bleu``,
 ``PairedTest``)."""
 
+import json
+import os
 import statistics
 from typing import Dict, List, Optional, Sequence
 
@@ -289,8 +291,6 @@ def plot_curves(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-
-
 # --- beside BLEU, read from an exported comparison --------------------------------------------------------------
 
 SECONDARY_COLUMNS = {"bleu": "BLEU", "chrf": "chrF", "bleu_without_brevity_penalty": "BLEU without BP",
@@ -302,14 +302,11 @@ def secondary_metrics_of(folder: str, raw: str) -> dict:
     ``runs/METHOD/seedS``, as ``launch.sh export`` writes them): every scored run's test translations
     (``eval-beamB/average/SET/hyp.detok``) against the raw references ``raw/SET.TGT``, cased as the run was
     scored. A configuration is paired with its baseline on its own seeds, where the baseline has them all."""
-    import json
-    import os
-
     from fusion_lab.seed_analysis import secondary_metrics, secondary_summary
 
     with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
         rows = json.load(f)["methods"]
-    metrics = {}
+    metrics, references = {}, {}  # references: {target language: {test set: lines}}, read once
     for row in rows:
         for run in row["runs"]:
             if run["status"] != "done":
@@ -318,9 +315,10 @@ def secondary_metrics_of(folder: str, raw: str) -> dict:
             with open(os.path.join(rdir, "config.json"), encoding="utf-8") as f:
                 config = json.load(f)
             target, scored = config["recipe"]["TGT"], os.path.join(rdir, f"eval-beam{config['beam']}", "average")
+            if target not in references:
+                references[target] = {name: read_lines(os.path.join(raw, f"{name}.{target}")) for name in TEST_SETS}
             metrics.setdefault(row["method"], {})[run["seed"]] = secondary_metrics(
-                {name: read_lines(os.path.join(scored, name, "hyp.detok")) for name in TEST_SETS},
-                {name: read_lines(os.path.join(raw, f"{name}.{target}")) for name in TEST_SETS},
+                {name: read_lines(os.path.join(scored, name, "hyp.detok")) for name in TEST_SETS}, references[target],
                 lowercase=config["recipe"].get("LOWERCASE", "0") == "1")
     summary = {}
     for name, baseline in ((row["method"], row.get("baseline")) for row in rows if row["method"] in metrics):
