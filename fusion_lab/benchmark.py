@@ -8,7 +8,8 @@ Transformer, measured in one process, and the training time a model needs to rea
 
 Every configuration is built at one matched width on one synthetic vocabulary and seed, and the
 configurations are interleaved round by round; each figure is a ratio to the baseline within a
-round, min / median / max across rounds. The method and its choices: docs/measurements.md.
+round: the median across rounds, with its distribution-free 95% interval from 6 rounds on (else the
+rounds' range). The method and its choices: docs/measurements.md.
 """
 
 import argparse
@@ -17,6 +18,7 @@ import functools
 import io
 import itertools
 import json
+import math
 import os
 import platform
 import re
@@ -422,13 +424,26 @@ def check_memory(configs: List[BenchmarkConfig], settings: argparse.Namespace, d
             "with --archs, or lower the width (--embed-dim, --ffn-dim, --encoder-layers, --decoder-layers, --vocab)")
 
 
+def median_interval(values: Sequence[float], level: float = 0.95) -> Optional[List[float]]:
+    """The distribution-free interval for the median of the rounds' distribution: the order statistics
+    x_(k) and x_(n-k+1) of the n rounds with the largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k),
+    is at least ``level``. None below 6 rounds at 95% (the widest, min to max, covers 1 - 2^(1-n))."""
+    n, ordered = len(values), sorted(values)
+    below = [math.comb(n, i) / 2 ** n for i in range(n)]  # P(Binomial(n, 1/2) = i)
+    k = 0
+    while k + 1 <= n - k and 1 - 2 * sum(below[:k + 1]) >= level:
+        k += 1
+    return [ordered[k - 1], ordered[n - k]] if k else None
+
+
 def config_result(runner: _Runner, base: _Runner, settings: argparse.Namespace) -> Dict[str, object]:
     """The JSON record of one configuration, its ratios against the baseline ``base``."""
     def summary(what, unit, ratio="ratio"):  # a speed ratio of times: the baseline's over this one's
         values, base_values = runner.values[what], base.values[what]
         ratios = [v / b if ratio == "ratio" else b / v for v, b in zip(values, base_values)]
         return {unit: values, f"median_{unit}": statistics.median(values), ratio: {
-            "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios), "per_repeat": ratios}}
+            "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios),
+            "median_ci95": median_interval(ratios), "per_repeat": ratios}}
 
     return {
         "arch": runner.config.arch, "baseline": runner.config.baseline, "variant_flags": runner.config.flags,
@@ -492,10 +507,13 @@ def run_benchmark(configs: List[BenchmarkConfig], settings: argparse.Namespace,
 
 
 def markdown_table(result: Dict) -> str:
-    """One row per configuration: absolute medians, ratios to the baseline (min / median / max across rounds); then,
-    with --source-lengths, per source length each configuration's median ms per decoding step and its speed ratio."""
-    def ratios(stats):
-        return " / ".join(f"{stats[key]:.3f}" for key in ("min", "median", "max"))
+    """One row per configuration: absolute medians, ratios to the baseline (the median across rounds and its
+    interval, :func:`median_interval`); then, with --source-lengths, per source length each configuration's median
+    ms per decoding step and its speed ratio."""
+    def ratios(stats):  # the median and its 95% interval, or the rounds' range where too few rounds give none
+        interval = stats.get("median_ci95")
+        low, high = interval or (stats["min"], stats["max"])
+        return f"{stats['median']:.3f} " + (f"[{low:.3f}, {high:.3f}]" if interval else f"({low:.3f} - {high:.3f})")
 
     env, settings, configs = result["environment"], result["settings"], result["configs"]
     rows = []
@@ -511,9 +529,10 @@ def markdown_table(result: Dict) -> str:
              f"torch {env['torch']}, fairseq {env['fairseq']}; " + "{clock}-clock time. Batch {batch_size} x "
              "{src_len}->{tgt_len} tokens, vocab {vocab}, {repeats} rounds of {steps} steps; decoding beam {beam}, "
              "{decode_batch_size} sentences x {decode_len} tokens + EOS. ".format(**settings) + f"Ratios are config / "
-             f"{result['baseline']} within each round, min / median / max across rounds.", "",
-             *markdown_rows(["Config", "Arch", "Params", "Train tok/s", "Train ratio (min / med / max)",
-                             "Train flop ratio", "Decode sent/s", "Decode ratio (min / med / max)", "Decode flop ratio",
+             f"{result['baseline']} within each round: the median over the rounds, with its distribution-free 95% "
+             "interval [in brackets] from 6 rounds on, else (the rounds' min - max).", "",
+             *markdown_rows(["Config", "Arch", "Params", "Train tok/s", "Train ratio, median [95%]",
+                             "Train flop ratio", "Decode sent/s", "Decode ratio, median [95%]", "Decode flop ratio",
                              "Train peak MiB", "Decode peak MiB"], rows, left=2)]
     lengths = list(next(iter(configs.values()))["step_cost"] or {})
     if lengths:

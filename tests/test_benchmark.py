@@ -341,3 +341,36 @@ def test_the_parameter_count_of_the_memory_estimate_is_the_models():
     flags = benchmark.config_flags(config, tiny)[0]
     model = build_model("fusion_transformer", *flags, src_vocab=VOCAB, joined=True)
     assert benchmark.parameter_count(config, tiny, benchmark.dictionary_of_size(VOCAB)) == count_parameters(model)
+
+
+@pytest.mark.parametrize("rounds, ranks", [(5, None), (6, (1, 6)), (7, (1, 7)), (8, (1, 8)), (9, (2, 8)),
+                                           (11, (2, 10)), (12, (3, 10))])
+def test_the_median_interval_is_the_order_statistics_that_cover_95_percent(rounds, ranks):
+    values = [10.0 * rank for rank in range(rounds, 0, -1)]  # unsorted on purpose
+    interval = benchmark.median_interval(values)
+    assert interval == (None if ranks is None else [10.0 * ranks[0], 10.0 * ranks[1]])
+
+
+def test_the_median_interval_covers_the_median_at_its_level():
+    """Its coverage, computed exactly for every round count up to 30: at least 95%, and the next narrower
+    pair of order statistics below it."""
+    from math import comb
+
+    for n in range(6, 31):
+        k = next(k for k in range(1, n + 1) if benchmark.median_interval(list(range(n))) == [k - 1, n - k])
+        coverage = lambda k: 1 - 2 * sum(comb(n, i) for i in range(k)) / 2 ** n  # noqa: E731
+        assert coverage(k) >= 0.95 > coverage(k + 1)
+
+
+def test_the_table_gives_the_interval_from_six_rounds_on():
+    stats = {"min": 0.8, "median": 0.9, "max": 1.1, "median_ci95": [0.85, 0.95]}
+    row = {"baseline": False, "arch": "transformer", "parameters": 1, "memory": None, "flops": None, "step_cost": None,
+           "train": {"median_tokens_per_s": 1.0, "ratio": stats},
+           "decode": {"median_sentences_per_s": 1.0, "ratio": {**stats, "median_ci95": None}}}
+    settings = {key: 1 for key in ("clock", "batch_size", "src_len", "tgt_len", "vocab", "repeats", "steps", "beam",
+                                   "decode_batch_size", "decode_len")}
+    environment = {"device": "cpu", "device_name": "x", "dtype": "fp32", "threads": 1, "torch": "t", "fairseq": "f"}
+    table = benchmark.markdown_table({"environment": environment, "settings": settings, "baseline": "vanilla",
+                                      "configs": {"again": row}})
+    line = next(line for line in table.splitlines() if line.startswith("| again"))
+    assert "| 0.900 [0.850, 0.950] |" in line and "| 0.900 (0.800 - 1.100) |" in line

@@ -16,6 +16,8 @@ from conformance_utils import ARCHITECTURES
 from conftest import REPO_ROOT
 from test_gpu_training import LAYER_FUSION_OPTIONS
 
+TODAYS_LAYER_FUSION = {"DenseFormer-1x1", "SHCx4", "DHCx4", "mHCx4", "MUDDFormer"}
+
 RUNBOOK = os.path.join(REPO_ROOT, "examples", "gpu", "run.sh")
 
 
@@ -26,13 +28,39 @@ def runbook(step, *args, smoke=True, env=None):
 
 
 @pytest.mark.slow
-def test_the_speed_commands_run_every_configuration(tmp_path):
-    result = runbook("speed", tmp_path / "out")
+@pytest.mark.parametrize("step, results", [
+    ("speed", {"speed": {"transformer again", "Dense", "Linear", "Iterative", "Hierarchical", "MLA-k2", "MLRF Dec-SA",
+                         "SurfaceFusion-hard", "Fine-LA", *TODAYS_LAYER_FUSION}}),
+    ("speed-more", {"speed-large": {"transformer again", *TODAYS_LAYER_FUSION},
+                    "speed-densenmt": {"fconv again", "BASE-4L", "DenseNMT-4L-2"}})])
+def test_the_speed_commands_run_every_configuration_and_record_the_machine(step, results, tmp_path):
+    result = runbook(step, tmp_path / "out")
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = {config for name in ("speed.json", "speed-densenmt.json")
-            for config in json.load(open(tmp_path / "out" / name))["configs"]}
-    assert {"Dense", "Linear", "Iterative", "Hierarchical", "MLA-k2", "MLRF Dec-SA", "SurfaceFusion-hard",
-            "Fine-LA", "BASE-4L", "DenseNMT-4L-2"} <= rows, rows
+    for name, configs in results.items():
+        found = json.load(open(tmp_path / "out" / f"{name}.json"))
+        assert configs <= set(found["configs"]), found["configs"].keys()
+        assert found["settings"]["repeats"] == 1  # SMOKE's, after the step's own 7
+    assert "torch" in (tmp_path / "out" / "device.txt").read_text()
+    assert "fairseq" in (tmp_path / "out" / "pip-freeze.txt").read_text()
+
+
+def test_every_speed_measurement_takes_seven_rounds_and_a_noise_floor():
+    """The flags the GPU runs with (without SMOKE): enough rounds for the median's 95% interval."""
+    script = open(RUNBOOK).read()
+    base_size = script[script.index("BASE_SIZE=("):script.index(")", script.index("BASE_SIZE=("))]
+    assert "--repeats 7" in base_size and "--steps 25" in base_size and "--warmup 3" in base_size
+    for name in ("SPEED", "SPEED_LARGE", "SPEED_DENSENMT"):
+        assert f'{name}=("${{BASE_SIZE[@]}}"' in script
+        flags = script[script.index(f"{name}=("):script.index(")\n", script.index(f"{name}=("))]
+        assert '"${NOISE_FLOOR[@]}"' in flags or name == "SPEED_DENSENMT"
+    assert '--variant "fconv again=fconv_iwslt_de_en:"' in script
+    assert benchmark_interval_rounds() <= 7
+
+
+def benchmark_interval_rounds():
+    from fusion_lab.benchmark import median_interval
+
+    return next(n for n in range(1, 20) if median_interval([1.0] * n) is not None)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the step runs the tests themselves")
@@ -47,6 +75,7 @@ def test_the_half_precision_step_runs_the_gpu_tests_and_reports_them(tmp_path):
     assert len(trainings) == 3 * (len(ARCHITECTURES) + len(LAYER_FUSION_OPTIONS))
     assert all(name.endswith("-cuda]") for module, name in names if module == "test_half_precision")
     assert "skipped" in (tmp_path / "half.log").read_text()
+    assert "torch" in (tmp_path / "device.txt").read_text() and "fairseq" in (tmp_path / "pip-freeze.txt").read_text()
 
 
 def test_a_step_without_its_output_folder_is_refused():
