@@ -77,16 +77,19 @@ if [[ "${SMOKE:-0}" == 1 ]]; then  # the same commands at toy size on the CPU: l
     SPEED_LARGE+=("${SMOKE_SIZE[@]}")
     SPEED_DENSENMT+=("${SMOKE_SIZE[@]}")
 fi
-# OUT/device.txt and OUT/pip-freeze.txt: the machine and every package version beside its results
+# OUT/device.txt and OUT/pip-freeze.txt: the machine and every package version beside its results; a record
+# that cannot be made is said on stderr and does not stop the measurement it would describe
 record_machine() {
-    replace_file "$1/device.txt" "$PY" -P -c 'import platform, subprocess, torch
+    replace_file "$1/device.txt" "$PY" -P -c 'import platform, shutil, subprocess, torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
 if torch.cuda.is_available():
     print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))
+if shutil.which("nvidia-smi"):
     print(subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True).stdout)
-else:
-    print("no CUDA device;", platform.processor() or platform.machine())'
-    replace_file "$1/pip-freeze.txt" "$PY" -P -m pip freeze
+print(platform.platform(), platform.processor() or platform.machine())' \
+        || echo "run.sh $STEP: warning: no device record in $1/device.txt" >&2
+    replace_file "$1/pip-freeze.txt" "$PY" -P -m pip freeze \
+        || echo "run.sh $STEP: warning: no package list in $1/pip-freeze.txt" >&2
 }
 benchmark() {  # benchmark OUT NAME FLAGS...: OUT/NAME.json and OUT/NAME.md
     local out=$1 name=$2
