@@ -8,8 +8,8 @@
 #   bash examples/gpu/run.sh speed-more OUT  GPU: the same at 16,384 tokens a step, and DenseNMT against its baseline
 #
 # KIT (default: gpu-kit/ in this checkout, ignored by git) travels with the checkout to the GPU
-# machine. OUT receives small results only (logs, JSON, Markdown). SMOKE=1 runs speed at toy size on
-# the CPU, which is how tests/test_gpu_runbook.py checks its commands.
+# machine. OUT receives small results only (logs, JSON, Markdown). SMOKE=1 runs speed and speed-more at toy
+# size on the CPU, which is how tests/test_gpu_runbook.py checks their commands.
 # OUT is run.sh's own folder: one holding files it did not write is refused unless FORCE=1; every file
 # is written by replace_file (scripts/files.sh), and Python imports nothing from the working directory (-P).
 set -euo pipefail
