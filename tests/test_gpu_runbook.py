@@ -86,3 +86,22 @@ def test_a_step_without_its_output_folder_is_refused():
 def test_an_unknown_step_prints_the_steps():
     result = runbook("compare", "out")
     assert result.returncode == 2 and "run.sh speed OUT" in result.stderr and "compare" not in result.stderr
+
+
+def test_the_kit_brings_the_test_extra_that_install_installs(tmp_path):
+    """``install`` installs ``.[test]`` offline, so ``prepare`` downloads pyproject's test extra into the kit
+    (the wheelhouse holds what the plugin needs to run): recorded here by a stand-in Python."""
+    import tomllib
+
+    kit, calls = tmp_path / "kit", tmp_path / "calls.txt"
+    (kit / "wheels").mkdir(parents=True)  # an existing wheelhouse is kept; only the extra is fetched
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {calls}\n')
+    stand_in.chmod(0o755)
+    result = runbook("prepare", kit, smoke=False, env={"PYTHON": str(stand_in)})
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["test"]
+    download = calls.read_text().strip()
+    assert download.startswith("-m pip download") and f"--dest {kit / 'wheels'}" in download
+    assert download.split()[-len(extra):] == extra

@@ -104,6 +104,9 @@ case "$STEP" in
         if [[ -d "$KIT/wheels" ]]; then echo "run.sh prepare: keeping the wheels in $KIT/wheels"
         else bash "$REPO/scripts/wheelhouse.sh" "$KIT/wheels" --python 3.12 --exclude "$IMAGE_HAS"
         fi
+        # install's [test] extra (pyproject.toml), for an image without pytest; a wheel already there is kept
+        "$PY" -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+            --platform manylinux2014_x86_64 --dest "$KIT/wheels" "pytest>=7" "pytest-xdist>=3"
         du -sh "$KIT" ;;
     install)
         KIT=${2:-$REPO/gpu-kit}
