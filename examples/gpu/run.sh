@@ -105,7 +105,7 @@ case "$STEP" in
         else bash "$REPO/scripts/wheelhouse.sh" "$KIT/wheels" --python 3.12 --exclude "$IMAGE_HAS"
         fi
         # install's [test] extra (pyproject.toml), for an image without pytest; a wheel already there is kept
-        "$PY" -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+        "$PY" -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation=cp \
             --platform manylinux2014_x86_64 --dest "$KIT/wheels" "pytest>=7" "pytest-xdist>=3"
         du -sh "$KIT" ;;
     install)
