@@ -297,58 +297,8 @@ def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None
         if args.surface_fusion != "none":
             raise ConfigurationError("--surface-fusion reads source word embeddings through the target output "
                                      f"projection, which needs {widths}")
-    for side in ("encoder", "decoder"):  # one output representation and one wiring per side, and their needs
-        both = chosen(args, f"aggregate_{side}", f"fuse_{side}")
-        if len(both) == 2:
-            raise ConfigurationError(
-                f"{both[0]} and {both[1]} both define the {side}'s output representation; choose one per side (they "
-                f"combine across sides, e.g. --aggregate-encoder with --fuse-decoder)")
-        wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"mudd_{side}",
-                         f"aggregate_{side}")
-        if len(wirings) > 1:
-            raise ConfigurationError(f"{' and '.join(wirings)} both wire the {side}'s layers (which representation "
-                                     "enters each layer); choose one per side")
-        layers, k = getattr(args, f"{side}_layers"), args.multi_layer_attention
-        if wirings and layers == 0:
-            raise ConfigurationError(f"{wirings[0]} wires the {side}'s layers, and --{side}-layers is 0: allowed "
-                                     "with at least one layer")
-        if k > 1 and layers <= k:
-            raise ConfigurationError(f"--multi-layer-attention {k} attends the {k} layers below a layer, so it needs "
-                                     f"more than {k} layers; --{side}-layers is {layers}")
-        heads = getattr(args, f"{side}_attention_heads")
-        if args.aggregation_fn == "attention" and getattr(args, f"{side}_embed_dim") % heads:
-            raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its "
-                                     f"{heads} heads")
-        if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
-            raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
-                                     f"--{side}-layers is {layers}")
-        last_averaged = args.denseformer_period * (layers // args.denseformer_period)
-        if getattr(args, f"denseformer_{side}") and args.denseformer_dilation > last_averaged:
-            # the average after layer i reads X_j, j = i mod k: for i < k, X_i alone
-            raise ConfigurationError(
-                f"--denseformer-dilation {args.denseformer_dilation} leaves every {side} average reading only its own "
-                f"layer's output: the averages follow layers up to {last_averaged} (--{side}-layers {layers}, "
-                f"--denseformer-period {args.denseformer_period}); allowed: at most {last_averaged}")
-        if getattr(args, f"mudd_{side}") and k > 1:
-            raise ConfigurationError(
-                f"--mudd-{side} and --multi-layer-attention {k}: multi-layer attention reads single lower-layer states, "
-                "MUDD's layers read four aggregates of them; choose one of them")
-        if getattr(args, f"mudd_{side}") and side == "decoder" and getattr(args, "cross_self_attention", False):
-            raise ConfigurationError("--mudd-decoder gives the self-attention keys and values of the target only and "
-                                     "does not support --cross-self-attention; drop one of them")
-        kind = getattr(args, f"hyper_connections_{side}")
-        flag = f"--hyper-connections-{side} {kind}"
-        if kind != "none" and k > 1:
-            raise ConfigurationError(
-                f"{flag} and --multi-layer-attention {k}: multi-layer attention reads single lower-layer states, "
-                "hyper-connected layers hold several streams; choose one of them")
-        if kind == "manifold" and args.hyper_connections_rate < 2:
-            raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing "
-                                     f"to mix), got {args.hyper_connections_rate}")
-        if kind != "none" and side == "decoder" and getattr(args, "cross_self_attention", False):
-            raise ConfigurationError(
-                f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
-                "only, and does not support --cross-self-attention; drop one of them")
+    for side in ("encoder", "decoder"):
+        check_side(args, side)
     source_memory = chosen(args, "layer_attention", "fuse_encoder", "aggregate_encoder")
     if getattr(args, "no_cross_attention", False) and source_memory:
         raise ConfigurationError(
@@ -375,6 +325,62 @@ def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None
                                **{name: derive(args) for name, derive in DERIVED_DEFAULTS.items()}}
     warn_idle_flags(args, {name: (reason, absence(args)) for name, (present, absence, reason) in IDLE_FLAGS.items()
                            if not present(args)}, architecture_values)
+
+
+def check_side(args, side: str) -> None:
+    """The encoder's or the decoder's checks of :func:`check_fusion_args`: one output representation and one
+    wiring per side, and what each needs of the side's layers."""
+    both = chosen(args, f"aggregate_{side}", f"fuse_{side}")
+    if len(both) == 2:
+        raise ConfigurationError(
+            f"{both[0]} and {both[1]} both define the {side}'s output representation; choose one per side (they "
+            f"combine across sides, e.g. --aggregate-encoder with --fuse-decoder)")
+    wirings = chosen(args, f"denseformer_{side}", f"hyper_connections_{side}", f"mudd_{side}",
+                     f"aggregate_{side}")
+    if len(wirings) > 1:
+        raise ConfigurationError(f"{' and '.join(wirings)} both wire the {side}'s layers (which representation "
+                                 "enters each layer); choose one per side")
+    layers, k = getattr(args, f"{side}_layers"), args.multi_layer_attention
+    if wirings and layers == 0:
+        raise ConfigurationError(f"{wirings[0]} wires the {side}'s layers, and --{side}-layers is 0: allowed "
+                                 "with at least one layer")
+    if k > 1 and layers <= k:
+        raise ConfigurationError(f"--multi-layer-attention {k} attends the {k} layers below a layer, so it needs "
+                                 f"more than {k} layers; --{side}-layers is {layers}")
+    heads = getattr(args, f"{side}_attention_heads")
+    if args.aggregation_fn == "attention" and getattr(args, f"{side}_embed_dim") % heads:
+        raise ConfigurationError(f"--aggregation-fn attention needs --{side}-embed-dim divisible by its "
+                                 f"{heads} heads")
+    if getattr(args, f"denseformer_{side}") and args.denseformer_period > layers:
+        raise ConfigurationError(f"--denseformer-period {args.denseformer_period} leaves no {side} layer averaged: "
+                                 f"--{side}-layers is {layers}")
+    last_averaged = args.denseformer_period * (layers // args.denseformer_period)
+    if getattr(args, f"denseformer_{side}") and args.denseformer_dilation > last_averaged:
+        # the average after layer i reads X_j, j = i mod k: for i < k, X_i alone
+        raise ConfigurationError(
+            f"--denseformer-dilation {args.denseformer_dilation} leaves every {side} average reading only its own "
+            f"layer's output: the averages follow layers up to {last_averaged} (--{side}-layers {layers}, "
+            f"--denseformer-period {args.denseformer_period}); allowed: at most {last_averaged}")
+    if getattr(args, f"mudd_{side}") and k > 1:
+        raise ConfigurationError(
+            f"--mudd-{side} and --multi-layer-attention {k}: multi-layer attention reads single lower-layer states, "
+            "MUDD's layers read four aggregates of them; choose one of them")
+    if getattr(args, f"mudd_{side}") and side == "decoder" and getattr(args, "cross_self_attention", False):
+        raise ConfigurationError("--mudd-decoder gives the self-attention keys and values of the target only and "
+                                 "does not support --cross-self-attention; drop one of them")
+    kind = getattr(args, f"hyper_connections_{side}")
+    flag = f"--hyper-connections-{side} {kind}"
+    if kind != "none" and k > 1:
+        raise ConfigurationError(
+            f"{flag} and --multi-layer-attention {k}: multi-layer attention reads single lower-layer states, "
+            "hyper-connected layers hold several streams; choose one of them")
+    if kind == "manifold" and args.hyper_connections_rate < 2:
+        raise ConfigurationError(f"{flag} needs --hyper-connections-rate of at least 2 (one stream has nothing "
+                                 f"to mix), got {args.hyper_connections_rate}")
+    if kind != "none" and side == "decoder" and getattr(args, "cross_self_attention", False):
+        raise ConfigurationError(
+            f"{flag} runs fairseq's decoder sublayers one by one, with the self-attention over the target "
+            "only, and does not support --cross-self-attention; drop one of them")
 
 
 def chosen(args, *names) -> list:
