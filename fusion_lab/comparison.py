@@ -571,7 +571,8 @@ def run_statistics(rdir: str):
 
 
 def paired_with_baseline(out: str, method: str, seed: int, baseline: str) -> Optional[dict]:
-    """:func:`report.paired_bootstrap` against the baseline of the same seed once both are scored (cached
+    """:func:`report.paired_bootstrap` against the baseline's run of the same seed (``baseline``: a run name, so
+    the reference learning rate's for ``transformer``) once both are scored (cached
     while neither is scored anew); None for a method that is its own baseline."""
     rdir = run_dir(out, method, seed)
     system, base = finished_run(rdir), finished_run(run_dir(out, baseline, seed))

@@ -229,7 +229,8 @@ def test_set_table(rows: List[dict]) -> List[str]:
 
 
 def runs_table(results: dict) -> List[str]:
-    return _table("Runs", f"Paired: sacreBLEU's paired bootstrap against the baseline of the same seed "
+    return _table("Runs", "Paired: sacreBLEU's paired bootstrap against the Transformer's run of the same seed at "
+                  "the reference learning rate (the run named `transformer`, whatever rate the row's grid chose) "
                   f"({BOOTSTRAP_SAMPLES} resamples of the four test sets together; Δ [95% interval], p). Times are "
                   "wall-clock under whatever else the machine ran: they do not compare speed.",
                   ["method", "seed", "-status", "updates", "paired", "training", "updates/s", "decoding", "-device"],
