@@ -842,6 +842,27 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
     assert "==== train-one " in (run / "run.log").read_text()
 
 
+def test_the_steps_keep_the_memory_they_free(tmp_path):
+    """launch.sh: the runner starts with glibc told to keep freed memory on its heap (no mmap, no trim), which
+    spares the kernel's zeroing of fresh pages and changes no number; a value the user set is kept."""
+    clone, script = _pinned_clone(tmp_path)
+    exp, raw, record = tmp_path / "exp", tmp_path / "raw", tmp_path / "runner.txt"
+    raw.mkdir()
+    (raw / "train.de").write_text("ein Satz\n")
+    _stand_in_venv(exp, f'echo "$MALLOC_MMAP_MAX_ $MALLOC_TRIM_THRESHOLD_ $3" > {record}.part && mv {record}.part {record}')
+    for chosen, expected in (({}, ["0", "68719476736"]), ({"MALLOC_MMAP_MAX_": "65536"}, ["65536", "68719476736"])):
+        record.unlink(missing_ok=True)
+        environment = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
+        result = subprocess.run(["bash", str(script), "train", str(exp), str(raw)], capture_output=True, text=True,
+                                env={**environment, **chosen})
+        assert result.returncode == 0 and "training in the background" in result.stdout, result.stderr
+        for _ in range(300):
+            if record.exists():
+                break
+            time.sleep(0.1)
+        assert record.read_text().split() == expected + ["--out"]
+
+
 def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
     """launch.sh restore: a new EXP receives the exported evaluated runs that were evaluated at its path,
     their hypotheses included, and the references from RAW that their scores name; nothing in EXP is
