@@ -16,8 +16,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$REPO/scripts/files.sh"
 umask 022  # what the steps make stays closed to others' writes: trusted by the next step
 # glibc keeps the memory the steps free for their next tensors (heap only, never trimmed) instead of handing it
-# back to the kernel and faulting it in again zeroed: the same numbers to the bit, a training update 15-35%
-# faster on a 2-core CPU (docs/measurements.md); a process then holds its peak memory. A value already set wins.
+# back to the kernel and faulting it in again zeroed: the same numbers to the bit, 14-38% less time an update
+# of the comparison's models on a 2-core CPU (docs/measurements.md); a process then keeps its peak memory. A
+# value already in the environment wins.
 export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0} MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-68719476736}
 STEP=${1:-}
 die() { echo "$NAME.sh: error: $*" >&2; exit 1; }
