@@ -861,6 +861,11 @@ def test_the_steps_keep_the_memory_they_free(tmp_path):
                 break
             time.sleep(0.1)
         assert record.read_text().split() == expected + ["--out"]
+        runner = int((exp / "train.pid").read_text())
+        for _ in range(300):  # gone before the next 'train', which would otherwise find it training
+            if not os.path.exists(f"/proc/{runner}"):
+                break
+            time.sleep(0.1)
 
 
 def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
