@@ -755,6 +755,15 @@ def _stand_in_venv(exp, otherwise):
     stand_in.chmod(0o755)
 
 
+def _within_30_seconds(condition) -> bool:
+    """Whether ``condition()`` holds within 30 s (what a background step does, seen from the test)."""
+    for _ in range(300):
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_export_copies_regular_files_inside_exp_only(tmp_path):
     """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
     copied; regular files are; an evaluated run of the export is not overwritten by the same run
@@ -827,10 +836,7 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
         record.unlink(missing_ok=True)
         result = train_one("runs/deeprep_finetuned/seed2")
         assert result.returncode == 0 and "up to update 1000" in result.stdout, result.stderr
-        for _ in range(300):
-            if record.exists():
-                break
-            time.sleep(0.1)
+        assert _within_30_seconds(record.exists)
         assert record.read_text().split() == [str(run), cores, cores, "-P", "-m", runner, "_train", str(run), "1000"]
         with open(run / ".lock", "a") as lock:  # the worker has let go of the run before the next train-one
             for _ in range(300):
@@ -856,16 +862,10 @@ def test_the_steps_keep_the_memory_they_free(tmp_path):
         result = subprocess.run(["bash", str(script), "train", str(exp), str(raw)], capture_output=True, text=True,
                                 env={**environment, **chosen})
         assert result.returncode == 0 and "training in the background" in result.stdout, result.stderr
-        for _ in range(300):
-            if record.exists():
-                break
-            time.sleep(0.1)
+        assert _within_30_seconds(record.exists)
         assert record.read_text().split() == expected + ["--out"]
-        runner = int((exp / "train.pid").read_text())
-        for _ in range(300):  # gone before the next 'train', which would otherwise find it training
-            if not os.path.exists(f"/proc/{runner}"):
-                break
-            time.sleep(0.1)
+        runner = int((exp / "train.pid").read_text())  # gone before the next 'train', which would find it training
+        assert _within_30_seconds(lambda: not os.path.exists(f"/proc/{runner}"))
 
 
 def test_restore_copies_the_exported_evaluated_runs_into_a_lost_exp(tmp_path):
