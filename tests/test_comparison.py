@@ -764,6 +764,14 @@ def _within_30_seconds(condition) -> bool:
     return False
 
 
+def _took_lock(file) -> bool:
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
 def test_export_copies_regular_files_inside_exp_only(tmp_path):
     """launch.sh export: a file that is a symbolic link (to a file outside EXP, or inside it) is not
     copied; regular files are; an evaluated run of the export is not overwritten by the same run
@@ -839,12 +847,7 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
         assert _within_30_seconds(record.exists)
         assert record.read_text().split() == [str(run), cores, cores, "-P", "-m", runner, "_train", str(run), "1000"]
         with open(run / ".lock", "a") as lock:  # the worker has let go of the run before the next train-one
-            for _ in range(300):
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    time.sleep(0.1)
+            assert _within_30_seconds(lambda: _took_lock(lock))
     assert "==== train-one " in (run / "run.log").read_text()
 
 
