@@ -167,13 +167,9 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name, family and model number, and the vector instructions torch's kernels use on
-    it (``torch.backends.cpu.get_cpu_capability``). A virtual machine often names no more than "AMD EPYC",
-    and two such machines with the same packages trained the same run to losses that part at update 200:
-    a run's record has to tell them apart."""
-    import torch
-
+def first_cpu_fields(cpuinfo: str = "/proc/cpuinfo") -> Dict[str, str]:
+    """The ``key: value`` fields of /proc/cpuinfo, each at its first occurrence: the first CPU's; empty where the
+    file cannot be read."""
     fields: Dict[str, str] = {}
     try:
         with open(cpuinfo, encoding="utf-8") as lines:
@@ -182,6 +178,17 @@ def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name, family and model number, and the vector instructions torch's kernels use on
+    it (``torch.backends.cpu.get_cpu_capability``). A virtual machine often names no more than "AMD EPYC",
+    and two such machines with the same packages trained the same run to losses that part at update 200:
+    a run's record has to tell them apart."""
+    import torch
+
+    fields = first_cpu_fields(cpuinfo)
     name = fields.get("model name") or platform.processor() or platform.machine()
     family = f"family {fields['cpu family']}, model {fields.get('model', '?')}; " if "cpu family" in fields else ""
     return f"{name} ({family}torch {torch.backends.cpu.get_cpu_capability()})"
@@ -189,15 +196,7 @@ def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The instruction-set flags /proc/cpuinfo lists for the first CPU, sorted ("" where it lists none)."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as lines:
-            for line in lines:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    return " ".join(sorted(value.split()))
-    except OSError:
-        pass
-    return ""
+    return " ".join(sorted(first_cpu_fields(cpuinfo).get("flags", "").split()))
 
 
 def tree_sha256(paths: List[str]) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from fusion_lab import benchmark
 from fusion_lab.benchmark import BenchmarkError, build_configs, parse_variant, settings
-from fusion_lab.common import cpu_name, plugin_architectures
+from fusion_lab.common import cpu_flags, cpu_name, plugin_architectures
 
 from model_building import build_model, count_parameters
 
@@ -104,14 +104,17 @@ def test_memory_and_environment(run):
         assert memory["decode_peak_bytes"] > memory["parameter_bytes"]
 
 
-def test_the_cpu_is_named_with_family_model_and_torch_kernels(tmp_path, monkeypatch):
+def test_the_cpu_is_named_with_family_model_torch_kernels_and_flags(tmp_path, monkeypatch):
     # two 2-core VMs both named "AMD EPYC" trained one run to losses that part at update 200
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
-                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 25\nmodel name\t: other\n")
+                       "model name\t: AMD EPYC\nflags\t\t: sse2 avx2 fma\n\nprocessor\t: 1\ncpu family\t: 25\n"
+                       "model name\t: other\nflags\t\t: other\n")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert cpu_name(str(cpuinfo)) == "AMD EPYC (family 26, model 2; torch AVX512)"
+    assert cpu_flags(str(cpuinfo)) == "avx2 fma sse2"  # the first CPU's, sorted
     assert cpu_name(str(tmp_path / "absent")).endswith(" (torch AVX512)")
+    assert cpu_flags(str(tmp_path / "absent")) == ""
 
 
 def test_flop_counts_and_flop_ratios(run):
