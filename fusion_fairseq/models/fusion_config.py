@@ -164,7 +164,7 @@ class FusionTransformerConfig(TransformerFlags):
         "hyper-connections divide its std by sqrt(n) (Zhu et al. 2025, Sec. 4)")
     hyper_connections_decay_static: bool = flag(
         False, "apply --weight-decay to the static hyper-connection weights too; by default they carry no weight "
-        "decay (Zhu et al. 2025, Sec. 4), honoured by --optimizer adam_with_overrides")
+        "decay (Zhu et al. 2025, Sec. 4) under --optimizer adam_with_overrides (fairseq's optimizers decay them)")
 
     # What each flag accepts beyond its type (its text is checked as it is parsed, and again at build
     # time: values from checkpoints, hydra configs or --model-overrides are not parsed), in field order.

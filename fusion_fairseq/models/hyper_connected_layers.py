@@ -39,8 +39,8 @@ def rescale_output_projections(layer: nn.Module, rate: int) -> None:
 
 
 def exempt_from_weight_decay(*parameters: nn.Parameter) -> None:
-    """fairseq's per-parameter optimizer override (read by ``--optimizer adam_with_overrides`` and
-    fairseq's ``composite`` optimizer): these parameters are not decayed."""
+    """fairseq's per-parameter optimizer override: ``--optimizer adam_with_overrides`` does not decay these
+    parameters (fairseq's own optimizers ignore the override's weight decay)."""
     for parameter in parameters:
         parameter.optim_overrides = {"optimizer": {"weight_decay": 0.0}}
 

@@ -10,9 +10,14 @@ in fairseq's terms:
   dropouts and its parameters' names (so a Transformer's weights load as they are).
 * Pre-norm (``--*-normalize-before``, the paper's block): one LayerNorm per way, the query's being
   fairseq's ``self_attn_layer_norm``, as the released code (``sepln``: separate norms); Eq. 7
-  writes LN for each. Loading a checkpoint without the key and value norms (a Transformer's)
-  starts them as copies of the query's, so that the model computes that Transformer. Post-norm
-  (fairseq's default) has no LN before the sublayer and adds none: X_A = LN(MHA(Q, K, V) + R).
+  writes LN for each. In every layer, as the JAX training code: the released PyTorch code shares
+  the query's norm in the first layer (``sepln and lidx > 0``), whose ways all read X_0, so its
+  count is 4D per side below ours. Loading a checkpoint without the key and value norms (a
+  Transformer's) starts them as copies of the query's, so that the model computes that Transformer.
+  Post-norm (fairseq's default) has no LN before the sublayer and adds none: X_A = LN(MHA(Q, K, V)
+  + R). There the side's output Xbar_L^R (the encoder's memory, the decoder's input to the output
+  projection) is a learned mix of LayerNorm outputs with no LayerNorm of its own, as fairseq's
+  post-norm stacks have no final one: X_L at the start, not normalised once the weights move.
 * The decoder's cross-attention sits between self-attention and FFN, as in fairseq, and reads
   X_A as its query and the encoder's output (its final aggregate Xbar_L^R, after fairseq's final
   LayerNorm in pre-norm) as keys and values: the paper's block has one attention, whose inputs

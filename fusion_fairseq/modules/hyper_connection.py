@@ -39,18 +39,24 @@ Readings:
 * The norm of DHC is a LayerNorm with parameters, shared by the streams of one connection.
 * Sinkhorn-Knopp runs in Eq. 9's order, columns then rows (``--hyper-connections-sinkhorn-order
   columns-first``, the default). ``rows-first`` normalises rows then columns, as this plugin did
-  before: its columns are exact and its rows off by about 2e-3 at the initial logits (more as they
-  grow), so its mix is not the convex combination Eq. 9 guarantees; it is kept for checkpoints
-  trained that way.
+  before: its columns are exact and its rows are not. Both orders are exact at the start (phi = 0
+  leaves the symmetric b_res below as the logits); once the logits move, rows-first leaves its rows
+  off by about 5e-4 (median of 200 draws; 2e-3 the largest) for logits b_res + N(0, 0.1^2) at
+  n = 4, by 4e-3 (2e-2) for b_res + N(0, 1), so its mix is not the convex combination Eq. 9
+  guarantees; it is kept for checkpoints trained that way.
 * Zhu et al.'s training recipe (Sec. 4) for SHC and DHC, on by default: the initialisation std of
   each sublayer's output projection (attention's ``out_proj``, the FFN's ``fc2``) is divided by
   sqrt(n) (:func:`rescale_output_projections`; ``--hyper-connections-no-output-rescale`` keeps
   fairseq's), and the static weights A_m, A_r, B get no weight decay (they carry fairseq's
-  per-parameter ``optim_overrides``, which ``--optimizer adam_with_overrides`` and fairseq's
-  ``composite`` optimizer honour; ``--hyper-connections-decay-static`` decays them like the rest).
-  Paper: the output projections' std is "rescaled by sqrt(n)". Reading: divided, so that the
-  paper's readout, the sum of n streams that each carry a layer's output, keeps the std of the
-  plain model's residual stream; the paper does not spell out the direction. With the rescaled
+  per-parameter ``optim_overrides``, which only ``--optimizer adam_with_overrides`` honours: fairseq's
+  other optimizers decay every parameter alike, and its ``composite`` optimizer reads no weight decay
+  from a parameter's overrides; ``--hyper-connections-decay-static`` decays them like the rest).
+  Paper: the output modules' std is scaled "by a factor of sqrt(n)" at initialisation, so that the
+  output, the sum of the last layer's n streams, keeps the std of the original model. Reading:
+  divided; the paper does not spell out the direction, and neither direction keeps that std
+  literally: with B = 1 every stream receives the same sublayer outputs, so at the start the sum is n
+  times one stream whatever the scale. What the division does change is the balance within a stream:
+  each sublayer's output enters at 1/sqrt(n) of fairseq's scale against the embedding. With the rescaled
   initialisation a fresh model is no longer fairseq's Transformer of the same seed: it computes
   the Transformer whose output projections are scaled by 1/sqrt(n), and given a Transformer's
   weights (``--finetune-from-model``, or a loaded state) it computes that Transformer exactly.

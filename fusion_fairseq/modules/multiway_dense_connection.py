@@ -20,7 +20,8 @@ Readings, each where the text leaves a choice:
 
 * Eq. 6 normalisation. Paper: RMSNorm(X_i) "to stabilize training". Reading: RMSNorm without a
   learned scale (eps 1e-6), as the released PyTorch code (``RMSnormNoscale``); a scale would be a
-  parameter Eq. 13's count does not have. GELU is the exact one, as the PyTorch code's ``nn.GELU()``.
+  parameter Eq. 13's count does not have. GELU is the exact one, as the PyTorch code's ``nn.GELU()``
+  (the JAX training code's flax ``gelu`` is the tanh approximation by default).
 * Sizes. Paper: W_1 in R^{D x K_i}, W_2 in R^{K_i x C(i+1)}, a_i in R^{C x (i+1)} with C = 4 ways
   and hidden size K_i = C(i+1) (Sec. 2.2 for one way, Appendix B's pseudocode for four). Reading,
   for the last DA: only Xbar_L^R is read (Eq. 8's output), so it generates the residual way only
@@ -37,7 +38,8 @@ Readings, each where the text leaves a choice:
 * Sec. 2.4's parameter re-allocation (FFN widths growing with depth) and Sec. 2.5's optional
   PreDANorm/PostDANorm change the trunk and are not implemented here: the trunk stays fairseq's.
 
-Parameters of a stack of L layers of width D (Eq. 13 counts the first two terms; a_i adds the third):
+Parameters of a stack of L layers of width D (Eq. 13 counts the first two terms, its K_i^2 being
+K_i C_i (i+1) for i < L; a_i adds the third):
 sum_{i=1}^{L} D K_i + K_i C_i (i+1) + C_i (i+1), with C_i = 4 for i < L, C_L = 1 and K_i = 4(i+1)
 (``paper``).
 

@@ -1,9 +1,10 @@
 """fairseq's Adam with per-parameter overrides (``--optimizer adam_with_overrides``).
 
 fairseq's trainer hands its optimizer one flat list of parameters, so ``--optimizer adam`` decays every
-parameter alike. fairseq marks a parameter that needs other settings with an ``optim_overrides``
-attribute, ``{"optimizer": {"weight_decay": 0.0}}``, which its ``composite`` optimizer reads; this
-optimizer reads the same attribute with nothing to configure: each distinct override becomes a
+parameter alike. fairseq's convention for a parameter that needs other settings is an ``optim_overrides``
+attribute, but only its ``composite`` optimizer reads it, and takes a learning-rate scale from it, never a
+weight decay. This optimizer reads ``{"optimizer": {"weight_decay": 0.0}}`` from the same attribute, with
+nothing to configure: each distinct override becomes a
 parameter group of fairseq's own Adam, and every parameter without one is optimised exactly as
 ``--optimizer adam`` would (same flags, same update). Hyper-connections mark their static weights this
 way (Zhu et al. 2025, Sec. 4: no weight decay on the static components).
