@@ -53,3 +53,25 @@ def test_every_method_in_the_readme_table_has_a_citation_entry():
     entries = re.findall(r"author\s*=\s*\{(\w+),.*?\n\s*year\s*=\s*\{(\d{4})\}", bib, flags=re.DOTALL)
     cited = {(surname, year) for surname, year in entries}
     assert papers <= cited, f"not in CITATION.bib: {sorted(papers - cited)}"
+
+
+def table_blocks(text: str):
+    """Each run of consecutive lines starting with ``|`` outside code blocks: (first line's number, lines)."""
+    block, start, fenced = [], 0, False
+    for number, line in enumerate(text.splitlines() + [""], start=1):
+        fenced ^= line.lstrip().startswith("```")
+        if line.startswith("|") and not fenced:
+            start = start if block else number
+            block.append(line)
+        elif block:
+            yield start, block
+            block = []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_every_table_has_its_header_row(page):
+    """A table's second line is its separator (``|---|``): a blank line inside a table starts a block
+    that Markdown shows as text."""
+    broken = [f"line {start}: {lines[0][:60]}" for start, lines in table_blocks(page.read_text(encoding="utf-8"))
+              if len(lines) < 2 or not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[1].strip())]
+    assert not broken, broken

@@ -5,21 +5,29 @@ block i, a depth-weighted average (DWA) after block i hands the next block
 
     Y_i = sum_{j <= i} alpha_{i,j} X_j,        alpha_{i,i} = 1 and alpha_{i,j<i} = 0 at the start,
 
-so the model starts as the plain Transformer. The k x p variants (Sec. 3.2, dilation
+so the model starts as the plain Transformer. The k x p variants (Secs. 3.2-3.3, dilation
 and periodicity): with dilation k, DWA i reads only the X_j with j = i (mod k); with
 period p, only blocks i = p, 2p, ... are followed by a DWA, the others hand on X_i unchanged.
 For k = p = 1 and d blocks this gives sum_{i=1}^{d} (i + 1) = d(d + 3)/2 scalars.
 
-Reading, where the text leaves it open, as the authors' code (``epfml/DenseFormer``,
-``DWAModules``) does: the weights average the block *outputs* X_j (not the earlier averages
-Y_j), and the last block is followed by a DWA too, whose output goes to the final LayerNorm and
-the output projection. For fairseq's post-norm layers, X_i is the layer's normalised output; in
-a pre-norm stack, fairseq's final LayerNorm follows Y_L as it follows X_L.
+As the paper (Sec. 3) and the authors' package (``epfml/DenseFormer``, ``denseformer.DWAModules``)
+have it, the weights average the block *outputs* X_j (not the earlier averages Y_j), and the last
+block is followed by a DWA too, whose output goes to the final LayerNorm and the output projection.
+Dilation counts blocks, as the text (Sec. 3.3's k = p = 4: the DWA after block 8 reads X_0, X_4,
+X_8) and the package; the authors' training code (``experiments/models/denseformer.py``) stores only
+the averaged blocks' outputs and counts dilation in those, so its (k, p) is the text's (kp, p):
+``--denseformer-dilation`` k*p with ``--denseformer-period`` p trains it.
+The weights are decayed with the rest by ``--weight-decay``, as in the authors' training code.
+
+Reading for fairseq's post-norm layers (the paper's blocks are pre-norm): X_i is the layer's
+normalised output, and the stack's output Y_L has no LayerNorm of its own (fairseq's post-norm
+stacks end without one): Y_L = X_L at the start, a learned mix of normalised outputs and the
+embedding once the weights move. In a pre-norm stack, fairseq's final LayerNorm follows Y_L as it
+follows X_L, as the paper's follows its last DWA.
 
 The stack records [Y_0, ..., Y_L] (Y_i = X_i after a block without DWA) as its states: the
 representation each layer hands on, which MLRF fusion, layer attention and the layer-diversity
 criterion read. Every weight mixes one position's states, so incremental decoding stays exact.
-No package implements it (the authors' code is a research repository, not a library).
 """
 
 from typing import List, Tuple
