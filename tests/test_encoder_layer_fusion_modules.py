@@ -161,3 +161,25 @@ def test_surface_fusion_rejects_bad_settings(kwargs, message):
     settings = {"kind": "hard", "embed_dim": 8, "num_heads": 2, "lam": 0.8, "tau": 1.0, **kwargs}
     with pytest.raises(ValueError, match=message):
         SurfaceFusion(**settings)
+
+
+@pytest.mark.parametrize("variant", ["paper", "released"])
+def test_surface_attention_starts_as_its_variant_says(variant):
+    """paper: Xavier-uniform at gain 1, zero biases. released: the released code's fairseq 0.9 attention,
+    query/key/value weights at gain 1/sqrt(2) with torch's default biases, U(+-1/sqrt(d)); the output
+    projection at gain 1 with a zero bias."""
+    d = 256
+    torch.manual_seed(0)
+    attention = SurfaceFusion("hard", d, 1, lam=0.8, tau=1.0, variant=variant, ffn_dim=16).attention
+    xavier_bound = math.sqrt(6 / (2 * d))
+    qkv_gain = 1 / math.sqrt(2) if variant == "released" else 1.0
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+        largest = projection.weight.abs().max().item()
+        assert 0.99 * qkv_gain * xavier_bound < largest <= qkv_gain * xavier_bound
+        bias = projection.bias.abs()
+        if variant == "released":
+            assert 0.9 / math.sqrt(d) < bias.max().item() <= 1 / math.sqrt(d)
+        else:
+            assert bias.max().item() == 0
+    assert 0.99 * xavier_bound < attention.out_proj.weight.abs().max().item() <= xavier_bound
+    assert attention.out_proj.bias.abs().max().item() == 0

@@ -17,12 +17,14 @@ from torch import Tensor, nn
 
 class ProjectedAttention(nn.Module):
     """q/k/v/out projections (Xavier-uniform weights, zero biases; ``qkv_gain`` scales the
-    query, key and value weights, 1/sqrt(2) in fairseq's own attention). Tensors are batch-first
+    query, key and value weights, 1/sqrt(2) in fairseq's own attention, which keeps torch's default
+    biases for them: ``zero_qkv_biases=False``). Tensors are batch-first
     ``(batch, length, embed_dim)``; projected memories are ``(batch, heads, length, head_dim)``;
     masks are boolean, True where attention is allowed, broadcastable to
     ``(batch, heads, query_length, key_length)``."""
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, qkv_gain: float = 1.0):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, qkv_gain: float = 1.0,
+                 zero_qkv_biases: bool = True):
         super().__init__()
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed dim {embed_dim} is not divisible by {num_heads} attention heads")
@@ -35,7 +37,8 @@ class ProjectedAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(linear.weight, gain=1.0 if linear is self.out_proj else qkv_gain)
-            nn.init.zeros_(linear.bias)
+            if linear is self.out_proj or zero_qkv_biases:
+                nn.init.zeros_(linear.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
         """``(batch, length, D)`` -> ``(batch, heads, length, head_dim)``."""

@@ -1,6 +1,7 @@
 """The fusion functions Phi of SurfaceFusion (Liu et al., ICLR 2021, Eqs. 5-7), as the paper's
 text describes it and as the authors' released code (github.com/SunbowLiu/SurfaceFusion) trains it."""
 
+import math
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -12,6 +13,8 @@ from .surface_attention import SurfaceAttention
 
 SURFACE_FUSION_KINDS = ("none", "hard", "soft")
 SURFACE_FUSION_VARIANTS = ("paper", "released")
+# how the released code's fairseq 0.9 attention starts its query, key and value projections
+FAIRSEQ_ATTENTION_INIT = {"qkv_gain": 1 / math.sqrt(2), "zero_qkv_biases": False}
 
 
 def surface_log_probs(surface_logits: Tensor, tau: float) -> Tensor:
@@ -74,6 +77,10 @@ class SurfaceFusion(nn.Module):
       4. dropout (``embedding_dropout``, the model's --dropout) on the embedding values.
     Reading of 4: the released code reuses the mask of the encoder's input dropout for the values;
     here the values get their own mask of the same rate (the encoder does not hand its mask out).
+    Initialisation (the paper states none): ``paper`` Xavier-uniform projections with zero biases;
+    ``released`` as the released code's fairseq 0.9 ``MultiheadAttention``: query, key and value
+    weights Xavier-uniform at gain 1/sqrt(2) with torch's default biases, the output projection at
+    gain 1 with a zero bias.
     Both variants share Phi: the released code's ``hard`` mode is Eq. 6 with tau = 1 and its
     ``soft_5`` mode Eq. 7 with tau = 5. Its query is the output of decoder layer 6 (``--sf-idx 5``)
     before any final LayerNorm, which for the post-norm 6-layer models of the paper is the decoder
@@ -97,7 +104,8 @@ class SurfaceFusion(nn.Module):
         self.tau = tau
         self.released = variant == "released"
         self.embedding_dropout = embedding_dropout if self.released else 0.0
-        self.attention = SurfaceAttention(embed_dim, 1 if self.released else num_heads, dropout)
+        self.attention = SurfaceAttention(embed_dim, 1 if self.released else num_heads, dropout,
+                                          **(FAIRSEQ_ATTENTION_INIT if self.released else {}))
         self.output_ffn = None
         if self.released:
             if ffn_dim <= 0:
