@@ -2,7 +2,7 @@
 
 Source / target vocabularies 8,389 / 6,428 (paper Sec. 4.1), embeddings not shared. The exact
 counts below are computed by hand; the paper prints millions with two decimals, and every row
-is reproduced when rounding *up* (e.g. Enc-FNN 11,624,960 -> 11.63M), except Dec-SA (nhop=6),
+is reproduced when rounding *up* (e.g. Enc-FNN 11,625,984 -> 11.63M), except Dec-SA (nhop=6),
 printed as 13.47M, which cannot be told apart from Enc-SA (nhop=6) by the method's description
 (decoder and encoder have the same depth and width): we count 12,157,446, i.e. 12.16M like
 Enc-SA (nhop=6), and take the paper's figure for a typo.

@@ -24,7 +24,7 @@ VARIANT (Table 2 / Table 3 rows; the fusion function phi of each side, Eqs. 2-7)
   both-avg | both-fnn | both-sa fuse both sides with the same function
   both-fnn-sa               Enc-FNN + Dec-SA (Table 2's best system, mlrf_iwslt_de_en's default)
   both-avg-sa               Enc-AVG + Dec-SA (Table 3)
-  Append +w1 for an independent W1 per hop (Table 3 "+ indep. W1"); nist-zh-en's dec-sa+w1 is Table 3's
+  Append +w1 for an independent W1 per layer (Table 3 "+ indep. W1"); nist-zh-en's dec-sa+w1 is Table 3's
   best system, mlrf_nist_zh_en.
 
 Options:

@@ -190,7 +190,7 @@ class LayerwiseCoordinationConfig(FairseqDataclass):
     normalize_before: bool = flag(False, "pre-norm layers (final LayerNorm on top)")
     no_scale_embedding: bool = flag(False, "do not scale token embeddings by sqrt(d)")
     no_layer_sharing: bool = flag(
-        False, "ablation (Table 3): separate source and target layers (halve --layers for the same size)")
+        False, "ablation (Table 3): separate source and target layers, the source --layers - 1 of its own")
     no_mixed_attention: bool = flag(
         False, "ablation (Table 3): separate target self-attention and source attention, the source attention "
         "reading the corresponding source layer")

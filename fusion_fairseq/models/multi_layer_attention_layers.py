@@ -9,8 +9,8 @@ part of the layer, its forward included, is fairseq's. Its forward takes the sta
 Paper: Sec. 3.1.2 and Table 1. Reading: the attended layers are layer outputs, l - k >= 1 (the
 embedding H^0 is not one of "the lower k layers"), so layers 1..k are fairseq's own layers. On
 Transformer-Base this gives exactly Table 1's +33.6M for k=2 (layers 3-6 of both stacks) and +37.8M
-for k=3 (layers 4-6); counting H^0 as a layer, or attending fewer layers where fewer exist, would
-give +42.0M / +58.8M.
+for k=3 (layers 4-6). Counting H^0 as a layer would give +42.0M / +50.4M, attending fewer layers
+where fewer exist +33.6M / +46.2M, and both +42.0M / +58.8M.
 
 Activation checkpointing: fairseq's wrapper would re-run the layer in backward from its positional
 inputs alone, without the lower states and without passing them gradients; these layers therefore

@@ -4,7 +4,8 @@ A dense stack keeps a list of feature blocks ``[h0, h1, ..., hl]``; layer ``l+1`
 concatenation (Eq. 6 for the encoder, Eq. 7 for the decoder, where each decoder layer adds two
 blocks, its hidden state ``z_l`` and its attention value ``a_l``). A summary layer (Sec. 3.3)
 projects the concatenation back to the embedding size ``d0`` and restarts the list with that one
-block, so no layer reads more than ``d0 + (sumlen - 1) * d`` features.
+block, so no encoder layer reads more than ``d0 + (sumlen - 1) * d`` features, no decoder layer more
+than ``d0 + 2 (sumlen - 1) * d``.
 
 Pure module code: the plan of widths is computed from plain integers (no argparse).
 """

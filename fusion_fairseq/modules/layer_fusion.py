@@ -12,7 +12,8 @@ FUSION_FUNCTIONS = ("none", "avg", "fnn", "sa")
 
 
 class AverageFusion(nn.Module):
-    """phi(Z_j) = 1/L * sum_l z^l_j (MLRF Sec. 3.2 "Fusion by Pooling"), no parameters: ``(..., L, d)`` to ``(..., d)``."""
+    """phi(Z_j) = the mean of the fused layers z^l_j (MLRF Sec. 3.2 "Fusion by Pooling"; h0..hL, L + 1 of them,
+    unless the embedding layer is left out), no parameters: ``(..., L, d)`` to ``(..., d)``."""
 
     def forward(self, layers: Tensor) -> Tensor:
         return layers.mean(dim=-2)
@@ -21,9 +22,11 @@ class AverageFusion(nn.Module):
 class LayerFusion(nn.Module):
     """Applies a fusion function phi to the layer stack, then layer normalisation.
 
-    Paper (MLRF): Eq. 3 replaces the top layer z^L_j by phi(Z_j); footnote 2 counts the word
-    embedding layer as h0 (fused unless ``include_embedding_layer`` is False, the ablation of
-    Table 4); "we use layer normalization after the fusion layer" (end of Sec. 3.2).
+    Paper (MLRF): Eq. 3 replaces the top layer z^L_j by phi(Z_j); footnote 2 names the word
+    embedding layer h0, and Table 4 (the word-embedding ablation), Fig. 5 (its layer axis starts at
+    h0) and Table 2's counts show it fused (unless ``include_embedding_layer`` is False, Table 4's
+    ablation; the layer embedding's row for h0 is then left unread); "we use layer normalization
+    after the fusion layer" (end of Sec. 3.2).
 
     ``states``: list of ``L + 1`` tensors of equal shape ``(..., d)``, embedding layer first.
     Returns ``(fused (..., d), attention weights (..., nhop, L') or None)``.

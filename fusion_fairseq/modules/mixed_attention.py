@@ -16,10 +16,14 @@ class MixedAttention(ProjectedAttention):
     Layer-wise coordination uses one attention for both sides: a source position attends to the
     source positions of the layer below; a target position attends, in ONE softmax, to every
     source position and to the target positions up to itself of the layer below (Eq. 3:
-    softmax(QK^T / sqrt(d) + M) V with M(i, j) = 0 for j < n or j <= i + n, else -inf).
+    softmax(QK^T / sqrt(d_model) + M) V with M(i, j) = 0 for j < n or j <= i + n, else -inf).
+    Reading: each head scales by the square root of its own dimension, as the Transformer's
+    multi-head attention does; the paper writes d_model for the single-head form.
     Keys and values are projected apart from the query (:meth:`project_memory`) so that the
     decoder can project the source once per sentence and append one target position per decoding
-    step. Shapes and masks: :class:`ProjectedAttention`; its projections start as fairseq's.
+    step. Shapes and masks: :class:`ProjectedAttention`. Its projections start as fairseq's
+    attention's weights (query, key and value at gain 1/sqrt(2)), with zero biases where fairseq
+    keeps torch's default ones for the query, key and value.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0):

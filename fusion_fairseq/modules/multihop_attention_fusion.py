@@ -18,9 +18,11 @@ class MultiHopAttentionFusion(nn.Module):
            Eq. 7  s~_p = a_p . [z~^1, ..., z~^L]         (one d-vector per hop)
            then the nhop x d matrix s~ goes through a single-hidden-layer FNN (df units) to d.
     Reading: sigma is tanh, as in the structured self-attention of Lin et al. (2017) that the
-    paper follows for hops; W1 and W2 carry biases, which reproduces Table 2's parameter counts
-    (Enc-SA nhop=4: 11.90M, nhop=6: 12.16M). ``independent_w1`` gives each layer its own W1
-    (the "+ indep. W1" row of Table 3).
+    paper follows for hops. W1 and W2 carry biases, which Eq. 5 (and Lin et al.) do not write:
+    Table 2's counts, rounded up, do not tell (Enc-SA nhop=4: 11,893,252 with them, 11,892,224
+    without, both 11.90M), W2's bias is the same for every layer and cancels in Eq. 6's softmax
+    over layers, so only W1's, inside sigma, changes what is computed. ``independent_w1`` gives
+    each layer its own W1 (the "+ indep. W1" row of Table 3; footnote 4).
 
     ``layer_embedding`` may be shared with another fusion module (the paper shares it between
     encoder and decoder, and FNN fusion reads it too); ``first_layer_index`` is the row of the first fused layer (0 when the
