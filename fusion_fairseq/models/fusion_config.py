@@ -113,8 +113,8 @@ class FusionTransformerConfig(TransformerFlags):
     aggregation_residual: ChoiceEnum(AGGREGATION_RESIDUALS) = flag(
         "all", "which inputs of AGG have a residual connection to its output (Table 4; paper: all)")
     multi_layer_attention: int = flag(
-        1, "self-attention of every layer l > K attends to its K nearest lower layers with separate attention "
-        "models, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
+        1, "self-attention of every layer l > K attends to its K nearest lower layers, the K - 1 below its input "
+        "with attention models of their own, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
 
     # --- encoder layer fusion (Liu et al., ICLR 2021) ------------------------------------------------
     layer_attention: ChoiceEnum(LAYER_ATTENTION_KINDS) = flag(

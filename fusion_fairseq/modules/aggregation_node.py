@@ -17,8 +17,9 @@ class AggregationNode(nn.Module):
     Paper: Eq. 7 (two inputs) and its three-input form in Sec. 3.1.1: F is a feed-forward
     network over the concatenated inputs "with a sigmoid activation in between", and every input
     has a residual connection to the output. Table 4 varies both:
-      ``function``: ``sigmoid`` (paper default) / ``relu`` FFN, or ``attention``: multi-head
-        self-attention over the k inputs of each position, whose k outputs are summed;
+      ``function``: ``sigmoid`` (paper default) / ``relu`` FFN, or ``attention`` (Table 4's
+        "multihead self-attention layer"; reading: self-attention over the k inputs of each
+        position, whose k outputs are summed);
       ``residual``: ``all`` inputs (paper default), only the ``top`` input, or ``none``.
     Reading: the FFN's hidden size is the model's filter size (2048 for Transformer-Base); this
     reproduces the parameter counts of Table 1 (+31.5M for iterative, +23.1M for hierarchical

@@ -95,8 +95,9 @@ def vanilla_combination(num_inputs: int, embed_dim: int) -> nn.Linear:
 
 
 class LinearCombination(PlainStack):
-    """Eq. 5 and Figure 1c: the input of every layer, and the stack's output, is an
-    unnormalised linear combination sum_i W_i H^i of all layers below it, H^0 included.
+    """Figure 1c with Eq. 5's combination: the input of every layer, and the stack's output, is an
+    unnormalised linear combination sum_i W_i H^i of all layers below it, H^0 included (Eq. 5
+    itself combines H^1..H^L once, at the output: ``OutputLinearCombination``).
 
     Reading: one d x d matrix (no bias) per (combination, lower layer); with the combinations
     feeding layers 1..L and the output this gives (L+1)(L+2)/2 matrices per side, i.e. +14.7M
