@@ -101,6 +101,9 @@ def paired_test(differences: Sequence[float], sentence_variance: float, alpha: f
     if d.ndim != 1 or len(d) < 2:
         raise ValueError(f"differences: {len(np.atleast_1d(d))} paired seed(s); the between-seed variance needs at "
                          "least 2")
+    if not np.isfinite(d).all():
+        raise ValueError(f"differences: {d.tolist()} are not all finite; a run whose BLEU is not a number has no "
+                         "paired difference")
     if not sentence_variance >= 0:
         raise ValueError(f"sentence_variance: {sentence_variance}; must be a variance (>= 0)")
     n, mean, sd = len(d), float(d.mean()), float(d.std(ddof=1))

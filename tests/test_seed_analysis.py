@@ -145,6 +145,70 @@ def test_seeds_that_do_not_pair_are_refused():
         sa.compare_with_baselines(runs, {"nothing": "base"})
 
 
+def test_holm_not_the_raw_p_decides_the_verdict():
+    # each raw p is below alpha; Holm's adjusted p of both is 0.06
+    assert sa._verdicts({"a": 0.03, "b": 0.04}, {"a": 1.0, "b": -1.0}, 0.05) == {"a": "undecided", "b": "undecided"}
+    assert sa._verdicts({"a": 0.02, "b": 0.04}, {"a": 1.0, "b": -1.0}, 0.05) == {"a": "better", "b": "worse"}
+
+
+def test_a_difference_that_is_not_finite_is_refused():
+    with pytest.raises(ValueError, match=r"differences: \[0.3, nan, 0.2\] are not all finite"):
+        sa.paired_test([0.3, float("nan"), 0.2], 0.01)
+    with pytest.raises(ValueError, match="not all finite"):
+        sa.paired_test([0.3, float("inf")], 0.01)
+
+
+def shared_test_set_runs(rng, configurations, seeds=(1, 2, 3, 4, 5, 6), sentences=150, interaction=0.06):
+    """No configuration better than another, on one test set: every run translates the same sentences (their
+    reference lengths fixed), each configuration is a little better on some sentences and worse on others
+    (its per-sentence offset, the same for all its seeds, mean 0), and seed k moves every configuration alike."""
+    ref_len = rng.integers(6, 20, sentences)
+    seed_effect = {k: rng.normal(0, 0.005) for k in seeds}
+    runs = {}
+    for name in configurations:
+        offset = rng.normal(0, interaction, sentences)
+        runs[name] = {}
+        for k in seeds:
+            sys_len = np.maximum(ref_len + rng.integers(-3, 4, sentences), 1)
+            totals = np.stack([np.maximum(sys_len - n, 0) for n in range(4)], axis=1)
+            quality = 0.5 + seed_effect[k] + offset + rng.normal(0, 0.005)
+            matches = rng.binomial(totals, np.clip(quality[:, None] - 0.12 * np.arange(4), 0.01, 0.99))
+            runs[name][k] = np.column_stack([matches, totals, sys_len, ref_len]).astype(np.int64)
+    return runs
+
+
+def test_the_sentence_variance_is_the_bootstrap_variance_of_the_mean_paired_difference():
+    """Recomputed apart from the analysis: its own resamples (indices, not counts), BLEU per run, the difference
+    per seed, their mean over the seeds, the variance of that mean."""
+    runs = shared_test_set_runs(np.random.default_rng(7), ["base", "x"])
+    found = sa.compare_with_baselines(runs, {"x": "base"})["x"]
+    rng, sentences, means = np.random.default_rng(70), 150, []
+    for _ in range(8):
+        picks = rng.integers(0, sentences, (500, sentences))
+        bleu = {key: sa.bleu(runs[key[0]][key[1]][picks].sum(1)) for key in [(n, k) for n in runs for k in runs[n]]}
+        means.append(np.mean([bleu["x", k] - bleu["base", k] for k in runs["x"]], axis=0))
+    direct = np.concatenate(means).var(ddof=1)
+    assert found["sentence_variance"] == pytest.approx(direct, rel=0.15)
+    assert found["sentence_variance"] > found["paired_sd"] ** 2 / 6  # here the sentence term dominates, as it did
+
+
+@pytest.mark.slow
+def test_the_rule_as_it_decides_keeps_its_false_positive_rate_with_no_effect():
+    """Null families run through compare_with_baselines itself: 12 configurations and their baseline, each its
+    own test set draw; the raw p of a comparison falls at or below alpha at most at the nominal rate, and
+    Holm's verdict almost never decides."""
+    rng = np.random.default_rng(8)
+    configurations = ["base", *(f"c{i}" for i in range(12))]
+    p_values, decided = [], 0
+    for _ in range(12):
+        found = sa.compare_with_baselines(shared_test_set_runs(rng, configurations),
+                                          {name: "base" for name in configurations[1:]})
+        p_values += [f["p_value"] for f in found.values()]
+        decided += any(f["verdict"] != "undecided" for f in found.values())
+    assert np.mean(np.array(p_values) <= sa.ALPHA) <= 0.06
+    assert decided <= 1
+
+
 # --- beside BLEU ---------------------------------------------------------------------------------------------
 
 def test_secondary_metrics_per_test_set_and_together():
