@@ -287,8 +287,8 @@ def secondary_summary(metrics: Mapping[str, Mapping[int, Mapping[str, dict]]],
 
 LEARNING_RATES = (5e-4, 1e-3, 2e-3)
 DEFAULT_LEARNING_RATE = 1e-3
-#: ties: twice the seed-to-seed SD of a single run's final validation NLL in the 6+6 comparison (0.015 bits,
-#: pooled over its 12 configurations, 20 degrees of freedom) rounded up: sqrt(2) x 0.015 = 0.021
+#: ties: the SD of the difference of two runs' final validation NLL, sqrt(2) x the seed-to-seed SD of one run in
+#: the 6+6 comparison (0.015 bits, pooled over its 12 configurations, 20 degrees of freedom) = 0.021, rounded
 NLL_TIE_BITS = 0.02
 LEARNING_RATE_RULE = (
     "per configuration, on seed 1, one run at each peak learning rate of "
