@@ -62,10 +62,9 @@ class SurfaceFusion(nn.Module):
     projected by the model's own pre-softmax weights V (passed in, not owned) into surface logits,
     fused with the decoder's logits by Phi (``hard`` Eq. 6 or ``soft`` Eq. 7) into log-scores.
 
-    ``variant="paper"``: the paper's text. ``num_heads`` heads (the model passes the decoder's; the paper
-    states no number); gradients reach the decoder and the
-    encoder through the query y^M_j and the keys X_N; the decoder output and r(y_j, x) go to the
-    output projection as they are.
+    ``variant="paper"``: the paper's text. ``num_heads`` heads (the model passes the decoder's; the
+    paper states no number); gradients reach the decoder and the encoder through the query y^M_j and
+    the keys X_N; the decoder output and r(y_j, x) go to the output projection as they are.
 
     ``variant="released"``: the authors' released code, which Table 2 and Figure 4 come from, and
     which differs from the text in four ways the paper does not state:
