@@ -129,7 +129,11 @@ def shown(text: str) -> str:
 
 def parse_config_literal(text, flag: str):
     """The value of configuration string ``text`` (of ``flag``), read without running code: literals, a
-    leading sign and fairseq's ``[...] * N + [...]``; else a ``ConfigurationError``. Non-strings as they are."""
+    leading sign and fairseq's ``[...] * N + [...]``; else a ``ConfigurationError``. Bytes are refused
+    (``eval`` runs them as it runs a string); other non-strings are returned as they are."""
+    if isinstance(text, (bytes, bytearray)):
+        raise ConfigurationError(f"{flag} holds {type(text).__name__}, not a literal string; allowed: numbers, "
+                                 "strings, tuples, lists and dicts of them")
     if not isinstance(text, str):
         return text
 
@@ -200,14 +204,25 @@ def require_literal_transformer_config(args):
         parse_config_literal(value, flag)
 
 
-# --- a checkpoint's task and criterion configuration is checked when it is read ---------------
+# --- a checkpoint's evaluated configuration is checked when it is read -------------------------
 # A load without a task builds the stored task (and fairseq-validate the stored criterion), which
 # eval() these fields: left_pad_* (multilingual tasks' ``utils.eval_bool``), feature_encoder_spec
-# (audio_pretraining) and wer_args (the ctc criterion); any task's field must hold a literal.
+# (audio_pretraining) and wer_args (the ctc criterion); any task's field must hold a literal. The
+# model fields are every one that fairseq 0.12.3's own models eval() while building (ConvS2S and its
+# language model and self-attention variant, lightconv, transformer_lm, wav2vec, HuBERT, the
+# pipeline-parallel Transformer, the Transformer's cutoff and xformers configs), checked whatever the
+# architecture so that a checkpoint of fairseq's own models runs no code either.
 
 EVALUATED_FIELDS = {
     "task": {"left_pad_source": bool, "left_pad_target": bool, "feature_encoder_spec": object},
     "criterion": {"wer_args": object},
+    "model": dict.fromkeys((
+        "adaptive_input_cutoff", "adaptive_softmax_cutoff", "character_filters", "conv_aggregator_layers",
+        "conv_feature_layers", "decoder_attention", "decoder_layers", "downsample", "encoder_attention",
+        "encoder_layers", "gated_attention", "override_encoder_layers", "pipeline_balance", "pipeline_devices",
+        "pipeline_encoder_balance", "pipeline_encoder_devices", "pipeline_decoder_balance",
+        "pipeline_decoder_devices", "pretrained", "project_input", "self_attention", "xformers_att_config",
+        "encoder_xformers_att_config", "decoder_xformers_att_config"), object),
 }
 _ABSENT = object()
 
@@ -223,13 +238,21 @@ def stored_value(section, field: str):
         return _ABSENT
 
 
-def require_literal_task_and_criterion(state, path):
-    """Refuse, naming ``path`` and the field, a field of :data:`EVALUATED_FIELDS` that is not a literal, in the
-    legacy flat ``args`` or the ``cfg`` section."""
+def evaluated_sections(state, name: str) -> list:
+    """Where a checkpoint stores the configuration of its ``name`` (task, criterion, model): the legacy flat
+    ``args`` and the ``cfg`` section, and for the model their nested ``encoder`` / ``decoder`` configs."""
+    sections = [state.get("args"), stored_value(state.get("cfg"), name)]
+    if name == "model":
+        sections += [stored_value(section, side) for section in sections for side in ("encoder", "decoder")]
+    return sections
+
+
+def require_literal_evaluated_fields(state, path):
+    """Refuse, naming ``path`` and the field, a field of :data:`EVALUATED_FIELDS` that is not a literal, where
+    :func:`evaluated_sections` finds it."""
     for name, fields in EVALUATED_FIELDS.items():
         evaluated = f"fairseq would evaluate it when building the {name}"
-        for section, (field, kind) in itertools.product((state.get("args"), stored_value(state.get("cfg"), name)),
-                                                        fields.items()):
+        for section, (field, kind) in itertools.product(evaluated_sections(state, name), fields.items()):
             text, where = stored_value(section, field), f"checkpoint {path}: {name} {field}"
             try:
                 value = parse_config_literal(text, where)
@@ -490,7 +513,7 @@ def _checked_reader(read):
         state = read(path, arg_overrides, load_on_all_ranks)
         require_known_architecture(state, path)
         require_finite_weights(state, path)
-        require_literal_task_and_criterion(state, path)
+        require_literal_evaluated_fields(state, path)
         forget_embedding_files(state)
         load = _load.get()
         if load:

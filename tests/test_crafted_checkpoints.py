@@ -96,8 +96,34 @@ def crafted(checkpoint, tmp_path, **config):
 def test_transformer_config_strings_are_not_evaluated_on_load(tiny_mlrf_checkpoint, tmp_path, field, result):
     marker = tmp_path / "created_by_checkpoint"
     path = crafted(tiny_mlrf_checkpoint, tmp_path, **{field: touch_payload(marker, result)})
-    with pytest.raises(ConfigurationError, match=f"--{field.replace('_', '-')} .* is not a literal"):
+    with pytest.raises(ConfigurationError, match=f"checkpoint {path}: model {field} .* is not a literal .*; fairseq "
+                                                 "would evaluate it when building the model"):
         checkpoint_utils.load_model_ensemble_and_task([path])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("field", ["adaptive_softmax_cutoff", "encoder_layers"])
+def test_a_checkpoint_of_fairseqs_own_transformer_runs_no_code(no_fusion_checkpoint, tmp_path, field):
+    """fairseq's transformer eval()s its cutoff (and ConvS2S its layer specs): checked whatever the architecture."""
+    marker = tmp_path / "created_by_checkpoint"
+    path = crafted(no_fusion_checkpoint, tmp_path, _name="transformer", arch="transformer",
+                   **{field: touch_payload(marker, "[5]")})
+    with pytest.raises(CheckpointContentError, match=f"checkpoint {path}: model {field} .* is not a literal"):
+        checkpoint_utils.load_model_ensemble_and_task([path])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+@pytest.mark.parametrize("section,field", [("task", "left_pad_source"), ("model", "adaptive_softmax_cutoff")])
+def test_a_field_stored_as_bytes_is_refused(no_fusion_checkpoint, tmp_path, kind, section, field):
+    """torch's safe loader admits bytes, and eval() runs them as it runs a string."""
+    marker = tmp_path / "created_by_checkpoint"
+    state = torch.load(no_fusion_checkpoint)
+    state["cfg"][section][field] = kind(touch_payload(marker, "True").encode())
+    path = tmp_path / "crafted.pt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointContentError, match=f"{section} {field} holds {kind.__name__}, not a literal string"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
     assert not marker.exists()
 
 
@@ -105,7 +131,7 @@ def test_transformer_config_strings_are_not_evaluated_on_load(tiny_mlrf_checkpoi
 def test_dense_fconv_layer_specs_are_not_evaluated_on_load(dense_fconv_checkpoint, tmp_path):
     marker = tmp_path / "created_by_checkpoint"
     path = crafted(dense_fconv_checkpoint, tmp_path, encoder_layers=touch_payload(marker, "[(8, 3)] * 2"))
-    with pytest.raises(ConfigurationError, match=r"--encoder-layers .* is not a literal \(it contains BoolOp\)"):
+    with pytest.raises(ConfigurationError, match=r"model encoder_layers .* is not a literal \(it contains BoolOp\)"):
         checkpoint_utils.load_model_ensemble_and_task([path])
     assert not marker.exists()
 
@@ -115,7 +141,7 @@ def test_generate_refuses_a_crafted_checkpoint_in_one_line(dense_fconv_checkpoin
     marker = tmp_path / "created_by_checkpoint"
     path = crafted(dense_fconv_checkpoint, tmp_path, decoder_layers=touch_payload(marker, "[(8, 3)] * 2"))
     result = generate(tiny_data_bin, path)
-    assert_one_line_error(result, "--decoder-layers", "is not a literal")
+    assert_one_line_error(result, "model decoder_layers", "is not a literal")
     assert not marker.exists()
 
 
