@@ -2,6 +2,7 @@
 (:func:`replace_atomically`) and to claim a folder (:func:`claim_out_dir`), stand-in dictionaries, parameter counts, the description of the machine a figure was
 measured on and the validation curve of a fairseq-train log."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -123,11 +124,32 @@ def replace_atomically(path: str, write, keep_partial: bool = False) -> None:
             write(file)
     except BaseException:
         if keep_partial:
-            os.replace(temporary, path)
+            move_into_place(temporary, path)
         else:
             os.unlink(temporary)
         raise
-    os.replace(temporary, path)
+    move_into_place(temporary, path)
+
+
+def move_into_place(temporary: str, path: str) -> None:
+    """``os.replace(temporary, path)``; where it fails (``path`` a folder, a folder others may write), the
+    temporary file is removed before the error goes on."""
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def python_module_command(module: str) -> List[str]:
+    """``python -m module`` with this interpreter, importing nothing from the working directory: ``-P``
+    (Python 3.11 and later); older Pythons run the module through runpy with the working directory taken
+    off ``sys.path``."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    return [sys.executable, "-c", "import runpy, sys; sys.path.remove(''); "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
 
 
 def copy_file(source: str, path: str) -> None:

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fusion_lab import comparison_report as report, corpus, seed_analysis
 from fusion_lab.common import (BATCHES_IN_THREAD, PLUGIN_DIR, append_to_log, claim_out_dir, copy_file,
                                          count_parameters, cpu_flags, cpu_name, device_name, learning_curve,
-                                         positive_int, replace_atomically, tree_sha256)
+                                         positive_int, python_module_command, replace_atomically, tree_sha256)
 from fusion_lab.comparison_report import TEST_SETS
 
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -450,7 +450,7 @@ def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
     with append_to_log(log_path) as f:
         f.write(f"\n{TRAINING_MARK}{json.dumps(start)}\n$ fairseq-train {shlex.join(argv)}\n")
         f.flush()
-        rc = subprocess.call([sys.executable, "-m", "fairseq_cli.train", *argv], stdout=f, stderr=subprocess.STDOUT,
+        rc = subprocess.call([*python_module_command("fairseq_cli.train"), *argv], stdout=f, stderr=subprocess.STDOUT,
                              env=env, cwd=rdir)
     if rc != 0 or saved_updates(save_dir) < target:
         raise ComparisonError(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")

@@ -28,7 +28,8 @@ from multiprocessing import Pool
 
 from fusion_fairseq.cli import user_dir
 from fusion_lab.analysis import checked, finite
-from fusion_lab.common import claim_out_dir, make_own_folder, positive_int, replace_atomically, write_file
+from fusion_lab.common import (claim_out_dir, make_own_folder, positive_int, python_module_command, replace_atomically,
+                               write_file)
 
 SPLITS = ("train", "valid", "test")
 
@@ -136,7 +137,7 @@ def run_fairseq(tool, args, log_path=None, env=None, on_line=None):
     """``fairseq-TOOL ARGS`` (``python -m fairseq_cli.TOOL``: this interpreter's fairseq), its output after the
     command line in ``log_path``, each line handed to ``on_line``; the CPU seconds it used (its own, also when
     several run at once). A failure is an error naming the tool and ending with the output's last lines."""
-    command, ended = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)], {}
+    command, ended = [*python_module_command(f"fairseq_cli.{tool}"), *map(str, args)], {}
 
     def run(log_file):
         tail = ""

@@ -25,7 +25,7 @@ from fusion_fairseq.checkpoint_safety import stored_model_config  # noqa: E402
 from fusion_fairseq.cli import user_dir as plugin_user_dir  # noqa: E402
 from fusion_lab.analysis import ReportedError, UsageError, checkpoint_setting, finite, format_matrix, \
     number, positive, pyplot, read_checkpoint, run_parallel, script_main, script_parser, write_outputs  # noqa: E402
-from fusion_lab.common import refuse_existing_output, write_file  # noqa: E402
+from fusion_lab.common import python_module_command, refuse_existing_output, write_file  # noqa: E402
 
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
 LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")
@@ -80,7 +80,7 @@ def layer_label(layer: int | None) -> str:
 
 
 def run_generate(args, layer: int | None) -> dict:
-    command = [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", plugin_user_dir(),
+    command = [*python_module_command("fairseq_cli.generate"), args.data, "--user-dir", plugin_user_dir(),
                "--path", args.path, "--gen-subset", args.gen_subset, "--beam", str(args.beam),
                "--lenpen", str(args.lenpen), "--model-overrides", repr({"mask_encoder_layer": layer})]
     if args.remove_bpe is not None:

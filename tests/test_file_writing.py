@@ -49,10 +49,11 @@ ALLOWED = {
 
 
 def source_files():
-    tracked = subprocess.run(["git", "-C", REPO_ROOT, "ls-files", "fusion_fairseq", "scripts", "examples"],
+    folders = ["fusion_fairseq", "fusion_lab", "scripts", "examples"]
+    tracked = subprocess.run(["git", "-C", REPO_ROOT, "ls-files", *folders],
                              capture_output=True, text=True, check=True).stdout.split()
-    untracked = subprocess.run(["git", "-C", REPO_ROOT, "ls-files", "--others", "--exclude-standard", "fusion_fairseq",
-                                "scripts", "examples"], capture_output=True, text=True, check=True).stdout.split()
+    untracked = subprocess.run(["git", "-C", REPO_ROOT, "ls-files", "--others", "--exclude-standard", *folders],
+                               capture_output=True, text=True, check=True).stdout.split()
     return sorted(name for name in set(tracked + untracked) if name.endswith((".py", ".sh"))
                   and os.path.isfile(os.path.join(REPO_ROOT, name)))
 
@@ -123,6 +124,27 @@ def test_a_failed_write_leaves_the_target_and_no_temporary_file(tmp_path):
     with pytest.raises(ValueError):
         replace_atomically(str(target), fail, keep_partial=True)  # a log: what was written replaces it
     assert target.read_bytes() == b"half" and os.listdir(tmp_path) == ["results.json"]
+
+
+def test_a_write_whose_rename_fails_leaves_no_temporary_file(tmp_path):
+    (tmp_path / "results.json").mkdir()  # os.replace cannot put a file over a folder
+    for keep_partial in (False, True):
+        with pytest.raises(IsADirectoryError):
+            replace_atomically(str(tmp_path / "results.json"), lambda file: file.write(b"new"), keep_partial)
+        assert os.listdir(tmp_path) == ["results.json"] and os.listdir(tmp_path / "results.json") == []
+
+
+def test_the_tools_fairseq_commands_import_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    """A fairseq_cli package planted in the folder a tool runs in is not the one its fairseq commands run."""
+    from fusion_lab import corpus
+
+    marker = tmp_path / "planted_ran"
+    (tmp_path / "fairseq_cli").mkdir()
+    (tmp_path / "fairseq_cli" / "__init__.py").write_text("")
+    (tmp_path / "fairseq_cli" / "generate.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    corpus.run_fairseq("generate", ["--help"])
+    assert not marker.exists()
 
 
 # --- trusting a folder --------------------------------------------------------------------------------------

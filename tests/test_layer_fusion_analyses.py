@@ -20,6 +20,7 @@ from fairseq.data import Dictionary
 from omegaconf import OmegaConf
 
 from conftest import load_checkpoint, load_script, REPO_ROOT, run_cli, run_script, TINY_MLRF_FLAGS, USER_DIR
+from fusion_lab.common import python_module_command
 
 pytestmark = pytest.mark.slow  # fairseq command-line runs and trained checkpoints: CI runs them
 
@@ -252,7 +253,8 @@ def test_mask_sweep_runs_fairseq_generate(mask_script, capsys, fine_checkpoint, 
             assert isinstance(row[key], float) and math.isfinite(row[key]), (row["masked"], key)
         assert row["sentences"] == 12  # the whole test subset, none dropped by batching
         command = row["command"]
-        assert command[1:3] == ["-m", "fairseq_cli.generate"] and "--batch-size" in command
+        generate = python_module_command("fairseq_cli.generate")
+        assert command[:len(generate)] == generate and "--batch-size" in command
         assert command[command.index("--beam") + 1] == "4" and command[command.index("--lenpen") + 1] == "1.0"
         overrides = ast.literal_eval(command[command.index("--model-overrides") + 1])
         assert overrides == {"mask_encoder_layer": row["layer"]}

@@ -9,8 +9,10 @@
 # made here where that checkout is the installed plugin: work on main cannot change a run halfway.
 # Nothing in EXP that this script did not make is trusted: an EXP, a venv or a train.pid of someone
 # else is refused, and so is an EXP holding anything owned by another user or writable by group or others
-# (checked before any step runs git or Python there); no hook or fsmonitor of a checkout runs, Python
-# never imports from the working directory (-P, -I), every file is written by replace_file
+# (checked before any step runs git or Python there); no hook or fsmonitor of a checkout runs, the Pythons
+# started here import nothing from the working directory (-P, -I; so does the fairseq-train that main's
+# runner starts in a run's folder, where a PIN's older runner starts it without -P in a folder it made
+# inside the checked EXP), every file is written by replace_file
 # (scripts/files.sh), and export copies regular files inside EXP only.
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$REPO/scripts/files.sh"
@@ -130,7 +132,7 @@ print(argv[argv.index("--total-num-update") + 1])' "$EXP/$RUN/config.json") || d
         THREADS=$(nproc)
         RUNNER=fusion_lab.comparison  # code pinned before the laboratory left the plugin: fusion_fairseq.tools.comparison
         [ -d "$CODE/fusion_lab" ] || RUNNER=fusion_fairseq.tools.comparison
-        cd "$EXP/$RUN"  # the run directory, as the runner trains in it (-P: nothing imported from it)
+        cd "$EXP/$RUN"  # the run directory, as the runner trains in it (-P: this Python imports nothing from it)
         appendable run.log || die "$RUN/run.log is a link or has other hard links: not appended to"
         printf '\n==== train-one %s threads %s\n' "$(date -u +%FT%T+00:00)" "$THREADS" >> run.log
         OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS PYTHONWARNINGS=ignore nohup nice -n 19 \
