@@ -66,7 +66,8 @@ def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error, fl
     (:func:`stamped`) is written into only when it is empty, or with ``force``; else ``raise error(message)``
     naming what it holds (first the tool's ``names``). Then the ``names`` that are links, or files with other
     hard links, are removed, so that a program writing them (fairseq) makes new files instead of writing
-    through them; the folder is made if needed, closed to group and others' writes, and stamped."""
+    through them, after the folder is made if needed and closed to group and others' writes (so that no one
+    else can put a link back meanwhile); then it is stamped."""
     if os.path.lexists(out) and not os.path.isdir(out):
         raise error(f"{flag} '{out}' is not a directory")
     names = list(dict.fromkeys([*names, STAMP]))
@@ -76,8 +77,8 @@ def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error, fl
             shown = " ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
             raise error(f"{flag} '{out}' holds files that {tool} did not write: {shown}; pass --force to replace "
                         f"them, or give another {flag}")
-    remove_links(out, names)
     make_own_folder(out)
+    remove_links(out, names)
     write_file(os.path.join(out, STAMP), stamp + "\n")
     os.chmod(os.path.join(out, STAMP), 0o644)  # trusted whatever the umask
 

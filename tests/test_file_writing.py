@@ -147,6 +147,20 @@ def test_the_tools_fairseq_commands_import_nothing_from_the_working_directory(tm
     assert not marker.exists()
 
 
+def test_a_claimed_folder_is_closed_to_others_before_its_links_are_removed(tmp_path, monkeypatch):
+    from fusion_lab import common
+
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)  # group- and world-writable: anyone could put a link back after the removal
+    modes = []
+    real = common.remove_links
+    monkeypatch.setattr(common, "remove_links", lambda folder, names: (modes.append(out.stat().st_mode & 0o777),
+                                                                        real(folder, names)))
+    claim_out_dir(str(out), ["results.json"], "made by test", False, "test", RuntimeError)
+    assert modes == [0o755]
+
+
 # --- trusting a folder --------------------------------------------------------------------------------------
 
 STAMP = "fusion-fairseq test"
