@@ -254,6 +254,8 @@ def require_literal_evaluated_fields(state, path):
         evaluated = f"fairseq would evaluate it when building the {name}"
         for section, (field, kind) in itertools.product(evaluated_sections(state, name), fields.items()):
             text, where = stored_value(section, field), f"checkpoint {path}: {name} {field}"
+            if kind is object and isinstance(text, str) and not text.strip():
+                continue  # "" is a default (HuBERT's override_encoder_layers), left unevaluated or failing to parse
             try:
                 value = parse_config_literal(text, where)
             except ConfigurationError as error:

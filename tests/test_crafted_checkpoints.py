@@ -113,6 +113,12 @@ def test_a_checkpoint_of_fairseqs_own_transformer_runs_no_code(no_fusion_checkpo
     assert not marker.exists()
 
 
+def test_an_empty_evaluated_model_field_loads(no_fusion_checkpoint, tmp_path):
+    """"" is the default of multires HuBERT's override_encoder_layers, which fairseq evaluates only when set."""
+    path = crafted(no_fusion_checkpoint, tmp_path, override_encoder_layers="", character_filters="  ")
+    assert checkpoint_utils.load_checkpoint_to_cpu(path)["cfg"]["model"]["override_encoder_layers"] == ""
+
+
 @pytest.mark.parametrize("kind", [bytes, bytearray])
 @pytest.mark.parametrize("section,field", [("task", "left_pad_source"), ("model", "adaptive_softmax_cutoff")])
 def test_a_field_stored_as_bytes_is_refused(no_fusion_checkpoint, tmp_path, kind, section, field):
