@@ -82,9 +82,9 @@ CORPORA = {
         langs=("en", "de"), dest="wmt14_{src}_{tgt}",
         urls=("http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
               "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
-              "http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
+              "http://statmt.org/wmt14/training-parallel-nc-v9.tgz",  # WMT14's News Commentary (fairseq: --icml17)
               "http://statmt.org/wmt14/test-full.tgz"),
-        train=("europarl-v7.de-en.{lang}", "commoncrawl.de-en.{lang}", "news-commentary-v12.de-en.{lang}"),
+        train=("europarl-v7.de-en.{lang}", "commoncrawl.de-en.{lang}", "news-commentary-v9.de-en.{lang}"),
         valid=100, tests={"newstest2014": ("newstest2014-deen-src.{lang}.sgm|newstest2014-deen-ref.{lang}.sgm",)},
         merges=40000, lowercase=False, steps=("normalize", "non_printing", "aggressive"), clean=("bpe", 250, 1.5),
         compound_split=True),

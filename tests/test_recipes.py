@@ -302,6 +302,14 @@ def test_wmt16_recipe_from_its_archives(tmp_path):
     assert [len(lines(dest / f"{split}.ro")) for split in ("valid", "test")] == [10, 10]
 
 
+def test_wmt14_recipe_downloads_wmt14s_training_data_only():
+    """The papers train on WMT14 (Dou et al.: 4.56M pairs); fairseq's default script takes WMT17's News
+    Commentary v12."""
+    wmt14 = corpus.CORPORA["wmt14-en-de"]
+    assert all(url.startswith(("http://statmt.org/wmt13/", "http://statmt.org/wmt14/")) for url in wmt14.urls)
+    assert "news-commentary-v9.de-en.{lang}" in wmt14.train
+
+
 def test_romanian_normalisation_is_for_the_romanian_side_only():
     steps = corpus.CORPORA["wmt16-en-ro"].steps
     assert corpus.Tokeniser("ro", steps, False)("Ţara şi râul") == "Țara și râul"  # cedilla -> comma below
@@ -735,6 +743,19 @@ def test_deep_representations_recipe_has_the_papers_88m_transformer_base(tmp_pat
     assert not args.share_all_embeddings and not args.share_decoder_input_output_embed
     model = build_model(args.arch, src_vocab=28600, tgt_vocab=28600)
     assert round(count_parameters(model) / 1e6, 1) == 88.1
+
+
+@pytest.mark.parametrize("variant, arch", [("vanilla", "transformer_vaswani_wmt_en_de_big"),
+                                           ("hierarchical+div", "deeprep_transformer_wmt_en_de_big")])
+def test_deep_representations_recipe_big_is_vaswanis_big_setting(variant, arch, tmp_path):
+    """Dou et al. follow Vaswani et al.'s settings: Big trains at dropout 0.3 for 300K updates, peak lr
+    d^-0.5 * 4000^-0.5 at d = 1024; its checkpoints stay apart from Base's."""
+    args = parsed_recipe("deep_representations", tmp_path, variant, "--big", "--gpus", "1", "--vanilla", "v.pt")
+    assert (args.arch, args.dropout, args.max_update, args.encoder_embed_dim) == (arch, 0.3, 300000, 1024)
+    assert args.lr == [pytest.approx(1024 ** -0.5 * 4000 ** -0.5, rel=1e-3)]
+    assert args.save_dir == f"checkpoints/deeprep-wmt14-en-de-big/{variant}"
+    base = parsed_recipe("deep_representations", tmp_path, "vanilla", "--gpus", "1")
+    assert (base.arch, base.dropout, base.max_update, base.lr) == ("transformer_wmt_en_de", 0.1, 100000, [7e-4])
 
 
 def test_surface_fusion_recipe_released_variant_and_lr(tmp_path):

@@ -32,23 +32,27 @@ VARIANT (append +div to any of them for the layer-diversity regulariser, Eqs. 9-
   and "OURS" in Tables 3-4 are hierarchical+div.
 
 Options:
-  --save-root DIR    checkpoints go to DIR/VARIANT (default: checkpoints/deeprep-wmt14-en-de)
+  --big              Transformer-Big (Table 2): d 1024, FFN 4096, 16 heads, dropout 0.3, peak lr 4.94e-4
+                     (Vaswani et al.'s d^-0.5 * 4000^-0.5), 300000 updates by default
+  --save-root DIR    checkpoints go to DIR/VARIANT (default: checkpoints/deeprep-wmt14-en-de, -big with --big)
   --vanilla FILE     vanilla checkpoint to start from (default: SAVE_ROOT/vanilla/checkpoint_best.pt)
   --gpus N           GPUs to train on (default: nvidia-smi's count, else 1); --update-freq is 8/N so
                      that one update sees 8 x 4096 tokens, the paper's 8 GPUs x 4096 tokens
   --max-tokens N     tokens per GPU batch (default: 4096)
-  --max-update N     updates (default: 100000)
+  --max-update N     updates (default: 100000; 300000 with --big)
 EOF
     common_options_usage "--fp16 --max-epoch 30"
 }
 
-SAVE_ROOT=checkpoints/deeprep-wmt14-en-de
+SAVE_ROOT=""
 VANILLA=""
 GPUS=""
 MAX_TOKENS=4096
-MAX_UPDATE=100000
+MAX_UPDATE=""
+BIG=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --big) BIG=1; shift ;;
         --save-root) need_value "$1" "$#"; SAVE_ROOT=$2; shift 2 ;;
         --vanilla) need_value "$1" "$#"; VANILLA=$2; shift 2 ;;
         --gpus) need_value "$1" "$#"; check_int "$1" "$2" 1; GPUS=$2; shift 2 ;;
@@ -58,6 +62,15 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 take_data_bin_and_variant
+# Vaswani et al. (2017), whose settings the paper follows: Base 100K steps at dropout 0.1, Big 300K at
+# 0.3; the peak of their schedule, d^-0.5 * warmup^-0.5, is 7e-4 at d = 512 and 4.94e-4 at d = 1024.
+if [[ $BIG -eq 1 ]]; then
+    SIZE=_big; DROPOUT=0.3; PEAK_LR=4.94e-4; SAVE_ROOT=${SAVE_ROOT:-checkpoints/deeprep-wmt14-en-de-big}
+    MAX_UPDATE=${MAX_UPDATE:-300000}; VANILLA_ARCH=transformer_vaswani_wmt_en_de_big
+else
+    SIZE=""; DROPOUT=0.1; PEAK_LR=7e-4; SAVE_ROOT=${SAVE_ROOT:-checkpoints/deeprep-wmt14-en-de}
+    MAX_UPDATE=${MAX_UPDATE:-100000}; VANILLA_ARCH=transformer_wmt_en_de
+fi
 [[ -d "$DATA_BIN" ]] || usage_error "DATA_BIN $DATA_BIN: no such directory"
 
 # ---------------------------------------------------------------------------------------------
@@ -66,9 +79,9 @@ take_data_bin_and_variant
 BASE=${VARIANT%+div}
 DIVERSITY=0
 if [[ "$BASE" != "$VARIANT" ]]; then DIVERSITY=1; fi
-ARCH=(--arch deeprep_transformer_wmt_en_de)  # hierarchical aggregation on both sides, Transformer-Base
+ARCH=(--arch "deeprep_transformer_wmt_en_de$SIZE")  # hierarchical aggregation on both sides
 case "$BASE" in
-    vanilla|vanilla-continued) ARCH=(--arch transformer_wmt_en_de) ;;
+    vanilla|vanilla-continued) ARCH=(--arch "$VANILLA_ARCH") ;;
     dense|linear|linear-output|iterative|hierarchical) ARCH+=(--aggregate-encoder "$BASE" --aggregate-decoder "$BASE") ;;
     mla2|mla3) ARCH+=(--aggregate-encoder none --aggregate-decoder none --multi-layer-attention "${BASE#mla}") ;;
     encoder-only) ARCH+=(--aggregate-encoder hierarchical --aggregate-decoder none) ;;
@@ -98,7 +111,7 @@ if [[ "$BASE" != vanilla ]]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# batch size and training schedule (Vaswani et al. 2017's base setting, as the paper follows it).
+# batch size and training schedule (Vaswani et al. 2017's base or big setting, as the paper follows it).
 # No shared embeddings (source, target and softmax matrices of their own, THUMT's default): the
 # paper's Transformer-Base has 88.0M parameters, which sharing all three (about 61M) cannot give.
 
@@ -113,8 +126,8 @@ COMMAND=(
     fairseq-train "$DATA_BIN" --user-dir "$USER_DIR"
     "${ARCH[@]}"
     --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-9 --clip-norm 0.0
-    --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7
-    --dropout 0.1 --weight-decay 0.0
+    --lr "$PEAK_LR" --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7
+    --dropout "$DROPOUT" --weight-decay 0.0
     "${CRITERION[@]}"
     --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-update "$MAX_UPDATE"
     "${INIT[@]}"
