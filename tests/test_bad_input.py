@@ -1,6 +1,7 @@
 """Bad flags get a clear error naming the flag, the value and what is allowed."""
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -64,6 +65,20 @@ def valid_args(**changes):
 def test_configurations_built_in_code_are_checked_too(changes, message):
     with pytest.raises(ValueError, match=message):
         check_fusion_args(valid_args(**changes))
+
+
+@pytest.mark.parametrize("arch, flags, message", [
+    ("fusion_transformer", ("--encoder-layerdrop", "0.5"),
+     "--encoder-layerdrop 0.5: fusion_transformer runs every layer it builds (no LayerDrop)"),
+    ("fusion_transformer", ("--hyper-connections-decoder", "static", "--decoder-layerdrop", "0.3"),
+     "--decoder-layerdrop 0.3: fusion_transformer runs every layer it builds"),
+    ("fusion_transformer", ("--encoder-layers-to-keep", "0,1"), "--encoder-layers-to-keep [0, 1]: fusion_transformer"),
+    ("dense_transformer", ("--decoder-layerdrop", "0.2"), "--decoder-layerdrop 0.2 is not supported by dense_transformer"),
+])
+def test_layerdrop_is_refused_where_the_stacks_would_run_every_layer(arch, flags, message):
+    """The stacks call their layers by index, so fairseq's LayerDrop dropped no layer, without a word."""
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        build_model(arch, *flags)
 
 
 def test_build_model_rejects_a_bad_configuration():

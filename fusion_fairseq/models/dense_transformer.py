@@ -250,7 +250,8 @@ class DenseTransformerModel(FlagsOfConfig, TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         args = dense_args(args, dense_transformer, DenseTransformerConfig,
-                          ("encoder_layers_to_keep", "decoder_layers_to_keep"), softmax_dim="decoder_output_dim")
+                          ("encoder_layers_to_keep", "decoder_layers_to_keep", "encoder_layerdrop", "decoder_layerdrop"),
+                          softmax_dim="decoder_output_dim")
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
         for side in ("encoder", "decoder"):
             heads = getattr(args, f"{side}_attention_heads")

@@ -285,6 +285,10 @@ def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None
     if reads_every_layer and (args.encoder_layerdrop > 0 or args.decoder_layerdrop > 0):
         raise ConfigurationError("layer fusion needs every layer's output: --encoder-layerdrop/--decoder-layerdrop "
                                  f"must be 0 with {' '.join(reads_every_layer)}")
+    for name in ("encoder_layerdrop", "decoder_layerdrop", "encoder_layers_to_keep", "decoder_layers_to_keep"):
+        if getattr(args, name, None):  # the stacks call their layers by index, past fairseq's LayerDropModuleList
+            raise ConfigurationError(f"{named(name)} {getattr(args, name)!r}: fusion_transformer runs every layer it "
+                                     "builds (no LayerDrop); leave it unset, or train fairseq's transformer")
     if args.encoder_embed_dim != args.decoder_embed_dim:
         widths = f"--encoder-embed-dim ({args.encoder_embed_dim}) == --decoder-embed-dim ({args.decoder_embed_dim})"
         if args.fuse_encoder in ("sa", "fnn") and args.fuse_decoder in ("sa", "fnn") \
