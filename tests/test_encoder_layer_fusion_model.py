@@ -156,8 +156,8 @@ def test_bad_combinations_are_refused(flags, message):
 
 @pytest.mark.parametrize("flags,message", [
     (["--surface-fusion-lambda", "1.2"], "--surface-fusion-lambda must be in [0, 1], got '1.2'"),
-    (["--surface-fusion-tau", "0"], "--surface-fusion-tau must be > 0, got '0'"),
-    (["--surface-fusion-tau", "-1"], "--surface-fusion-tau must be > 0, got '-1'"),
+    (["--surface-fusion-tau", "0"], "--surface-fusion-tau must be >= 0.01, got '0'"),
+    (["--surface-fusion-tau", "-1"], "--surface-fusion-tau must be >= 0.01, got '-1'"),
     (["--layer-attention", "medium"], "argument --layer-attention: invalid choice: 'medium'"),
 ])
 def test_bad_flags_are_refused_by_the_command_line(capsys, flags, message):

@@ -130,8 +130,9 @@ class FusionTransformerConfig(TransformerFlags):
         "(Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)")
     surface_fusion_lambda: float = flag(0.8, "interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]")
     surface_fusion_tau: Optional[float] = flag(
-        None, f"softmax temperature tau of the surface distribution (Eq. 5), >= {MIN_SURFACE_FUSION_TAU}; default 1 "
-        "for hard and 5 for soft fusion, as in the paper")
+        None, f"softmax temperature tau of the surface distribution (Eq. 5), finite and >= {MIN_SURFACE_FUSION_TAU} "
+        "(a smaller one scales the surface logits and their gradients by more than 100, an infinite one makes the "
+        "distribution uniform); default 1 for hard and 5 for soft fusion, as in the paper")
     surface_fusion_variant: ChoiceEnum(SURFACE_FUSION_VARIANTS) = flag(
         "paper", "paper: SurfaceFusion as the paper's text describes it (default); released: as the authors' "
         "released code trains it (query and keys detached, one head, a shared residual FFN on decoder output and "
@@ -177,7 +178,7 @@ class FusionTransformerConfig(TransformerFlags):
                          "denseformer_dilation", "denseformer_period", "hyper_connections_rate"), POSITIVE_INT),
         "mask_encoder_layer": INTEGER,
         "surface_fusion_lambda": real(0.0, 1.0, high_included=True),
-        "surface_fusion_tau": real(0.0, float("inf"), low_included=False, high_included=True),
+        "surface_fusion_tau": real(MIN_SURFACE_FUSION_TAU, float("inf")),
     }
     # What a checkpoint fixes: the flags that change the parameters or what the model computes with
     # them (checkpoint_safety refuses them as overrides, and when a training resumes).
@@ -271,14 +272,6 @@ def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None
     from_hydra = getattr(args, "_name", None) and not getattr(args, "arch", None)
     named = (lambda field: f"model.{field}") if from_hydra else flag_of
     check_values(args, FusionTransformerConfig, name=named, derived=DERIVED_DEFAULTS)
-    tau = args.surface_fusion_tau
-    if tau < MIN_SURFACE_FUSION_TAU:
-        raise ConfigurationError(
-            f"{named('surface_fusion_tau')} must be at least {MIN_SURFACE_FUSION_TAU} (smaller temperatures scale "
-            f"the surface logits and their gradients by more than {1 / MIN_SURFACE_FUSION_TAU:g}), got {tau!r}")
-    if tau == float("inf"):
-        raise ConfigurationError(f"{named('surface_fusion_tau')} must be finite (an infinite temperature makes the "
-                                 f"surface distribution uniform, whatever the source), got {tau!r}")
     reads_every_layer = chosen(args, "fuse_encoder", "fuse_decoder", "layer_attention", "aggregate_encoder",
                                "aggregate_decoder", "denseformer_encoder", "denseformer_decoder",
                                "mudd_encoder", "mudd_decoder", "multi_layer_attention")
