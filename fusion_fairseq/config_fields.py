@@ -200,10 +200,11 @@ def require_mergeable_model_config(config, cfg, remove_missing: bool = False) ->
     ``cfg`` has a field ``config`` lacks, or names a preset and leaves fields out, which fairseq's merge
     would fill with the model's defaults before the preset could fill them with its own. A checkpoint's
     configuration (``remove_missing``) may hold fields that no longer exist: fairseq drops them."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_DATACLASS_REGISTRY
 
-    if remove_missing or not own_fields(config):
-        return  # a checkpoint's, or not the plugin's
+    is_model_config = (config if isinstance(config, type) else type(config)) in MODEL_DATACLASS_REGISTRY.values()
+    if remove_missing or not is_model_config or not own_fields(config):
+        return  # a checkpoint's, a criterion's or scheduler's (fairseq's merge refuses), or not the plugin's
     name, fields = cfg.get("_name"), {field.name: field for field in dataclasses.fields(config)}
     for key in cfg:
         if key not in fields:

@@ -191,6 +191,15 @@ def test_a_misspelt_model_field_in_a_hydra_config_is_refused_naming_it():
                                 "(the fields are the flags of fairseq-train --arch fusion_transformer, with _ for -)")
 
 
+def test_a_misspelt_criterion_field_is_left_to_fairseq_not_called_a_model_field():
+    """The plugin's check is of model configs; the criterion's was refused as "model.diversity_lamda ... --arch"."""
+    from omegaconf.errors import ConfigKeyError
+
+    with pytest.raises(ConfigKeyError, match="diversity_lamda"):
+        compose_example("criterion._name=label_smoothed_cross_entropy_with_layer_diversity",
+                        "+criterion.diversity_lamda=0.5")
+
+
 @pytest.mark.parametrize("field, value, allowed", [
     ("fuse_decoder", "sax", "must be one of none, avg, fnn, sa"),
     ("fusion_hops", 0, "must be a positive integer"),
