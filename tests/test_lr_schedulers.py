@@ -25,7 +25,7 @@ class FakeOptimizer(FairseqOptimizer):
 def rates(losses, every_epoch_after_increase=False, lr=1.0):
     scheduler = ShrinkOnValidationIncrease(
         ShrinkOnValidationIncreaseConfig(lr_shrink=0.1, shrink_every_epoch_after_increase=every_epoch_after_increase,
-                                         lr=[lr]), FakeOptimizer())
+                                         lr=[lr], validate_interval=1), FakeOptimizer())
     return [round(scheduler.step(epoch, loss), 10) for epoch, loss in enumerate(losses, 1)]
 
 
@@ -44,7 +44,8 @@ def test_every_epoch_after_the_first_rise():
 
 
 def test_state_survives_a_checkpoint():
-    config = ShrinkOnValidationIncreaseConfig(lr_shrink=0.1, shrink_every_epoch_after_increase=True, lr=[1.0])
+    config = ShrinkOnValidationIncreaseConfig(lr_shrink=0.1, shrink_every_epoch_after_increase=True, lr=[1.0],
+                                              validate_interval=1)
     first = ShrinkOnValidationIncrease(config, FakeOptimizer())
     for epoch, loss in enumerate([3.0, 3.5], 1):
         first.step(epoch, loss)
@@ -77,3 +78,27 @@ def test_fairseq_train_runs_it_and_stops_below_the_minimum(tiny_data_bin, tmp_pa
     epochs = re.findall(r"\| train \| epoch (\d+) \|.*? \| lr ([0-9.e-]+) \|", log)
     assert [float(lr) for _, lr in epochs][:4] == pytest.approx([2, 2, 0.2, 0.02])
     assert "stopping training because current learning rate" in log and len(epochs) < 15
+
+
+@pytest.mark.parametrize("every_epoch, refused", [(True, True), (False, False)])
+def test_every_epoch_shrinking_needs_a_validation_at_every_epoch(every_epoch, refused):
+    """With --validate-interval 2, fairseq passes no loss at the epochs it does not validate, as it does when a
+    checkpoint is loaded: the every-epoch shrink skipped those epochs without a word."""
+    config = ShrinkOnValidationIncreaseConfig(shrink_every_epoch_after_increase=every_epoch, lr=[1.0], validate_interval=2)
+    if not refused:
+        ShrinkOnValidationIncrease(config, FakeOptimizer())
+        return
+    with pytest.raises(ValueError, match=r"^--validate-interval 2: --shrink-every-epoch-after-increase shrinks at "
+                                         r"every epoch end, .*: it must be 1$"):
+        ShrinkOnValidationIncrease(config, FakeOptimizer())
+
+
+def test_the_validation_interval_reaches_the_scheduler_from_the_command_line():
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "data", "--user-dir", USER_DIR, "--arch", "dense_fconv_iwslt_de_en", "--optimizer", "nag",
+        "--lr-scheduler", "shrink_on_validation_increase", "--shrink-every-epoch-after-increase",
+        "--validate-interval", "3"])
+    assert convert_namespace_to_omegaconf(args).lr_scheduler.validate_interval == 3

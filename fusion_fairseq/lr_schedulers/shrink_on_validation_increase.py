@@ -10,6 +10,12 @@ Reading: "increases" compares an epoch's validation loss with the previous epoch
 merely no better than the best). With ``--shrink-every-epoch-after-increase`` (En-De) the first
 increase shrinks the rate and so does every epoch end after it, whatever the loss does. Stopping
 below 1e-4 is fairseq's ``--stop-min-lr 1e-4``.
+
+fairseq tells the scheduler of an epoch's end and its validation loss together, and with no loss both
+after an epoch it did not validate (``--validate-interval`` above 1) and as a checkpoint is loaded: so
+the every-epoch shrink needs a validation at every epoch (``--validate-interval 1``, refused otherwise).
+An epoch's end checkpoint is saved before that epoch's step, so a training resumed from it does not
+apply that epoch's shrink, as with fairseq's ``reduce_lr_on_plateau``.
 """
 
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ class ShrinkOnValidationIncreaseConfig(FairseqDataclass):
     shrink_every_epoch_after_increase: bool = field(
         default=False, metadata={"help": "after the first increase, shrink at every epoch end (Shen et al.'s En-De)"})
     lr: List[float] = II("optimization.lr")
+    validate_interval: int = II("dataset.validate_interval")
 
 
 @register_lr_scheduler("shrink_on_validation_increase", dataclass=ShrinkOnValidationIncreaseConfig)
@@ -43,6 +50,10 @@ class ShrinkOnValidationIncrease(FairseqLRScheduler):
             raise ConfigurationError(f"--lr-shrink must be in (0, 1), got {cfg.lr_shrink}")
         if len(cfg.lr) != 1:
             raise ConfigurationError(f"--lr: shrink_on_validation_increase takes one learning rate, got {len(cfg.lr)}")
+        if cfg.shrink_every_epoch_after_increase and cfg.validate_interval != 1:
+            raise ConfigurationError(
+                f"--validate-interval {cfg.validate_interval}: --shrink-every-epoch-after-increase shrinks at every "
+                "epoch end, which fairseq reports to the scheduler only with a validation: it must be 1")
         self.lr = cfg.lr[0]
         self.previous_loss = None
         self.increased = False
