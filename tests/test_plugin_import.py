@@ -150,6 +150,21 @@ def test_a_user_dir_with_another_copy_of_the_plugin_is_refused_naming_both(tmp_p
 
 
 @pytest.mark.slow
+def test_a_user_dir_with_another_checkout_runs_that_checkout_alone_in_a_fresh_process(tmp_path):
+    """What fairseq-train --user-dir CHECKOUT/fusion_fairseq does: every module of the plugin from the checkout."""
+    copy = tmp_path / "checkout" / "fusion_fairseq"
+    shutil.copytree(user_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    result = run_python("import sys\nfrom argparse import Namespace\nfrom fairseq import utils\n"
+                        f"utils.import_user_module(Namespace(user_dir={str(copy)!r}))\n"
+                        "print(sorted({m.__file__.split('fusion_fairseq')[0] for name, m in sys.modules.items()\n"
+                        "              if name.split('.')[0] == 'fusion_fairseq' and getattr(m, '__file__', None)}))\n"
+                        "print('fusion_transformer' in __import__('fairseq.models').models.ARCH_MODEL_REGISTRY)\n",
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-2:] == [repr([str(copy.parent) + os.sep]), "True"]
+
+
+@pytest.mark.slow
 def test_the_plugin_under_a_second_module_name_is_refused(tmp_path):
     """The same files under another folder name would register every model a second time."""
     link = tmp_path / "plugin"
