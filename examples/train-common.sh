@@ -63,7 +63,7 @@ default_gpus() {
 default_user_dir() {
     [[ -z "$USER_DIR" ]] || return 0
     USER_DIR=$(fusion-fairseq-user-dir 2>/dev/null || true)
-    [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq"
+    [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq_plugin"
 }
 
 # Print COMMAND (shell-quoted); unless DRY_RUN is 1, create SAVE_DIR and run it in this process.

@@ -1,9 +1,9 @@
 """fusion-fairseq: layer-fusion methods for sequence-to-sequence Transformers as a fairseq plugin.
 
-Load with ``--user-dir $(fusion-fairseq-user-dir)``, or in Python with ``import fusion_fairseq.models``:
-fairseq's ``--user-dir`` imports this package and its ``models`` package, which registers the models and
-what they train with. Importing this package alone, or one of its helpers (``checkpoint_safety``,
-``cli``), registers nothing and changes nothing in fairseq.
+Load with ``--user-dir $(fusion-fairseq-user-dir)`` (the package ``fusion_fairseq_plugin`` beside this one), or
+in Python with ``import fusion_fairseq.models``, which registers the models and what they train with. Importing
+this package alone, or one of its helpers (``checkpoint_safety``, ``cli``), registers nothing and changes nothing
+in fairseq. A ``--user-dir`` naming this folder itself also registers, where nothing has imported it yet.
 """
 
 import os

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 from fusion_fairseq.cli import user_dir
 from fusion_fairseq.config_fields import NON_NEGATIVE_INT, POSITIVE_INT, argparse_type
 
-PLUGIN_DIR = user_dir()  # the plugin package, which --user-dir names
+PLUGIN_DIR = user_dir()  # what --user-dir names: the package that registers the plugin
 PLUGIN_PACKAGE = "fusion_fairseq"
 
 #: fairseq's batches made in the calling thread: a loading process (--num-workers) forked from a threaded caller
@@ -252,12 +252,8 @@ def load_average() -> Optional[List[float]]:
 
 
 def defined_in_plugin(cls) -> bool:
-    """True for a class of this plugin, whether imported as ``fusion_fairseq`` or, through fairseq's
-    ``--user-dir``, under its directory's name from the same files."""
-    if cls.__module__.split(".")[0] == PLUGIN_PACKAGE:
-        return True
-    module_file = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
-    return os.path.abspath(module_file).startswith(PLUGIN_DIR + os.sep)
+    """True for a class of this plugin (its package loads under no other name: fusion_fairseq/__init__.py)."""
+    return cls.__module__.split(".")[0] == PLUGIN_PACKAGE
 
 
 def plugin_architectures(registry: Optional[Dict[str, type]] = None) -> List[str]:

@@ -11,7 +11,7 @@ import pytest
 from fairseq import utils
 from fairseq.models import BaseFairseqModel
 
-from fusion_fairseq.cli import user_dir
+from fusion_fairseq.cli import package_dir, user_dir
 from fusion_fairseq.registry import register_model, register_model_architecture
 from conftest import TINY_MLRF_FLAGS, run_cli
 
@@ -33,7 +33,7 @@ def plugin_modules_after(statement):
 def test_user_dir_command_prints_the_package_directory(tmp_path):
     result = subprocess.run(["fusion-fairseq-user-dir"], cwd=tmp_path, capture_output=True, text=True, check=True)
     path = result.stdout.strip()
-    assert path == user_dir()
+    assert path == user_dir() == os.path.join(os.path.dirname(package_dir()), "fusion_fairseq_plugin")
     assert os.path.isfile(os.path.join(path, "__init__.py"))
 
 
@@ -42,7 +42,7 @@ def test_the_plugin_package_holds_the_plugin_only():
     need); the laboratory (quickstart, corpus pipeline, benchmark, comparison) lives beside it, in fusion_lab."""
     import ast
 
-    plugin = user_dir()
+    plugin = package_dir()
     for folder, _, files in os.walk(plugin):
         for name in files:
             if name.endswith(".py"):
@@ -131,6 +131,30 @@ def test_import_user_module_after_import_registers_nothing_twice():
     assert ARCH_MODEL_REGISTRY["fusion_transformer"] is registered
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["import fusion_fairseq", "from fusion_fairseq.cli import user_dir",
+                                   "import fusion_fairseq.checkpoint_safety"])
+def test_the_user_dir_registers_after_a_part_of_the_plugin_was_imported(first):
+    """fairseq skips a --user-dir whose module is imported: naming the package itself, a script that imported a
+    helper first got "invalid choice: 'fusion_transformer'"."""
+    result = run_python(f"{first}\nfrom fairseq import options\n"
+                        "args = options.parse_args_and_arch(options.get_training_parser(), ['data', '--user-dir', "
+                        f"{user_dir()!r}, '--arch', 'mlrf_iwslt_de_en'])\nprint(args.arch, args.fuse_encoder)\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "mlrf_iwslt_de_en fnn"
+
+
+@pytest.mark.slow
+def test_the_user_dir_of_another_checkout_is_refused_once_the_plugin_is_imported(tmp_path):
+    checkout = tmp_path / "checkout"
+    for package in (package_dir(), user_dir()):
+        shutil.copytree(package, checkout / os.path.basename(package), ignore=shutil.ignore_patterns("__pycache__"))
+    assert user_dir_error(checkout / "fusion_fairseq_plugin", tmp_path) == (
+        f"ImportError: --user-dir {checkout / 'fusion_fairseq_plugin'} registers the plugin at "
+        f"{checkout / 'fusion_fairseq'}, but this Python imported fusion_fairseq from {package_dir()}: pass the "
+        "--user-dir that fusion-fairseq-user-dir prints, or install the copy you want (pip install -e its checkout)")
+
+
 def user_dir_error(copy, tmp_path):
     """The last line of a fresh interpreter that imports the installed plugin, then fairseq's --user-dir ``copy``."""
     result = run_python("import fusion_fairseq.models\nfrom argparse import Namespace\nfrom fairseq import utils\n"
@@ -143,17 +167,18 @@ def user_dir_error(copy, tmp_path):
 def test_a_user_dir_with_another_copy_of_the_plugin_is_refused_naming_both(tmp_path):
     """A second checkout passed to --user-dir ran the installed copy's models without a word."""
     copy = tmp_path / "fusion_fairseq_checkout"
-    shutil.copytree(user_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(package_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert user_dir_error(copy, tmp_path) == (
-        f"ImportError: --user-dir {copy} is another copy of the plugin than {user_dir()}, the one this Python imports "
-        f"as fusion_fairseq: pass --user-dir {user_dir()}, or install the copy you want (pip install -e its checkout)")
+        f"ImportError: --user-dir {copy} is another copy of the plugin than {package_dir()}, the one this Python "
+        f"imports as fusion_fairseq: pass --user-dir {package_dir()}, or install the copy you want (pip install -e its "
+        "checkout)")
 
 
 @pytest.mark.slow
 def test_a_user_dir_with_another_checkout_runs_that_checkout_alone_in_a_fresh_process(tmp_path):
     """What fairseq-train --user-dir CHECKOUT/fusion_fairseq does: every module of the plugin from the checkout."""
     copy = tmp_path / "checkout" / "fusion_fairseq"
-    shutil.copytree(user_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(package_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
     result = run_python("import sys\nfrom argparse import Namespace\nfrom fairseq import utils\n"
                         f"utils.import_user_module(Namespace(user_dir={str(copy)!r}))\n"
                         "print(sorted({m.__file__.split('fusion_fairseq')[0] for name, m in sys.modules.items()\n"
@@ -168,9 +193,9 @@ def test_a_user_dir_with_another_checkout_runs_that_checkout_alone_in_a_fresh_pr
 def test_the_plugin_under_a_second_module_name_is_refused(tmp_path):
     """The same files under another folder name would register every model a second time."""
     link = tmp_path / "plugin"
-    link.symlink_to(user_dir())
+    link.symlink_to(package_dir())
     assert user_dir_error(link, tmp_path) == (
-        f"ImportError: --user-dir {link} loads the plugin as plugin: pass --user-dir {user_dir()}, its folder named "
+        f"ImportError: --user-dir {link} loads the plugin as plugin: pass --user-dir {package_dir()}, its folder named "
         "fusion_fairseq (under two names it would register everything twice)")
 
 

@@ -26,7 +26,7 @@ if ! compgen -G "$DATA_BIN/train.*.idx" >/dev/null || ! compgen -G "$DATA_BIN/di
 fi
 source "$(cd "$(dirname "$0")/../.." && pwd)/scripts/files.sh"
 PYTHON=${PYTHON:-python}
-USER_DIR=$("$PYTHON" -c 'import fusion_fairseq, os; print(os.path.dirname(fusion_fairseq.__file__))')
+USER_DIR=$("$PYTHON" -c 'from fusion_fairseq.cli import user_dir; print(user_dir())')
 NAMES=(residual.log dense.log time_to_loss.json checkpoints-residual checkpoints-dense)
 if ! held=$(claim_folder "$OUT" "fusion-fairseq examples/dense_nmt/time_to_loss.sh" "${NAMES[@]}"); then
   echo "error: OUT $OUT holds files that time_to_loss.sh did not write: $held; set FORCE=1 to replace them, or" \
