@@ -86,8 +86,9 @@ def require_model_configuration(state, path):
 
 def read_checkpoint_state(path):
     """The state stored in checkpoint ``path``, read weights-only and checked as fairseq's reader is made to check
-    it (a file it cannot use is a one-line :class:`CheckpointContentError`); fairseq's upgrades not applied."""
-    read_checkpoints_safely()
+    it (a file it cannot use is a one-line :class:`CheckpointContentError`); fairseq's upgrades not applied, and
+    fairseq's own reader left as it is (only torch's allow-list gains fairseq's configuration types)."""
+    torch.serialization.add_safe_globals(list(FAIRSEQ_CHECKPOINT_TYPES))
     return _TorchReadingWeightsOnly.load(path, map_location="cpu")
 
 

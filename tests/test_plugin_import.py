@@ -91,6 +91,20 @@ def test_importing_the_plugin_leaves_vanilla_fairseq_unchanged():
 
 
 @pytest.mark.slow
+def test_reading_a_checkpoint_with_the_helper_leaves_fairseqs_reader_as_it_is(tmp_path):
+    """read_checkpoint_state (averaging, corpus evaluate) made fairseq's checkpoint reader the plugin's."""
+    path = tmp_path / "checkpoint.pt"
+    result = run_python(
+        "import types, torch\nfrom fairseq import checkpoint_utils\n"
+        "from fusion_fairseq.checkpoint_safety import read_checkpoint_state\n"
+        f"torch.save({{'model': {{'w': torch.ones(2)}}, 'args': None, 'cfg': {{'model': {{'_name': 'transformer'}}}}}}, {str(path)!r})\n"
+        f"print(read_checkpoint_state({str(path)!r})['model']['w'].tolist(), "
+        "isinstance(checkpoint_utils.torch, types.ModuleType))\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[1.0, 1.0] True"
+
+
+@pytest.mark.slow
 def test_a_plain_transformer_checkpoint_loads_as_with_safe_loading_alone(tiny_data_bin, tmp_path):
     """A checkpoint fairseq-train wrote without the plugin: under torch >= 2.6 fairseq alone cannot read it
     (its configuration objects are not weights); with fairseq's checkpoint types allow-listed (the safe
