@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import functools
 import itertools
+import logging
 import os
 import pickle
 import re
@@ -21,6 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
 
 from .errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 # types, no callables: configuration containers and the types omegaconf metadata names (``ref_type`` ...)
 FAIRSEQ_CHECKPOINT_TYPES = (argparse.Namespace, collections.defaultdict, typing.Any, dict, list, int, float, bool,
@@ -468,15 +471,15 @@ def one_line_load_error(error, load):
 
 # --- why fairseq loads a checkpoint ------------------------------------------------------------
 # fairseq's two entry points, ``load_checkpoint`` (fairseq-train) and ``load_model_ensemble_and_task``
-# (everything else), both call the reader ``load_checkpoint_to_cpu`` and the model hook
-# ``upgrade_state_dict_named``, which cannot see why it loads: each entry point records its load.
-# Only fine-tuning (Dou et al. start aggregation from a vanilla model) may start missing parameters
-# fresh; so may a ``model.load_state_dict(...)`` in code, the caller's own initialisation.
+# (everything else), both call the reader ``load_checkpoint_to_cpu``, which cannot see why it loads: each
+# entry point records its load. Only fine-tuning (Dou et al. start aggregation from a vanilla model) starts
+# the parameters a checkpoint lacks fresh; every other load is fairseq's strict one.
 
 class _Load:
-    def __init__(self, fine_tuning=False, resumed_with=None, hub=False, read=None, overrides=None):
+    def __init__(self, fine_tuning=False, resumed_with=None, hub=False, read=None, overrides=None, model=None):
         self.fine_tuning, self.hub, self.overrides = fine_tuning, hub, overrides
         self.resumed_with = resumed_with  # the command line's model configuration of a training (fairseq-train)
+        self.model = model  # fine-tuning: the model the checkpoint initialises
         self.conflicts = []  # structural changes found by the reader
         self.read = read  # the checkpoint file the reader read last (else the one the entry point was given)
 
@@ -484,10 +487,10 @@ class _Load:
 _load = contextvars.ContextVar("fusion_fairseq_load", default=None)
 
 
-def may_start_parameters_fresh() -> bool:
-    """False only inside a load of a checkpoint file that is not fine-tuning."""
-    load = _load.get()
-    return load is None or load.fine_tuning
+def _training_load(cfg, trainer, **kwargs):
+    fine_tuning = starts_from_pretrained_model(cfg, trainer)
+    return _Load(fine_tuning=fine_tuning, resumed_with=trainer.cfg.model,
+                 model=trainer.get_model() if fine_tuning else None)
 
 
 def starts_from_pretrained_model(cfg, trainer) -> bool:
@@ -499,14 +502,18 @@ def starts_from_pretrained_model(cfg, trainer) -> bool:
     return not os.path.exists(os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt"))
 
 
-def missing_parameters_error(names, what: str) -> ConfigurationError:
-    """A checkpoint lacks parameters of the model's configuration outside fine-tuning."""
-    return ConfigurationError(
-        f"the checkpoint has no {what} parameters but this configuration needs {len(names)}: "
-        f"{', '.join(sorted(names))}; only fairseq-train --finetune-from-model may start them fresh "
-        "(load the checkpoint with the configuration it was trained with, e.g. without --model-overrides "
-        "that switch fusion on, or train into an empty --save-dir)"
-    )
+def start_missing_parameters_fresh(state, model):
+    """Fine-tuning ``model`` from a checkpoint that holds none of the parameters its fusion adds (a vanilla
+    Transformer's, ``model.parameter_starts_fresh``): those keep their fresh values, every other one is loaded.
+    A checkpoint holding some of them is left to the strict load."""
+    starts_fresh = getattr(model, "parameter_starts_fresh", None)
+    if starts_fresh is None or any(starts_fresh(name) for name in state["model"]):
+        return
+    fresh = {name: value.clone() for name, value in model.state_dict().items() if starts_fresh(name)}
+    if fresh:
+        logger.info("the checkpoint has no fusion parameters (a vanilla transformer's): %d fusion tensors keep "
+                    "their fresh initialisation", len(fresh))
+        state["model"].update(fresh)
 
 
 def _checked_reader(read):
@@ -521,6 +528,8 @@ def _checked_reader(read):
         load = _load.get()
         if load:
             load.read = path
+        if load and load.model is not None:
+            start_missing_parameters_fresh(state, load.model)
         if load and arg_overrides and \
                 {*structure(stored_model_config(state)), *ARCHITECTURE_FIELDS} & set(arg_overrides):
             # the state holds the overridden values: read the stored ones (only for such overrides)
@@ -614,8 +623,7 @@ def check_loaded_configurations():
     checkpoint_utils.load_checkpoint_to_cpu = _checked_reader(checkpoint_utils.load_checkpoint_to_cpu)
     checkpoint_utils.load_model_ensemble_and_task = _recording(checkpoint_utils.load_model_ensemble_and_task,
                                                                _ensemble_load, after=_hub_file_setting_errors)
-    checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, lambda cfg, trainer, **kwargs: (
-        _Load(fine_tuning=starts_from_pretrained_model(cfg, trainer), resumed_with=trainer.cfg.model)))
+    checkpoint_utils.load_checkpoint = _recording(checkpoint_utils.load_checkpoint, _training_load)
     hub_utils.from_pretrained = _recording(hub_utils.from_pretrained, lambda *args, **kwargs: _Load(hub=True))
 
 

@@ -325,7 +325,7 @@ def test_vanilla_checkpoint_initialises_a_fusion_model():
     fusion = build_model("fusion_transformer", *TINY, "--aggregate-encoder", "hierarchical",
                          "--aggregate-decoder", "linear", "--multi-layer-attention", "2").eval()
     fresh = {k: v.clone() for k, v in fusion.state_dict().items()}
-    fusion.load_state_dict(vanilla.state_dict(), strict=True)
+    fusion.load_state_dict(vanilla.state_dict(), strict=False)
     loaded = fusion.state_dict()
     for key, value in vanilla.state_dict().items():
         assert torch.equal(loaded[key], value), key
@@ -333,7 +333,7 @@ def test_vanilla_checkpoint_initialises_a_fusion_model():
     assert new_keys and all(torch.equal(loaded[key], fresh[key]) for key in new_keys)
     # linear aggregation alone starts exactly as the vanilla model
     linear = build_model("fusion_transformer", *TINY, "--aggregate-encoder", "linear", "--aggregate-decoder", "linear").eval()
-    linear.load_state_dict(vanilla.state_dict(), strict=True)
+    linear.load_state_dict(vanilla.state_dict(), strict=False)
     src, prev = torch.randint(4, 100, (2, 6)), torch.randint(4, 80, (2, 4))
     lengths = torch.full((2,), 6)
     assert torch.allclose(linear(src, lengths, prev)[0], vanilla(src, lengths, prev)[0], atol=1e-6)

@@ -10,7 +10,6 @@ set at once; combinations that define the same thing twice are refused (``fusion
 
 import argparse
 import functools
-import logging
 from typing import Optional
 
 from torch import nn
@@ -18,9 +17,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.models.transformer import TransformerModel, base_architecture, transformer_iwslt_de_en
 from fairseq.models.transformer import transformer_vaswani_wmt_en_de_big
 
-from fusion_fairseq.checkpoint_safety import (
-    may_start_parameters_fresh, missing_parameters_error, require_literal_transformer_config,
-)
+from fusion_fairseq.checkpoint_safety import require_literal_transformer_config
 from fusion_fairseq.modules import LayerAttention, SurfaceFusion, build_layer_fusion
 from fusion_fairseq.modules.depth_weighted_average import DepthWeightedAverage
 from fusion_fairseq.modules.hyper_connection import HyperConnectedStack
@@ -35,8 +32,6 @@ from .hyper_connected_layers import HyperConnectedDecoderLayer, HyperConnectedEn
 from .multi_layer_attention_layers import build_multi_layer_attention_layer
 from .multiway_dense_layers import build_multiway_layer
 from fusion_fairseq.errors import ConfigurationError
-
-logger = logging.getLogger(__name__)
 
 # Parameter-name fragments that exist only in fusion modules: a vanilla fairseq transformer has
 # none of them, and every other parameter of this model has the vanilla model's name.
@@ -189,28 +184,13 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
         decoder_out[1].update({name: encoder_out[name] for name in ("encoder_states", "encoder_padding_mask")})
         return decoder_out
 
-    def upgrade_state_dict_named(self, state_dict, name):
-        """Initialise from a vanilla fairseq transformer (``--finetune-from-model``, as Dou et al. 2018
-        do): from a checkpoint without any fusion parameter the shared parameters are loaded and the fusion
-        ones keep their fresh initialisation, where :func:`checkpoint_safety.may_start_parameters_fresh`
-        allows it; any other load names the missing parameters. A checkpoint with some fusion parameters
-        is left as it is: a mismatched configuration fails the strict load.
-
-        Why the hook asks the plugin's loading entry points: fairseq calls it with the same arguments
-        whether it fine-tunes, resumes a training or loads a model to translate (each calls
-        ``load_state_dict(state, strict=True)``), so only those entry points know which load this is
-        (``tests/test_crafted_checkpoints.py``: fine-tuning starts the parameters fresh, a load that
-        switches fusion on is refused naming them)."""
-        super().upgrade_state_dict_named(state_dict, name)
-        prefix = name + "." if name else ""
-        fresh = {prefix + key: value for key, value in self.state_dict().items() if is_fusion_parameter(key)}
-        if not fresh or any(is_fusion_parameter(key) for key in state_dict):
-            return
-        if not may_start_parameters_fresh():
-            raise missing_parameters_error(fresh, "fusion")
-        logger.info("checkpoint has no fusion parameters (a vanilla transformer): %d fusion tensors keep "
-                    "their fresh initialisation", len(fresh))
-        state_dict.update(fresh)
+    @staticmethod
+    def parameter_starts_fresh(name: str) -> bool:
+        """True for a parameter that a vanilla fairseq transformer lacks: fine-tuning from one
+        (``--finetune-from-model``, as Dou et al. 2018 do) loads every other parameter and starts these
+        fresh (``checkpoint_safety.start_missing_parameters_fresh``); every other load is strict. In code,
+        ``model.load_state_dict(vanilla_state, strict=False)`` does the same."""
+        return is_fusion_parameter(name)
 
 
 @register_model_architecture("fusion_transformer", "fusion_transformer")
