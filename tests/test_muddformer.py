@@ -162,15 +162,21 @@ def test_the_preset_is_mudd_on_both_sides_of_a_pre_norm_transformer():
 
 # --- decoding --------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("norm", ["post-norm", "pre-norm"])
-def test_incremental_decoding_with_trained_weights_equals_the_full_forward(norm):
+def test_incremental_decoding_with_trained_weights_equals_the_full_forward(norm, seed, monkeypatch):
     """With every weight moved (the ways differ from each other and between positions), decoding one
     position at a time, with the cache reordered as beam search does after step 2 (three hypotheses
-    of one sentence change places), gives the teacher-forced logits."""
+    of one sentence change places), gives the teacher-forced logits: in float64 to 1e-10, so exact (fairseq's
+    attention softmax, float32 whatever its input, made float64 here; in float32 the moved weights amplify
+    its rounding past 1e-5 of the logits for some weights: pre-norm at seed 2)."""
+    from fairseq import utils
+
+    monkeypatch.setattr(utils, "softmax", lambda x, dim, onnx_trace=False: F.softmax(x, dim=dim))
+    torch.manual_seed(seed)
     model = build_model("fusion_transformer", *TINY, *DEPTH, *BOTH, *(PRE_NORM if norm == "pre-norm" else ()))
-    torch.manual_seed(1)
     perturb(model)
-    model.eval()
+    model.eval().double()
     src, prev = batch()
     src = src[:1].expand(3, -1)  # one padded sentence, three hypotheses: a beam
     with torch.no_grad():
@@ -180,7 +186,7 @@ def test_incremental_decoding_with_trained_weights_equals_the_full_forward(norm)
         order = torch.tensor([2, 0, 1])
         (before, _), (after, _) = decode_incrementally(model, encoder_out, prev, reorder_after=2, new_order=order)
         reordered = model.decoder(prev[order], encoder_out=model.encoder.reorder_encoder_out(encoder_out, order))[0]
-    tolerance = 1e-5 * full.abs().max().item()  # float32 rounding at the logits' scale (about 20 here)
+    tolerance = 1e-10 * full.abs().max().item()  # float64 rounding at the logits' scale (about 20 here)
     torch.testing.assert_close(steps, full, atol=tolerance, rtol=0)
     torch.testing.assert_close(before, full[:, :2], atol=tolerance, rtol=0)
     torch.testing.assert_close(after, reordered[:, 2:], atol=tolerance, rtol=0)
