@@ -222,13 +222,14 @@ class FusionTransformerDecoder(TransformerDecoder):
     def layer_memories(self, encoder_out: Optional[Dict[str, List[Tensor]]],
                        incremental_state: Optional[IncrementalState]) -> Optional[Tensor]:
         """S_1..S_M ``(M, src_len, batch, C)`` from layer attention, or ``None`` when every layer
-        reads the top encoder output, or when the layers' projected keys/values are cached
-        already (incremental decoding after the first step: the memories would be unused)."""
+        reads the top encoder output, or after the first step of incremental decoding, whose source
+        attention caches the layers' projected keys and values (the memories would be unused)."""
         if self.layer_attention is None or encoder_out is None:
             return None
-        cache = {} if incremental_state is None else self.layers[0].encoder_attn._get_input_buffer(incremental_state)
-        if "prev_key" in cache:
-            return None
+        if incremental_state is not None:
+            if self.get_incremental_state(incremental_state, "layer_memories") is not None:
+                return None
+            self.set_incremental_state(incremental_state, "layer_memories", {})  # read by the steps after this one
         word_embeddings = encoder_out["encoder_embedding"][0].transpose(0, 1)  # X_0: no positions
         layer_outputs = encoder_out["encoder_states"][1:-1] + encoder_out["encoder_out"]  # X_N: the normalised output
         return self.layer_attention([word_embeddings] + layer_outputs)
