@@ -360,7 +360,11 @@ def structural_override_errors(path, stored_config, overrides):
 
 def require_known_architecture(state, path):
     """Refuse an architecture fairseq does not know (it fails deep in its registries otherwise) and, for
-    the plugin's, LayerDrop pruning (``*_layers_to_keep``), which their models do not build."""
+    the plugin's, LayerDrop pruning (``*_layers_to_keep``), which their models do not build, and a configuration
+    without one of their structural fields: fairseq stores every field, so the checkpoint is older than the flag
+    (of an unreleased version of the plugin) or damaged, and the flag's default today may compute another
+    function (dense aggregation was ``--dense-connection literal`` before the flag, ``layernorm`` by default now).
+    fairseq's ``--model-overrides`` set only the fields a configuration stores, so they cannot supply it."""
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
     config = stored_model_config(state)
@@ -373,6 +377,12 @@ def require_known_architecture(state, path):
             raise CheckpointContentError(
                 f"{path}: {field} {stored_value(config, field)!r} (fairseq's LayerDrop pruning) is not supported by "
                 f"the plugin's architecture {name}; load the checkpoint without it")
+    missing = [field for field in structural_flags(config) if stored_value(config, field) is _ABSENT]
+    if missing:
+        raise CheckpointContentError(
+            f"{path}: the checkpoint's configuration of {name} stores no {', '.join(missing)}: it is older than "
+            "these flags (an unreleased version of the plugin) or damaged, and their defaults today may compute "
+            "another function than the one trained; it cannot be loaded as trained")
 
 
 # --- what a checkpoint holds fits its model -----------------------------------------------------

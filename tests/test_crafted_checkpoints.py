@@ -368,6 +368,19 @@ def test_a_checkpoint_whose_configuration_has_fusion_and_whose_weights_lack_it_i
         checkpoint_utils.load_model_ensemble_and_task([str(path)])
 
 
+@pytest.mark.parametrize("field", ["dense_connection", "fuse_decoder"])
+def test_a_configuration_without_a_structural_field_is_refused_naming_it(no_fusion_checkpoint, tmp_path, field):
+    """fairseq stores every field: one missing is older than its flag, whose default may compute another function
+    (dense aggregation was the literal reading before --dense-connection); it loaded with today's default."""
+    state = torch.load(no_fusion_checkpoint)
+    del state["cfg"]["model"][field]
+    path = tmp_path / "older.pt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointContentError, match=f"^{path}: the checkpoint's configuration of fusion_transformer "
+                                                     f"stores no {field}: it is older than these flags"):
+        checkpoint_utils.load_model_ensemble_and_task([str(path)])
+
+
 @pytest.mark.slow
 def test_generate_with_fusion_overrides_fails_in_one_line(no_fusion_checkpoint, tiny_data_bin):
     result = generate(tiny_data_bin, no_fusion_checkpoint, "--model-overrides", "{'fuse_decoder': 'sa'}")
