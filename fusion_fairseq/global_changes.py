@@ -1,7 +1,7 @@
 """The changes loading the plugin makes to fairseq, in one list: each is needed for fairseq to run on the
 supported torch, or fixes an upstream bug that changes results, and changes nothing else. ``fusion_fairseq.models``
-applies them when it registers the models (``--user-dir`` imports it); each is idempotent (the plugin may be
-loaded under two module names) and has a test that fails without it: the table in docs/safety.md ("What loading
+applies them when it registers the models (``--user-dir`` imports it); each is idempotent (a process may register
+the plugin twice, by ``--user-dir`` after ``import fusion_fairseq.models``) and has a test that fails without it: the table in docs/safety.md ("What loading
 the plugin changes") gives each one's reason, upstream issue and test.
 """
 
