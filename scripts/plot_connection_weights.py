@@ -37,7 +37,8 @@ def connection_matrix(connection) -> np.ndarray:
         alpha, beta = connection.static_alpha, connection.static_beta
     else:
         pre, post, res = connection.bias.split([n, n, n * n])
-        alpha = torch.cat([torch.sigmoid(pre)[:, None], sinkhorn(res.view(n, n)).T], dim=1)
+        alpha = torch.cat([torch.sigmoid(pre)[:, None], sinkhorn(res.view(n, n), order=connection.sinkhorn_order).T],
+                          dim=1)
         beta = 2 * torch.sigmoid(post)
     matrix = torch.zeros(n + 1, n + 1)
     matrix[0, 1:], matrix[1:, :] = beta, alpha

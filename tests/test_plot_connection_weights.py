@@ -51,6 +51,22 @@ def test_a_checkpoint_without_either_option_is_refused(tiny_mlrf_checkpoint, tin
     assert "has no DenseFormer averages, hyper-connections or MUDD connections" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("order", ["columns-first", "rows-first"])
+def test_mhc_residual_matrix_is_drawn_with_the_connections_own_sinkhorn_order(order):
+    """A model trained with --hyper-connections-sinkhorn-order rows-first was drawn with the columns-first matrix."""
+    import torch
+
+    from fusion_fairseq.modules.hyper_connection import ManifoldHyperConnection, sinkhorn
+
+    script = load_script("plot_connection_weights")
+    connection = ManifoldHyperConnection(4, 8, order)
+    with torch.no_grad():
+        connection.bias.normal_(0, 3)
+    res = connection.bias.split([4, 4, 16])[2].view(4, 4)
+    drawn = torch.from_numpy(script.connection_matrix(connection))[1:, 1:]
+    torch.testing.assert_close(drawn, sinkhorn(res, order=order).T.detach())
+
+
 def test_mudd_weights_are_drawn_per_way():
     """One block per way (query, key, value, residual), rows the aggregates after layers 1..L, columns
     X_0..X_L and a gap; the last aggregate fills the residual block only."""
