@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fusion_lab.common import non_negative_int
+from fusion_lab.common import claim_out_dir, non_negative_int
 from fusion_lab.corpus import SPLITS, write_lines, write_splits
 
 GENDERS = ("m", "f", "n")
@@ -253,7 +253,10 @@ def main(argv=None):
         parser.add_argument(f"--{split}-size", type=non_negative_int, default=size)
     parser.add_argument("--seed", type=int, default=1, help="seed of the sentences")
     parser.add_argument("--lexicon-seed", type=int, default=0, help="seed of the vocabulary")
+    parser.add_argument("--force", action="store_true", help="write into an --out holding files it did not write")
     args = parser.parse_args(argv)
+    names = [f"{split}.{lang}" for split in SPLITS for lang in ("src", "tgt")] + [os.path.basename(dictionary_path(""))]
+    claim_out_dir(args.out, names, "fusion-fairseq synthetic", args.force, "fusion-fairseq-synthetic", parser.error)
     sizes = [getattr(args, f"{split}_size") for split in SPLITS]
     for split, paths in write_corpus(args.out, *sizes, args.seed, args.lexicon_seed).items():
         print(f"{split}: {' '.join(paths)}")

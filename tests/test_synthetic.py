@@ -108,6 +108,20 @@ def test_bilingual_dictionary_lists_translations_seen_in_the_corpus(lexicon, tmp
     assert checked > 1000
 
 
+def test_command_line_refuses_an_out_holding_the_users_files(tmp_path, capsys):
+    """--out's train.src was replaced without a word."""
+    (tmp_path / "train.src").write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_info:
+        synthetic.main(["--out", str(tmp_path), "--train-size", "5"])
+    assert exit_info.value.code == 2
+    assert f"--out '{tmp_path}' holds files that fusion-fairseq-synthetic did not write: train.src" in capsys.readouterr().err
+    assert (tmp_path / "train.src").read_text() == "mine\n"
+    synthetic.main(["--out", str(tmp_path), "--train-size", "5", "--force"])
+    assert len(read_lines(tmp_path / "train.src")) == 5
+    synthetic.main(["--out", str(tmp_path), "--train-size", "6"])  # its own folder now
+    assert len(read_lines(tmp_path / "train.src")) == 6
+
+
 def test_command_line_rejects_negative_sizes(tmp_path):
     with pytest.raises(SystemExit):
         synthetic.main(["--out", str(tmp_path), "--train-size", "-1"])
