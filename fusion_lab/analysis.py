@@ -167,7 +167,8 @@ def script_main(parse_args: Callable, run: Callable, prog, module_name: str):
     def main(argv: Optional[List[str]] = None) -> int:
         args = parse_args(argv)
         paths = args.path if isinstance(args.path, list) else [args.path]
-        inputs = [("--path", path) for path in paths] + [("--dict", getattr(args, "dict", None))]
+        inputs = [("--path", path) for path in paths] + [(flag, getattr(args, flag[2:].replace("-", "_"), None))
+                                                         for flag in ("--dict", "--bpe-codes")]
         try:
             check_outputs(args, [("--out", getattr(args, "out", None)), ("--json", args.json)], inputs)
             run(args)

@@ -169,6 +169,17 @@ def test_side_without_sa_fusion_is_a_clear_error(plot_script, capsys, encoder_sa
     assert code == 2 and "--fuse-encoder fnn" in err and "--fuse-encoder sa is needed" in err
 
 
+def test_the_bpe_codes_are_an_input_that_not_even_force_replaces(plot_script, capsys, tiny_mlrf_checkpoint,
+                                                                  tiny_data_bin, tmp_path):
+    codes = tmp_path / "codes"
+    codes.write_text("#version: 0.2\n")
+    code, _, err = run_script(plot_script, capsys, "--path", tiny_mlrf_checkpoint, "--data", tiny_data_bin,
+                              "--source", SOURCE, "--bpe", "subword_nmt", "--bpe-codes", str(codes),
+                              "--out", str(tmp_path / "fig.png"), "--json", str(codes), "--force")
+    assert code == 2 and f"--json {codes} is the same file as --bpe-codes {codes}" in err
+    assert codes.read_text() == "#version: 0.2\n"
+
+
 @pytest.mark.slow
 def test_command_line_exit_status(tiny_mlrf_checkpoint, tiny_data_bin, tmp_path):
     """The real script: non-zero exit and a message naming the flag and the word."""
