@@ -219,6 +219,9 @@ def check_args(args):
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         raise SystemExit(f"error: --models: unknown {unknown} (choose from {', '.join(MODELS)})")
+    twice = sorted({m for m in models if models.count(m) > 1})
+    if twice:  # each model trains in a folder of its name: two at once would remove each other's checkpoints
+        raise SystemExit(f"error: --models {args.models}: {', '.join(twice)} given twice; name each model once")
     if args.embed_dim % args.heads:
         raise SystemExit(f"error: --embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
     # MLRF's flags are read only by the mlrf model: warned about without it

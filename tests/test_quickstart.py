@@ -156,6 +156,9 @@ def test_data_that_corpus_prepare_did_not_make_is_refused_before_any_work(tmp_pa
 def test_bad_arguments_are_refused_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="--models"):
         quickstart.main(["--models", "lstm", "--out", str(tmp_path / "o")])
+    # twice: two trainings at once in one checkpoint folder, each removing the other's checkpoints
+    with pytest.raises(SystemExit, match="^error: --models transformer,mlrf,transformer: transformer given twice; "):
+        quickstart.main(["--models", "transformer,mlrf,transformer", "--out", str(tmp_path / "o")])
     assert os.listdir(tmp_path) == []
 
 
