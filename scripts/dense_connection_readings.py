@@ -15,15 +15,14 @@ Forward only; about half a minute on one CPU core at Transformer-Base size.
 
 import argparse
 import os
-import shlex
 import sys
 
 import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from fusion_fairseq.modules.layer_aggregation import DENSE_CONNECTION_READINGS  # noqa: E402 (registers the models)
-from fusion_lab.analysis import format_matrix  # noqa: E402
-from fusion_lab.benchmark import build_model  # noqa: E402
+from fusion_lab.analysis import UsageError, format_matrix  # noqa: E402
+from fusion_lab.benchmark import build_model, split_flags  # noqa: E402
 from fusion_lab.common import dictionary_of_size  # noqa: E402
 
 ARCH = "fusion_transformer"
@@ -48,10 +47,14 @@ def measure(model, src_tokens, prev_output_tokens) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-flags", default="", help="extra fairseq model flags (default: Transformer-Base)")
+    args = parser.parse_args(argv)
     torch.manual_seed(1)
     dictionary = dictionary_of_size(32000)  # joined, with shared embeddings
-    flags = ["--share-all-embeddings", *shlex.split(parser.parse_args(argv).model_flags)]
-    vanilla = build_model(ARCH, flags, dictionary)[2].eval()
+    try:
+        flags = ["--share-all-embeddings", *split_flags(args.model_flags, "--model-flags")]
+        vanilla = build_model(ARCH, flags, dictionary)[2].eval()
+    except UsageError as error:
+        parser.error(str(error))
     src, prev = torch.randint(dictionary.nspecial, len(dictionary), (2, 16, 25))  # 16 sentences of 25 tokens
     prev[:, 0] = dictionary.eos()
     rows = [("vanilla", measure(vanilla, src, prev))]
