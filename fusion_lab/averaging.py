@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--inputs", nargs="+", help="the checkpoints to average")
     which.add_argument("--dir", help="a fairseq --save-dir: average its --last newest checkpoints")
-    p.add_argument("--last", type=int, default=5, help="with --dir: how many (default: 5)")
+    p.add_argument("--last", type=int, default=None, help="with --dir: how many (default: 5)")
     p.add_argument("--by-update", action="store_true",
                    help="with --dir: the interval checkpoints checkpoint_E_U.pt instead of the epoch ones")
     p.add_argument("--output", required=True, help="the averaged checkpoint to write")
@@ -78,7 +78,11 @@ def fail(message: str):
 def main(argv: Optional[Sequence[str]] = None) -> str:
     args = build_parser().parse_args(argv)
     inputs = args.inputs
+    if args.inputs is not None and (args.last is not None or args.by_update):
+        fail(f"{'--last' if args.last is not None else '--by-update'} picks the checkpoints of --dir; with --inputs "
+             "the checkpoints are the ones named")
     if args.dir is not None:
+        args.last = 5 if args.last is None else args.last
         if args.last < 1:
             fail(f"--last must be at least 1, got {args.last}")
         if not os.path.isdir(args.dir):

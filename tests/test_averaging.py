@@ -77,6 +77,17 @@ def test_refusals_are_one_line_and_keep_files(three_checkpoints, tmp_path):
     assert open(paths[0], "rb").read() == before and (tmp_path / "taken.pt").read_bytes() == b"mine"
 
 
+@pytest.mark.parametrize("flags, named", [(["--last", "3"], "--last"), (["--by-update"], "--by-update")])
+def test_dir_only_flags_are_refused_with_inputs(tmp_path, flags, named):
+    """--inputs a.pt b.pt --last 3 averaged both, the flag ignored."""
+    paths = [small_checkpoint(tmp_path / f"checkpoint{k}.pt", w=[float(k)]) for k in (1, 2)]
+    with pytest.raises(SystemExit) as error:
+        main(["--inputs", *paths, *flags, "--output", str(tmp_path / "avg.pt")])
+    assert str(error.value.code) == (f"average_checkpoints.py: error: {named} picks the checkpoints of --dir; with "
+                                     "--inputs the checkpoints are the ones named")
+    assert not (tmp_path / "avg.pt").exists()
+
+
 def small_checkpoint(path, **tensors):
     """A checkpoint fairseq's loaders read: its weights and the model configuration they belong to."""
     torch.save({"cfg": {"model": Namespace(arch="transformer")},
