@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from fusion_lab.analysis import checkpoint_setting, format_matrix, heatmap, load_model, positive, \
+from fusion_lab.analysis import UsageError, checkpoint_setting, format_matrix, heatmap, load_model, positive, \
     pyplot, script_main, script_parser, sentence_pair, write_outputs  # noqa: E402
 
 X_AXIS = {"predicted": "target word predicted at each position (fed: the previous word, EOS first)",
@@ -26,10 +26,10 @@ X_AXIS = {"predicted": "target word predicted at each position (fed: the previou
 PARSER = script_parser(__doc__, sentence=True, data_required=True)
 PARSER.add_argument("--side", choices=("decoder", "encoder"), default="decoder",
                     help="which fusion layer to plot (default: decoder, MLRF Dec-SA)")
-PARSER.add_argument("--xlabels", choices=tuple(X_AXIS), default="predicted",
+PARSER.add_argument("--xlabels", choices=tuple(X_AXIS), default=None,
                     help="decoder side: label each position with the word predicted there (default), "
                     "the word fed into the decoder, or 'fed->predicted'")
-PARSER.add_argument("--beam", type=positive(int, "--beam"), default=5, help="beam size when translating")
+PARSER.add_argument("--beam", type=positive(int, "--beam"), default=None, help="beam size when translating (default 5)")
 
 
 def hop_title(hop: int) -> str:
@@ -51,6 +51,12 @@ def plot(weights, x_labels, y_labels, x_axis_label: str, suptitle: str):
 
 @torch.no_grad()
 def run(args) -> dict:
+    if args.side == "encoder":  # the encoder's fusion reads the source alone
+        given = [flag for flag, value in (("--target", args.target), ("--xlabels", args.xlabels), ("--beam", args.beam))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: the decoder side's; --side encoder plots the source alone")
+    args.xlabels, args.beam = args.xlabels or "predicted", args.beam or 5
     model, cfg, task = load_model(args.path, args.data, args.user_dir)
     checkpoint_setting(cfg.model, "fuse", ("sa",), f"--side {args.side}", "there is no layer attention to plot",
                        side=args.side)

@@ -52,7 +52,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with open(args.report) as handle:
         report = json.load(handle)
-    excluded = {canonicalize_name(name) for name in args.exclude.split(",") if name.strip()}
+    excluded = {canonicalize_name(name.strip()) for name in args.exclude.split(",") if name.strip()}
     for line in needed(report, args.python, excluded):
         print(line)
 

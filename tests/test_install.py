@@ -107,6 +107,17 @@ def test_wheelhouse_leaves_out_torch_and_what_only_torch_needs():
     assert needed == ["numpy==2.4.6", "portalocker==4.4.2", "pywin32==311", "sacrebleu==2.6.0", "ve-fairseq==0.12.3"]
 
 
+def test_wheelhouse_exclusions_may_have_spaces_after_the_commas(tmp_path, capsys):
+    """--exclude "torch, numpy" left numpy in: ' numpy' is no package name."""
+    import json
+
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(FAKE_REPORT))
+    wheelhouse_needs.main([str(report), "--python", "3.12", "--exclude", "torch, numpy"])
+    assert capsys.readouterr().out.split() == ["portalocker==4.4.2", "pywin32==311", "sacrebleu==2.6.0",
+                                               "ve-fairseq==0.12.3"]
+
+
 def test_wheelhouse_evaluates_markers_for_the_target_python():
     assert "tomli==2.3.0" in wheelhouse_needs.needed(FAKE_REPORT, "3.11", {"torch"})
     assert "tomli==2.3.0" not in wheelhouse_needs.needed(FAKE_REPORT, "3.12", {"torch"})

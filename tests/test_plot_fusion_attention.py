@@ -169,6 +169,17 @@ def test_side_without_sa_fusion_is_a_clear_error(plot_script, capsys, encoder_sa
     assert code == 2 and "--fuse-encoder fnn" in err and "--fuse-encoder sa is needed" in err
 
 
+@pytest.mark.parametrize("flags, named", [(("--target", TARGET), "--target"), (("--beam", "3"), "--beam"),
+                                           (("--xlabels", "fed"), "--xlabels")])
+def test_decoder_flags_are_refused_on_the_encoder_side(plot_script, capsys, encoder_sa_checkpoint, tiny_data_bin,
+                                                       tmp_path, flags, named):
+    """They were ignored: the encoder's fusion was plotted for the source alone."""
+    code, _, err = run_script(plot_script, capsys, "--path", encoder_sa_checkpoint, "--data", tiny_data_bin,
+                              "--side", "encoder", "--source", SOURCE, *flags, "--out", str(tmp_path / "fig.png"))
+    assert code == 2 and f"{named}: the decoder side's; --side encoder plots the source alone" in err
+    assert not (tmp_path / "fig.png").exists()
+
+
 def test_the_bpe_codes_are_an_input_that_not_even_force_replaces(plot_script, capsys, tiny_mlrf_checkpoint,
                                                                   tiny_data_bin, tmp_path):
     codes = tmp_path / "codes"
