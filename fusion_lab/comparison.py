@@ -728,6 +728,12 @@ class Experiment:
     def longer_methods(self) -> List[str]:
         return (_read_json(os.path.join(self.out, "longer_budget.json")) or {}).get("methods", [])
 
+    def transformer_row(self, rows: List[dict]) -> Optional[dict]:
+        """The Transformer's row at its chosen rate, whose runs the budget check reads (None before the grid chose
+        it; its row at the reference rate holds the grid's seed-1 run, not the runs compared)."""
+        chosen = self.main_variant(METHODS["transformer"])
+        return next((row for row in rows if chosen is not None and row["method"] == chosen.name), None)
+
     def main_variant(self, method: Method) -> Optional[Method]:
         lr = self.chosen_rates().get(method.name)
         return None if lr is None else self.variant(method, lr)
@@ -888,8 +894,11 @@ class Experiment:
             self.test_sets()  # once, before the runs read them
         with ThreadPoolExecutor(max_workers=self.settings.jobs) as pool:
             while True:
-                self.choose_learning_rates()
-                self.choose_longer_budget()
+                try:
+                    self.choose_learning_rates()
+                    self.choose_longer_budget()
+                except ValueError as error:  # the plan's rules cannot decide (a grid that diverged): a person must
+                    raise ComparisonError(str(error)) from None
                 for run in self.runs():
                     step = None if run in failed | set(running.values()) else self.next_step(*run)
                     if step and len(running) < self.settings.jobs:
@@ -927,8 +936,7 @@ class Experiment:
                          "common_flags": common_train_flags(settings, "SRC", "TGT"),
                          "default_criterion": list(DEFAULT_CRITERION)},
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
-            "budget_check": report.budget_check(next((r for r in rows if r["method"] == "transformer"), None),
-                                                settings.max_update),
+            "budget_check": report.budget_check(self.transformer_row(rows), settings.max_update),
             "cpu_hours": {"planned": settings.planned_cpu_hours,
                           "actual": round(seconds * (settings.threads or 1) / 3600, 1)},
             "reviewed": {"learning_rates": _read_json(os.path.join(self.out, "learning_rates.json")),

@@ -1145,3 +1145,28 @@ def test_the_metrics_beside_bleu_refuse_a_folder_that_is_no_export_in_one_line(t
     message = capsys.readouterr().err
     assert error.value.code == 2 and len(message.strip().splitlines()) == 1
     assert "results.json" in message and "FOLDER: an exported comparison" in message
+
+
+def test_a_rule_that_cannot_decide_stops_the_runner_in_one_line():
+    """A grid whose every run diverged: the seed analysis's ValueError ended the runner in a traceback."""
+    from types import SimpleNamespace
+
+    def undecidable():
+        raise ValueError("validation: every run of the grid diverged (no finite score); no learning rate can be chosen")
+
+    stub = SimpleNamespace(settings=SimpleNamespace(stage="train", jobs=1), choose_learning_rates=undecidable,
+                           choose_longer_budget=lambda: None, runs=lambda: [])
+    with pytest.raises(comparison.ComparisonError) as error:
+        comparison.Experiment.run(stub)
+    assert str(error.value) == ("compare_methods: error: validation: every run of the grid diverged (no finite score); "
+                                "no learning rate can be chosen")
+
+
+def test_the_budget_check_reads_the_transformer_at_its_chosen_rate():
+    """It read the row at the reference rate 1e-3, the grid's single seed-1 run, where 2e-3 was chosen."""
+    from types import SimpleNamespace
+
+    rows = [{"method": "transformer"}, {"method": "transformer@lr0.002"}, {"method": "transformer@lr0.0005"}]
+    chosen = SimpleNamespace(main_variant=lambda method: comparison.at_learning_rate(method, 2e-3, 1e-3))
+    assert comparison.Experiment.transformer_row(chosen, rows) is rows[1]
+    assert comparison.Experiment.transformer_row(SimpleNamespace(main_variant=lambda method: None), rows) is None
