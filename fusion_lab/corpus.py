@@ -700,6 +700,15 @@ def prepare_args(args):
         usage_error(f"--test-set: invalid value '{args.test_set}' (choose from: {', '.join(corpus.tests)})")
     if args.remove_diacritics and args.src != "ro":
         usage_error("--remove-diacritics is for the Romanian source side (wmt16-en-ro --src ro --tgt en)")
+    with_own = lambda test: ", ".join(name for name, c in CORPORA.items() if test(c))  # noqa: E731
+    if args.valid_every and not isinstance(corpus.valid, int):
+        usage_error(f"--valid-every {args.valid_every}: {args.corpus} has validation files of its own; it holds out "
+                    f"every N-th training pair for {with_own(lambda c: isinstance(c.valid, int))}")
+    if args.max_len and corpus.clean[0] == "none":
+        usage_error(f"--max-len {args.max_len}: {args.corpus} is not cleaned by length; it is for "
+                    f"{with_own(lambda c: c.clean[0] != 'none')}")
+    if args.from_ and args.mirror:
+        usage_error(f"--mirror {args.mirror}: --from {args.from_} reads the files there, nothing is downloaded")
     args.bpe_merges = args.bpe_merges or corpus.merges
     args.lowercase = corpus.lowercase if args.lowercase is None else args.lowercase
     args.dest = args.dest or corpus.dest.format(src=args.src, tgt=args.tgt)

@@ -409,6 +409,14 @@ def test_the_multi30k_script_replaces_nothing_in_an_existing_raw(tmp_path):
     (["prepare", "wmt16-en-ro", "--tgt", "de"], ["--tgt", "'de'"]),
     (["prepare", "wmt16-en-ro", "--remove-diacritics"], ["--remove-diacritics"]),
     (["prepare", "iwslt14", "--valid-every", "1"], ["--valid-every", "'1'"]),
+    # flags a corpus would ignore
+    (["prepare", "multi30k", "--valid-every", "5"],
+     ["--valid-every 5: multi30k has validation files of its own; it holds out every N-th training pair for iwslt14, "
+      "wmt14-en-de"]),
+    (["prepare", "multi30k", "--max-len", "50"],
+     ["--max-len 50: multi30k is not cleaned by length; it is for iwslt14, wmt14-en-de, wmt16-en-ro"]),
+    (["prepare", "iwslt14", "--from", "/", "--mirror", "http://m"],
+     ["--mirror http://m: --from / reads the files there, nothing is downloaded"]),
     (["prepare", "text", "--src", "de", "--tgt", "en"], ["text needs --from DIR, --src and --tgt"]),
     (["prepare", "text", "--from", "/"], ["text needs --from DIR, --src and --tgt"]),
     (["prepare", "text", "--from", "/", "--src", "d e", "--tgt", "en"], ["--src must be a language code", "'d e'"]),
