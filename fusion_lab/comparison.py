@@ -937,8 +937,9 @@ class Experiment:
                          "default_criterion": list(DEFAULT_CRITERION)},
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
             "budget_check": report.budget_check(self.transformer_row(rows), settings.max_update),
+            # the runs' torch threads are known only where --threads gave them (else torch takes every core)
             "cpu_hours": {"planned": settings.planned_cpu_hours,
-                          "actual": round(seconds * (settings.threads or 1) / 3600, 1)},
+                          "actual": round(seconds * settings.threads / 3600, 1) if settings.threads else None},
             "reviewed": {"learning_rates": _read_json(os.path.join(self.out, "learning_rates.json")),
                          "longer_budget": _read_json(os.path.join(self.out, "longer_budget.json")),
                          "family": self.main_family(), "verdicts": verdicts, "longer_verdicts": longer},

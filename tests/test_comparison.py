@@ -1170,3 +1170,13 @@ def test_the_budget_check_reads_the_transformer_at_its_chosen_rate():
     chosen = SimpleNamespace(main_variant=lambda method: comparison.at_learning_rate(method, 2e-3, 1e-3))
     assert comparison.Experiment.transformer_row(chosen, rows) is rows[1]
     assert comparison.Experiment.transformer_row(SimpleNamespace(main_variant=lambda method: None), rows) is None
+
+
+@pytest.mark.parametrize("hours, text", [
+    ({"planned": 290, "actual": 55.8}, "CPU-hours: planned 290; actual so far 55.8 (training and test decoding summed"),
+    ({"planned": None, "actual": None}, "CPU-hours: planned –; actual so far not counted (--threads not given: the "
+                                        "runs' torch threads are unknown)."),
+])
+def test_cpu_hours_are_counted_only_where_the_threads_are_known(hours, text):
+    """Without --threads, torch trains on every core: the seconds times 1 were reported as CPU-hours."""
+    assert report.checks({"budget_check": None, "cpu_hours": hours})[-1].startswith(text)
