@@ -1,8 +1,8 @@
 """The changes loading the plugin makes to fairseq, in one list: each is needed for fairseq to run on the
 supported torch, or fixes an upstream bug that changes results, and changes nothing else. ``fusion_fairseq.models``
 applies them when it registers the models (``--user-dir`` imports it); each is idempotent (a process may register
-the plugin twice, by ``--user-dir`` after ``import fusion_fairseq.models``) and has a test that fails without it: the table in docs/safety.md ("What loading
-the plugin changes") gives each one's reason, upstream issue and test.
+the plugin twice, by ``--user-dir`` after ``import fusion_fairseq.models``) and has a test that fails without it:
+the table in docs/safety.md ("What loading the plugin changes") gives each one's reason, upstream issue and test.
 """
 
 from . import checkpoint_safety, config_fields, fairseq_fixes

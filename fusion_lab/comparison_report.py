@@ -251,7 +251,8 @@ def checks(results: dict) -> List[str]:
             f"seed {seed}: " + (found.get("error") or " → ".join(f"{v:.3f}" for v in found["nll"]))
             for seed, found in check["seeds"].items()) + ").")]
     actual = (f"{hours['actual']} (training and test decoding summed over the runs, times the threads per run)"
-              if hours["actual"] is not None else "not counted (--threads not given: the runs' torch threads are unknown)")
+              if hours["actual"] is not None
+              else "not counted (--threads not given: the runs' torch threads are unknown)")
     return lines + ["", f"CPU-hours: planned {hours['planned'] if hours['planned'] is not None else '–'}; actual so "
                     f"far {actual}."]
 

@@ -147,7 +147,8 @@ def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_di
             "and both --no-dense-encoder and --no-dense-decoder are set (use --summary-every 0)")
     for name in unsupported:
         if getattr(args, name, None):
-            raise ConfigurationError(f"{flag_of(name)} {getattr(args, name)!r} is not supported by {architecture.__name__}")
+            raise ConfigurationError(
+                f"{flag_of(name)} {getattr(args, name)!r} is not supported by {architecture.__name__}")
     idle = idle_dense_flags(args)
     unset = argparse.Namespace(**{name: value for name, value in vars(args).items() if name not in idle})
     ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None) or getattr(args, "_name", None), architecture)(unset)
