@@ -683,6 +683,10 @@ def build_parser():
     return p
 
 
+def corpora_where(test) -> str:
+    return ", ".join(name for name, corpus in CORPORA.items() if test(corpus))
+
+
 def prepare_args(args):
     """The corpus's defaults for what was not given, then the values and outputs checked before any work."""
     corpus = CORPORA[args.corpus]
@@ -700,13 +704,12 @@ def prepare_args(args):
         usage_error(f"--test-set: invalid value '{args.test_set}' (choose from: {', '.join(corpus.tests)})")
     if args.remove_diacritics and args.src != "ro":
         usage_error("--remove-diacritics is for the Romanian source side (wmt16-en-ro --src ro --tgt en)")
-    with_own = lambda test: ", ".join(name for name, c in CORPORA.items() if test(c))  # noqa: E731
     if args.valid_every and not isinstance(corpus.valid, int):
         usage_error(f"--valid-every {args.valid_every}: {args.corpus} has validation files of its own; it holds out "
-                    f"every N-th training pair for {with_own(lambda c: isinstance(c.valid, int))}")
+                    f"every N-th training pair for {corpora_where(lambda c: isinstance(c.valid, int))}")
     if args.max_len and corpus.clean[0] == "none":
         usage_error(f"--max-len {args.max_len}: {args.corpus} is not cleaned by length; it is for "
-                    f"{with_own(lambda c: c.clean[0] != 'none')}")
+                    f"{corpora_where(lambda c: c.clean[0] != 'none')}")
     if args.from_ and args.mirror:
         usage_error(f"--mirror {args.mirror}: --from {args.from_} reads the files there, nothing is downloaded")
     args.bpe_merges = args.bpe_merges or corpus.merges
