@@ -17,6 +17,25 @@ USER_DIR = user_dir()
 SCRIPTS = os.path.join(REPO_ROOT, "scripts")
 
 
+def threads_per_worker(environ=os.environ, cores=None):
+    """Under pytest-xdist, each worker's share of the cores (at least 1); None outside xdist or where the
+    user set ``OMP_NUM_THREADS``. torch takes every core by default, so two workers on two cores ran four
+    threads that spin against each other."""
+    workers = environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in environ:
+        return None
+    return max(1, (cores or os.cpu_count() or 1) // int(workers))
+
+
+def pytest_configure(config):
+    threads = threads_per_worker()
+    if threads is not None:  # the commands the tests start inherit it through the environment
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 def load_script(name):
     """``scripts/NAME.py`` imported as a module, so that tests call its functions directly."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
