@@ -25,7 +25,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from fusion_lab import comparison_report as report, corpus, seed_analysis
 from fusion_lab.common import (BATCHES_IN_THREAD, PLUGIN_DIR, append_to_log, claim_out_dir, copy_file,
@@ -734,6 +734,21 @@ class Experiment:
         chosen = self.main_variant(METHODS["transformer"])
         return next((row for row in rows if chosen is not None and row["method"] == chosen.name), None)
 
+    def baselines(self) -> Set[str]:
+        """The Transformer's runs at its chosen rate, at the budget and the longer one: the baselines of the
+        comparisons, compared with nothing themselves."""
+        chosen = self.chosen_rates().get("transformer")
+        if chosen is None:
+            return set()
+        at_chosen_rate = at_learning_rate(METHODS["transformer"], chosen, self.settings.lr)
+        return {at_chosen_rate.name, at_budget(at_chosen_rate, self.settings.longer_budget).name}
+
+    def rates_not_chosen(self) -> Set[str]:
+        """The grid's runs at a rate other than their configuration's chosen one (seed 1 only)."""
+        chosen = self.chosen_rates()
+        return {at_learning_rate(m, lr, self.settings.lr).name for m in self.methods if m.name in chosen
+                for lr in self.settings.learning_rates if lr != chosen[m.name]}
+
     def main_variant(self, method: Method) -> Optional[Method]:
         lr = self.chosen_rates().get(method.name)
         return None if lr is None else self.variant(method, lr)
@@ -920,12 +935,17 @@ class Experiment:
         rows = [method_row(m, [collect_run(self.out, m.name, seed, self.run_budget(m.name))
                                for seed in self.seeds_of(m.name)], self.plan.get(m.name, {})) for m in methods]
         verdicts, longer = self.main_verdicts(), self.longer_verdicts()
+        baselines, not_chosen = self.baselines(), self.rates_not_chosen()
         for row in rows:  # each configuration's row shows its verdict against the Transformer
             found = {**(verdicts or {}), **(longer or {})}.get(row["method"])
             if found:
                 row["baseline"] = found["baseline"]
                 row["verdict"] = {"difference": round(found["difference"], 2), "verdict": found["verdict"],
                                   "ci95": [round(found["ci"][0], 2), round(found["ci"][1], 2)]}
+            elif row["method"] in baselines:
+                row["baseline"] = row["method"]
+            elif row["method"] in not_chosen:
+                row["baseline"] = None  # compared with nothing: no verdict will come
         runs = [run for row in rows for run in row["runs"]]
         seconds = sum((run.get("train_seconds") or 0) + (run.get("generate_seconds") or 0) for run in runs)
         return {

@@ -208,14 +208,16 @@ def summary_table(results: dict) -> List[str]:
                 flag = " ⚠" if abs(run["length_ratio"] - 1) > LENGTH_TOLERANCE else ""
                 cells.append(f"{run['test']['all']:.2f} ({run['length_ratio']:.2f}{flag})")
         params = r["params"]
-        own = r["method"] == r["baseline"]
+        own, compared = r["method"] == r["baseline"], r["baseline"] is not None
+        verdict = r["verdict"]["verdict"] if r.get("verdict") else "pending" if compared else "rate not chosen"
         table.append([r["title"], f"{params:,}" if params else "–",
                       f"{100 * (params - base_params) / base_params:+.1f}%" if params and base_params else "–", *cells,
-                      _mean_std(r["test"]["all"]), "–" if own else r["baseline"], _interval(r.get("verdict")),
-                      "–" if own else r["verdict"]["verdict"] if r.get("verdict") else "pending"])
+                      _mean_std(r["test"]["all"]), r["baseline"] if compared and not own else "–",
+                      _interval(r.get("verdict")), "–" if own else verdict])
     return _table("Summary", f"Per seed: sacreBLEU on the four test sets together and, in parentheses, the output's "
                   f"length over the reference's (⚠: more than {LENGTH_TOLERANCE:.0%} from 1). Verdict: the paired "
-                  "analysis of the sections above.",
+                  "analysis of the sections above; a grid run at a rate its configuration did not choose is compared "
+                  "with nothing.",
                   ["method", "params", "vs Transformer", *(f"seed {seed}" for seed in seeds), "mean ± std",
                    "-baseline", "Δ [95% interval]", "-verdict"], table)
 

@@ -458,7 +458,8 @@ def test_the_summary_gives_each_seed_the_mean_and_the_verdict_against_its_baseli
     rows = [row("transformer", 1000, [run(1, 30.0), run(2, 31.0)]),
             row("mlrf", 1166, [run(1, 31.25), run(2, 0, "partial")]),
             row("fgla", 1000, [run(1, 32.0), run(2, 33.0)],
-                {"difference": 2.0, "ci95": [0.5, 3.5], "verdict": "better"})]
+                {"difference": 2.0, "ci95": [0.5, 3.5], "verdict": "better"}),
+            dict(row("fgla", 1000, [run(1, 29.0)]), baseline=None)]  # the grid's run at a rate not chosen
     table = report.summary_table({"settings": {"seeds": SEEDS}, "methods": rows})
     assert table[5] == ("| method | params | vs Transformer | seed 1 | seed 2 | mean ± std | baseline | "
                         "Δ [95% interval] | verdict |")
@@ -466,6 +467,7 @@ def test_the_summary_gives_each_seed_the_mean_and_the_verdict_against_its_baseli
     assert table[8] == ("| MLRF Both-FNN-SA | 1,166 | +16.6% | 31.25 (0.99) | partial 300 | 31.25 | transformer | – "
                         "| pending |")
     assert table[9].endswith("| 32.50 ± 0.71 | transformer | +2.00 [+0.50, +3.50] | better |")
+    assert table[10].endswith("| 29.00 (0.99) | – | 29.00 | – | – | rate not chosen |")
 
 
 def test_the_averaged_checkpoints_are_the_last_intervals_up_to_the_budget_and_none_may_be_missing():
@@ -1008,6 +1010,12 @@ def test_the_three_stages(smoke):
     with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
         md = f.read()
     assert "## Learning rates" in md and "## Verdicts at the chosen learning rates" in md
+    # every run scored: the baselines and the grid's runs at rates not chosen wait for no verdict
+    by_name = {row["method"]: row for row in results["methods"]}
+    baseline = comparison.at_learning_rate(METHODS["transformer"], rates["chosen"]["transformer"], 1e-3).name
+    assert by_name[baseline]["baseline"] == baseline and by_name[f"{baseline}@8"]["baseline"] == f"{baseline}@8"
+    assert all(by_name[name]["baseline"] is None for name in rows if name not in main_rows and "@8" not in name)
+    assert "pending" not in md.split("## Summary")[1]
     assert "## Verdicts at the longer budget" in md
     with open(os.path.join(out, "runs", "surface_fusion", "seed1", "config.json")) as f:
         config = json.load(f)
