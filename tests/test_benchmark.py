@@ -2,9 +2,11 @@
 Markdown, parameter counts, fixed-length decoding, configuration discovery and bad input.
 Timing values are never asserted on."""
 
+import contextlib
 import json
 import sys
 from importlib.metadata import entry_points
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -84,10 +86,20 @@ def test_parameter_counts_match_the_models(run):
 
 
 def test_decoding_runs_the_fixed_number_of_steps(run):
+    """Every hypothesis has L tokens + EOS, as the record says: decode() stops the run on any other length."""
     _, result, _ = run
     for name, row in result["configs"].items():
         assert row["decode"]["decoder_steps"] == DECODE_LEN + 1
-        assert row["decode"]["hypothesis_lengths"] == [DECODE_LEN + 1], name  # L tokens + EOS, every hypothesis
+        assert row["decode"]["hypothesis_lengths"] == [DECODE_LEN + 1], name
+
+    def runner_writing(tokens):
+        generator = SimpleNamespace(generate=lambda models, sample: [[{"tokens": torch.ones(tokens)}]])
+        return SimpleNamespace(autocast=contextlib.nullcontext, generators={5: generator}, model=None)
+
+    benchmark._Runner.decode(runner_writing(6), {"nsentences": 1}, 5)
+    with pytest.raises(ValueError, match=r"min_len = max_len = 5 should give 1 sentences of exactly 6 tokens "
+                                         r"\(EOS included\), got 1 with lengths \[4\]"):
+        benchmark._Runner.decode(runner_writing(4), {"nsentences": 1}, 5)
 
 
 def test_memory_and_environment(run):

@@ -33,6 +33,8 @@ def test_layer_attention_parameter_counts():
 
 def test_each_decoder_layer_reads_its_own_memory():
     model = build_model("fusion_transformer", *TINY, "--layer-attention", "coarse").eval()
+    with torch.no_grad():  # at the zero start every layer's S_m is the same average
+        model.decoder.layer_attention.logits.normal_(generator=torch.Generator().manual_seed(0))
     src, lengths, prev, _ = batch(model)
     seen = []
     for layer in model.decoder.layers:
@@ -41,7 +43,7 @@ def test_each_decoder_layer_reads_its_own_memory():
     encoder_out = model.encoder(src, lengths)
     model.decoder(prev, encoder_out=encoder_out)
     memories = model.decoder.layer_memories(encoder_out, None)
-    assert len(seen) == 2
+    assert len(seen) == 2 and not torch.equal(memories[0], memories[1])
     for key, memory in zip(seen, memories):
         assert torch.equal(key, memory)
     # X_0 is the word embedding without positions
@@ -128,6 +130,7 @@ def test_the_fused_distribution_is_what_the_loss_and_the_generator_see(kind):
         expected = 0.7 * torch.log_softmax(decoder_logits, -1) + 0.3 * surface
     else:
         expected = torch.log_softmax(decoder_logits + surface, -1)
+    assert loss.item() == pytest.approx(-expected.gather(-1, target.unsqueeze(-1)).sum().item(), rel=1e-5)
     net_output = model(src, lengths, prev)
     assert torch.allclose(model.get_normalized_probs(net_output, log_probs=True), expected, atol=1e-5)
     assert torch.allclose(model.get_normalized_probs(net_output, log_probs=False), expected.exp(), atol=1e-6)

@@ -81,13 +81,23 @@ def test_every_target_position_sees_every_source_position(flags):
 
 
 def test_a_source_position_never_sees_a_target_position():
+    """The source keys and values every decoder layer attends to are the same whatever the target; the
+    decoder does not write back into the source states it reads."""
     model = tiny()
     src, lengths, prev = inputs()
-    states = model.encoder(src, lengths)["encoder_states"]
-    other = model.encoder(src, lengths)["encoder_states"]  # the encoder is never given the target
-    assert all(torch.equal(a, b) for a, b in zip(states, other))
-    # and the decoder does not write back into the source states it reads
-    encoder_out = model.encoder(src, lengths)
+    read = []
+    for layer in model.decoder.layers:
+        def recording(x, source_memory, *args, decode=layer.decode, **kwargs):
+            read.append(source_memory)
+            return decode(x, source_memory, *args, **kwargs)
+        layer.decode = recording
+    encoder_out, other_target = model.encoder(src, lengths), (prev + 7) % 56 + 4
+    for target in (prev, other_target):
+        model.decoder(target, encoder_out=encoder_out)
+    layers = len(model.decoder.layers)
+    assert len(read) == 2 * layers and not torch.equal(prev, other_target)
+    for first, second in zip(read[:layers], read[layers:]):
+        assert all(torch.equal(a, b) for a, b in zip(first, second))
     saved = [state.clone() for state in encoder_out["encoder_states"]]
     model.decoder(prev, encoder_out=encoder_out)
     assert all(torch.equal(a, b) for a, b in zip(saved, encoder_out["encoder_states"]))
