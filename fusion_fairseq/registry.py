@@ -1,5 +1,6 @@
 """fairseq's registration decorators, whose refusal of a name already taken names both definitions (fairseq's
-own says only "Cannot register duplicate model (NAME)").
+own say only "Cannot register duplicate criterion (NAME)", and ``register_model`` silently hands back the
+model registered first).
 
 The plugin is loaded once, as ``fusion_fairseq`` (its ``__init__`` refuses a second copy or a second module
 name), so a taken name is always a clash: with another plugin, or with fairseq itself.

@@ -387,6 +387,15 @@ def test_the_multi30k_script_refuses_other_files_and_leaves_no_raw(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["mirror"]  # no RAW, no partial download beside it
 
 
+@pytest.mark.parametrize("args,code", [(["--help"], 0), (["-h"], 0), (["--raw"], 2), ([], 2), (["a", "b"], 2)])
+def test_the_multi30k_script_takes_no_option_for_raw(tmp_path, args, code):
+    """An option is not taken for RAW: --help printed usage after making a folder named after dirname's help."""
+    result = subprocess.run(["bash", MULTI30K_SCRIPT, *args], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, env={**os.environ, "MULTI30K_BASE": f"file://{tmp_path}/no-mirror"})
+    assert result.returncode == code and "usage: bash examples/comparison/multi30k.sh RAW" in result.stdout + result.stderr
+    assert os.listdir(tmp_path) == [] and "downloading" not in result.stdout
+
+
 def test_the_multi30k_script_replaces_nothing_in_an_existing_raw(tmp_path):
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "train.de").write_text("mine\n")

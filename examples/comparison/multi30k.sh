@@ -12,7 +12,9 @@ BASE=${MULTI30K_BASE:-https://raw.githubusercontent.com/multi30k/dataset/$COMMIT
 SUMS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/multi30k.sha256"
 fail() { echo "multi30k.sh: error: $*" >&2; exit 1; }
 
-[ $# -eq 1 ] || { echo "usage: bash examples/comparison/multi30k.sh RAW (a new folder)" >&2; exit 2; }
+usage="usage: bash examples/comparison/multi30k.sh RAW (a new folder)"
+if [ $# -eq 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then echo "$usage"; exit 0; fi
+if [ $# -ne 1 ] || [[ $1 == -* ]]; then echo "$usage; an option is not a folder" >&2; exit 2; fi
 RAW=$1
 if [ -e "$RAW" ] || [ -L "$RAW" ]; then
   echo "multi30k.sh: error: RAW '$RAW' exists; give a new folder (nothing in it is replaced)" >&2; exit 2

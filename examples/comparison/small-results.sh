@@ -7,7 +7,7 @@
 #
 #   bash examples/comparison/small-results.sh DIR
 set -euo pipefail
-cd "${1:?usage: small-results.sh DIR}"
+cd -- "${1:?usage: small-results.sh DIR}"
 ls -d results.md results.json learning_curves.png budget.json composition.json third_seed.json \
     learning_rates.json longer_budget.json \
     2>/dev/null || true
