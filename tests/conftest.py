@@ -17,21 +17,15 @@ USER_DIR = user_dir()
 SCRIPTS = os.path.join(REPO_ROOT, "scripts")
 
 
-def threads_per_worker(environ=os.environ, cores=None):
-    """Under pytest-xdist, each worker's share of the cores (at least 1); None outside xdist or where the
-    user set ``OMP_NUM_THREADS``. torch takes every core by default, so two workers on two cores ran four
-    threads that spin against each other."""
-    workers = environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not workers or "OMP_NUM_THREADS" in environ:
-        return None
-    return max(1, (cores or os.cpu_count() or 1) // int(workers))
-
-
 def pytest_configure(config):
-    threads = threads_per_worker()
-    if threads is not None:  # the commands the tests start inherit it through the environment
+    """Under pytest-xdist each worker, and every command it starts (through the environment), takes its share
+    of the cores: torch takes them all by default, so two workers on two cores ran four threads spinning
+    against each other. An OMP_NUM_THREADS the user set is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
         import torch
 
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
 
