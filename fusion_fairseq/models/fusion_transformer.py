@@ -161,6 +161,7 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
             cls, args, task, args.encoder_embed_dim, args.decoder_embed_dim, args.encoder_embed_path,
             args.decoder_embed_path)
         layer_embedding = build_shared_layer_embedding(args)
+        # each part built where it is passed: this order fixes every parameter's random start (golden outputs)
         encoder = FusionTransformerEncoder(
             args, task.source_dictionary, encoder_embed_tokens, build_side_fusion(args, "encoder", layer_embedding),
             keep_layer_states=args.layer_attention != "none", aggregation=build_side_aggregation(args, "encoder"),
