@@ -142,6 +142,13 @@ def markdown(results: dict) -> str:
                       ""])
 
 
+#: the configurations whose papers train with a schedule of another kind, which the grid does not try (plan.md)
+OWN_SCHEDULES = {
+    "dense_transformer": "its paper divides the rate by 10 when the validation loss rises: not tried",
+    "layerwise_coordination": "its paper's inverse square root after 4,000 warm-up updates: not tried",
+}
+
+
 def reviewed_sections(results: dict) -> List[str]:
     """The learning-rate grid, the verdicts at the chosen rates and at the longer budget."""
     from fusion_lab.seed_analysis import ANALYSIS_RULE, LEARNING_RATE_RULE
@@ -149,11 +156,17 @@ def reviewed_sections(results: dict) -> List[str]:
     reviewed = results["reviewed"]
     rates = reviewed.get("learning_rates") or {"validation_nll": {}, "chosen": {}}
     grid = results["settings"]["learning_rates"]
+
+    def chosen(name):
+        lr = rates["chosen"][name]
+        return f"{lr:g}" + (" (an end of the grid)" if lr in (min(grid), max(grid)) else "")
+
     grid_rows = [[name, *(f"{nll:.3f}" if nll is not None else "–" for nll in
-                          (rates["validation_nll"][name].get(f"{lr:g}") for lr in grid)), f"{rates['chosen'][name]:g}"]
-                 for name in rates["chosen"]]
+                          (rates["validation_nll"][name].get(f"{lr:g}") for lr in grid)), chosen(name),
+                  OWN_SCHEDULES.get(name, "–")] for name in rates["chosen"]]
     lines = _table("Learning rates", f"Validation NLL (bits) at the budget on seed {rates.get('seed', 1)}. Rule: "
-                   f"{LEARNING_RATE_RULE}.", ["configuration", *(f"lr {lr:g}" for lr in grid), "chosen"], grid_rows)
+                   f"{LEARNING_RATE_RULE}.", ["configuration", *(f"lr {lr:g}" for lr in grid), "chosen",
+                                              "-the paper's own schedule"], grid_rows)
     for title, found in (("Verdicts at the chosen learning rates", reviewed.get("verdicts")),
                          ("Verdicts at the longer budget", reviewed.get("longer_verdicts"))):
         rows = [[name, found_row["baseline"], found_row["seeds"], f"{found_row['difference']:+.2f}",

@@ -470,6 +470,21 @@ def test_the_summary_gives_each_seed_the_mean_and_the_verdict_against_its_baseli
     assert table[10].endswith("| 29.00 (0.99) | – | 29.00 | – | – | rate not chosen |")
 
 
+def test_the_grid_table_marks_a_rate_at_an_end_of_the_grid_and_the_schedules_not_tried():
+    """plan.md: an end of the grid that wins is reported as such; DenseNMT's and layer-wise coordination's
+    papers train with schedules of another kind, which the report says beside their rows."""
+    nll = {"0.0005": 3.0, "0.001": 2.6, "0.002": 2.5}
+    rates = {"seed": 1, "validation_nll": dict.fromkeys(("transformer", "mlrf", "layerwise_coordination"), nll),
+             "chosen": {"transformer": 2e-3, "mlrf": 1e-3, "layerwise_coordination": 5e-4}}
+    lines = report.reviewed_sections({"reviewed": {"learning_rates": rates}, "settings": {"learning_rates": [
+        5e-4, 1e-3, 2e-3]}})
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and "lr 0.0005" not in line}
+    assert rows["transformer"].endswith("| 2.500 | 0.002 (an end of the grid) | – |")
+    assert rows["mlrf"].endswith("| 2.500 | 0.001 | – |")
+    assert rows["layerwise_coordination"].endswith(
+        "| 0.0005 (an end of the grid) | its paper's inverse square root after 4,000 warm-up updates: not tried |")
+
+
 def test_the_averaged_checkpoints_are_the_last_intervals_up_to_the_budget_and_none_may_be_missing():
     every_250 = {u: f"checkpoint_1_{u}.pt" for u in range(250, 4501, 250)}
     assert comparison.averaged_updates(every_250, 4000, 250) == [3000, 3250, 3500, 3750, 4000]
