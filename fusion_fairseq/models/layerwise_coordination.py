@@ -218,17 +218,7 @@ class LayerwiseCoordinationModel(FlagsOfConfig, FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         args = as_namespace(args)
         layerwise_coordination(args)
-        check_values(args, LayerwiseCoordinationConfig)  # values read from a checkpoint or --model-overrides
-        if task.source_dictionary != task.target_dictionary:
-            raise ConfigurationError(
-                "layer-wise coordination shares one stack and one embedding between source and target, which "
-                "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary")
-        if args.embed_dim % args.attention_heads:
-            raise ConfigurationError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads "
-                                     f"{args.attention_heads}")
-        if args.no_layer_sharing and args.layers < 2:
-            raise ConfigurationError(f"--no-layer-sharing gives the source --layers - 1 layers of its own, so it needs "
-                                     f"--layers 2 or more; --layers is {args.layers}")
+        check_coordination_args(args, task)
         dictionary = task.source_dictionary
         embedding = CoordinationEmbedding(
             Embedding(len(dictionary), args.embed_dim, dictionary.pad()), args.dropout,
@@ -240,6 +230,22 @@ class LayerwiseCoordinationModel(FlagsOfConfig, FairseqEncoderDecoderModel):
         final_layer_norm = nn.LayerNorm(args.embed_dim) if args.normalize_before else None
         decoder = CoordinationDecoder(dictionary, embedding, target_layers, final_layer_norm, args.max_target_positions)
         return cls(encoder, decoder)
+
+
+def check_coordination_args(args, task) -> None:
+    """Raise ``ConfigurationError`` naming the flag, the value and what is allowed: every value (also one read
+    from a checkpoint or ``--model-overrides``), then what the shared stack needs."""
+    check_values(args, LayerwiseCoordinationConfig)
+    if task.source_dictionary != task.target_dictionary:
+        raise ConfigurationError(
+            "layer-wise coordination shares one stack and one embedding between source and target, which "
+            "requires a joined dictionary: binarise with fairseq-preprocess --joined-dictionary")
+    if args.embed_dim % args.attention_heads:
+        raise ConfigurationError(f"--embed-dim {args.embed_dim} is not divisible by --attention-heads "
+                                 f"{args.attention_heads}")
+    if args.no_layer_sharing and args.layers < 2:
+        raise ConfigurationError(f"--no-layer-sharing gives the source --layers - 1 layers of its own, so it needs "
+                                 f"--layers 2 or more; --layers is {args.layers}")
 
 
 def build_layers(args, count: int) -> nn.ModuleList:
