@@ -331,6 +331,22 @@ def test_bad_flags_are_argparse_errors(capsys, arch, flags, message):
     assert message in cli_error(capsys, arch, *flags)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--growth-dim", "6", "--encoder-attention-heads", "4"], "--growth-dim 6 must be divisible by "
+                                                              "--encoder-attention-heads 4"),
+    (["--no-dense-decoder", "--decoder-embed-dim", "18", "--decoder-attention-heads", "4"],
+     "--decoder-embed-dim 18 must be divisible by --decoder-attention-heads 4"),
+    (["--share-decoder-input-output-embed", "--decoder-output-dim", "12"],
+     "--share-decoder-input-output-embed needs --decoder-output-dim 12 to equal the target embedding width 16"),
+    (["--share-all-embeddings", "--decoder-output-dim", "12"],
+     "--share-all-embeddings needs --decoder-output-dim 12 to equal the target embedding width 16"),
+])
+def test_the_dense_transformer_refuses_widths_its_attention_or_tied_output_cannot_take(flags, message):
+    with pytest.raises(ValueError, match=message):
+        build_model("dense_transformer_iwslt_de_en", *TINY_TRANSFORMER, *flags, src_vocab=30, tgt_vocab=30,
+                    joined=True)
+
+
 @pytest.mark.parametrize("arch", list(TINY))
 def test_bad_values_are_clear_errors(arch):
     with pytest.raises(ValueError, match=r"--embed-bottleneck-dim 32 is wider than --encoder-embed-dim 16"):

@@ -253,23 +253,31 @@ class DenseTransformerModel(FlagsOfConfig, TransformerModel):
                           ("encoder_layers_to_keep", "decoder_layers_to_keep", "encoder_layerdrop", "decoder_layerdrop"),
                           softmax_dim="decoder_output_dim")
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
-        for side in ("encoder", "decoder"):
-            heads = getattr(args, f"{side}_attention_heads")
-            dense = not getattr(args, f"no_dense_{side}")
-            width = args.growth_dim if dense else getattr(args, f"{side}_embed_dim")
-            if width % heads:
-                flag = "--growth-dim" if dense else f"--{side}-embed-dim"
-                raise ConfigurationError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
-        src_width = args.embed_bottleneck_dim or args.encoder_embed_dim
-        tgt_width = args.embed_bottleneck_dim or args.decoder_embed_dim
-        encoder_embed, decoder_embed = build_token_embeddings(cls, args, task, src_width, tgt_width)
-        if args.share_decoder_input_output_embed and args.decoder_output_dim != tgt_width:
-            raise ConfigurationError(
-                f"--share-decoder-input-output-embed needs --decoder-output-dim {args.decoder_output_dim} to equal "
-                f"the target embedding width {tgt_width}")
+        check_dense_transformer_widths(args)
+        encoder_embed, decoder_embed = build_token_embeddings(
+            cls, args, task, args.embed_bottleneck_dim or args.encoder_embed_dim,
+            args.embed_bottleneck_dim or args.decoder_embed_dim)
         encoder = DenseTransformerEncoder(args, task.source_dictionary, encoder_embed)
         decoder = DenseTransformerDecoder(args, task.target_dictionary, decoder_embed, encoder.num_sources)
         return cls(args, encoder, decoder)
+
+
+def check_dense_transformer_widths(args) -> None:
+    """What the attention of each side and a tied output projection need of the widths (``dense_args`` checks
+    the rest): a ``ConfigurationError`` naming the flags and values."""
+    for side in ("encoder", "decoder"):
+        heads = getattr(args, f"{side}_attention_heads")
+        dense = not getattr(args, f"no_dense_{side}")
+        width = args.growth_dim if dense else getattr(args, f"{side}_embed_dim")
+        if width % heads:
+            flag = "--growth-dim" if dense else f"--{side}-embed-dim"
+            raise ConfigurationError(f"{flag} {width} must be divisible by --{side}-attention-heads {heads}")
+    tied = ("--share-all-embeddings" if args.share_all_embeddings else "--share-decoder-input-output-embed"
+            if args.share_decoder_input_output_embed else None)
+    target_width = args.embed_bottleneck_dim or args.decoder_embed_dim
+    if tied and args.decoder_output_dim != target_width:
+        raise ConfigurationError(f"{tied} needs --decoder-output-dim {args.decoder_output_dim} to equal the target "
+                                 f"embedding width {target_width}")
 
 
 @register_model_architecture("dense_transformer", "dense_transformer")
