@@ -34,7 +34,7 @@ at build time; the former cannot be set for this model).
 from typing import Dict, Optional
 
 from torch import Tensor
-from fairseq.modules import LayerNorm
+from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -58,10 +58,14 @@ class MultiwaySublayers:
                         and query_norm is not None:
                     state_dict[f"{prefix}{name}.{tensor}"] = query_norm.clone()
 
-    def build_self_attention(self, embed_dim, cfg, **kwargs):
-        attention = super().build_self_attention(embed_dim, cfg, **kwargs)
-        attention.self_attention = False  # keys and values come from their own ways, not from the query
-        return attention
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        """fairseq's self-attention, with its arguments, built as a general attention: keys and values come
+        from their own ways, not from the query."""
+        side = cfg.decoder if isinstance(self, TransformerDecoderLayerBase) else cfg.encoder
+        return MultiheadAttention(
+            embed_dim, side.attention_heads, dropout=cfg.attention_dropout, add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn, self_attention=False, q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size, xformers_att_config=side.xformers_att_config)
 
     def attend_ways(self, ways: Tensor, **attention) -> Tensor:
         """Eq. 7's first line: X_A from the ways ``T x B x 4 x C``."""
