@@ -737,16 +737,13 @@ class Experiment:
     def baselines(self) -> Set[str]:
         """The Transformer's runs at its chosen rate, at the budget and the longer one: the baselines of the
         comparisons, compared with nothing themselves."""
-        chosen = self.chosen_rates().get("transformer")
-        if chosen is None:
-            return set()
-        at_chosen_rate = at_learning_rate(METHODS["transformer"], chosen, self.settings.lr)
-        return {at_chosen_rate.name, at_budget(at_chosen_rate, self.settings.longer_budget).name}
+        chosen = self.main_variant(METHODS["transformer"])
+        return set() if chosen is None else {chosen.name, at_budget(chosen, self.settings.longer_budget).name}
 
     def rates_not_chosen(self) -> Set[str]:
         """The grid's runs at a rate other than their configuration's chosen one (seed 1 only)."""
         chosen = self.chosen_rates()
-        return {at_learning_rate(m, lr, self.settings.lr).name for m in self.methods if m.name in chosen
+        return {self.variant(m, lr).name for m in self.methods if m.name in chosen
                 for lr in self.settings.learning_rates if lr != chosen[m.name]}
 
     def main_variant(self, method: Method) -> Optional[Method]:
