@@ -17,7 +17,6 @@ import math
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -632,10 +631,6 @@ REVIEWED_ROUNDS = (("transformer", "transformer_wide", "deeprep", "surface_fusio
 REVIEWED_METHODS = tuple(name for names in REVIEWED_ROUNDS for name in names)
 #: compared besides every configuration against the Transformer: (configuration, its other baseline)
 REVIEWED_EXTRA_COMPARISONS = (("deeprep", "transformer_wide"),)
-#: plan.md, "Runs that count": the 6+6 comparison's runs at 1e-3 whose configuration computes the same function
-#: now (tests/test_golden_outputs.py) and that trained on the round's CPU kind, {method: seeds}
-REVIEWED_REUSED = {"transformer": (1, 2, 3), "layerwise_coordination": (1, 2), "dense_transformer": (1, 2),
-                   "denseformer": (1, 2, 3), "mlrf": (2,), "deeprep": (2, 3), "surface_fusion": (2,), "fgla": (2, 3)}
 REVIEWED_CPU_KIND = "AMD EPYC"
 REVIEWED_SEEDS = (1, 2, 3, 4, 5, 6)
 
@@ -978,47 +973,6 @@ class Experiment:
             return {}
 
 
-
-def reuse_runs(source: str, out: str, runs: Dict[str, Sequence[int]], cpu_kind: str) -> List[str]:
-    """Copy the scored runs ``runs`` ({method: seeds}) of an exported comparison (``source``/runs/METHOD/seedS:
-    done.json, run.log, the test translations; regular files only, no link followed) into ``out``, the paths
-    their done.json records moved from their old output folder to ``out``. A run already in ``out`` stays as
-    it is; one that is missing, or trained or scored on another CPU kind, is refused. Returns the runs copied."""
-    copied = []
-    for method, seeds in runs.items():
-        for seed in seeds:
-            source_dir, dest = run_dir(source, method, seed), run_dir(out, method, seed)
-            if os.path.lexists(dest):
-                continue
-            done = finished_run(source_dir)
-            if done is None or os.path.islink(source_dir):
-                raise ComparisonError(f"--reuse {source}: no scored run {method} seed {seed} there")
-            kinds = [device for device in done.get("devices", []) if not device.startswith(f"CPU {cpu_kind}")]
-            if kinds:
-                raise ComparisonError(f"--reuse {source}: {method} seed {seed} ran on {kinds[0]}, not on the round's "
-                                      f"CPU kind {cpu_kind}")
-            suffix = os.path.join("runs", method, f"seed{seed}")
-            old_out = done["scores"]["average"][TEST_SETS[0]]["hyp_detok"].split(os.sep + suffix + os.sep)[0]
-            copy_regular_files(source_dir, dest + ".partial")
-            moved = json.loads(json.dumps(done).replace(json.dumps(old_out + os.sep)[1:-1], json.dumps(out + os.sep)[1:-1]))
-            _write_json(os.path.join(dest + ".partial", "done.json"), moved)
-            os.replace(dest + ".partial", dest)
-            copied.append(f"{method} seed {seed}")
-    return copied
-
-
-def copy_regular_files(source: str, dest: str) -> None:
-    """The regular files and folders under ``source`` into a new ``dest``; links are neither followed nor copied."""
-    shutil.rmtree(dest, ignore_errors=True)  # a copy interrupted before: it was never renamed into place
-    for root, folders, files in os.walk(source):  # os.walk follows no link by default
-        target = os.path.join(dest, os.path.relpath(root, source))
-        os.makedirs(target, exist_ok=True)
-        for name in files:
-            path = os.path.join(root, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                copy_file(path, os.path.join(target, name))
-
-
 def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="compare_methods.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -1052,8 +1006,6 @@ def parse_settings(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g.add_argument("--longer-budget", type=positive_int, help="the updates of stage 3, twice --max-update when not given")
     g.add_argument("--longer-seeds", type=int, nargs="+", help="the seeds of stage 3, the first three --seeds "
                    "when not given")
-    g.add_argument("--reuse", help="an exported comparison folder (runs/METHOD/seedS) whose runs of plan.md's 'Runs "
-                   "that count' are copied into --out before anything trains")
     g.add_argument("--cpu-kind", default=REVIEWED_CPU_KIND, help="train and score only on a CPU whose name starts "
                    "so ('' for any)")
     g.add_argument("--warmup", type=positive_int, default=250, help="warm-up updates")
@@ -1101,9 +1053,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     claim_out_dir(settings.out, OUT_NAMES, "fusion-fairseq compare_methods.py", settings.force, "compare_methods.py",
                   ComparisonError)
     data_bin = prepare_data(settings)
-    if settings.reuse:
-        for run in reuse_runs(os.path.abspath(settings.reuse), settings.out, REVIEWED_REUSED, settings.cpu_kind):
-            log(f"{run}: reused from {settings.reuse}")
     experiment = Experiment(settings, methods, data_bin, corpus.read_recipe_env(data_bin))
     done = [run for run in experiment.runs() if finished_run(experiment.rdir(*run))]
     for name, seed in done:

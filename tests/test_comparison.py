@@ -1049,27 +1049,6 @@ def test_the_reviewed_round_trains_on_its_cpu_kind_only(tmp_path, monkeypatch):
         experiment.start("transformer", 1, "train", 3000)
 
 
-def test_reused_runs_are_copied_with_their_paths_moved_and_only_from_the_rounds_cpu_kind(tmp_path):
-    """The exported 6+6 runs that count enter the new folder as scored runs whose recorded translations and
-    references are the new folder's; a run of another CPU kind, or one not exported, is refused."""
-    source = os.path.join(REPO_ROOT, "examples", "comparison", "deep")
-    out = str(tmp_path / "out")
-    copied = comparison.reuse_runs(source, out, {"transformer": (1,), "dense_transformer": (2,)}, "AMD EPYC")
-    assert copied == ["transformer seed 1", "dense_transformer seed 2"]
-    done = comparison.finished_run(comparison.run_dir(out, "transformer", 1))
-    found = done["scores"]["average"]["test_2016_flickr"]
-    assert found["hyp_detok"] == os.path.join(out, "runs", "transformer", "seed1", "eval-beam5", "average",
-                                              "test_2016_flickr", "hyp.detok")
-    assert os.path.isfile(found["hyp_detok"]) and found["raw_ref"] == os.path.join(out, "test-sets", "test_2016_flickr",
-                                                                                     "raw.en")
-    assert comparison.learning_curve(os.path.join(out, "runs", "transformer", "seed1", "run.log"))[3000] == 2.637
-    assert comparison.reuse_runs(source, out, {"transformer": (1,)}, "AMD EPYC") == []  # already there: kept
-    with pytest.raises(comparison.ComparisonError, match="mlrf seed 1 ran on CPU Intel"):
-        comparison.reuse_runs(source, out, {"mlrf": (1,)}, "AMD EPYC")
-    with pytest.raises(comparison.ComparisonError, match="no scored run transformer seed 9"):
-        comparison.reuse_runs(source, out, {"transformer": (9,)}, "AMD EPYC")
-
-
 @pytest.mark.parametrize("flags,message", [
     (["--seeds", "1"], "--seeds 1: at least 2 distinct seeds (the paired analysis needs the spread between seeds)"),
     (["--seeds", "1", "1", "2"], "--seeds 1 1 2: at least 2 distinct seeds"),

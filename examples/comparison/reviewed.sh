@@ -22,6 +22,7 @@ set -euo pipefail
 NAME=reviewed
 PIN=d01d8aee055696f3fa48457850339f8b41cc3c9a  # the commit every step runs
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# --reuse: the runner at PIN copies the 6+6 runs that count (plan.md, "Runs that count") before any run trains
 COMPARISON_ARGS=(--reviewed --max-update 3000 --eval-every 250 --jobs 2 --threads 1 --planned-cpu-hours 290
                  --reuse "$HERE/deep")
 STARTED_FROM_TRANSFORMER=()
