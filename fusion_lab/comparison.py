@@ -723,12 +723,6 @@ class Experiment:
     def longer_methods(self) -> List[str]:
         return (_read_json(os.path.join(self.out, "longer_budget.json")) or {}).get("methods", [])
 
-    def transformer_row(self, rows: List[dict]) -> Optional[dict]:
-        """The Transformer's row at its chosen rate, whose runs the budget check reads (None before the grid chose
-        it; its row at the reference rate holds the grid's seed-1 run, not the runs compared)."""
-        chosen = self.main_variant(METHODS["transformer"])
-        return next((row for row in rows if chosen is not None and row["method"] == chosen.name), None)
-
     def baselines(self) -> Set[str]:
         """The Transformer's runs at its chosen rate, at the budget and the longer one: the baselines of the
         comparisons, compared with nothing themselves."""
@@ -948,7 +942,6 @@ class Experiment:
                          "common_flags": common_train_flags(settings, "SRC", "TGT"),
                          "default_criterion": list(DEFAULT_CRITERION)},
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"), "methods": rows,
-            "budget_check": report.budget_check(self.transformer_row(rows), settings.max_update),
             # the runs' torch threads are known only where --threads gave them (else torch takes every core)
             "cpu_hours": {"planned": settings.planned_cpu_hours,
                           "actual": round(seconds * settings.threads / 3600, 1) if settings.threads else None},

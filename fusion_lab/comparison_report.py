@@ -1,4 +1,4 @@
-"""The comparison's scores and report: sacreBLEU's paired bootstrap, the budget check, ``results.md`` and
+"""The comparison's scores and report: sacreBLEU's paired bootstrap, ``results.md`` and
 ``learning_curves.png`` from the results :mod:`fusion_lab.comparison` collects (the verdicts are
 :mod:`fusion_lab.seed_analysis`'s).
 Every score comes from sacreBLEU's public interface (``corpus_score``, ``sentence_score``, ``compute_bleu``,
@@ -73,34 +73,6 @@ def concatenated_bleu(scores: Dict[str, dict], lowercase: bool) -> dict:
             "length_ratio": round(score.sys_len / score.ref_len, 3)}
 
 
-#: With a fixed budget, the check after training that it was enough; the report says whether it held.
-CHECK_DELTA = 0.02
-CHECK_WINDOW = 500
-CHECK_WINDOWS = 3
-CHECK_RULE = (f"for every seed of the Transformer, the validation NLL changes by less than {CHECK_DELTA} bits over "
-              f"each of the last {CHECK_WINDOWS} windows of {CHECK_WINDOW} updates before the budget")
-
-
-def budget_check(baseline_row: Optional[dict], budget) -> Optional[dict]:
-    """:data:`CHECK_RULE` on the Transformer's runs that reached ``budget`` (None: none did, or the budget
-    does not hold the windows)."""
-    if baseline_row is None or budget <= CHECK_WINDOWS * CHECK_WINDOW:
-        return None
-    ends = [budget - k * CHECK_WINDOW for k in range(CHECK_WINDOWS, -1, -1)]
-    seeds = {}
-    for run in baseline_row["runs"]:
-        curve = {int(u): v for u, v in run["curve"].items()}
-        missing = [str(u) for u in ends if u not in curve]
-        if budget in curve and missing:
-            seeds[str(run["seed"])] = {"error": f"no validation at update(s) {', '.join(missing)}"}
-        elif budget in curve:
-            changes = [round(curve[b] - curve[a], 4) for a, b in zip(ends, ends[1:])]
-            seeds[str(run["seed"])] = {"nll": [curve[u] for u in ends], "changes": changes,
-                                       "passed": all(abs(c) < CHECK_DELTA for c in changes)}
-    return {"rule": CHECK_RULE, "updates": ends, "seeds": seeds,
-            "passed": all(found.get("passed", False) for found in seeds.values())} if seeds else None
-
-
 def summarise(values: Sequence[float]) -> Optional[dict]:
     values = [float(v) for v in values]
     return {"n": len(values), "mean": round(statistics.fmean(values), 2), "min": min(values), "max": max(values),
@@ -137,7 +109,7 @@ def _table(title: str, intro: str, columns: Sequence[str], rows: List[List[str]]
 
 def markdown(results: dict) -> str:
     return "\n".join([*header(results), *reviewed_sections(results), *summary_table(results),
-                      *test_set_table(results["methods"]), *runs_table(results), *checks(results),
+                      *test_set_table(results["methods"]), *runs_table(results), *cost(results),
                       *methods_table(results["methods"]), "", "![validation NLL against updates](learning_curves.png)",
                       ""])
 
@@ -256,20 +228,13 @@ def runs_table(results: dict) -> List[str]:
                    for r in results["methods"] for run in r["runs"]])
 
 
-def checks(results: dict) -> List[str]:
-    check, hours = results["budget_check"], results["cpu_hours"]
-    lines = ["", "## Budget check", "", f"Rule ({CHECK_RULE}): " + (
-        "not checked (no Transformer run has reached the budget, or the budget is shorter than the windows)."
-        if not check else
-        ("**held**" if check["passed"] else "**did not hold**") + f" (validation NLL at updates "
-        f"{', '.join(map(str, check['updates']))}: " + "; ".join(
-            f"seed {seed}: " + (found.get("error") or " → ".join(f"{v:.3f}" for v in found["nll"]))
-            for seed, found in check["seeds"].items()) + ").")]
+def cost(results: dict) -> List[str]:
+    hours = results["cpu_hours"]
     actual = (f"{hours['actual']} (training and test decoding summed over the runs, times the threads per run)"
               if hours["actual"] is not None
               else "not counted (--threads not given: the runs' torch threads are unknown)")
-    return lines + ["", f"CPU-hours: planned {hours['planned'] if hours['planned'] is not None else '–'}; actual so "
-                    f"far {actual}."]
+    return ["", f"CPU-hours: planned {hours['planned'] if hours['planned'] is not None else '–'}; actual so "
+            f"far {actual}."]
 
 
 def methods_table(rows: List[dict]) -> List[str]:

@@ -612,19 +612,6 @@ def test_a_missing_raw_is_refused_before_any_work(tmp_path):
         main(["--out", str(tmp_path / "out"), "--max-update", "4", "--eval-every", "2"])
 
 
-def test_the_budget_check_looks_at_every_seed_of_the_transformer(monkeypatch):
-    monkeypatch.setattr(report, "CHECK_WINDOW", 500)
-    monkeypatch.setattr(report, "CHECK_WINDOWS", 2)
-    flat = {"2000": 2.6, "2500": 2.59, "3000": 2.585}
-    row = {"runs": [{"seed": 1, "curve": flat}, {"seed": 2, "curve": dict(flat)}, {"seed": 3, "curve": {"500": 5.0}}]}
-    check = report.budget_check(row, 3000)
-    assert check["passed"] and check["updates"] == [2000, 2500, 3000] and set(check["seeds"]) == {"1", "2"}
-    row["runs"][1]["curve"] = {"2000": 2.7, "2500": 2.6, "3000": 2.585}  # the second seed still improves
-    check = report.budget_check(row, 3000)
-    assert not check["passed"] and check["seeds"]["2"]["changes"] == [-0.1, -0.015]
-    assert report.budget_check(row, 1000) is None  # the budget does not hold the windows
-
-
 def _train_losses(log_path):
     losses = {}
     with open(log_path, encoding="utf-8") as f:
@@ -1164,16 +1151,6 @@ def test_a_rule_that_cannot_decide_stops_the_runner_in_one_line():
                                 "no learning rate can be chosen")
 
 
-def test_the_budget_check_reads_the_transformer_at_its_chosen_rate():
-    """It read the row at the reference rate 1e-3, the grid's single seed-1 run, where 2e-3 was chosen."""
-    from types import SimpleNamespace
-
-    rows = [{"method": "transformer"}, {"method": "transformer@lr0.002"}, {"method": "transformer@lr0.0005"}]
-    chosen = SimpleNamespace(main_variant=lambda method: comparison.at_learning_rate(method, 2e-3, 1e-3))
-    assert comparison.Experiment.transformer_row(chosen, rows) is rows[1]
-    assert comparison.Experiment.transformer_row(SimpleNamespace(main_variant=lambda method: None), rows) is None
-
-
 @pytest.mark.parametrize("hours, text", [
     ({"planned": 290, "actual": 55.8}, "CPU-hours: planned 290; actual so far 55.8 (training and test decoding summed"),
     ({"planned": None, "actual": None}, "CPU-hours: planned –; actual so far not counted (--threads not given: the "
@@ -1181,4 +1158,4 @@ def test_the_budget_check_reads_the_transformer_at_its_chosen_rate():
 ])
 def test_cpu_hours_are_counted_only_where_the_threads_are_known(hours, text):
     """Without --threads, torch trains on every core: the seconds times 1 were reported as CPU-hours."""
-    assert report.checks({"budget_check": None, "cpu_hours": hours})[-1].startswith(text)
+    assert report.cost({"cpu_hours": hours})[-1].startswith(text)
