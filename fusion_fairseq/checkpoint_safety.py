@@ -308,11 +308,13 @@ def architecture(model_config):
 
 
 def structural_flags(model_config):
-    """The fields a plugin architecture's dataclass lists as ``structural_fields``; none for fairseq's."""
+    """The fields a plugin architecture's dataclass marks structural (``config_fields.flag``); none for fairseq's."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_DATACLASS_REGISTRY
 
+    from .config_fields import structural_fields
+
     config = MODEL_DATACLASS_REGISTRY.get(ARCH_MODEL_NAME_REGISTRY.get(architecture(model_config)))
-    return getattr(config, "structural_fields", ())
+    return structural_fields(config) if config is not None else ()
 
 
 # fairseq's own flags that fix the function a trained model computes, for every architecture

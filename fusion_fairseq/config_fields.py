@@ -1,5 +1,6 @@
 """How the plugin's models use fairseq's configuration. Each model's flags are the fields of one
-``FairseqDataclass`` carrying fairseq's metadata only (``help``; choices as ``ChoiceEnum``), and each
+``FairseqDataclass``, each option one field carrying fairseq's metadata (``help``; choices as ``ChoiceEnum``)
+and what a type cannot say (:func:`flag`: the values it accepts, whether a checkpoint fixes it), and each
 model has one validation function, called by ``build_model``, that checks the values and the
 combinations and names idle flags (defaults that depend on other flags are filled by the model's base
 architecture, as fairseq's own are). This module holds the vocabulary that function speaks: what a flag
@@ -65,9 +66,16 @@ SWITCH = Values("is a switch: True or False", lambda value: isinstance(value, bo
 PROBABILITY = real(0.0, 1.0)
 
 
-def flag(default, help: str):
-    """A field of a model's configuration: its default and its help, fairseq's metadata."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def flag(default, help: str, values: Optional[Values] = None, structural: bool = False):
+    """A field of a model's configuration: its default and its help, fairseq's metadata, and where a type
+    cannot say it (e.g. "positive"), what it accepts; ``structural``: a checkpoint fixes it (the parameters or
+    what the model computes with them change), so checkpoint_safety refuses it as an override."""
+    metadata = {"help": help, **({"values": values} if values is not None else {})}
+    return dataclasses.field(default=default, metadata={**metadata, **({"structural": True} if structural else {})})
+
+
+def structural_fields(config) -> tuple:
+    return tuple(field.name for field in dataclasses.fields(config) if field.metadata.get("structural"))
 
 
 def flag_of(name: str) -> str:
@@ -97,15 +105,14 @@ def choices_of(field: dataclasses.Field) -> Optional[tuple]:
 
 
 def field_values(config) -> Dict[str, Values]:
-    """{field: what it accepts} of ``config``, in field order: the plugin's own fields typed by fairseq's
-    ``ChoiceEnum`` or ``bool``, and ``flag_values`` (a class variable of the plugin's configurations, since a
-    type cannot say "positive"; fairseq's dropouts among them)."""
-    ranges, own = getattr(config, "flag_values", {}), {field.name for field in own_fields(config)}
+    """{field: what it accepts} of ``config``, in field order: its ``values`` (:func:`flag`; fairseq's
+    dropouts among them), else the plugin's own fields typed by fairseq's ``ChoiceEnum`` or ``bool``."""
+    own = {field.name for field in own_fields(config)}
     values = {}
     for field in dataclasses.fields(config):
         options = choices_of(field)
-        if field.name in ranges:
-            values[field.name] = ranges[field.name]
+        if "values" in field.metadata:
+            values[field.name] = field.metadata["values"]
         elif field.name in own and options is not None:
             values[field.name] = choice(options)
         elif field.name in own and field.type is bool:
@@ -115,17 +122,17 @@ def field_values(config) -> Dict[str, Values]:
 
 class FlagsOfConfig:
     """A model mixin: ``add_args`` adds the base model's flags, then its registered dataclass's, as
-    fairseq does, without defaults (the architecture fills what the user leaves unset); a flag of
-    ``flag_values`` has its text checked as it is parsed, naming the flag."""
+    fairseq does, without defaults (the architecture fills what the user leaves unset); an own flag with
+    ``values`` has its text checked as it is parsed, naming the flag."""
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         config = getattr(cls, "__dataclass")  # set by fairseq's register_model
         gen_parser_from_dataclass(parser, config(), delete_default=True)
-        ranges, own = getattr(config, "flag_values", {}), {field.name for field in own_fields(config)}
+        ranges = {field.name: field.metadata["values"] for field in own_fields(config) if "values" in field.metadata}
         for action in parser._actions:  # fairseq's own flags keep fairseq's parsing
-            if action.dest in own and action.dest in ranges:
+            if action.dest in ranges:
                 action.type = argparse_type(ranges[action.dest], flag_of(action.dest))
 
 

@@ -1,5 +1,5 @@
-"""A flag is one field of its model's fairseq dataclass (help, ChoiceEnum choices); the range of values it
-accepts, its structural mark and its idle-flag rule are the model's, read by one validation function."""
+"""A flag is one field of its model's fairseq dataclass (help, ChoiceEnum choices, and in its metadata the range
+of values it accepts and its structural mark); its idle-flag rule is the model's, read by one validation function."""
 
 import argparse
 import dataclasses
@@ -21,7 +21,8 @@ import fusion_fairseq.models  # noqa: F401  (registers the plugin)
 from fusion_fairseq.checkpoint_safety import structural_flags
 from fusion_fairseq.errors import ConfigurationError
 from fusion_fairseq.config_fields import (
-    POSITIVE_INT, PROBABILITY, FlagsOfConfig, argparse_type, check_values, fill_defaults, own_fields, warn_idle_flags,
+    POSITIVE_INT, PROBABILITY, FlagsOfConfig, argparse_type, check_values, field_values, fill_defaults, flag, own_fields,
+    structural_fields, warn_idle_flags,
 )
 from fusion_lab.common import positive_int
 from conftest import USER_DIR
@@ -33,17 +34,15 @@ PLUGIN_MODELS = ["fusion_transformer", "dense_transformer", "dense_fconv", "laye
 @dataclass
 class FairseqsFlags(FairseqDataclass):
     fairseqs_flags = True
-    dropout: float = field(default=0.1, metadata={"help": "dropout"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout", "values": PROBABILITY})
 
 
 @dataclass
 class ToyConfig(FairseqsFlags):
     kind: ChoiceEnum(("narrow", "wide")) = field(default="narrow", metadata={"help": "the kind"})
-    width: Optional[int] = field(default=None, metadata={"help": "the width"})
-    gate: bool = field(default=False, metadata={"help": "a switch"})
-    layer: Optional[int] = field(default=None, metadata={"help": "an optional layer"})
-
-    flag_values = {"dropout": PROBABILITY, "width": POSITIVE_INT, "layer": POSITIVE_INT}
+    width: Optional[int] = flag(None, "the width", values=POSITIVE_INT, structural=True)
+    gate: bool = flag(False, "a switch")
+    layer: Optional[int] = flag(None, "an optional layer", values=POSITIVE_INT)
 
 
 class FairseqsModel:
@@ -158,10 +157,34 @@ def test_every_own_field_of_a_model_is_a_flag_with_help(model):
             assert options[item.name].option_strings == ["--" + item.name.replace("_", "-")]
 
 
+DENSE_STRUCTURAL = {"growth_dim", "summary_every", "dense_attention", "embed_bottleneck_dim", "no_dense_encoder",
+                    "no_dense_decoder"}
+STRUCTURAL = {
+    "fusion_transformer": {
+        "fuse_encoder", "fuse_decoder", "fusion_hops", "fusion_attn_dim", "fusion_ffn_dim", "fusion_independent_w1",
+        "fusion_no_embedding_layer", "fusion_no_layer_embedding", "fusion_no_layernorm", "aggregate_encoder",
+        "aggregate_decoder", "dense_connection", "aggregation_fn", "aggregation_residual", "multi_layer_attention",
+        "layer_attention", "surface_fusion", "surface_fusion_variant", "denseformer_encoder", "denseformer_decoder",
+        "denseformer_dilation", "denseformer_period", "mudd_encoder", "mudd_decoder", "mudd_variant",
+        "hyper_connections_encoder", "hyper_connections_decoder", "hyper_connections_rate"},
+    "dense_transformer": DENSE_STRUCTURAL,
+    "dense_fconv": DENSE_STRUCTURAL | {"summary_layer", "residual_dim"},
+    "layerwise_coordination": {
+        "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "no_scale_embedding",
+        "no_layer_sharing", "no_mixed_attention", "no_language_embedding", "no_position_embedding"},
+}
+
+
+def test_a_fields_metadata_says_what_it_accepts_and_whether_a_checkpoint_fixes_it():
+    assert structural_fields(ToyConfig) == ("width",)
+    assert list(field_values(ToyConfig)) == ["dropout", "kind", "width", "gate", "layer"]
+
+
 @pytest.mark.parametrize("model", PLUGIN_MODELS)
 def test_checkpoint_safety_reads_the_structural_fields_of_the_config(model):
+    """The flags that change the parameters, or what the model computes with them."""
     args = parse_model_args(model)
-    assert structural_flags(vars(args)) == MODEL_DATACLASS_REGISTRY[model].structural_fields
+    assert set(structural_flags(vars(args))) == STRUCTURAL[model]
     assert "fuse_encoder" in structural_flags({"arch": "mlrf_iwslt_de_en"})
     assert structural_flags({"arch": "transformer"}) == ()  # fairseq's own model
 

@@ -59,25 +59,22 @@ SUMMARY_INTERVAL = Values(
 class DenseConfig(FairseqDataclass):
     """DenseNMT's flags (Shen et al. 2018), common to its ConvS2S and Transformer models."""
 
-    dropout: float = flag(0.1, "dropout probability")
+    dropout: float = flag(0.1, "dropout probability", values=PROBABILITY)
     growth_dim: Optional[int] = flag(
         None, "hidden size of every layer: the new features each dense layer adds (Eq. 6/7), the width of a residual "
-        "side unless --residual-dim is set (default: the per-layer sizes of the architecture)")
+        "side unless --residual-dim is set (default: the per-layer sizes of the architecture)",
+        values=POSITIVE_INT, structural=True)
     summary_every: int = flag(
         0, "Sec. 3.3 sumlen: one summary layer (projection back to the embedding size) after every SUMLEN-1 layers "
-        "of a dense side; 0 = none (paper: 5 or 6 for deep models)")
+        "of a dense side; 0 = none (paper: 5 or 6 for deep models)", values=SUMMARY_INTERVAL, structural=True)
     dense_attention: ChoiceEnum(DENSE_ATTENTION_KINDS) = flag(
-        "2", "none: multi-step attention over the top encoder layer; 1: DenseAtt-1 (Eq. 9); 2: DenseAtt-2 (Eq. 10)")
+        "2", "none: multi-step attention over the top encoder layer; 1: DenseAtt-1 (Eq. 9); 2: DenseAtt-2 (Eq. 10)",
+        structural=True)
     embed_bottleneck_dim: Optional[int] = flag(
         None, "Sec. 4.2: source/target embeddings and softmax matrix of width E, projected back to the embedding "
-        "size (must not exceed it)")
-    no_dense_encoder: bool = flag(False, "ablation (Table 2): residual encoder")
-    no_dense_decoder: bool = flag(False, "ablation (Table 2): residual decoder")
-
-    flag_values = {"dropout": PROBABILITY, "growth_dim": POSITIVE_INT, "embed_bottleneck_dim": POSITIVE_INT,
-                   "summary_every": SUMMARY_INTERVAL}
-    structural_fields = ("growth_dim", "summary_every", "dense_attention", "embed_bottleneck_dim", "no_dense_encoder",
-                         "no_dense_decoder")
+        "size (must not exceed it)", values=POSITIVE_INT, structural=True)
+    no_dense_encoder: bool = flag(False, "ablation (Table 2): residual encoder", structural=True)
+    no_dense_decoder: bool = flag(False, "ablation (Table 2): residual decoder", structural=True)
 
 
 @dataclass
@@ -99,15 +96,13 @@ class DenseFConvConfig(DenseConfig):
 
     summary_layer: ChoiceEnum(("conv", "linear")) = flag(
         "conv", "Sec. 3.3 summary layer: conv = a convolution layer + GLU of the stack's kernel width (default; "
-        "reproduces En-De-15's 20%% fewer parameters than ConvS2S), linear = a position-wise linear projection")
+        "reproduces En-De-15's 20%% fewer parameters than ConvS2S), linear = a position-wise linear projection",
+        structural=True)
     residual_dim: Optional[int] = flag(
         None, "width of every layer of a residual side (--no-dense-encoder/--no-dense-decoder): the residual BASE "
         "model's (Table 2 ablations keep it; default: the IWSLT presets' BASE-4L 256 / BASE-8L 192, else the layer "
-        "sizes)")
+        "sizes)", values=POSITIVE_INT, structural=True)
     decoder_attention: str = flag("True", "decoder attention [True, ...]")
-
-    flag_values = {**DenseConfig.flag_values, "residual_dim": POSITIVE_INT}
-    structural_fields = (*DenseConfig.structural_fields, "summary_layer", "residual_dim")
 
 
 def idle_dense_flags(args) -> dict:

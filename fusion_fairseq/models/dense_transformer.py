@@ -37,7 +37,7 @@ from fusion_fairseq.modules.densenmt_connection import SummaryLayer, build_dense
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from .activation_checkpointing import layer_checkpointing
-from fusion_fairseq.config_fields import PROBABILITY, FlagsOfConfig, fill_defaults, flag, set_defaults
+from fusion_fairseq.config_fields import POSITIVE_INT, FlagsOfConfig, fill_defaults, flag, set_defaults
 
 from .dense_fconv import DenseConfig, dense_args
 from .fusion_config import TransformerFlags
@@ -237,9 +237,8 @@ class DenseTransformerConfig(DenseConfig, TransformerFlags):
     dimension defaults to half the embedding size."""
 
     growth_dim: Optional[int] = flag(
-        None, "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding size")
-
-    flag_values = {**dict.fromkeys(("attention_dropout", "activation_dropout"), PROBABILITY), **DenseConfig.flag_values}
+        None, "hidden size of every dense layer: the new features it adds (Eq. 6/7); default half the embedding size",
+        values=POSITIVE_INT, structural=True)
 
 
 @register_model("dense_transformer", dataclass=DenseTransformerConfig)

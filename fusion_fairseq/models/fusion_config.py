@@ -28,11 +28,16 @@ from fusion_fairseq.config_fields import (
 MIN_SURFACE_FUSION_TAU = 0.01
 
 
+PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop")
+
+
 def transformer_flags() -> list:
     """fairseq's Transformer flags as the flat fields of fairseq's legacy ``TransformerModel``
     (``encoder.embed_dim`` as ``encoder_embed_dim``), for ``dataclasses.make_dataclass``.
     Reading: flat, not a subclass of fairseq's nested ``TransformerConfig``, because the legacy model
-    reads them flat and every checkpoint of the plugin stores them under these names."""
+    reads them flat and every checkpoint of the plugin stores them under these names. fairseq's parser
+    takes any float for the dropouts and layer drops: they are checked as probabilities at build time
+    (a bad --dropout is named as itself, not as the --fusion-dropout it sets)."""
 
     def flat(config, prefix=""):
         for item in dataclasses.fields(config):
@@ -44,7 +49,8 @@ def transformer_flags() -> list:
             default = item.default if item.default_factory is dataclasses.MISSING else item.default_factory()
             if isinstance(default, str):  # ${model.decoder.embed_dim}: the sibling field decoder_embed_dim
                 default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${.\1_\2}", default)
-            yield prefix + item.name, item.type, field(default=default, metadata=item.metadata)
+            metadata = {**item.metadata, **({"values": PROBABILITY} if prefix + item.name in PROBABILITIES else {})}
+            yield prefix + item.name, item.type, field(default=default, metadata=metadata)
 
     return list(flat(TransformerConfig))
 
@@ -53,9 +59,9 @@ TransformerFlags = make_dataclass("TransformerFlags", transformer_flags(), bases
                                   namespace={"fairseqs_flags": True})
 
 
-def sides_help(text: str) -> Dict[str, str]:
-    """fairseq's field metadata of the flags --NAME-encoder and --NAME-decoder: ``text`` with {} the side."""
-    return {side: {"help": text.format(side)} for side in ("encoder", "decoder")}
+def sides_help(text: str) -> Dict[str, dict]:
+    """The field metadata of the structural flags --NAME-encoder and --NAME-decoder: ``text`` with {} the side."""
+    return {side: {"help": text.format(side), "structural": True} for side in ("encoder", "decoder")}
 
 
 FUSE_HELP = sides_help("fuse all {} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
@@ -89,17 +95,23 @@ class FusionTransformerConfig(TransformerFlags):
     # --- MLRF (Wang et al., COLING 2018) ---------------------------------------------------------
     fuse_encoder: ChoiceEnum(FUSION_FUNCTIONS) = field(default="none", metadata=FUSE_HELP["encoder"])
     fuse_decoder: ChoiceEnum(FUSION_FUNCTIONS) = field(default="none", metadata=FUSE_HELP["decoder"])
-    fusion_hops: int = flag(4, "number of attention hops nhop of self-attention fusion (MLRF Eq. 5)")
+    fusion_hops: int = flag(4, "number of attention hops nhop of self-attention fusion (MLRF Eq. 5)",
+                            values=POSITIVE_INT, structural=True)
     fusion_attn_dim: Optional[int] = flag(
-        None, "inner size da of the attention FNN of self-attention fusion (MLRF Eq. 5; default 4d)")
+        None, "inner size da of the attention FNN of self-attention fusion (MLRF Eq. 5; default 4d)",
+        values=POSITIVE_INT, structural=True)
     fusion_ffn_dim: Optional[int] = flag(
-        None, "hidden units df of the fusion FNN (FNN fusion and after the hops; default 2d)")
-    fusion_independent_w1: bool = flag(False, "one W1 per layer in self-attention fusion (MLRF Table 3, '+ indep. W1')")
-    fusion_no_embedding_layer: bool = flag(False, "do not fuse the embedding layer h0 (MLRF Table 4 ablation)")
+        None, "hidden units df of the fusion FNN (FNN fusion and after the hops; default 2d)",
+        values=POSITIVE_INT, structural=True)
+    fusion_independent_w1: bool = flag(False, "one W1 per layer in self-attention fusion (MLRF Table 3, '+ indep. W1')",
+                                       structural=True)
+    fusion_no_embedding_layer: bool = flag(False, "do not fuse the embedding layer h0 (MLRF Table 4 ablation)",
+                                           structural=True)
     fusion_no_layer_embedding: bool = flag(
-        False, "no layer embedding in self-attention and FNN fusion (MLRF Eq. 4, Table 4 ablation)")
-    fusion_no_layernorm: bool = flag(False, "skip the layer normalisation after the fusion layer")
-    fusion_dropout: Optional[float] = flag(None, "dropout on the hidden units of the fusion FNNs (default: --dropout)")
+        False, "no layer embedding in self-attention and FNN fusion (MLRF Eq. 4, Table 4 ablation)", structural=True)
+    fusion_no_layernorm: bool = flag(False, "skip the layer normalisation after the fusion layer", structural=True)
+    fusion_dropout: Optional[float] = flag(None, "dropout on the hidden units of the fusion FNNs (default: --dropout)",
+                                           values=PROBABILITY)
 
     # --- deep representations (Dou et al., EMNLP 2018) ---------------------------------------------
     aggregate_encoder: ChoiceEnum(AGGREGATION_STRATEGIES) = field(default="none", metadata=AGGREGATE_HELP["encoder"])
@@ -107,56 +119,62 @@ class FusionTransformerConfig(TransformerFlags):
     dense_connection: ChoiceEnum(DENSE_CONNECTION_READINGS) = flag(
         "layernorm", "reading of Eq. 4 for --aggregate-* dense: Eq. 4 followed by a LayerNorm without parameters "
         "(default), Eq. 4 to the letter (the sum of the accumulated states, doubling every layer), or the sum or the "
-        "mean of the layers' own outputs")
+        "mean of the layers' own outputs", structural=True)
     aggregation_fn: ChoiceEnum(AGGREGATION_FUNCTIONS) = flag(
-        "sigmoid", "the function F inside the aggregation node AGG (Table 4; paper: sigmoid)")
+        "sigmoid", "the function F inside the aggregation node AGG (Table 4; paper: sigmoid)", structural=True)
     aggregation_residual: ChoiceEnum(AGGREGATION_RESIDUALS) = flag(
-        "all", "which inputs of AGG have a residual connection to its output (Table 4; paper: all)")
+        "all", "which inputs of AGG have a residual connection to its output (Table 4; paper: all)", structural=True)
     multi_layer_attention: int = flag(
         1, "self-attention of every layer l > K attends to its K nearest lower layers, the K - 1 below its input "
-        "with attention models of their own, merged by AGG (Eq. 8); 1 is the vanilla self-attention")
+        "with attention models of their own, merged by AGG (Eq. 8); 1 is the vanilla self-attention",
+        values=POSITIVE_INT, structural=True)
 
     # --- encoder layer fusion (Liu et al., ICLR 2021) ------------------------------------------------
     layer_attention: ChoiceEnum(LAYER_ATTENTION_KINDS) = flag(
         "none", "give each decoder layer its own source memory S_m = sum_n W_mn (x) X_n over the encoder embedding "
         "layer and all encoder layers: one scalar per (m, n) (coarse) or element-wise weights (fine), softmax over "
-        "encoder layers (Liu et al. 2021 Sec. 3.2)")
-    layer_attention_dropconnect: float = flag(0.3, "DropConnect probability on the layer-attention weights (paper: 0.3)")
+        "encoder layers (Liu et al. 2021 Sec. 3.2)", structural=True)
+    layer_attention_dropconnect: float = flag(
+        0.3, "DropConnect probability on the layer-attention weights (paper: 0.3)", values=PROBABILITY)
     mask_encoder_layer: Optional[int] = flag(
         None, "analysis: zero the layer-attention weight of encoder layer N (0 = embedding) and renormalise the "
-        "others; use at generation time with --model-overrides \"{'mask_encoder_layer': N}\"")
+        "others; use at generation time with --model-overrides \"{'mask_encoder_layer': N}\"", values=INTEGER)
     surface_fusion: ChoiceEnum(SURFACE_FUSION_KINDS) = flag(
         "none", "fuse the output distribution with a surface attention over the source word embeddings: hard "
-        "(Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)")
-    surface_fusion_lambda: float = flag(0.8, "interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]")
+        "(Eq. 6) or soft (Eq. 7) fusion (Liu et al. 2021 Sec. 4.1)", structural=True)
+    surface_fusion_lambda: float = flag(0.8, "interpolation weight lambda of hard fusion (Eq. 6), in [0, 1]",
+                                        values=real(0.0, 1.0, high_included=True))
     surface_fusion_tau: Optional[float] = flag(
         None, f"softmax temperature tau of the surface distribution (Eq. 5), finite and >= {MIN_SURFACE_FUSION_TAU} "
         "(a smaller one scales the surface logits and their gradients by more than 100, an infinite one makes the "
-        "distribution uniform); default 1 for hard and 5 for soft fusion, as in the paper")
+        "distribution uniform); default 1 for hard and 5 for soft fusion, as in the paper",
+        values=real(MIN_SURFACE_FUSION_TAU, float("inf")))
     surface_fusion_variant: ChoiceEnum(SURFACE_FUSION_VARIANTS) = flag(
         "paper", "paper: SurfaceFusion as the paper's text describes it (default); released: as the authors' "
         "released code trains it (query and keys detached, one head, a shared residual FFN on decoder output and "
-        "surface vector, dropout on the embedding values)")
+        "surface vector, dropout on the embedding values)", structural=True)
 
     # --- today's layer fusion ----------------------------------------------------------------------
     denseformer_encoder: bool = field(default=False, metadata=DENSEFORMER_HELP["encoder"])
     denseformer_decoder: bool = field(default=False, metadata=DENSEFORMER_HELP["decoder"])
     denseformer_dilation: int = flag(
         1, "dilation k of DenseFormer: the average after layer i weighs only the outputs X_j with j = i mod k "
-        "(Pagliardini et al. 2024, 'kxp-DenseFormer')")
-    denseformer_period: int = flag(1, "period p of DenseFormer: an average follows only layers p, 2p, ...")
+        "(Pagliardini et al. 2024, 'kxp-DenseFormer')", values=POSITIVE_INT, structural=True)
+    denseformer_period: int = flag(1, "period p of DenseFormer: an average follows only layers p, 2p, ...",
+                                   values=POSITIVE_INT, structural=True)
     mudd_encoder: bool = field(default=False, metadata=MUDD_HELP["encoder"])
     mudd_decoder: bool = field(default=False, metadata=MUDD_HELP["decoder"])
     mudd_variant: ChoiceEnum(MUDD_VARIANTS) = flag(
         "paper", "paper: MUDD's weight generators with hidden size 4(i+1) after layer i, as the paper sizes them "
         "(default); released: that size rounded up past the next multiple of 64, as the authors' released "
-        "configurations")
+        "configurations", structural=True)
     hyper_connections_encoder: ChoiceEnum(HYPER_CONNECTION_KINDS) = field(
         default="none", metadata=HYPER_CONNECTIONS_HELP["encoder"])
     hyper_connections_decoder: ChoiceEnum(HYPER_CONNECTION_KINDS) = field(
         default="none", metadata=HYPER_CONNECTIONS_HELP["decoder"])
     hyper_connections_rate: int = flag(
-        4, "expansion rate n of hyper-connections: the number of residual streams (Zhu et al. 2025; paper: 4)")
+        4, "expansion rate n of hyper-connections: the number of residual streams (Zhu et al. 2025; paper: 4)",
+        values=POSITIVE_INT, structural=True)
     hyper_connections_sinkhorn_order: ChoiceEnum(SINKHORN_ORDERS) = flag(
         "columns-first", "order of mHC's Sinkhorn-Knopp normalisation: columns-first, Eq. 9 of the paper (the rows of "
         "the stream mix sum exactly to one), or rows-first (the order of checkpoints trained before this option)")
@@ -166,29 +184,6 @@ class FusionTransformerConfig(TransformerFlags):
     hyper_connections_decay_static: bool = flag(
         False, "apply --weight-decay to the static hyper-connection weights too; by default they carry no weight "
         "decay (Zhu et al. 2025, Sec. 4) under --optimizer adam_with_overrides (fairseq's optimizers decay them)")
-
-    # What each flag accepts beyond its type (its text is checked as it is parsed, and again at build
-    # time: values from checkpoints, hydra configs or --model-overrides are not parsed), in field order.
-    # fairseq's parser takes any float for the dropouts: a bad --dropout is named as itself, not as the
-    # --fusion-dropout it sets.
-    flag_values = {
-        **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "encoder_layerdrop",
-                         "decoder_layerdrop", "fusion_dropout", "layer_attention_dropconnect"), PROBABILITY),
-        **dict.fromkeys(("fusion_hops", "fusion_attn_dim", "fusion_ffn_dim", "multi_layer_attention",
-                         "denseformer_dilation", "denseformer_period", "hyper_connections_rate"), POSITIVE_INT),
-        "mask_encoder_layer": INTEGER,
-        "surface_fusion_lambda": real(0.0, 1.0, high_included=True),
-        "surface_fusion_tau": real(MIN_SURFACE_FUSION_TAU, float("inf")),
-    }
-    # What a checkpoint fixes: the flags that change the parameters or what the model computes with
-    # them (checkpoint_safety refuses them as overrides, and when a training resumes).
-    structural_fields = (
-        "fuse_encoder", "fuse_decoder", "fusion_hops", "fusion_attn_dim", "fusion_ffn_dim", "fusion_independent_w1",
-        "fusion_no_embedding_layer", "fusion_no_layer_embedding", "fusion_no_layernorm", "aggregate_encoder",
-        "aggregate_decoder", "dense_connection", "aggregation_fn", "aggregation_residual", "multi_layer_attention",
-        "layer_attention", "surface_fusion", "surface_fusion_variant", "denseformer_encoder", "denseformer_decoder",
-        "denseformer_dilation", "denseformer_period", "mudd_encoder", "mudd_decoder", "mudd_variant",
-        "hyper_connections_encoder", "hyper_connections_decoder", "hyper_connections_rate")
 
 
 # The defaults that depend on other flags.

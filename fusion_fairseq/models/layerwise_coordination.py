@@ -180,33 +180,28 @@ class LayerwiseCoordinationConfig(FairseqDataclass):
     """The flags of ``--arch layerwise_coordination``; defaults: the paper's small configuration
     (d=256, d_ff=1024, 4 heads, 14 layers, Sec. 4.2)."""
 
-    layers: int = flag(14, "depth N of the stack (the same for both sides; paper: 14)")
-    embed_dim: int = flag(256, "model width d_model")
-    ffn_embed_dim: int = flag(1024, "d_ff")
-    attention_heads: int = flag(4, "attention heads")
-    dropout: float = flag(0.1, "dropout probability, in [0, 1)")
-    attention_dropout: float = flag(0.0, "dropout on attention weights, in [0, 1)")
-    activation_dropout: float = flag(0.0, "dropout after the FFN's activation, in [0, 1)")
-    normalize_before: bool = flag(False, "pre-norm layers (final LayerNorm on top)")
-    no_scale_embedding: bool = flag(False, "do not scale token embeddings by sqrt(d)")
+    layers: int = flag(14, "depth N of the stack (the same for both sides; paper: 14)",
+                       values=POSITIVE_INT, structural=True)
+    embed_dim: int = flag(256, "model width d_model", values=POSITIVE_INT, structural=True)
+    ffn_embed_dim: int = flag(1024, "d_ff", values=POSITIVE_INT, structural=True)
+    attention_heads: int = flag(4, "attention heads", values=POSITIVE_INT, structural=True)
+    dropout: float = flag(0.1, "dropout probability, in [0, 1)", values=PROBABILITY)
+    attention_dropout: float = flag(0.0, "dropout on attention weights, in [0, 1)", values=PROBABILITY)
+    activation_dropout: float = flag(0.0, "dropout after the FFN's activation, in [0, 1)", values=PROBABILITY)
+    normalize_before: bool = flag(False, "pre-norm layers (final LayerNorm on top)", structural=True)
+    no_scale_embedding: bool = flag(False, "do not scale token embeddings by sqrt(d)", structural=True)
     no_layer_sharing: bool = flag(
-        False, "ablation (Table 3): separate source and target layers, the source --layers - 1 of its own")
+        False, "ablation (Table 3): separate source and target layers, the source --layers - 1 of its own",
+        structural=True)
     no_mixed_attention: bool = flag(
         False, "ablation (Table 3): separate target self-attention and source attention, the source attention "
-        "reading the source layer below, as the mixed attention does")
-    no_language_embedding: bool = flag(False, "ablation (Table 3): no learned source/target language embedding")
-    no_position_embedding: bool = flag(False, "ablation (Table 3): no position embedding")
+        "reading the source layer below, as the mixed attention does", structural=True)
+    no_language_embedding: bool = flag(False, "ablation (Table 3): no learned source/target language embedding",
+                                       structural=True)
+    no_position_embedding: bool = flag(False, "ablation (Table 3): no position embedding", structural=True)
     # the task's flags (no help: no flag of the model's)
     max_source_positions: Optional[int] = II("task.max_source_positions")
     max_target_positions: Optional[int] = II("task.max_target_positions")
-
-    flag_values = {
-        **dict.fromkeys(("layers", "embed_dim", "ffn_embed_dim", "attention_heads"), POSITIVE_INT),
-        **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout"), PROBABILITY),
-    }
-    structural_fields = (
-        "layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "no_scale_embedding",
-        "no_layer_sharing", "no_mixed_attention", "no_language_embedding", "no_position_embedding")
 
 
 @register_model("layerwise_coordination", dataclass=LayerwiseCoordinationConfig)
