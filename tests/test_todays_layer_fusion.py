@@ -381,10 +381,26 @@ def test_bad_values_are_refused_naming_the_flag(capsys, flag, value):
 @pytest.mark.parametrize("flags,idle", [
     (("--denseformer-dilation", "2"), "--denseformer-dilation 2"),
     (("--hyper-connections-rate", "2"), "--hyper-connections-rate 2"),
+    (("--hyper-connections-encoder", "static", "--hyper-connections-sinkhorn-order", "rows-first"),
+     "--hyper-connections-sinkhorn-order rows-first: only manifold hyper-connections normalise their stream mix, and "
+     "--hyper-connections-encoder/--hyper-connections-decoder are static/none"),
+    (("--hyper-connections-decoder", "manifold", "--hyper-connections-no-output-rescale"),
+     "--hyper-connections-no-output-rescale: only static and dynamic hyper-connections rescale"),
+    (("--hyper-connections-decay-static",), "--hyper-connections-decay-static: only static and dynamic"),
 ])
 def test_flags_without_their_feature_are_warned_about(caplog, flags, idle):
     check_fusion_args(args_with(*flags))
     assert any(idle in record.getMessage() and "without effect" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("flags", [
+    ("--hyper-connections-encoder", "manifold", "--hyper-connections-sinkhorn-order", "rows-first"),
+    ("--hyper-connections-decoder", "dynamic", "--hyper-connections-no-output-rescale", "--hyper-connections-decay-static"),
+    ("--denseformer-decoder", "--denseformer-period", "2"), ("--mudd-encoder", "--mudd-variant", "released"),
+])
+def test_flags_with_their_feature_give_no_warning(caplog, flags):
+    check_fusion_args(args_with(*flags))
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
 
 
 def test_parameters_added_to_transformer_base():

@@ -5,7 +5,7 @@ function that checks their values and combinations."""
 import dataclasses
 import re
 from dataclasses import dataclass, field, make_dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models.transformer import TransformerConfig
@@ -195,58 +195,50 @@ DERIVED_DEFAULTS = {
 }
 
 
-def flag_feature(name: str, present: Callable[[Any], bool] = lambda value: value not in ("none", False), *,
-                 sides: bool = False):
-    """``(present(args), absence(args))`` of the feature that flag ``name`` (``sides``: ``--NAME-encoder`` or
-    ``--NAME-decoder``) switches on where ``present(value)``; ``absence`` says its setting, e.g. "--surface-fusion
-    is none"."""
-    names, verb = ((f"{name}_encoder", f"{name}_decoder"), "are") if sides else ((name,), "is")
-    return (lambda args: any(present(getattr(args, flag)) for flag in names), lambda args: (
-        f"{'/'.join(map(flag_of, names))} {verb} {'/'.join(str(getattr(args, flag)) for flag in names)}"))
+def idle_fusion_flags(args) -> Dict[str, tuple]:
+    """{flag: (what it acts on, the setting that leaves it out)} of the fusion flags that do nothing in the
+    configuration ``args``."""
+    def sides(name):
+        values = [getattr(args, f"{name}_{side}") for side in ("encoder", "decoder")]
+        return set(values), f"{flag_of(name)}-encoder/{flag_of(name)}-decoder are {values[0]}/{values[1]}"
 
-
-SELF_ATTENTION_FUSION = flag_feature("fuse", lambda value: value == "sa", sides=True)
-FUSION_FNN = flag_feature("fuse", lambda value: value in ("fnn", "sa"), sides=True)
-LAYER_FUSION = flag_feature("fuse", sides=True)
-AGGREGATION_NODES = (
-    lambda a: flag_feature("aggregate", lambda value: value in ("iterative", "hierarchical"), sides=True)[0](a)
-    or a.multi_layer_attention > 1, flag_feature("aggregate", sides=True)[1])
-NO_AGGREGATION_NODES = "only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes"
-DENSEFORMER = flag_feature("denseformer", sides=True)
-ZHU_HYPER_CONNECTIONS = flag_feature("hyper_connections", lambda value: value in ("static", "dynamic"), sides=True)
-
-# The flags that do nothing unless what they act on is there, and why.
-IDLE_FLAGS = {
-    "fusion_hops": (*SELF_ATTENTION_FUSION, "only self-attention fusion (--fuse-encoder/--fuse-decoder sa) has hops"),
-    "fusion_attn_dim": (*SELF_ATTENTION_FUSION, "only self-attention fusion has an attention FNN (Eq. 5)"),
-    "fusion_ffn_dim": (*FUSION_FNN, "only FNN and self-attention fusion have a fusion FNN"),
-    "fusion_independent_w1": (*SELF_ATTENTION_FUSION, "only self-attention fusion has W1 (Eq. 5)"),
-    "fusion_no_embedding_layer": (*LAYER_FUSION, "it acts on layer fusion"),
-    "fusion_no_layer_embedding": (*FUSION_FNN, "only self-attention and FNN fusion read the layer embedding"),
-    "fusion_no_layernorm": (*LAYER_FUSION, "it acts on layer fusion"),
-    "fusion_dropout": (*FUSION_FNN, "only FNN and self-attention fusion have a fusion FNN"),
-    "dense_connection": (*flag_feature("aggregate", lambda value: value == "dense", sides=True),
-                         "it reads dense aggregation"),
-    "aggregation_fn": (*AGGREGATION_NODES, NO_AGGREGATION_NODES),
-    "aggregation_residual": (*AGGREGATION_NODES, NO_AGGREGATION_NODES),
-    "layer_attention_dropconnect": (*flag_feature("layer_attention"), "it drops layer-attention weights"),
-    "surface_fusion_lambda": (*flag_feature("surface_fusion", lambda value: value == "hard"),
-                              "only hard SurfaceFusion (Eq. 6) interpolates"),
-    "surface_fusion_tau": (*flag_feature("surface_fusion"), "it is SurfaceFusion's temperature"),
-    "surface_fusion_variant": (*flag_feature("surface_fusion"), "it changes SurfaceFusion"),
-    "denseformer_dilation": (*DENSEFORMER, "it thins DenseFormer's averages"),
-    "denseformer_period": (*DENSEFORMER, "it thins DenseFormer's averages"),
-    "mudd_variant": (*flag_feature("mudd", sides=True), "it sizes MUDD's weight generators"),
-    "hyper_connections_rate": (*flag_feature("hyper_connections", sides=True),
-                               "it sets the streams of hyper-connections"),
-    "hyper_connections_sinkhorn_order": (
-        *flag_feature("hyper_connections", lambda value: value == "manifold", sides=True),
-        "only manifold hyper-connections normalise their stream mix"),
-    "hyper_connections_no_output_rescale": (
-        *ZHU_HYPER_CONNECTIONS, "only static and dynamic hyper-connections rescale the output projections"),
-    "hyper_connections_decay_static": (
-        *ZHU_HYPER_CONNECTIONS, "only static and dynamic hyper-connections have static weights"),
-}
+    (fuse, fusion), (aggregate, aggregation) = sides("fuse"), sides("aggregate")
+    (denseformer, denseformers), (mudd, mudds), (hyper, hypers) = (
+        sides("denseformer"), sides("mudd"), sides("hyper_connections"))
+    surface = f"--surface-fusion is {args.surface_fusion}"
+    no_nodes = "only iterative and hierarchical aggregation and multi-layer attention have aggregation nodes"
+    lacking = [  # (the feature is absent, the setting that leaves it out, {flag: what it acts on})
+        ("sa" not in fuse, fusion, {
+            "fusion_hops": "only self-attention fusion (--fuse-encoder/--fuse-decoder sa) has hops",
+            "fusion_attn_dim": "only self-attention fusion has an attention FNN (Eq. 5)",
+            "fusion_independent_w1": "only self-attention fusion has W1 (Eq. 5)"}),
+        (not fuse & {"fnn", "sa"}, fusion, {
+            "fusion_ffn_dim": "only FNN and self-attention fusion have a fusion FNN",
+            "fusion_no_layer_embedding": "only self-attention and FNN fusion read the layer embedding",
+            "fusion_dropout": "only FNN and self-attention fusion have a fusion FNN"}),
+        (fuse == {"none"}, fusion, dict.fromkeys(("fusion_no_embedding_layer", "fusion_no_layernorm"),
+                                                 "it acts on layer fusion")),
+        ("dense" not in aggregate, aggregation, {"dense_connection": "it reads dense aggregation"}),
+        (not aggregate & {"iterative", "hierarchical"} and args.multi_layer_attention <= 1, aggregation,
+         dict.fromkeys(("aggregation_fn", "aggregation_residual"), no_nodes)),
+        (args.layer_attention == "none", "--layer-attention is none",
+         {"layer_attention_dropconnect": "it drops layer-attention weights"}),
+        (args.surface_fusion != "hard", surface,
+         {"surface_fusion_lambda": "only hard SurfaceFusion (Eq. 6) interpolates"}),
+        (args.surface_fusion == "none", surface, {"surface_fusion_tau": "it is SurfaceFusion's temperature",
+                                                  "surface_fusion_variant": "it changes SurfaceFusion"}),
+        (denseformer == {False}, denseformers, dict.fromkeys(("denseformer_dilation", "denseformer_period"),
+                                                             "it thins DenseFormer's averages")),
+        (mudd == {False}, mudds, {"mudd_variant": "it sizes MUDD's weight generators"}),
+        (hyper == {"none"}, hypers, {"hyper_connections_rate": "it sets the streams of hyper-connections"}),
+        ("manifold" not in hyper, hypers,
+         {"hyper_connections_sinkhorn_order": "only manifold hyper-connections normalise their stream mix"}),
+        (not hyper & {"static", "dynamic"}, hypers, {
+            "hyper_connections_no_output_rescale": "only static and dynamic hyper-connections rescale the output "
+                                                   "projections",
+            "hyper_connections_decay_static": "only static and dynamic hyper-connections have static weights"}),
+    ]
+    return {flag: (acts_on, setting) for absent, setting, flags in lacking if absent for flag, acts_on in flags.items()}
 
 
 def fill_fusion_defaults(args) -> None:
@@ -258,8 +250,8 @@ def fill_fusion_defaults(args) -> None:
 
 
 def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None) -> None:
-    """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about the flags of
-    :data:`IDLE_FLAGS` whose feature is absent and whose value is not ``architecture_values``' (what the
+    """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about the flags
+    :func:`idle_fusion_flags` names whose value is not ``architecture_values``' (what the
     architecture gives them where the user sets nothing: a preset's value, or one derived from the other flags;
     by default ``fusion_transformer``'s)."""
     # every value's type before any comparison; a hydra config's model (its _name, no fairseq-train --arch) is
@@ -315,8 +307,7 @@ def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None
     if architecture_values is None:
         architecture_values = {**field_defaults(FusionTransformerConfig),
                                **{name: derive(args) for name, derive in DERIVED_DEFAULTS.items()}}
-    warn_idle_flags(args, {name: (reason, absence(args)) for name, (present, absence, reason) in IDLE_FLAGS.items()
-                           if not present(args)}, architecture_values)
+    warn_idle_flags(args, idle_fusion_flags(args), architecture_values)
 
 
 def check_side(args, side: str) -> None:
