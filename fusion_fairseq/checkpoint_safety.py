@@ -252,8 +252,7 @@ def evaluated_sections(state, name: str) -> list:
 
 
 def require_literal_evaluated_fields(state, path):
-    """Refuse, naming ``path`` and the field, a field of :data:`EVALUATED_FIELDS` that is not a literal, where
-    :func:`evaluated_sections` finds it."""
+    """Refuse, naming ``path`` and the field, a field of :data:`EVALUATED_FIELDS` that is not a literal."""
     for name, fields in EVALUATED_FIELDS.items():
         evaluated = f"fairseq would evaluate it when building the {name}"
         for section, (field, kind) in itertools.product(evaluated_sections(state, name), fields.items()):

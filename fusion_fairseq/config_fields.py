@@ -1,11 +1,10 @@
 """How the plugin's models use fairseq's configuration. Each model's flags are the fields of one
 ``FairseqDataclass``, each option one field carrying fairseq's metadata (``help``; choices as ``ChoiceEnum``)
 and what a type cannot say (:func:`flag`: the values it accepts, whether a checkpoint fixes it), and each
-model has one validation function, called by ``build_model``, that checks the values and the
-combinations and names idle flags (defaults that depend on other flags are filled by the model's base
-architecture, as fairseq's own are). This module holds the vocabulary that function speaks: what a flag
-accepts (:class:`Values`), the one-line errors, and the glue to fairseq's parser and hydra merge
-(docs/models.md, "Flags")."""
+model has one validation function, called by ``build_model``, that checks the values and the combinations
+and names idle flags. This module holds the vocabulary that function speaks: what a flag accepts
+(:class:`Values`), the one-line errors, and the glue to fairseq's parser and hydra merge (docs/models.md,
+"Flags")."""
 
 import argparse
 import dataclasses

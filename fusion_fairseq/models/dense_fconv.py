@@ -122,11 +122,9 @@ def idle_dense_flags(args) -> dict:
 
 
 def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_dim: str) -> argparse.Namespace:
-    """The args a DenseNMT model builds from: the defaults of ``architecture`` (the model's base
-    architecture, which has the model's name); errors naming the flag, the value and what is
-    allowed, for args that did not come through argparse (or combinations argparse cannot see),
-    and for the fairseq flags ``unsupported``; warnings for idle flags; fairseq's default max
-    positions; and the softmax width (``softmax_dim``) of small embeddings."""
+    """The args a DenseNMT model builds from, with the defaults of ``architecture`` (its base architecture):
+    errors naming the flag, the value and what is allowed for args that did not come through argparse (or
+    combinations argparse cannot see) and for the fairseq flags ``unsupported``; warnings for idle flags."""
     args = as_namespace(cfg)
     architecture(args)
     check_values(args, config)
@@ -167,9 +165,8 @@ def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_di
 
 
 def layer_spec(spec_text: str, flag: str, growth_dim: Optional[int]) -> List[Tuple[int, int]]:
-    """``[(d, k), ...]`` from fairseq's ConvS2S layer syntax, ``d`` replaced by ``--growth-dim``.
-    The text comes from the command line or from a checkpoint, so it is parsed as a literal
-    (with fairseq's ``[...] * N + [...]`` arithmetic), never evaluated."""
+    """``[(d, k), ...]`` from fairseq's ConvS2S layer syntax, ``d`` replaced by ``--growth-dim``. The text may
+    come from a checkpoint, so it is parsed as a literal (with ``[...] * N + [...]``), never evaluated."""
     spec = parse_config_literal(spec_text, flag)
     try:
         spec = extend_conv_spec(spec)
@@ -211,11 +208,9 @@ class SmallEmbedding(nn.Module):
 
 
 def build_side(stack, args, side: str, growth: int, make_layer, make_conv) -> Tuple[list, List[int], int]:
-    """One side of a ConvS2S ``stack`` (built with the placeholder spec): its token embeddings
-    (small ones, Sec. 4.2) and its layers ``make_layer(in_dim, width, kernel)``, returned in order
-    with the widths of the top block (what dense attention reads) and the output width. Sets
-    ``stack.dense``, ``.summaries``, ``.input_projection``, ``.residual_projections`` and
-    ``.layer_input_widths``.
+    """One side of a ConvS2S ``stack`` (built with the placeholder spec): its token embeddings (small ones,
+    Sec. 4.2) and its layers ``make_layer(in_dim, width, kernel)``, returned in order with the widths of the
+    top block (what dense attention reads) and the output width.
 
     Dense: layer i adds ``growth`` times its width d (Eq. 6/7); a summary layer (Sec. 3.3) is
     ``make_conv(in_dim, d0, kernel)`` with the kernel of the layer below it, or a linear one.

@@ -1,16 +1,13 @@
 """fairseq's Transformer layers over hyper-connected streams (``--hyper-connections-*``).
 
-:class:`HyperConnectedEncoderLayer` and :class:`HyperConnectedDecoderLayer` are fairseq's layers, with
-their own parameters and names, plus ``hyper_connections``, one connection per sublayer; their forward
-takes and returns streams ``T x B x n x C`` and wraps each sublayer by
-:func:`modules.hyper_connection.connect` in place of fairseq's residual connection (see
-``modules/hyper_connection.py`` for the equations and readings). Dropout sits where fairseq puts it:
-on each sublayer's output, before the connection. The stacks build them through fairseq's
-``build_encoder_layer`` / ``build_decoder_layer`` (``fusion_stacks``), so fairseq's activation
+The layers are fairseq's, with their own parameters and names, plus ``hyper_connections``, one per sublayer;
+their forward takes and returns streams ``T x B x n x C`` and wraps each sublayer by
+:func:`modules.hyper_connection.connect` in place of fairseq's residual connection (equations and readings
+there). Dropout sits where fairseq puts it: on each sublayer's output, before the connection. The stacks build
+them through fairseq's ``build_encoder_layer`` / ``build_decoder_layer``, so fairseq's activation
 checkpointing wraps them as it wraps its own layers.
 
-``--cross-self-attention`` is refused at build time; NormFormer's rescalings cannot be set for this
-model.
+``--cross-self-attention`` is refused at build time; NormFormer's rescalings cannot be set for this model.
 """
 
 import math

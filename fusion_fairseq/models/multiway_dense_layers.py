@@ -8,16 +8,14 @@ in fairseq's terms:
 * The self-attention's query, keys and values are projected from their own ways, the residual
   added to its output is the residual way; every other part of the layer is fairseq's, with its
   dropouts and its parameters' names (so a Transformer's weights load as they are).
-* Pre-norm (``--*-normalize-before``, the paper's block): one LayerNorm per way, the query's being
-  fairseq's ``self_attn_layer_norm``, as the released code (``sepln``: separate norms); Eq. 7
-  writes LN for each. In every layer, as the JAX training code: the released PyTorch code shares
-  the query's norm in the first layer (``sepln and lidx > 0``), whose ways all read X_0, so its
-  count is 4D per side below ours. Loading a checkpoint without the key and value norms (a
-  Transformer's) starts them as copies of the query's, so that the model computes that Transformer.
-  Post-norm (fairseq's default) has no LN before the sublayer and adds none: X_A = LN(MHA(Q, K, V)
-  + R). There the side's output Xbar_L^R (the encoder's memory, the decoder's input to the output
-  projection) is a learned mix of LayerNorm outputs with no LayerNorm of its own, as fairseq's
-  post-norm stacks have no final one: X_L at the start, not normalised once the weights move.
+* Pre-norm (``--*-normalize-before``, the paper's block): one LayerNorm per way, the query's being fairseq's
+  ``self_attn_layer_norm``, as the released code (``sepln``: separate norms); Eq. 7 writes LN for each. In
+  every layer, as the JAX training code: the released PyTorch code shares the query's norm in the first layer
+  (``sepln and lidx > 0``), whose ways all read X_0, so its count is 4D per side below ours. Post-norm
+  (fairseq's default) has no LN before the sublayer and adds none: X_A = LN(MHA(Q, K, V) + R). There the
+  side's output Xbar_L^R (the encoder's memory, the decoder's input to the output projection) is a learned mix
+  of LayerNorm outputs with no LayerNorm of its own, as fairseq's post-norm stacks have no final one: X_L at
+  the start, not normalised once the weights move.
 * The decoder's cross-attention sits between self-attention and FFN, as in fairseq, and reads
   X_A as its query and the encoder's output (its final aggregate Xbar_L^R, after fairseq's final
   LayerNorm in pre-norm) as keys and values: the paper's block has one attention, whose inputs
@@ -27,8 +25,7 @@ in fairseq's terms:
   keys and values of past positions as the self-attention's does: beam reordering and incremental
   decoding are fairseq's.
 
-NormFormer's rescalings and ``--cross-self-attention`` are not supported (the latter is refused
-at build time; the former cannot be set for this model).
+``--cross-self-attention`` is refused at build time; NormFormer's rescalings cannot be set for this model.
 """
 
 from typing import Dict, Optional
@@ -50,7 +47,8 @@ class MultiwaySublayers:
         self._register_load_state_dict_pre_hook(self.start_way_norms_as_query_norm)
 
     def start_way_norms_as_query_norm(self, state_dict, prefix, *args) -> None:
-        """A state without the key and value norms (a Transformer's): copies of the query's norm."""
+        """A state without the key and value norms (a Transformer's): copies of the query's norm, so that the
+        model computes that Transformer."""
         for name in WAY_NORMS:
             for tensor in ("weight", "bias"):
                 query_norm = state_dict.get(f"{prefix}self_attn_layer_norm.{tensor}")

@@ -1,10 +1,9 @@
 """Hyper-connections (Zhu et al., ICLR 2025) and manifold-constrained hyper-connections (mHC,
 Xie et al., DeepSeek 2025): the residual stream widened to n copies.
 
-Paper (Zhu et al.): Sec. 2. The hidden vector h becomes the hyper hidden matrix
-H = (h_1, ..., h_n)^T (n x d), n copies of the embedding at the start. Around every layer T^k
-(one attention or one feed-forward sublayer; fairseq's decoder layer has three, its encoder
-layer two), the hyper-connection
+Paper (Zhu et al.): Sec. 2. The hidden vector h becomes the hyper hidden matrix H = (h_1, ..., h_n)^T (n x d),
+n copies of the embedding at the start. Around every layer T^k (one attention or one feed-forward sublayer;
+fairseq's decoder layer has three, its encoder layer two), the hyper-connection
 
     HC = [[0, B], [A_m, A_r]],   B in R^{1 x n}, A_m in R^{n x 1}, A_r in R^{n x n}
 
@@ -38,28 +37,25 @@ Readings:
   default, no final LayerNorm) starts as the plain Transformer.
 * The norm of DHC is a LayerNorm with parameters, shared by the streams of one connection.
 * Sinkhorn-Knopp runs in Eq. 9's order, columns then rows (``--hyper-connections-sinkhorn-order
-  columns-first``, the default). ``rows-first`` normalises rows then columns, as this plugin did
-  before: its columns are exact and its rows are not. Both orders are exact at the start (phi = 0
-  leaves the symmetric b_res below as the logits); once the logits move, rows-first leaves its rows
-  off by about 5e-4 (median of 200 draws; 2e-3 the largest) for logits b_res + N(0, 0.1^2) at
-  n = 4, by 4e-3 (2e-2) for b_res + N(0, 1), so its mix is not the convex combination Eq. 9
-  guarantees; it is kept for checkpoints trained that way.
+  columns-first``, the default); ``rows-first`` (exact columns, inexact rows) is kept for checkpoints
+  trained that way. Both are exact at the start (phi = 0 leaves the symmetric b_res below as the
+  logits); once the logits move, rows-first leaves its rows off by about 5e-4 (median of 200 draws;
+  2e-3 the largest) for logits b_res + N(0, 0.1^2) at n = 4, by 4e-3 (2e-2) for b_res + N(0, 1), so
+  its mix is not the convex combination Eq. 9 guarantees.
 * Zhu et al.'s training recipe (Sec. 4) for SHC and DHC, on by default: the initialisation std of
   each sublayer's output projection (attention's ``out_proj``, the FFN's ``fc2``) is divided by
   sqrt(n) (:func:`rescale_output_projections`; ``--hyper-connections-no-output-rescale`` keeps
-  fairseq's), and the static weights A_m, A_r, B get no weight decay (they carry fairseq's
-  per-parameter ``optim_overrides``, which only ``--optimizer adam_with_overrides`` honours: fairseq's
-  other optimizers decay every parameter alike, and its ``composite`` optimizer reads no weight decay
-  from a parameter's overrides; ``--hyper-connections-decay-static`` decays them like the rest).
+  fairseq's), and the static weights A_m, A_r, B get no weight decay (fairseq's per-parameter
+  ``optim_overrides``, which only ``--optimizer adam_with_overrides`` honours, not ``composite``;
+  ``--hyper-connections-decay-static`` decays them like the rest).
   Paper: the output modules' std is scaled "by a factor of sqrt(n)" at initialisation, so that the
   output, the sum of the last layer's n streams, keeps the std of the original model. Reading:
   divided; the paper does not spell out the direction, and neither direction keeps that std
-  literally: with B = 1 every stream receives the same sublayer outputs, so at the start the sum is n
-  times one stream whatever the scale. What the division does change is the balance within a stream:
-  each sublayer's output enters at 1/sqrt(n) of fairseq's scale against the embedding. With the rescaled
-  initialisation a fresh model is no longer fairseq's Transformer of the same seed: it computes
-  the Transformer whose output projections are scaled by 1/sqrt(n), and given a Transformer's
-  weights (``--finetune-from-model``, or a loaded state) it computes that Transformer exactly.
+  literally (with B = 1 every stream receives the same sublayer outputs, so at the start the sum is
+  n times one stream whatever the scale); the division puts each sublayer's output at 1/sqrt(n) of
+  fairseq's scale against the embedding. A fresh model then computes the Transformer whose output
+  projections are scaled by 1/sqrt(n), not fairseq's of the same seed; given a Transformer's weights
+  (``--finetune-from-model``, or a loaded state) it computes that Transformer exactly.
   mHC's paper states no such recipe: mHC keeps fairseq's initialisation and decay.
 * mHC initialisation (not given in what we read of the paper): phi = 0 and a = 0.01 as for DHC,
   b_pre = logit(1/n) so that the layer first reads the streams' mean, b_post = 0 so that 2 sigmoid
@@ -76,11 +72,9 @@ Readings:
 
 Every weight mixes the streams of one position, so incremental decoding stays exact.
 
-Why written here: the maintained ``hyper-connections`` package (PyPI, 0.4.x) wraps a branch
-function and reduces the streams by a sum; it has no post-norm reading (fairseq's default), and
-as a 0.x package its parameter names and defaults may change between releases, which would stop
-trained checkpoints from loading. The few lines above keep the paper's parameters under names
-this project controls.
+Why written here: the maintained ``hyper-connections`` package (PyPI, 0.4.x) wraps a branch function and
+reduces the streams by a sum; it has no post-norm reading (fairseq's default), and as a 0.x package its
+parameter names and defaults may change between releases, which would stop trained checkpoints from loading.
 """
 
 import functools
@@ -183,14 +177,11 @@ class HyperConnection(nn.Module):
 
 def sinkhorn(logits: Tensor, iterations: int = SINKHORN_ITERATIONS, order: str = "columns-first") -> Tensor:
     """exp(logits) scaled to a doubly stochastic matrix over the last two dimensions by alternating
-    normalisation (Sinkhorn-Knopp). ``columns-first`` is Eq. 9 of the mHC paper, T_r(T_c(M)): the rows
-    sum exactly to one; ``rows-first`` the reverse order.
-
-    The first iteration runs in log space (``log_softmax``), so that no row or column of exp(logits)
-    can underflow to a zero sum; after it every row and column sums to between 1/n and n, and the
-    remaining iterations divide by sums directly. The result is the log-space iteration's to float
-    rounding; its gradient is autograd's through every iteration, written out in
-    :class:`SinkhornKnopp`."""
+    normalisation (Sinkhorn-Knopp): ``columns-first`` is Eq. 9 of the mHC paper, T_r(T_c(M)), whose rows
+    sum exactly to one; ``rows-first`` the reverse order. The first iteration runs in log space, so that
+    no row or column of exp(logits) can underflow to a zero sum; after it every row and column sums to
+    between 1/n and n, and the rest divide by sums directly (the log-space result to float rounding).
+    The gradient is autograd's through every iteration, written out in :class:`SinkhornKnopp`."""
     return SinkhornKnopp.apply(logits.float(), iterations, order == "columns-first").to(logits.dtype)
 
 
@@ -317,9 +308,8 @@ class HyperConnectedStack(PlainStack):
 
 def connect(connection: nn.Module, streams: Tensor, sublayer, layer_norm: nn.Module, normalize_before: bool):
     """One sublayer with its hyper-connection: ``sublayer(h_0)`` is its output (dropout included);
-    ``layer_norm`` is the sublayer's own LayerNorm, applied to its input (pre-norm) or to every
-    stream after the connection (post-norm). Returns (new streams, what the sublayer returned
-    beside its output)."""
+    ``layer_norm`` is the sublayer's own LayerNorm, applied to its input (pre-norm) or to every stream after
+    the connection (post-norm). Returns (new streams, what the sublayer returned beside its output)."""
     layer_input, kept, beta = connection.width(streams)
     if normalize_before:
         layer_input = layer_norm(layer_input)
