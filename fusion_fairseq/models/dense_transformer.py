@@ -40,7 +40,7 @@ from .activation_checkpointing import layer_checkpointing
 from fusion_fairseq.config_fields import POSITIVE_INT, FlagsOfConfig, fill_defaults, flag, set_defaults
 
 from .dense_fconv import DenseConfig, dense_args
-from .fusion_config import TransformerFlags
+from .fusion_config import TransformerFlags, decoder_dims_as_integers
 from .fusion_stacks import FusionTransformerDecoder
 from .fusion_transformer import build_token_embeddings
 from fusion_fairseq.errors import ConfigurationError
@@ -249,7 +249,10 @@ class DenseTransformerModel(FlagsOfConfig, TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         args = dense_args(args, dense_transformer, DenseTransformerConfig,
-                          ("encoder_layers_to_keep", "decoder_layers_to_keep", "encoder_layerdrop", "decoder_layerdrop"),
+                          ("encoder_layers_to_keep", "decoder_layers_to_keep", "encoder_layerdrop", "decoder_layerdrop",
+                           # DenseNMT's decoder attends to the source in every layer (Sec. 3.2), over the target
+                           # only; its encoder embeds without fairseq's quantisation noise layer
+                           "no_cross_attention", "cross_self_attention", "quant_noise_pq"),
                           softmax_dim="decoder_output_dim")
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
         check_dense_transformer_widths(args)
@@ -283,6 +286,7 @@ def check_dense_transformer_widths(args) -> None:
 def dense_transformer(args):
     """Defaults: fairseq's ``transformer`` widths; growth dimension half the embedding size."""
     transformer_base_architecture(args)
+    decoder_dims_as_integers(args)
     fill_defaults(args, DenseTransformerConfig)
     if args.growth_dim is None:
         args.growth_dim = args.encoder_embed_dim // 2

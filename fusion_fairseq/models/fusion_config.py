@@ -241,8 +241,22 @@ def idle_fusion_flags(args) -> Dict[str, tuple]:
     return {flag: (acts_on, setting) for absent, setting, flags in lacking if absent for flag, acts_on in flags.items()}
 
 
+def decoder_dims_as_integers(args) -> None:
+    """--decoder-input-dim and --decoder-output-dim as integers: their default names another field, so fairseq's
+    parser keeps a value the user gives as text (fairseq's own Transformer converts it in its build_model)."""
+    for name in ("decoder_input_dim", "decoder_output_dim"):
+        value = getattr(args, name)
+        if isinstance(value, str):
+            number = int(value) if value.strip().isdecimal() else value
+            message = POSITIVE_INT.error(flag_of(name), number, repr(value))
+            if message:
+                raise ConfigurationError(message)
+            setattr(args, name, number)
+
+
 def fill_fusion_defaults(args) -> None:
     """The fusion flags the user left unset, after fairseq's Transformer architecture filled its own."""
+    decoder_dims_as_integers(args)
     fill_defaults(args, FusionTransformerConfig)
     for name, derive in DERIVED_DEFAULTS.items():  # in field order: surface_fusion_tau reads surface_fusion
         if getattr(args, name, None) is None:
@@ -348,6 +362,9 @@ def check_side(args, side: str) -> None:
         raise ConfigurationError(
             f"--mudd-{side} and --multi-layer-attention {k}: multi-layer attention reads single lower-layer states, "
             "MUDD's layers read four aggregates of them; choose one of them")
+    if k > 1 and side == "decoder" and getattr(args, "cross_self_attention", False):
+        raise ConfigurationError(f"--multi-layer-attention {k} attends the decoder's lower layers over the target "
+                                 "only and does not support --cross-self-attention; drop one of them")
     if getattr(args, f"mudd_{side}") and side == "decoder" and getattr(args, "cross_self_attention", False):
         raise ConfigurationError("--mudd-decoder gives the self-attention keys and values of the target only and "
                                  "does not support --cross-self-attention; drop one of them")

@@ -124,17 +124,24 @@ def build_surface_fusion(args) -> Optional[SurfaceFusion]:
 
 def build_token_embeddings(model_class, args, task, encoder_dim: int, decoder_dim: int,
                            encoder_path: Optional[str] = None, decoder_path: Optional[str] = None):
-    """Source and target embeddings, shared under ``--share-all-embeddings`` as in fairseq."""
+    """Source and target embeddings, one table under ``--share-all-embeddings`` or ``--merge-src-tgt-embed`` as in
+    fairseq (the latter extends the task's source dictionary by the target's and gives both sides the result)."""
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-    encoder_embed = model_class.build_embedding(args, src_dict, encoder_dim, encoder_path)
-    if not args.share_all_embeddings:
-        return encoder_embed, model_class.build_embedding(args, tgt_dict, decoder_dim, decoder_path)
-    if src_dict != tgt_dict:
+    shared = "--share-all-embeddings" if args.share_all_embeddings else (
+        "--merge-src-tgt-embed" if getattr(args, "merge_src_tgt_embed", False) else None)
+    if shared is None:
+        return (model_class.build_embedding(args, src_dict, encoder_dim, encoder_path),
+                model_class.build_embedding(args, tgt_dict, decoder_dim, decoder_path))
+    if args.share_all_embeddings and src_dict != tgt_dict:
         raise ConfigurationError("--share-all-embeddings requires a joined dictionary (fairseq-preprocess --joined-dictionary)")
     if args.encoder_embed_dim != args.decoder_embed_dim:
-        raise ConfigurationError(f"--share-all-embeddings requires --encoder-embed-dim ({args.encoder_embed_dim}) "
+        raise ConfigurationError(f"{shared} requires --encoder-embed-dim ({args.encoder_embed_dim}) "
                                  f"== --decoder-embed-dim ({args.decoder_embed_dim})")
+    if not args.share_all_embeddings:
+        src_dict.update(tgt_dict)
+        task.src_dict = task.tgt_dict = src_dict
     args.share_decoder_input_output_embed = True
+    encoder_embed = model_class.build_embedding(args, src_dict, encoder_dim, encoder_path)
     return encoder_embed, encoder_embed
 
 
