@@ -213,6 +213,20 @@ def one_torch_thread():
     torch.set_num_threads(previous)
 
 
+def moved_from_its_start(built, scale: float = 0.05):
+    """``built`` with seeded noise added to every parameter: several methods start as the plain Transformer
+    (DenseFormer's averages, MUDDFormer's static weights, hyper-connections' streams), where a wrong mix of
+    layers or positions computes the same as the right one. Padding rows stay zero, as fairseq keeps them."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in built.model.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+        for module in built.model.modules():
+            if isinstance(module, torch.nn.Embedding) and module.padding_idx is not None:
+                module.weight[module.padding_idx].zero_()
+    return built
+
+
 @pytest.fixture(scope="module")
 def built_cache():
     """Models built once per module (``{variant id: Built}``) and corpora (``{data_bin: Corpus}``);
@@ -227,7 +241,7 @@ def subject(variant, request, built_cache):
     data_bin = request.getfixturevalue(data_bin_fixture(variant))
     models, corpora = built_cache["models"], built_cache["corpora"]
     if variant.id not in models:
-        models[variant.id] = build_like_fairseq_train(data_bin, variant.arch, flags_of(variant))
+        models[variant.id] = moved_from_its_start(build_like_fairseq_train(data_bin, variant.arch, flags_of(variant)))
     built = models[variant.id]
     if data_bin not in corpora:
         corpora[data_bin] = Corpus.load(data_bin, built)
