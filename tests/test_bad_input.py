@@ -242,6 +242,21 @@ def test_summary_every_beyond_the_depth_is_warned_about(caplog):
                         "layers below the top layer; dense layers: encoder 4, decoder 4)"]
 
 
+@pytest.mark.parametrize("arch,flags,softmax", [
+    ("dense_fconv", ["--encoder-layers", "[(8, 3)] * 4", "--decoder-layers", "[(8, 3)] * 4"], "--decoder-out-embed-dim"),
+    ("dense_transformer", [], "--decoder-output-dim"),
+])
+def test_a_softmax_width_beside_small_embeddings_is_warned_about(caplog, arch, flags, softmax):
+    """Sec. 4.2: the softmax matrix takes the small embeddings' width, whatever the user asked for."""
+    build_model(arch, *flags, "--embed-bottleneck-dim", "8", softmax, "12")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"flag without effect: {softmax} 12: the softmax matrix takes the small embeddings' width "
+                        "(Sec. 4.2), and --embed-bottleneck-dim is 8"]
+    caplog.clear()
+    build_model(arch, *flags, "--embed-bottleneck-dim", "8")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 @pytest.mark.parametrize("flags", [["--layer-attention-dropconnect", "0.3"], ["--aggregation-residual=all"]])
 def test_idle_flag_warnings_read_the_configuration_not_the_command_line(caplog, monkeypatch, flags):
     """A flag typed at the architecture's own value configures what the architecture would: the warning comes from

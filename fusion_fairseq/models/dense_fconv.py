@@ -143,6 +143,9 @@ def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_di
             raise ConfigurationError(
                 f"{flag_of(name)} {getattr(args, name)!r} is not supported by {architecture.__name__}")
     idle = idle_dense_flags(args)
+    if args.embed_bottleneck_dim is not None:  # Sec. 4.2: the softmax matrix shrinks with the embeddings (below)
+        idle[softmax_dim] = ("the softmax matrix takes the small embeddings' width (Sec. 4.2)",
+                             f"--embed-bottleneck-dim is {args.embed_bottleneck_dim}")
     unset = argparse.Namespace(**{name: value for name, value in vars(args).items() if name not in idle})
     ARCH_CONFIG_REGISTRY.get(getattr(args, "arch", None) or getattr(args, "_name", None), architecture)(unset)
     warn_idle_flags(args, idle, vars(unset))  # a preset's own value is not the user's
@@ -159,7 +162,7 @@ def dense_args(cfg, architecture, config, unsupported: Sequence[str], softmax_di
                        "layers below the top layer; dense layers: %s)", args.summary_every, args.summary_every - 1, stacks)
     args.max_source_positions = getattr(args, "max_source_positions", None) or 1024
     args.max_target_positions = getattr(args, "max_target_positions", None) or 1024
-    if args.embed_bottleneck_dim is not None:  # Sec. 4.2: the softmax matrix shrinks with the embeddings
+    if args.embed_bottleneck_dim is not None:
         setattr(args, softmax_dim, args.embed_bottleneck_dim)
     return args
 
