@@ -28,6 +28,7 @@ from fusion_fairseq.config_fields import (
 MIN_SURFACE_FUSION_TAU = 0.01
 
 
+# fairseq's Transformer flags that are probabilities
 PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop")
 
 
