@@ -1,5 +1,6 @@
-"""fairseq's Transformer flags on the plugin's Transformers (``fusion_transformer``, ``dense_transformer``) do
-what they do on fairseq's ``transformer``, or are refused naming the flag: none is taken and ignored."""
+"""fairseq's flags on the plugin's models do what they do on fairseq's ``transformer``, or are refused naming the
+flag: none is taken and ignored. The Transformer's flags on ``fusion_transformer`` and ``dense_transformer``;
+``fairseq-generate``'s retained dropout on every model's own dropouts."""
 
 import pytest
 import torch
@@ -17,9 +18,11 @@ class TranslationTaskDictionaries:
     """What a model's ``build_model`` reads of fairseq's translation task: its dictionaries, as attributes
     (``src_dict``, ``tgt_dict``) behind the task's properties."""
 
-    def __init__(self, src_vocab=30, tgt_vocab=20):
-        self.src_dict, self.tgt_dict = dictionary_of_size(src_vocab), dictionary_of_size(tgt_vocab)
-        self.tgt_dict.add_symbol("target-only")
+    def __init__(self, src_vocab=30, tgt_vocab=20, joined=False):
+        self.src_dict = dictionary_of_size(src_vocab)
+        self.tgt_dict = self.src_dict if joined else dictionary_of_size(tgt_vocab)
+        if not joined:
+            self.tgt_dict.add_symbol("target-only")
 
     @property
     def source_dictionary(self):
@@ -79,3 +82,38 @@ def test_merged_source_and_target_embeddings_are_one_table_over_both_dictionarie
 def test_flags_a_model_cannot_honour_are_refused_naming_them(arch, flags, message):
     with pytest.raises(ValueError, match=message):
         build(arch, *flags)
+
+
+def retaining(model, modules):
+    """``model`` as ``fairseq-generate --retain-dropout --retain-dropout-modules MODULES`` prepares it."""
+    from types import SimpleNamespace
+
+    generation = SimpleNamespace(retain_dropout=True, retain_dropout_modules=modules, beam=5, no_beamable_mm=False,
+                                 print_alignment=False)
+    model.eval()
+    model.prepare_for_inference_(SimpleNamespace(generation=generation))
+    return model
+
+
+@pytest.mark.parametrize("arch,flags,module", [
+    ("layerwise_coordination", ("--dropout", "0.3"), "CoordinationLayer"),
+    ("layerwise_coordination", ("--dropout", "0.3"), "CoordinationEmbedding"),
+    ("layerwise_coordination", ("--attention-dropout", "0.3"), "MixedAttention"),
+    ("fusion_transformer", ("--fuse-decoder", "fnn", "--fusion-dropout", "0.3"), "FeedForward"),
+    ("fusion_transformer", ("--aggregate-decoder", "hierarchical", "--dropout", "0.3"), "AggregationNode"),
+    ("fusion_transformer", ("--layer-attention", "fine", "--layer-attention-dropconnect", "0.3"), "LayerAttention"),
+    ("fusion_transformer", ("--surface-fusion", "hard", "--surface-fusion-variant", "released", "--dropout", "0.3"),
+     "SurfaceFusion"),
+])
+def test_retained_dropout_reaches_the_plugins_own_modules(arch, flags, module):
+    """Monte-Carlo dropout at generation (--retain-dropout[-modules]) keeps the plugin's dropouts on, as it keeps
+    fairseq's; unretained, two passes agree."""
+    tiny = TINY if arch != "layerwise_coordination" else ("--layers", "2", "--embed-dim", "16", "--ffn-embed-dim",
+                                                           "32", "--attention-heads", "2")
+    args = parse_model_args(arch, *tiny, *flags)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, TranslationTaskDictionaries(30, joined=True))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert torch.equal(logits(model, 30), logits(model, 30))
+        retaining(model, [module])
+        assert not torch.equal(logits(model, 30), logits(model, 30))

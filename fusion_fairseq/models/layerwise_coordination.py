@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.dataclass import FairseqDataclass
 from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder
 from fairseq.models.transformer import Embedding
@@ -44,7 +45,7 @@ class CoordinationEmbedding(nn.Module):
         self.padding_idx = embed_tokens.padding_idx
         self.dim = embed_tokens.embedding_dim
         self.scale = math.sqrt(self.dim) if scale else 1.0
-        self.dropout = dropout
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         self.use_positions = use_positions
         self.language = None
         if use_language:
@@ -61,7 +62,7 @@ class CoordinationEmbedding(nn.Module):
             x = x + table.type_as(x)
         if self.language is not None:
             x = x + self.language.weight[side]
-        return F.dropout(x, self.dropout, self.training)
+        return self.dropout_module(x)
 
 
 class CoordinationEncoder(FairseqEncoder):

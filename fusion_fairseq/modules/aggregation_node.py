@@ -4,6 +4,7 @@ from typing import List
 
 import torch
 from torch import Tensor, nn
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from .init import fan_in_uniform_
 
@@ -52,7 +53,7 @@ class AggregationNode(nn.Module):
             self.fc2 = nn.Linear(hidden_dim, embed_dim)
             fan_in_uniform_(self.fc1)
             fan_in_uniform_(self.fc2)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
         self.layer_norm = nn.LayerNorm(embed_dim)
 
     def transform(self, inputs: List[Tensor]) -> Tensor:

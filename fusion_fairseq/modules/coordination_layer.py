@@ -5,6 +5,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from .mixed_attention import MixedAttention
 
@@ -35,8 +36,8 @@ class CoordinationLayer(nn.Module):
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
         self.final_layer_norm = nn.LayerNorm(embed_dim)
-        self.dropout = dropout
-        self.activation_dropout = activation_dropout
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=type(self).__name__)
         self.normalize_before = normalize_before
         self.mixed = mixed
 
@@ -50,12 +51,12 @@ class CoordinationLayer(nn.Module):
         return self.attention.project_memory(memory, memory)
 
     def residual(self, x: Tensor, update: Tensor, layer_norm: nn.LayerNorm) -> Tensor:
-        x = x + F.dropout(update, self.dropout, self.training)
+        x = x + self.dropout_module(update)
         return x if self.normalize_before else layer_norm(x)
 
     def feed_forward(self, x: Tensor) -> Tensor:
         h = self.final_layer_norm(x) if self.normalize_before else x
-        h = F.dropout(F.relu(self.fc1(h)), self.activation_dropout, self.training)
+        h = self.activation_dropout_module(F.relu(self.fc1(h)))
         return self.residual(x, self.fc2(h), self.final_layer_norm)
 
     def encode(self, x: Tensor, allowed: Optional[Tensor]) -> Tensor:

@@ -5,6 +5,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from .init import fan_in_uniform_
 
@@ -20,12 +21,12 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(in_dim, hidden_dim)
         self.fc2 = nn.Linear(hidden_dim, out_dim)
-        self.dropout = dropout
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         fan_in_uniform_(self.fc1)
         fan_in_uniform_(self.fc2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.dropout(F.relu(self.fc1(x)), p=self.dropout, training=self.training)
+        hidden = self.dropout_module(F.relu(self.fc1(x)))
         return self.fc2(hidden)
 
 

@@ -3,8 +3,8 @@
 from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 LAYER_ATTENTION_KINDS = ("none", "coarse", "fine")
 
@@ -53,8 +53,8 @@ class LayerAttention(nn.Module):
             raise ValueError(f"layer attention kind {kind!r}; allowed: coarse, fine")
         self.kind = kind
         self.num_inputs = num_encoder_layers + 1
-        self.dropconnect = dropconnect
-        self.embedding_dropout = embedding_dropout
+        self.dropconnect = FairseqDropout(dropconnect, module_name=type(self).__name__)
+        self.embedding_dropout = FairseqDropout(embedding_dropout, module_name=type(self).__name__)
         width = embed_dim if kind == "fine" else 1
         self.logits = nn.Parameter(torch.zeros(num_decoder_layers, self.num_inputs, width))
         self.masked_layer: Optional[int] = None
@@ -71,7 +71,7 @@ class LayerAttention(nn.Module):
         """Normalised W, ``(M, N+1, D)`` for fine or ``(M, N+1, 1)`` for coarse, after DropConnect and masking."""
         # DropConnect on the learnable logits (dropout = drop single elements, rescale by 1 / (1 - p)),
         # before masking: a dropped -inf would be 0 * -inf = nan.
-        logits = F.dropout(self.logits, p=self.dropconnect, training=self.training)
+        logits = self.dropconnect(self.logits)
         if self.masked_layer is not None:
             logits = logits.index_fill(1, torch.tensor(self.masked_layer, device=logits.device), float("-inf"))
         return torch.softmax(logits.float(), dim=1).type_as(logits)
@@ -80,7 +80,7 @@ class LayerAttention(nn.Module):
         """``layers``: N+1 tensors ``(src_len, batch, D)``, X_0 first (the word embeddings before
         any dropout). Returns ``(M, src_len, batch, D)``."""
         # X_0 is dropped out once, shared by every S_m, as the encoder's input embedding is
-        embedding = F.dropout(layers[0], p=self.embedding_dropout, training=self.training)
+        embedding = self.embedding_dropout(layers[0])
         stacked = torch.stack([embedding, *layers[1:]], dim=0)
         weights = self.weights()
         if self.kind == "coarse":

@@ -4,7 +4,6 @@ import math
 from typing import List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .projected_attention import ProjectedAttention
@@ -39,7 +38,7 @@ class MixedAttention(ProjectedAttention):
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).type_as(scores)
-        context = torch.matmul(F.dropout(weights, self.dropout, self.training), values)
+        context = torch.matmul(self.dropout_module(weights), values)
         return self.project_output(context), weights.mean(dim=1)
 
     def attend_blocks(self, query: Tensor, blocks: List[Tuple[Tensor, Tensor, Tensor]],
@@ -52,6 +51,6 @@ class MixedAttention(ProjectedAttention):
         scores = [torch.matmul(q, keys.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
                   for keys, _, allowed in blocks]
         weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).type_as(q)
-        shares = F.dropout(weights, self.dropout, self.training).split([block.size(-1) for block in scores], dim=-1)
+        shares = self.dropout_module(weights).split([block.size(-1) for block in scores], dim=-1)
         context = sum(torch.matmul(share, values) for share, (_, values, _) in zip(shares, blocks))
         return self.project_output(context), (weights.mean(dim=1) if need_weights else None)

@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 
 class ProjectedAttention(nn.Module):
@@ -30,7 +31,7 @@ class ProjectedAttention(nn.Module):
             raise ValueError(f"embed dim {embed_dim} is not divisible by {num_heads} attention heads")
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
-        self.dropout = dropout
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(embed_dim, embed_dim)
         self.v_proj = nn.Linear(embed_dim, embed_dim)
@@ -61,5 +62,5 @@ class ProjectedAttention(nn.Module):
         """Attend from ``query`` to projected ``keys``/``values``; the output, projected."""
         context = F.scaled_dot_product_attention(
             self.project_query(query), keys, values, attn_mask=allowed,
-            dropout_p=self.dropout if self.training else 0.0)
+            dropout_p=self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0)
         return self.project_output(context)

@@ -5,8 +5,8 @@ import math
 from typing import Callable, Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from .feedforward_fusion import FeedForward
 from .surface_attention import SurfaceAttention
@@ -48,13 +48,13 @@ class ResidualFeedForward(nn.Module):
     def __init__(self, embed_dim: int, ffn_dim: int, dropout: float, activation_dropout: float):
         super().__init__()
         self.ffn = FeedForward(embed_dim, ffn_dim, embed_dim, dropout=activation_dropout)
-        self.dropout = dropout
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         for linear in (self.ffn.fc1, self.ffn.fc2):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + F.dropout(self.ffn(x), p=self.dropout, training=self.training)
+        return x + self.dropout_module(self.ffn(x))
 
 
 class SurfaceFusion(nn.Module):
@@ -103,7 +103,8 @@ class SurfaceFusion(nn.Module):
         self.lam = lam
         self.tau = tau
         self.released = variant == "released"
-        self.embedding_dropout = embedding_dropout if self.released else 0.0
+        self.embedding_dropout = FairseqDropout(embedding_dropout if self.released else 0.0,
+                                                module_name=type(self).__name__)
         self.attention = SurfaceAttention(embed_dim, 1 if self.released else num_heads, dropout,
                                           **(FAIRSEQ_ATTENTION_INIT if self.released else {}))
         self.output_ffn = None
@@ -122,7 +123,7 @@ class SurfaceFusion(nn.Module):
         values = encoder_out["encoder_embedding"][0]
         if self.released:
             query, keys = query.detach(), keys.detach()
-            values = F.dropout(values, p=self.embedding_dropout, training=self.training)
+            values = self.embedding_dropout(values)
         surface = self.attention(query, keys=keys, values=values, key_padding_mask=padding_mask,
                                  incremental_state=incremental_state)
         # one product with the output matrix for both: the largest matrix of a small model is read once
