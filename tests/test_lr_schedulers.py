@@ -22,10 +22,11 @@ class FakeOptimizer(FairseqOptimizer):
         return self.lr
 
 
-def rates(losses, every_epoch_after_increase=False, lr=1.0):
+def rates(losses, every_epoch_after_increase=False, lr=1.0, maximize=False):
     scheduler = ShrinkOnValidationIncrease(
         ShrinkOnValidationIncreaseConfig(lr_shrink=0.1, shrink_every_epoch_after_increase=every_epoch_after_increase,
-                                         lr=[lr], validate_interval=1), FakeOptimizer())
+                                         lr=[lr], validate_interval=1, maximize_best_checkpoint_metric=maximize),
+        FakeOptimizer())
     return [round(scheduler.step(epoch, loss), 10) for epoch, loss in enumerate(losses, 1)]
 
 
@@ -39,13 +40,18 @@ def test_shrinks_when_the_loss_rises_above_the_previous_epochs():
     assert rates([4.0, 3.0, 2.5, 3.0, 2.8, 2.9, 2.0]) == [1.0, 1.0, 1.0, 0.1, 0.1, 0.01, 0.01]
 
 
+def test_a_metric_to_maximise_shrinks_when_it_falls():
+    """--best-checkpoint-metric bleu --maximize-best-checkpoint-metric: the value fairseq passes is BLEU."""
+    assert rates([20.0, 22.0, 21.5, 23.0, 22.9], maximize=True) == [1.0, 1.0, 0.1, 0.1, 0.01]
+
+
 def test_every_epoch_after_the_first_rise():
     assert rates([4.0, 3.0, 3.1, 2.0, 1.9, 1.8], every_epoch_after_increase=True) == [1.0, 1.0, 0.1, 0.01, 0.001, 0.0001]
 
 
 def test_state_survives_a_checkpoint():
     config = ShrinkOnValidationIncreaseConfig(lr_shrink=0.1, shrink_every_epoch_after_increase=True, lr=[1.0],
-                                              validate_interval=1)
+                                              validate_interval=1, maximize_best_checkpoint_metric=False)
     first = ShrinkOnValidationIncrease(config, FakeOptimizer())
     for epoch, loss in enumerate([3.0, 3.5], 1):
         first.step(epoch, loss)

@@ -9,7 +9,8 @@ Reading: "increases" compares an epoch's validation loss with the previous epoch
 ``reduce_lr_on_plateau`` compares it with the best one, so it also shrinks after an epoch that is
 merely no better than the best). With ``--shrink-every-epoch-after-increase`` (En-De) the first
 increase shrinks the rate and so does every epoch end after it, whatever the loss does. Stopping
-below 1e-4 is fairseq's ``--stop-min-lr 1e-4``.
+below 1e-4 is fairseq's ``--stop-min-lr 1e-4``. fairseq hands the scheduler its ``--best-checkpoint-metric``
+(the loss by default); under ``--maximize-best-checkpoint-metric`` (e.g. BLEU) a fall is what gets worse.
 
 fairseq tells the scheduler of an epoch's end and its validation loss together, and with no loss both
 after an epoch it did not validate (``--validate-interval`` above 1) and as a checkpoint is loaded: so
@@ -36,12 +37,13 @@ class ShrinkOnValidationIncreaseConfig(FairseqDataclass):
         default=False, metadata={"help": "after the first increase, shrink at every epoch end (Shen et al.'s En-De)"})
     lr: List[float] = II("optimization.lr")
     validate_interval: int = II("dataset.validate_interval")
+    maximize_best_checkpoint_metric: bool = II("checkpoint.maximize_best_checkpoint_metric")
 
 
 @register_lr_scheduler("shrink_on_validation_increase", dataclass=ShrinkOnValidationIncreaseConfig)
 class ShrinkOnValidationIncrease(FairseqLRScheduler):
     """A constant rate, multiplied by ``--lr-shrink`` at the end of an epoch whose validation loss is
-    above the previous epoch's (and, with ``--shrink-every-epoch-after-increase``, at every epoch end
+    worse than the previous epoch's (and, with ``--shrink-every-epoch-after-increase``, at every epoch end
     after the first such epoch)."""
 
     def __init__(self, cfg: ShrinkOnValidationIncreaseConfig, optimizer):
@@ -61,10 +63,11 @@ class ShrinkOnValidationIncrease(FairseqLRScheduler):
 
     def step(self, epoch, val_loss=None):
         super().step(epoch, val_loss)
-        if val_loss is not None:
-            rose = self.previous_loss is not None and val_loss > self.previous_loss
-            self.increased = self.increased or rose
-            if rose or (self.increased and self.cfg.shrink_every_epoch_after_increase):
+        if val_loss is not None:  # the value of --best-checkpoint-metric
+            maximize, previous = self.cfg.maximize_best_checkpoint_metric, self.previous_loss
+            worse = previous is not None and (val_loss < previous if maximize else val_loss > previous)
+            self.increased = self.increased or worse
+            if worse or (self.increased and self.cfg.shrink_every_epoch_after_increase):
                 self.lr *= self.cfg.lr_shrink
             self.previous_loss = val_loss
         self.optimizer.set_lr(self.lr)
