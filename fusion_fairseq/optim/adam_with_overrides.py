@@ -9,7 +9,7 @@ parameter group of fairseq's own Adam, and every parameter without one is optimi
 ``--optimizer adam`` would (same flags, same update). Hyper-connections mark their static weights this
 way (Zhu et al. 2025, Sec. 4: no weight decay on the static components).
 
-Under ``--fp16``/``--bf16`` fairseq flattens every parameter into one tensor before the optimizer sees
+Under ``--fp16`` (not ``--bf16``) fairseq flattens every parameter into one tensor before the optimizer sees
 them, which erases the attribute: pass ``--fp16-no-flatten-grads`` there.
 """
 
