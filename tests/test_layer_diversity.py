@@ -188,6 +188,14 @@ def test_loss_is_label_smoothed_loss_minus_lambda_term_times_sample_size(sentenc
     assert log["nll_loss"].item() == pytest.approx(ls_log["nll_loss"].item(), rel=1e-6)
 
 
+def test_a_model_without_layer_states_is_refused_naming_the_model_to_use():
+    model, sample = tiny_model("transformer"), tiny_sample()
+    with pytest.raises(ValueError, match=r"needs the model's layer states in its output \(extra\['encoder_states', "
+                                         r"'inner_states'\]\), which this model does not return; use --arch "
+                                         r"fusion_transformer or one of its presets"):
+        criterion(1.0)(model, sample)
+
+
 def test_sides_select_the_encoder_or_decoder_term_and_both_is_their_sum():
     model, sample = tiny_model(), tiny_sample()
     encoder, decoder = expected_terms(model, sample)

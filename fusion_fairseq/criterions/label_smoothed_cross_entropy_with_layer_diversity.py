@@ -127,8 +127,7 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
             raise ConfigurationError(
                 f"--criterion {NAME} needs the model's layer states in its output "
                 f"(extra[{', '.join(repr(STATES[side]) for side in sides)}]), which this model does not return; "
-                "use a model from the fusion_fairseq plugin, e.g. --arch fusion_transformer "
-                "(or an architecture preset of it), not fairseq's transformer")
+                "use --arch fusion_transformer or one of its presets (e.g. deeprep_transformer_wmt_en_de)")
         result = {}
         for side in sides:
             states = extra[STATES[side]]
