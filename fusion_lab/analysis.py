@@ -294,7 +294,8 @@ def checkpoint_setting(model_config, option: str, allowed, flag: str, lacking: s
     found = value(option)
     if found not in allowed:
         having = f"no --{option}" if found is None else f"--{option} {found}"
-        raise UsageError(f"{flag}: the checkpoint (arch {getattr(model_config, 'arch', '?')}) has {having}, so "
+        arch = getattr(model_config, "arch", None) or getattr(model_config, "_name", "?")
+        raise UsageError(f"{flag}: the checkpoint (arch {arch}) has {having}, so "
                          f"{lacking}; a fusion_transformer checkpoint trained with --{option} {' or '.join(allowed)} "
                          f"is needed{hint}")
     return found

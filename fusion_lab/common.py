@@ -278,7 +278,9 @@ def learning_curve(log_path: str) -> Dict[int, float]:
         for m in filter(None, map(VALID_LINE.search, log)):
             try:
                 stats = json.loads(m.group(1))
-                curve[int(float(stats["valid_num_updates"]))] = float(stats["valid_nll_loss"])
+                # cross_entropy logs its NLL (bits) as the loss alone
+                nll = stats["valid_nll_loss"] if "valid_nll_loss" in stats else stats["valid_loss"]
+                curve[int(float(stats["valid_num_updates"]))] = float(nll)
             except (ValueError, KeyError):
                 continue
     return dict(sorted(curve.items()))

@@ -28,7 +28,7 @@ from fusion_lab.analysis import ReportedError, UsageError, checkpoint_setting, f
 from fusion_lab.common import python_module_command, refuse_existing_output, write_file  # noqa: E402
 
 BLEU_LINE = re.compile(r"^Generate \S+ with beam=\d+: .*?\bBLEU4? = ([0-9.]+)", re.MULTILINE)
-LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (\S+)")
+LOADED_LINE = re.compile(r"loaded ([0-9,]+) examples from: (.+?)\s*$", re.MULTILINE)
 FORBIDDEN_FORWARDED = {
     "--quiet": "the H-/T- lines are needed",
     "--model-overrides": "the script sets it per run",
@@ -178,7 +178,7 @@ def run(args) -> dict:
     if args.keep_outputs:  # its earlier generate-*.txt are replaced only with --force
         if os.path.exists(args.keep_outputs) and not os.path.isdir(args.keep_outputs):
             raise UsageError(f"--keep-outputs {args.keep_outputs} is a file; give a directory")
-        for earlier in sorted(glob.glob(os.path.join(args.keep_outputs, "generate-*.txt"))):
+        for earlier in sorted(glob.glob(os.path.join(glob.escape(args.keep_outputs), "generate-*.txt"))):
             refuse_existing_output("--keep-outputs", earlier, args.force, UsageError)
     if not os.path.isdir(args.data):
         raise UsageError(f"--data {args.data}: no such directory")

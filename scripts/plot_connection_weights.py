@@ -106,7 +106,8 @@ def side_weights(model) -> dict:
         if isinstance(stack, MultiwayDynamicDense):  # the static a_i: RMSNorm(0) W_1 = 0
             weights[f"{side} MUDD"] = mudd_matrix([generator.static.detach().float().numpy()
                                                    for generator in stack.generators])
-        connections = [connection for layer in module.layers for connection in getattr(layer, "hyper_connections", [])
+        layers = getattr(module, "layers", [])  # a ConvS2S stack has none of these connections
+        connections = [connection for layer in layers for connection in getattr(layer, "hyper_connections", [])
                        if isinstance(connection, (HyperConnection, ManifoldHyperConnection))]
         if connections:
             weights[f"{side} hyper-connections"] = np.concatenate(

@@ -145,3 +145,14 @@ def test_a_sentence_is_refused_where_no_weight_depends_on_it(trained, tiny_data_
     assert code == 2
     assert message in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "w.png")
+
+
+@pytest.mark.parametrize("arch", ["fconv", "dense_fconv"])
+def test_a_convolutional_model_has_no_connection_weights_to_draw(arch):
+    """Its stacks have no ``layers``: the script's one-line refusal, not an AttributeError."""
+    from model_building import build_model
+
+    script = load_script("plot_connection_weights")
+    layers = ("--encoder-layers", "[(8, 3)] * 2", "--decoder-layers", "[(8, 3)] * 2", "--encoder-embed-dim", "8",
+              "--decoder-embed-dim", "8", "--decoder-out-embed-dim", "8")
+    assert script.side_weights(build_model(arch, *layers)) == {}

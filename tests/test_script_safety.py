@@ -284,8 +284,9 @@ def test_an_output_hard_linked_to_the_checkpoint_is_refused_even_with_force(scri
     assert checkpoint.read_bytes() == b"precious"
 
 
-def test_mask_encoder_layers_refuses_earlier_kept_outputs(scripts, capsys, tmp_path):
-    kept = tmp_path / "kept"
+@pytest.mark.parametrize("folder", ["kept", "kept[1]"])  # a glob pattern's characters in the name
+def test_mask_encoder_layers_refuses_earlier_kept_outputs(scripts, capsys, tmp_path, folder):
+    kept = tmp_path / folder
     kept.mkdir()
     (kept / "generate-none.txt").write_text("an earlier run\n")
     code, err = run(scripts, capsys, "mask_encoder_layers", "--path", tmp_path / "missing.pt", "--data", tmp_path,
@@ -509,3 +510,14 @@ def test_an_unknown_task_or_architecture_is_named(scripts, capsys, tiny_mlrf_che
     assert code == 2 and err.count("\n") == 1, err
     assert f": error: --path {path}: the checkpoint's {kind} '{unknown}' is not one fairseq " \
         "knows; pass the --user-dir that registers it" in err
+
+
+def test_a_refusal_names_the_architecture_a_plugin_checkpoint_stores_as_its_name():
+    """The plugin's configurations store the architecture as ``_name``; the error read ``arch ?``."""
+    from argparse import Namespace
+
+    from fusion_lab.analysis import UsageError, checkpoint_setting
+
+    config = Namespace(_name="mlrf_iwslt_de_en", layer_attention="none")
+    with pytest.raises(UsageError, match=r"the checkpoint \(arch mlrf_iwslt_de_en\) has --layer-attention none"):
+        checkpoint_setting(config, "layer-attention", ("coarse", "fine"), "--path x.pt", "it has no layer attention")

@@ -40,6 +40,14 @@ def test_updates_and_seconds_to_the_references_best_nll(tmp_path):
     assert "> 10" in table and "0.50" in table and "0.60" in table
 
 
+def test_a_cross_entropy_log_gives_its_loss_as_the_nll(tmp_path):
+    """fairseq's cross_entropy criterion (the DenseNMT and MLRF recipes') logs valid_loss, no valid_nll_loss."""
+    log = tmp_path / "ce.log"
+    log.write_text('2026-01-01 | INFO | train_inner | {"num_updates": "10", "train_wall": "4"}\n'
+                   '2026-01-01 | INFO | valid | {"valid_loss": "5.057", "valid_num_updates": "10"}\n')
+    assert benchmark.time_to_loss(str(log), [])["target_nll"] == 5.057
+
+
 def test_seconds_are_interpolated_between_log_lines():
     assert benchmark.seconds_at({10: 10.0, 20: 30.0}, 15) == 20.0
     assert benchmark.seconds_at({10: 10.0}, 5) == 5.0
