@@ -521,3 +521,9 @@ def test_a_refusal_names_the_architecture_a_plugin_checkpoint_stores_as_its_name
     config = Namespace(_name="mlrf_iwslt_de_en", layer_attention="none")
     with pytest.raises(UsageError, match=r"the checkpoint \(arch mlrf_iwslt_de_en\) has --layer-attention none"):
         checkpoint_setting(config, "layer-attention", ("coarse", "fine"), "--path x.pt", "it has no layer attention")
+
+
+def test_mask_encoder_layers_reads_a_data_path_with_a_space(scripts):
+    """The count of loaded test sentences (the check of the hypothesis count) was lost for such a path."""
+    line = "2026-12-07 | INFO | fairseq.data.data_utils | loaded 15 examples from: out dir/data-bin/test.de-en.de\n"
+    assert scripts["mask_encoder_layers"].LOADED_LINE.findall(line) == [("15", "out dir/data-bin/test.de-en.de")]
