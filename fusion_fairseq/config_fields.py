@@ -69,8 +69,12 @@ def flag(default, help: str, values: Optional[Values] = None, structural: bool =
     """A field of a model's configuration: its default and its help, fairseq's metadata, and where a type
     cannot say it (e.g. "positive"), what it accepts; ``structural``: a checkpoint fixes it (the parameters or
     what the model computes with them change), so checkpoint_safety refuses it as an override."""
-    metadata = {"help": help, **({"values": values} if values is not None else {})}
-    return dataclasses.field(default=default, metadata={**metadata, **({"structural": True} if structural else {})})
+    metadata = {"help": help}
+    if values is not None:
+        metadata["values"] = values
+    if structural:
+        metadata["structural"] = True
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def structural_fields(config) -> tuple:
