@@ -301,8 +301,11 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
     models = check_args(args)
-    recipe = prepared_data(args.data) if args.data else None
     out = os.path.abspath(args.out)
+    if args.data and os.path.realpath(args.data) == os.path.realpath(out):
+        raise SystemExit(f"fusion-fairseq-quickstart: error: --data {args.data} is --out {args.out} (through links): "
+                         "the quickstart writes its checkpoints, logs and stamp there; give another --out")
+    recipe = prepared_data(args.data) if args.data else None
     dirs = SimpleNamespace(out=out, bin=os.path.join(args.data or out, "data-bin"),  # --data: corpus prepare's
                            **{name: os.path.join(out, name) for name in ("raw", "bpe", "checkpoints", "logs")})
     claim_out_dir(out, OUT_NAMES, "fusion-fairseq quickstart", args.force, "quickstart",

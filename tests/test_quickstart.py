@@ -136,6 +136,20 @@ def test_corpus_prepare_output_is_trained_on_and_scored_as_corpus_evaluate_score
     assert (tmp_path / "evaluated" / "hyp.detok").read_text() == (results / "hyp.detok").read_text()
 
 
+def test_data_that_is_the_out_folder_is_refused_before_any_work(tmp_path):
+    """Its corpus folder's stamp would be replaced by the quickstart's, its checkpoints written beside the corpus."""
+    data = tmp_path / "prepared"
+    (data / "data-bin").mkdir(parents=True)
+    (data / ".written_by").write_text("fusion-fairseq corpus prepare\n")
+    (tmp_path / "link").symlink_to(data)
+    with pytest.raises(SystemExit) as error:
+        quickstart.main(["--data", str(data), "--out", str(tmp_path / "link"), "--force"])
+    assert str(error.value.code) == (f"fusion-fairseq-quickstart: error: --data {data} is --out {tmp_path / 'link'} "
+                                     "(through links): the quickstart writes its checkpoints, logs and stamp there; "
+                                     "give another --out")
+    assert (data / ".written_by").read_text() == "fusion-fairseq corpus prepare\n"
+
+
 @pytest.mark.parametrize("what", ["raw text", "missing", "recipe without references"])
 def test_data_that_corpus_prepare_did_not_make_is_refused_before_any_work(tmp_path, what):
     data = tmp_path / "data"
