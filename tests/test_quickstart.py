@@ -242,6 +242,18 @@ def test_layer_fusion_analyses_need_a_layer_attention_checkpoint(tmp_path):
     assert "--models transformer,fgla,surface_fusion" in result.stderr
 
 
+def test_layer_fusion_analyses_read_the_data_a_run_on_prepared_data_names(tmp_path):
+    """A quickstart run with --data DIR has no data-bin of its own: DATA names it."""
+    (tmp_path / "checkpoints" / "fgla").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "fgla" / "checkpoint_best.pt").write_bytes(b"")
+    result = subprocess.run(["bash", ANALYSES, str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 2 and "(one trained with --data DIR: pass DATA=DIR/data-bin)" in result.stderr
+    (tmp_path / "prepared" / "data-bin").mkdir(parents=True)
+    result = subprocess.run(["bash", ANALYSES, str(tmp_path), str(tmp_path / "figures")], capture_output=True,
+                            text=True, env={**os.environ, "DATA": str(tmp_path / "prepared" / "data-bin")})
+    assert "not found" not in result.stderr and (tmp_path / "figures").is_dir()  # it went on to the checkpoints
+
+
 def test_outputs_linked_elsewhere_are_replaced_not_written_through(tmp_path):
     """The synthetic corpus, its BPE'd text and codes: an output that is a link to a user's file is replaced."""
     out = tmp_path / "out"

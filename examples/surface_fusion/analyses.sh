@@ -13,10 +13,11 @@
 #   table3_cosine.json              cosine of aligned source/target embeddings (Table 3), with the
 #                                   synthetic corpus's bilingual dictionary (qs/raw/dict.SRC-TGT.txt)
 #                                   or DICT=FILE for a run on real data
+# DATA=DIR/data-bin for a run trained on the output of corpus prepare (quickstart --data DIR).
 # An existing output file is overwritten only with --force (a rerun needs it).
 # PYTHON selects the interpreter (default: python3, else python) that has fusion-fairseq installed.
 set -euo pipefail
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 force=()
 if [[ "${1:-}" == --force ]]; then force=(--force); shift; fi
@@ -28,14 +29,14 @@ export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 scripts="$(cd "$(dirname "$0")/../../scripts" && pwd)"
 run="$1"
 figures="${2:-$run/analyses}"
-data="$run/data-bin"
+data="${DATA:-$run/data-bin}"
 fgla="$run/checkpoints/fgla/checkpoint_best.pt"
 if [[ ! -f "$fgla" ]]; then
   echo "error: $fgla not found: train it with examples/quickstart.sh --models transformer,fgla,surface_fusion --out $run" >&2
   exit 2
 fi
 if [[ ! -d "$data" ]]; then
-  echo "error: $data not found: is $run the --out directory of a quickstart run?" >&2
+  echo "error: $data not found: is $run the --out directory of a quickstart run? (one trained with --data DIR: pass DATA=DIR/data-bin)" >&2
   exit 2
 fi
 mkdir -p "$figures"
