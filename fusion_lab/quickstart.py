@@ -213,6 +213,9 @@ def build_parser():
     return p
 
 
+SYNTHETIC_FLAGS = ("train_size", "valid_size", "test_size", "lexicon_seed", "bpe_merges")
+
+
 def check_args(args):
     """The models to train; values out of range are refused naming the flag."""
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -298,9 +301,16 @@ def main(argv=None):
     """Console entry point ``fusion-fairseq-quickstart``: the whole job."""
     import torch
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     started = time.time()
     models = check_args(args)
+    # the synthetic corpus's flags are read only without --data: warned about beside it
+    given = {flag_of(name): getattr(args, name) for name in SYNTHETIC_FLAGS
+             if getattr(args, name) != parser.get_default(name)}
+    if args.data and given:
+        print(f"warning: flag without effect: {', '.join(f'{name} {value}' for name, value in given.items())}: only "
+              f"the synthetic corpus reads it, and --data {args.data} gives the corpus", file=sys.stderr)
     out = os.path.abspath(args.out)
     if args.data and os.path.realpath(args.data) == os.path.realpath(out):
         raise SystemExit(f"fusion-fairseq-quickstart: error: --data {args.data} is --out {args.out} (through links): "

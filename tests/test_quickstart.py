@@ -136,6 +136,14 @@ def test_corpus_prepare_output_is_trained_on_and_scored_as_corpus_evaluate_score
     assert (tmp_path / "evaluated" / "hyp.detok").read_text() == (results / "hyp.detok").read_text()
 
 
+def test_the_synthetic_corpus_flags_beside_data_are_warned_about(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # the folder is no corpus prepare output: refused after the warning
+        quickstart.main(["--data", str(tmp_path / "prepared"), "--out", str(tmp_path / "o"), "--bpe-merges", "500",
+                         "--train-size", "12000"])
+    assert ("warning: flag without effect: --bpe-merges 500: only the synthetic corpus reads it, and --data "
+            f"{tmp_path / 'prepared'} gives the corpus") in capsys.readouterr().err
+
+
 def test_data_that_is_the_out_folder_is_refused_before_any_work(tmp_path):
     """Its corpus folder's stamp would be replaced by the quickstart's, its checkpoints written beside the corpus."""
     data = tmp_path / "prepared"
