@@ -50,7 +50,9 @@ def transformer_flags() -> list:
             default = item.default if item.default_factory is dataclasses.MISSING else item.default_factory()
             if isinstance(default, str):  # ${model.decoder.embed_dim}: the sibling field decoder_embed_dim
                 default = re.sub(r"\$\{model\.(\w+)\.(\w+)\}", r"${.\1_\2}", default)
-            metadata = {**item.metadata, **({"values": PROBABILITY} if prefix + item.name in PROBABILITIES else {})}
+            metadata = dict(item.metadata)
+            if prefix + item.name in PROBABILITIES:
+                metadata["values"] = PROBABILITY
             yield prefix + item.name, item.type, field(default=default, metadata=metadata)
 
     return list(flat(TransformerConfig))
@@ -60,22 +62,22 @@ TransformerFlags = make_dataclass("TransformerFlags", transformer_flags(), bases
                                   namespace={"fairseqs_flags": True})
 
 
-def sides_help(text: str) -> Dict[str, dict]:
+def sides_metadata(text: str) -> Dict[str, dict]:
     """The field metadata of the structural flags --NAME-encoder and --NAME-decoder: ``text`` with {} the side."""
     return {side: {"help": text.format(side), "structural": True} for side in ("encoder", "decoder")}
 
 
-FUSE_HELP = sides_help("fuse all {} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
+FUSE_HELP = sides_metadata("fuse all {} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
                        "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
-DENSEFORMER_HELP = sides_help("DenseFormer (Pagliardini et al. 2024): after each {} layer, a learned depth-weighted "
+DENSEFORMER_HELP = sides_metadata("DenseFormer (Pagliardini et al. 2024): after each {} layer, a learned depth-weighted "
                               "average of the embedding and every earlier layer output, starting as the identity")
-HYPER_CONNECTIONS_HELP = sides_help(
+HYPER_CONNECTIONS_HELP = sides_metadata(
     "replace the {}'s residual connections by hyper-connections over --hyper-connections-rate streams: static or "
     "dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream mixing (manifold: mHC, Xie et al. 2025)")
-MUDD_HELP = sides_help(
+MUDD_HELP = sides_metadata(
     "MUDDFormer (Xiao et al. 2025): the {}'s layers read their query, key, value and residual from their own dynamic "
     "dense aggregates of the embedding and every earlier layer output, starting as the identity")
-AGGREGATE_HELP = sides_help("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative "
+AGGREGATE_HELP = sides_metadata("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative "
                             "(Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
 
 
