@@ -561,7 +561,10 @@ def time_to_loss(reference: str, logs: List[str]) -> Dict:
     update at or below the reference's best validation NLL and the training time up to it, and
     their ratios to the reference's (Shen et al., NAACL 2018: DenseNMT's "29% less time to the same
     loss" beside 8.1% slower steps). The training time is the running sum of ``train_wall`` over the
-    ``train_inner`` lines, each covering one log interval, validation excluded."""
+    ``train_inner`` lines, each covering one log interval, validation excluded. fairseq logs each
+    interval's ``train_wall`` in whole seconds, so every line up to the target adds up to 0.5 s of
+    doubt (``train_seconds_bound``); the time ratio is given only where both times are known to
+    within ``TIME_RESOLUTION`` of themselves (log over longer intervals to get it)."""
     rows = []
     for path in [reference, *logs]:
         curve = learning_curve(path)
@@ -569,32 +572,54 @@ def time_to_loss(reference: str, logs: List[str]) -> Dict:
             raise BenchmarkError(f"--time-to-loss {path}: " + ("no validation lines (train with --log-format json "
                                  "and --validate-interval-updates N)" if os.path.isfile(path) else "no such file"))
         inner = [json.loads(m.group(1)) for m in map(TRAIN_LINE.search, read_lines(path)) if m]
-        walls = dict(zip([int(stats["num_updates"]) for stats in inner],
-                         itertools.accumulate(float(stats["train_wall"]) for stats in inner)))
+        updates = [int(stats["num_updates"]) for stats in inner]
+        walls = dict(zip(updates, itertools.accumulate(float(stats["train_wall"]) for stats in inner)))
         rows.append({"log": path, "reference": path == reference, "best_nll": min(curve.values()),
                      "last_update": max(curve), "walls": walls, "curve": curve})
     target = rows[0]["best_nll"]
     for row in rows:
         walls, reached = row.pop("walls"), updates_to_reach(row["curve"], target)
-        row.update(updates_to_target=reached,
-                   train_seconds_to_target=None if reached is None else seconds_at(walls, reached))
-        for key, ratio in (("updates_to_target", "updates_ratio"), ("train_seconds_to_target", "time_ratio")):
-            if row[key] and rows[0][key]:
-                row[ratio] = row[key] / rows[0][key]
-    return {"target_nll": target, "rows": rows}
+        seconds = None if reached is None else seconds_at(walls, reached)
+        # the lines summed up to the target, the one it is interpolated into included
+        row.update(updates_to_target=reached, train_seconds_to_target=seconds,
+                   train_seconds_bound=None if seconds is None else
+                   WALL_ROUNDING * (1 + sum(update < reached for update in walls)))
+        if reached and rows[0]["updates_to_target"]:
+            row["updates_ratio"] = reached / rows[0]["updates_to_target"]
+        if resolved(row) and resolved(rows[0]):
+            row["time_ratio"] = seconds / rows[0]["train_seconds_to_target"]
+    return {"target_nll": target, "time_resolution": TIME_RESOLUTION, "rows": rows}
+
+
+WALL_ROUNDING = 0.5  # seconds: fairseq rounds each log interval's train_wall to whole seconds
+TIME_RESOLUTION = 0.05  # the largest doubt, relative to the time, at which a time ratio is given
+
+
+def resolved(row: Dict) -> bool:
+    """Whether ``row``'s training time to the target is known to within ``TIME_RESOLUTION`` of itself."""
+    seconds = row["train_seconds_to_target"]
+    return bool(seconds) and row["train_seconds_bound"] <= TIME_RESOLUTION * seconds
 
 
 def time_to_loss_table(result: Dict) -> str:
     def cells(row):
         updates, seconds = row["updates_to_target"], row["train_seconds_to_target"]
         return [f"{row['best_nll']:.3f}", f"> {row['last_update']}" if updates is None else str(updates),
-                number(row.get("updates_ratio"), ".2f"), "-" if seconds is None else f"{seconds:.0f}",
+                number(row.get("updates_ratio"), ".2f"),
+                "-" if seconds is None else f"{seconds:.0f} ± {row['train_seconds_bound']:.1f}",
                 number(row.get("time_ratio"), ".2f")]
 
-    return format_matrix(f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
-                         [cells(row) for row in result["rows"]],
-                         [row["log"][-40:] for row in result["rows"]],
-                         ["best NLL", "updates", "ratio", "train s", "ratio"], cell=str, corner="log")
+    table = format_matrix(f"target: the reference's best validation NLL, {result['target_nll']:.3f} (base 2)",
+                          [cells(row) for row in result["rows"]],
+                          [row["log"][-40:] for row in result["rows"]],
+                          ["best NLL", "updates", "ratio", "train s", "ratio"], cell=str, corner="log")
+    unresolved = [row["log"] for row in result["rows"]
+                  if row["train_seconds_to_target"] is not None and not resolved(row)]
+    if unresolved:
+        table += (f"\nno time ratio where a time is not known to within {result['time_resolution']:.0%} (fairseq "
+                  "logs train_wall in whole seconds per log interval; train with a longer --log-interval): "
+                  + ", ".join(unresolved))
+    return table
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,20 +24,43 @@ def write_log(path, walls, valid):
 
 
 def test_updates_and_seconds_to_the_references_best_nll(tmp_path):
-    reference = write_log(tmp_path / "residual.log", {10: 5.0, 20: 5.0, 30: 5.0, 40: 5.0},
-                          {20: 6.0, 40: 4.0})
-    faster = write_log(tmp_path / "dense.log", {10: 6.0, 20: 6.0, 30: 6.0}, {10: 5.0, 20: 3.9, 30: 3.5})
-    never = write_log(tmp_path / "never.log", {10: 1.0}, {10: 7.0})
+    reference = write_log(tmp_path / "residual.log", {10: 50, 20: 50, 30: 50, 40: 50}, {20: 6.0, 40: 4.0})
+    faster = write_log(tmp_path / "dense.log", {10: 60, 20: 60, 30: 60}, {10: 5.0, 20: 3.9, 30: 3.5})
+    never = write_log(tmp_path / "never.log", {10: 10}, {10: 7.0})
     result = benchmark.time_to_loss(reference, [faster, never])
     assert result["target_nll"] == 4.0
     ref, dense, slow = result["rows"]
-    assert (ref["updates_to_target"], ref["train_seconds_to_target"], ref["updates_ratio"]) == (40, 20.0, 1.0)
-    # train_wall is per log interval: 6 + 6 seconds up to update 20
-    assert (dense["updates_to_target"], dense["train_seconds_to_target"]) == (20, 12.0)
+    assert (ref["updates_to_target"], ref["train_seconds_to_target"], ref["updates_ratio"]) == (40, 200.0, 1.0)
+    # train_wall is per log interval: 60 + 60 seconds up to update 20, each line rounded to whole seconds
+    assert (dense["updates_to_target"], dense["train_seconds_to_target"], dense["train_seconds_bound"]) == (20, 120.0, 1.0)
     assert dense["updates_ratio"] == 0.5 and dense["time_ratio"] == pytest.approx(0.6)
     assert slow["updates_to_target"] is None and "updates_ratio" not in slow
     table = benchmark.time_to_loss_table(result)
-    assert "> 10" in table and "0.50" in table and "0.60" in table
+    assert "> 10" in table and "0.50" in table and "0.60" in table and "120 ± 1.0" in table
+    assert "no time ratio" not in table
+
+
+def test_a_time_lost_in_rounding_gets_no_ratio(tmp_path):
+    """Steps shorter than half a second logged one by one: fairseq writes train_wall 0 or 1 for each, so
+    the sum says little; the recipe once logged every update of 6-second steps, ±0.5 s each."""
+    reference = write_log(tmp_path / "residual.log", {u: 1 for u in range(1, 41)}, {20: 6.0, 40: 4.0})
+    dense = write_log(tmp_path / "dense.log", {u: 0 for u in range(1, 21)}, {10: 5.0, 20: 3.9})
+    result = benchmark.time_to_loss(reference, [dense])
+    ref, dense_row = result["rows"]
+    assert (ref["train_seconds_to_target"], ref["train_seconds_bound"]) == (40.0, 20.0)
+    assert "time_ratio" not in ref and "time_ratio" not in dense_row and dense_row["updates_ratio"] == 0.5
+    table = benchmark.time_to_loss_table(result)
+    assert "40 ± 20.0" in table and f"no time ratio where a time is not known to within 5% " in table
+    assert table.rstrip().endswith(f"{reference}, {dense}")
+
+
+def test_a_long_log_interval_resolves_the_time(tmp_path):
+    """The bound counts log lines, not updates: the same seconds logged every 20 updates are known to 2.5%."""
+    reference = write_log(tmp_path / "residual.log", {20: 20, 40: 20}, {20: 6.0, 40: 4.0})
+    dense = write_log(tmp_path / "dense.log", {20: 25}, {20: 3.9})
+    ref, dense_row = benchmark.time_to_loss(reference, [dense])["rows"]
+    assert ref["train_seconds_bound"] == 1.0 and dense_row["train_seconds_bound"] == 0.5
+    assert dense_row["time_ratio"] == pytest.approx(25 / 40)
 
 
 def test_a_cross_entropy_log_gives_its_loss_as_the_nll(tmp_path):
@@ -84,6 +107,9 @@ def test_recipe_trains_both_models_and_reports(tiny_joined_data_bin, tmp_path):
     residual, dense = report["rows"]
     assert residual["reference"] and residual["updates_to_target"] is not None
     assert sorted(map(int, residual["curve"])) == [2, 4] and sorted(map(int, dense["curve"])) == [2, 4]
+    # training time logged once per validation interval, not per update (each line is rounded to seconds)
+    assert [json.loads(line.split("| train_inner | ")[1])["num_updates"]
+            for line in (out / "dense.log").read_text().splitlines() if "| train_inner | " in line] == ["2", "4"]
     assert "FConvModel" in (out / "residual.log").read_text() and "DenseFConvModel" in (out / "dense.log").read_text()
     # each model probes its own save directory inside OUT: the two concurrent runs sharing fairseq's
     # default ./checkpoints raced on its probe file (FileNotFoundError: 'checkpoints/dummy')

@@ -10,12 +10,13 @@
 #
 # DATA_BIN: binarised data with a joined dictionary, e.g. Multi30k De-En from
 # `corpus prepare multi30k`. Environment: MAX_UPDATE (400), VALID_EVERY (25), MAX_TOKENS (4000),
-# SEED (1), THREADS (1 per model; the two models train at the same time). Step throughput on
+# SEED (1), THREADS (1 per model; the two models train at the same time). Training time is logged
+# once per validation interval (fairseq rounds each interval's to whole seconds). Step throughput on
 # identical batches: the benchmark command in examples/dense_nmt/README.md.
 # OUT is this script's own folder: one holding files it did not write is refused unless FORCE=1; each
 # training's log is written by replace_file (scripts/files.sh) and appears when that training ends.
 set -euo pipefail
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 if [[ $# -lt 1 || $# -gt 2 ]]; then usage >&2; exit 2; fi
 DATA_BIN=$1
@@ -45,7 +46,7 @@ train() {  # name, model flags...
     --dropout 0.2 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --max-tokens "${MAX_TOKENS:-4000}" --max-update "${MAX_UPDATE:-400}" --seed "${SEED:-1}" \
     --validate-interval-updates "${VALID_EVERY:-25}" --validate-interval 1000000 --no-save \
-    --log-format json --log-interval 1 --num-workers 0 --required-batch-size-multiple 1 \
+    --log-format json --log-interval "${VALID_EVERY:-25}" --num-workers 0 --required-batch-size-multiple 1 \
     2>&1 | replace_file "$OUT/$name.log"  # the whole log, also of a training that fails (pipefail: its status)
 }
 
