@@ -95,8 +95,8 @@ def test_aggregation_strategies_pass_the_models_dropout_to_their_nodes():
                         "iterative", "--multi-layer-attention", "2", "--dropout", "0.25")
     nodes = [m for name, m in model.named_modules() if isinstance(m, AggregationNode)]
     in_stacks = [m for name, m in model.named_modules() if isinstance(m, AggregationNode) and ".aggregation." in name]
-    assert in_stacks and all(node.dropout.p == 0.25 for node in in_stacks)
-    assert all(node.dropout.p == 0.0 for node in nodes if node not in in_stacks)  # multi-layer attention's
+    assert in_stacks and all(node.dropout_module.p == 0.25 for node in in_stacks)
+    assert all(node.dropout_module.p == 0.0 for node in nodes if node not in in_stacks)  # multi-layer attention's
 
 
 def test_dense_connection_literal_is_eq4_by_hand():

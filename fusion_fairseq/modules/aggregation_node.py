@@ -53,7 +53,7 @@ class AggregationNode(nn.Module):
             self.fc2 = nn.Linear(hidden_dim, embed_dim)
             fan_in_uniform_(self.fc1)
             fan_in_uniform_(self.fc2)
-        self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         self.layer_norm = nn.LayerNorm(embed_dim)
 
     def transform(self, inputs: List[Tensor]) -> Tensor:
@@ -69,7 +69,7 @@ class AggregationNode(nn.Module):
     def forward(self, *inputs: Tensor) -> Tensor:
         if len(inputs) != self.num_inputs:
             raise ValueError(f"aggregation node built for {self.num_inputs} inputs got {len(inputs)}")
-        output = self.dropout(self.transform(list(inputs)))
+        output = self.dropout_module(self.transform(list(inputs)))
         if self.residual == "all":
             output = output + sum(inputs)
         elif self.residual == "top":
