@@ -871,3 +871,13 @@ def test_recipe_readme_has_one_differences_from_the_paper_table(recipe):
     assert len(rows) >= 3, f"{recipe}: {len(rows)} rows"
     for row in rows:
         assert len(cells(row)) == 4 and all(cells(row)), f"{recipe}: malformed row {row!r}"
+
+
+@pytest.mark.parametrize("recipe", RECIPES_WITH_PAPER_TABLES)
+def test_recipe_help_prints_its_usage_and_runs_nothing(recipe):
+    """A command in backquotes inside the usage text ran when --help printed it (`corpus prepare iwslt14`:
+    "corpus: command not found", and a blank where the command's name should be)."""
+    result = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples", recipe, "train.sh"), "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("Usage: ") and "``" not in result.stdout

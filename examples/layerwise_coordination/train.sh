@@ -13,7 +13,7 @@ usage() {
 Usage: $PROG DATA_BIN VARIANT [options] [-- extra fairseq-train arguments]
 
 Train one model of He et al. (2018) on binarised IWSLT14 De-En. DATA_BIN must have been binarised
-with ONE joined dictionary (fairseq-preprocess --joined-dictionary; `corpus prepare iwslt14` does so
+with ONE joined dictionary (fairseq-preprocess --joined-dictionary; \`corpus prepare iwslt14\` does so
 by default): the model shares one stack and one embedding between source and target.
 
 VARIANT:
