@@ -5,7 +5,7 @@ function that checks their values and combinations."""
 import dataclasses
 import re
 from dataclasses import dataclass, field, make_dataclass
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Dict, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models.transformer import TransformerConfig
@@ -266,11 +266,11 @@ def fill_fusion_defaults(args) -> None:
             setattr(args, name, derive(args))
 
 
-def check_fusion_args(args, architecture_values: Optional[Callable[[Iterable[str]], Dict[str, Any]]] = None) -> None:
+def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None) -> None:
     """Raise ``ConfigurationError`` naming the flag, the value and what is allowed; warn about the flags
-    :func:`idle_fusion_flags` names whose value is not the one ``architecture_values(names)`` gives them (what
-    the architecture gives them where the user sets nothing: a preset's value, or one derived from the other
-    flags; by default ``fusion_transformer``'s)."""
+    :func:`idle_fusion_flags` names whose value is not ``architecture_values``' (what the
+    architecture gives them where the user sets nothing: a preset's value, or one derived from the other flags;
+    by default ``fusion_transformer``'s)."""
     # every value's type before any comparison; a hydra config's model (its _name, no fairseq-train --arch) is
     # told of a bad value by the name it wrote, model.FIELD
     from_hydra = getattr(args, "_name", None) and not getattr(args, "arch", None)
@@ -321,13 +321,10 @@ def check_fusion_args(args, architecture_values: Optional[Callable[[Iterable[str
         raise ConfigurationError(
             f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
             f"matrix; --adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} replaces it: use one of them")
-    idle = idle_fusion_flags(args)
     if architecture_values is None:
-        defaults = {**field_defaults(FusionTransformerConfig),
-                    **{name: derive(args) for name, derive in DERIVED_DEFAULTS.items()}}
-    else:
-        defaults = architecture_values(idle)
-    warn_idle_flags(args, idle, defaults)
+        architecture_values = {**field_defaults(FusionTransformerConfig),
+                               **{name: derive(args) for name, derive in DERIVED_DEFAULTS.items()}}
+    warn_idle_flags(args, idle_fusion_flags(args), architecture_values)
 
 
 def check_side(args, side: str) -> None:

@@ -26,7 +26,7 @@ from fusion_fairseq.modules.multiway_dense_connection import MultiwayDynamicDens
 from fusion_fairseq.registry import register_model, register_model_architecture
 
 from fusion_fairseq.config_fields import FlagsOfConfig, as_namespace, set_defaults
-from .fusion_config import FusionTransformerConfig, check_fusion_args, fill_fusion_defaults
+from .fusion_config import FusionTransformerConfig, check_fusion_args, fill_fusion_defaults, idle_fusion_flags
 from .fusion_stacks import BuildLayer, FusionTransformerDecoder, FusionTransformerEncoder
 from .hyper_connected_layers import HyperConnectedDecoderLayer, HyperConnectedEncoderLayer
 from .multi_layer_attention_layers import build_multi_layer_attention_layer
@@ -162,7 +162,7 @@ class FusionTransformerModel(FlagsOfConfig, TransformerModel):
     def build_model(cls, args, task):
         args = as_namespace(args)
         fusion_transformer(args)
-        check_fusion_args(args, functools.partial(architecture_values, args))
+        check_fusion_args(args, architecture_values(args, idle_fusion_flags(args)))
         require_literal_transformer_config(args)  # before fairseq's layers eval() them
         encoder_embed_tokens, decoder_embed_tokens = build_token_embeddings(
             cls, args, task, args.encoder_embed_dim, args.decoder_embed_dim, args.encoder_embed_path,
