@@ -264,6 +264,39 @@ def test_the_hydra_example_is_the_command_lines_preset():
     assert all(torch.equal(yaml_state[name], flags_state[name]) for name in yaml_state)
 
 
+def readme_mlrf_stage_1():
+    """The flags of README.md's first MLRF command (stage 1), after the data and --user-dir."""
+    import re
+    import shlex
+
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md"), encoding="utf-8") as f:
+        commands = re.findall(r"^fairseq-train \$DATA --user-dir \$USER_DIR (.*?--save-dir \S+)$", f.read(),
+                              re.M | re.S)
+    stage_1 = [command for command in commands if command.endswith("checkpoints/mlrf/stage1")]
+    assert len(stage_1) == 1
+    return shlex.split(stage_1[0].replace("\\\n", " "))
+
+
+def test_the_hydra_example_trains_as_the_readmes_first_stage():
+    """Batches, optimiser, schedule and criterion as the command line's; the example once left out
+    --required-batch-size-multiple 1, so each epoch's last partial batch was dropped."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    flags = readme_mlrf_stage_1()
+    command_line = convert_namespace_to_omegaconf(options.parse_args_and_arch(
+        parser, ["unused", "--user-dir", USER_DIR, *flags]))
+    example = compose_example()
+    fields = {"dataset": ("batch_size", "required_batch_size_multiple", "max_tokens"),
+              "optimization": ("lr", "clip_norm", "max_epoch", "max_update", "update_freq"),
+              "optimizer": ("_name", "adam_betas", "adam_eps", "weight_decay"),
+              "lr_scheduler": ("_name", "warmup_updates", "warmup_init_lr"), "criterion": ("_name",)}
+    for group, names in fields.items():
+        for name in names:
+            assert example[group][name] == command_line[group][name], f"{group}.{name}"
+
+
 @pytest.mark.slow
 def test_fairseq_hydra_train_refuses_a_misspelt_model_field(tiny_data_bin, tmp_path):
     result = subprocess.run(
