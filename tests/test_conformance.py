@@ -627,3 +627,29 @@ def test_alignment_as_fairseq_generate_prints_it(variant, subject):
             pairs = [tuple(pair) for pair in hypothesis["alignment"]]
             assert [t for _, t in pairs] == list(range(len(hypothesis["tokens"]) - 1)), pairs
             assert all(0 <= s < words for s, _ in pairs), (pairs, words)
+
+
+def test_without_fusion_a_decoding_step_runs_fairseqs_operators():
+    """fusion_transformer with no fusion flag calls, per incremental step, the very PyTorch operators
+    fairseq's transformer calls (the plugin's decoder once sliced the averaged heads when fairseq asks for
+    all of them: one slice a step)."""
+    from torch.profiler import profile
+
+    from model_building import build_model
+
+    width = ("--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16", "--decoder-embed-dim",
+             "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2")
+    calls = {}
+    for arch in ("transformer", "fusion_transformer"):
+        torch.manual_seed(1)
+        model = build_model(arch, *width, src_vocab=50, tgt_vocab=50, joined=True).eval()
+        prev = torch.randint(4, 50, (3, 4))
+        net_input = {"src_tokens": torch.randint(4, 50, (3, 5)), "src_lengths": torch.full((3,), 5),
+                     "prev_output_tokens": prev}
+        with torch.no_grad():
+            encoder_out, _, _ = full_forward(model, net_input)
+            with profile() as profiler:
+                decode_incrementally(model, encoder_out, prev)
+        calls[arch] = {event.key: event.count for event in profiler.key_averages() if event.key.startswith("aten::")}
+    assert calls["fusion_transformer"] == calls["transformer"]

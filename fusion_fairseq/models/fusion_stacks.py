@@ -199,7 +199,8 @@ class FusionTransformerDecoder(TransformerDecoder):
                 self_attn_padding_mask=self_attn_padding_mask, need_attn=bool(index == alignment_layer),
                 need_head_weights=bool(index == alignment_layer))
             if layer_attn is not None and index == alignment_layer:  # averaged over its first alignment_heads
-                alignment["attn"] = layer_attn.float().to(output)[:alignment_heads].mean(dim=0)
+                attn = layer_attn.float().to(output)
+                alignment["attn"] = (attn if alignment_heads is None else attn[:alignment_heads]).mean(dim=0)
             return output
 
         x, inner_states = self.run_stack(x, apply_layer)
