@@ -237,6 +237,7 @@ def test_parameters_added_to_transformer_base_and_to_the_small_setting():
     assert added_parameters(*PRE_NORM) == 2 * mudd_parameters(6, 512, pre_norm=True) == 138_614
     vanilla = sum(p.numel() for p in build_model("transformer", *PRE_NORM).parameters())
     assert sum(p.numel() for p in build_model("muddformer").parameters()) - vanilla == 138_614
+    assert added_parameters(mudd=(*BOTH, "--mudd-variant", "released")) == 404_526
     assert added_parameters(*PRE_NORM, mudd=(*BOTH, "--mudd-variant", "released")) == 429_102
     small = ("--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
              "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4")
