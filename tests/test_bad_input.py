@@ -60,6 +60,9 @@ def valid_args(**changes):
         ({"fuse_encoder": "sa", "decoder_embed_dim": 128}, r"--encoder-embed-dim \(256\) == --decoder-embed-dim \(128\)"),
         ({"surface_fusion": "hard", "adaptive_softmax_cutoff": "2000,4000"},
          "--surface-fusion hard projects .* --adaptive-softmax-cutoff 2000,4000 replaces it"),
+        # the model was built, then its first forward failed in F.linear (480x8 and 16x16)
+        ({"surface_fusion": "soft", "decoder_output_dim": 128},
+         r"--surface-fusion soft joins .* needs --decoder-output-dim \(128\) == --decoder-embed-dim \(256\)$"),
     ],
 )
 def test_configurations_built_in_code_are_checked_too(changes, message):

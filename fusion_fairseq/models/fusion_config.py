@@ -317,6 +317,12 @@ def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None
     if layer is not None and not 0 <= layer <= args.encoder_layers:
         raise ConfigurationError(f"--mask-encoder-layer {layer} does not exist: the encoder has layers 0 (embedding) "
                                  f"to {args.encoder_layers}")
+    output_dim = getattr(args, "decoder_output_dim", None) or args.decoder_embed_dim
+    if args.surface_fusion != "none" and output_dim != args.decoder_embed_dim:
+        raise ConfigurationError(
+            f"--surface-fusion {args.surface_fusion} joins the decoder's output with source word embeddings before "
+            f"the output projection, which needs --decoder-output-dim ({output_dim}) == --decoder-embed-dim "
+            f"({args.decoder_embed_dim})")
     if args.surface_fusion != "none" and getattr(args, "adaptive_softmax_cutoff", None):
         raise ConfigurationError(
             f"--surface-fusion {args.surface_fusion} projects the surface attention with the full output "
