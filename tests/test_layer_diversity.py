@@ -24,6 +24,7 @@ from fusion_fairseq.criterions.label_smoothed_cross_entropy_with_layer_diversity
     NAME,
     LabelSmoothedCrossEntropyWithLayerDiversityCriterion as DiversityCriterion,
 )
+from fusion_fairseq.models import layerwise_coordination
 from fusion_fairseq.modules.layer_diversity import cosine_squared_distance, layer_diversity
 
 # TINY_MLRF_FLAGS without its --fusion-* pairs: 2+2 layers at width 16
@@ -381,3 +382,31 @@ def test_fairseq_train_logs_the_layer_diversity(tiny_data_bin, tmp_path):
     assert "layer_diversity_encoder" in output and "layer_diversity_decoder" in output
     valid_lines = [line for line in output.splitlines() if "| valid |" in line]
     assert valid_lines and "layer_diversity" in valid_lines[-1]
+
+
+def test_layerwise_coordinations_decoder_side_reads_its_states_time_major():
+    """Its decoder returned batch-major states: a traceback at the first batch, or, with as many sentences
+    as target positions, the padding mask read across (a wrong value in silence). Here 5 sentences of 5."""
+    torch.manual_seed(0)
+    model = build_model("layerwise_coordination", "--layers", "3", "--embed-dim", "16", "--ffn-embed-dim", "32",
+                        "--attention-heads", "2", "--dropout", "0", src_vocab=SRC_VOCAB, tgt_vocab=SRC_VOCAB,
+                        joined=True)
+    pad, eos = 1, 2
+    target = torch.randint(4, SRC_VOCAB, (5, 5))
+    for sentence, length in enumerate((5, 4, 3, 2, 1)):
+        target[sentence, length - 1], target[sentence, length:] = eos, pad
+    prev = torch.cat([torch.full((5, 1), eos), target[:, :-1]], dim=1).masked_fill(target.eq(pad), pad)
+    sample = {"net_input": {"src_tokens": torch.randint(4, SRC_VOCAB, (5, 4)), "src_lengths": torch.full((5,), 4),
+                            "prev_output_tokens": prev}, "target": target, "ntokens": int(target.ne(pad).sum())}
+    net_output = model(**sample["net_input"])
+    states = net_output[1]["inner_states"]
+    with torch.no_grad():  # h0, the target embedding, is batch-major where the model computes it
+        embedded = model.decoder.embedding(prev, layerwise_coordination.TARGET)
+    assert torch.equal(states[0], embedded.transpose(0, 1))
+    div = DiversityCriterion(task_of(SRC_VOCAB, SRC_VOCAB), False, 0.1, diversity_sides="decoder")
+    value = div.compute_diversity(net_output, sample)[0]
+    # the same Eq. 10 from the batch-major states the layers compute, each sentence's own positions only
+    batch_major = [state.transpose(0, 1) for state in states[1:]]
+    distances = [sum(cosine_squared_distance(lower[b, :n], upper[b, :n]).sum() for b, n in enumerate((5, 4, 3, 2, 1)))
+                 for lower, upper in zip(batch_major[:-1], batch_major[1:])]
+    assert value.item() == pytest.approx((sum(distances) / 15 / 2).item(), rel=1e-5)

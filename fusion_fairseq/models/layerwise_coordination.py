@@ -157,7 +157,9 @@ class CoordinationDecoder(FairseqIncrementalDecoder):
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         attn = None if mixed_attn is None else mixed_attn[:, :, :source_allowed.size(-1)]  # its source part
-        return x, {"attn": [attn], "mixed_attn": [mixed_attn], "inner_states": inner_states}
+        # inner_states time-major (views), as fairseq's decoders return them and the layer-diversity criterion reads them
+        return x, {"attn": [attn], "mixed_attn": [mixed_attn],
+                   "inner_states": [state.transpose(0, 1) for state in inner_states]}
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Follow beam search. As fairseq's encoder-decoder attention does with its cached source
