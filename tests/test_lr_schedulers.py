@@ -25,7 +25,8 @@ class FakeOptimizer(FairseqOptimizer):
 def rates(losses, every_epoch_after_increase=False, lr=1.0, maximize=False):
     scheduler = ShrinkOnValidationIncrease(
         ShrinkOnValidationIncreaseConfig(lr_shrink=0.1, shrink_every_epoch_after_increase=every_epoch_after_increase,
-                                         lr=[lr], validate_interval=1, maximize_best_checkpoint_metric=maximize),
+                                         lr=[lr], validate_interval=1, disable_validation=False,
+                                         maximize_best_checkpoint_metric=maximize),
         FakeOptimizer())
     return [round(scheduler.step(epoch, loss), 10) for epoch, loss in enumerate(losses, 1)]
 
@@ -51,7 +52,8 @@ def test_every_epoch_after_the_first_rise():
 
 def test_state_survives_a_checkpoint():
     config = ShrinkOnValidationIncreaseConfig(lr_shrink=0.1, shrink_every_epoch_after_increase=True, lr=[1.0],
-                                              validate_interval=1, maximize_best_checkpoint_metric=False)
+                                              validate_interval=1, disable_validation=False,
+                                              maximize_best_checkpoint_metric=False)
     first = ShrinkOnValidationIncrease(config, FakeOptimizer())
     for epoch, loss in enumerate([3.0, 3.5], 1):
         first.step(epoch, loss)
@@ -90,7 +92,8 @@ def test_fairseq_train_runs_it_and_stops_below_the_minimum(tiny_data_bin, tmp_pa
 def test_every_epoch_shrinking_needs_a_validation_at_every_epoch(every_epoch, refused):
     """With --validate-interval 2, fairseq passes no loss at the epochs it does not validate, as it does when a
     checkpoint is loaded: the every-epoch shrink skipped those epochs without a word."""
-    config = ShrinkOnValidationIncreaseConfig(shrink_every_epoch_after_increase=every_epoch, lr=[1.0], validate_interval=2)
+    config = ShrinkOnValidationIncreaseConfig(shrink_every_epoch_after_increase=every_epoch, lr=[1.0], validate_interval=2,
+                                              disable_validation=False)
     if not refused:
         ShrinkOnValidationIncrease(config, FakeOptimizer())
         return
@@ -108,3 +111,16 @@ def test_the_validation_interval_reaches_the_scheduler_from_the_command_line():
         "--lr-scheduler", "shrink_on_validation_increase", "--shrink-every-epoch-after-increase",
         "--validate-interval", "3"])
     assert convert_namespace_to_omegaconf(args).lr_scheduler.validate_interval == 3
+
+
+def test_without_validation_it_is_refused(tmp_path):
+    """It never changed the rate under --disable-validation, which fairseq-train accepted in silence."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "data", "--user-dir", USER_DIR, "--arch", "dense_fconv_iwslt_de_en", "--optimizer", "nag", "--lr", "0.25",
+        "--lr-scheduler", "shrink_on_validation_increase", "--disable-validation"])
+    with pytest.raises(ValueError, match=r"^--disable-validation: shrink_on_validation_increase shrinks the rate "
+                                         r"when the validation loss rises, .*--lr-scheduler fixed$"):
+        ShrinkOnValidationIncrease(convert_namespace_to_omegaconf(args).lr_scheduler, FakeOptimizer())

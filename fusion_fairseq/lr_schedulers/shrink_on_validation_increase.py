@@ -37,6 +37,7 @@ class ShrinkOnValidationIncreaseConfig(FairseqDataclass):
         default=False, metadata={"help": "after the first increase, shrink at every epoch end (Shen et al.'s En-De)"})
     lr: List[float] = II("optimization.lr")
     validate_interval: int = II("dataset.validate_interval")
+    disable_validation: bool = II("dataset.disable_validation")
     maximize_best_checkpoint_metric: bool = II("checkpoint.maximize_best_checkpoint_metric")
 
 
@@ -52,6 +53,10 @@ class ShrinkOnValidationIncrease(FairseqLRScheduler):
             raise ConfigurationError(f"--lr-shrink must be in (0, 1), got {cfg.lr_shrink}")
         if len(cfg.lr) != 1:
             raise ConfigurationError(f"--lr: shrink_on_validation_increase takes one learning rate, got {len(cfg.lr)}")
+        if cfg.disable_validation:
+            raise ConfigurationError("--disable-validation: shrink_on_validation_increase shrinks the rate when the "
+                                     "validation loss rises, so without validation it never would; validate, or use "
+                                     "--lr-scheduler fixed")
         if cfg.shrink_every_epoch_after_increase and cfg.validate_interval != 1:
             raise ConfigurationError(
                 f"--validate-interval {cfg.validate_interval}: --shrink-every-epoch-after-increase shrinks at every "
