@@ -290,6 +290,25 @@ def test_adam_with_overrides_is_fairseqs_adam_where_nothing_is_overridden():
         assert torch.equal(a, b)
 
 
+def test_an_optimizer_state_of_other_groups_is_refused_naming_the_way_out():
+    """A run resumed with --hyper-connections-decay-static switched: torch's 40-line ValueError ("a different
+    number of parameter groups") before; one line naming the flag and --reset-optimizer now."""
+    from fairseq import optim
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"_name": "adam_with_overrides", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-8,
+                            "weight_decay": 0.01, "use_old_adam": False, "fp16_adam_stats": False, "tpu": False,
+                            "lr": [0.01]})
+    undecayed = optim.build_optimizer(cfg, list(build_model("fusion_transformer", *TINY, *hyper("static")).parameters()))
+    decayed = optim.build_optimizer(cfg, list(build_model(
+        "fusion_transformer", *TINY, *hyper("static"), "--hyper-connections-decay-static").parameters()))
+    with pytest.raises(ValueError, match=r"^--optimizer adam_with_overrides: the checkpoint's optimizer state has 2 "
+                                         r"parameter group\(s\), this model's parameters form 1 .*"
+                                         r"--hyper-connections-decay-static\); pass --reset-optimizer"):
+        decayed.load_state_dict(undecayed.state_dict())
+    undecayed.load_state_dict(undecayed.state_dict())  # the same groups load
+
+
 def adam_step_with_grads(model, optimizer_name):
     from fairseq import optim
     from omegaconf import OmegaConf

@@ -60,7 +60,13 @@ class AdamWithOverrides(FairseqAdam):
 
     def load_state_dict(self, state_dict, optimizer_overrides=None):
         """fairseq's, then each group's own overrides again: ``--optimizer-overrides`` changes every
-        group, but a parameter's own override stands."""
+        group, but a parameter's own override stands. A state of other groups is refused in one line."""
+        stored, groups = len(state_dict["param_groups"]), len(self.group_overrides)
+        if stored != groups:
+            raise ConfigurationError(
+                f"--optimizer adam_with_overrides: the checkpoint's optimizer state has {stored} parameter group(s), "
+                f"this model's parameters form {groups} (a flag that gives parameters their own settings differs "
+                "from the run's, e.g. --hyper-connections-decay-static); pass --reset-optimizer to start Adam afresh")
         super().load_state_dict(state_dict, optimizer_overrides)
         for group, overrides in zip(self.param_groups, self.group_overrides):
             group.update(overrides)
