@@ -362,3 +362,16 @@ def test_bad_values_are_clear_errors(arch):
         task = type("Task", (), {"source_dictionary": dictionary_of_size(30), "target_dictionary": dictionary_of_size(25)})
         with pytest.raises(ValueError, match=message):
             model_cls.build_model(args, task)
+
+
+@pytest.mark.parametrize("flags", [[], ["--dense-attention", "1"]], ids=["DenseAtt-2", "DenseAtt-1"])
+def test_a_trained_step_leaves_no_tensor_that_stops_a_copy(flags):
+    """fairseq's --store-ema deep-copies the model after the first forward: the dense decoder's layers
+    kept that forward's a_l and attention output, tensors of the graph that torch will not copy."""
+    import copy
+
+    model = tiny_model("dense_transformer_iwslt_de_en", *flags).train()
+    src, prev = torch.randint(4, 30, (2, 5)), torch.randint(4, 25, (2, 4))
+    run(model, src, prev).sum().backward()
+    copied = copy.deepcopy(model)
+    assert all(torch.equal(a, b) for a, b in zip(copied.state_dict().values(), model.state_dict().values()))

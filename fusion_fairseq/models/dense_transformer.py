@@ -119,6 +119,14 @@ class DenseTransformerDecoderLayer(TransformerDecoderLayer):
             self.encoder_attn.last_output = None  # set again only by this step's source attention
         return super().forward(x, *args, **kwargs)
 
+    def take_attention_value(self) -> Optional[Tensor]:
+        """a_l of the latest forward, then forgotten with the attention's output, so that no tensor of a forward
+        outlives it (fairseq's --store-ema deep-copies the model after the first one)."""
+        value, self.attention_value = self.attention_value, None
+        if self._record_attention:
+            self.encoder_attn.last_output = None
+        return value
+
     def residual_connection(self, x, residual):
         # fairseq calls this with each sub-layer's dropped-out output; the first call after the
         # source attention has run carries a_l with the dropout mask its residual add uses
@@ -225,7 +233,7 @@ class DenseTransformerDecoder(FusionTransformerDecoder):
         def dense_layer(index: int, features: Tensor):
             inner_states.append(apply_layer(index, features, inner_states))
             # Eq. 7: [z_l, a_l], a_l dropped out as in the residual add
-            return inner_states[-1], self.layers[index].attention_value
+            return inner_states[-1], self.layers[index].take_attention_value()
 
         features = run_dense(x, self.num_layers, dense_layer, self.summaries, lambda summary, features: summary(features))
         return features.concat(), inner_states
