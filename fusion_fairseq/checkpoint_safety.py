@@ -412,9 +412,11 @@ _STRICT_LOAD_FAULTS = (
 )
 
 
-def unfit_weights_error(error, path):
+def unfit_weights_error(error, path, fine_tuning=False):
     """For torch's strict-load error (or the error fairseq's trainer raised while handling it), a one-line
-    ``CheckpointContentError`` naming ``path`` and the first parameter that does not fit; else None."""
+    ``CheckpointContentError`` naming ``path`` and the first parameter that does not fit; else None. Fine-tuning
+    loads the checkpoint's weights into the command line's model, which is then what they do not fit."""
+    model = "the command line's model" if fine_tuning else "the model its configuration builds"
     for candidate in (error, error.__cause__ or error.__context__):
         text = str(candidate) if isinstance(candidate, RuntimeError) else ""
         if path is None or not text.startswith("Error(s) in loading state_dict"):
@@ -422,9 +424,11 @@ def unfit_weights_error(error, path):
         for pattern, meaning in _STRICT_LOAD_FAULTS:
             found = pattern.search(text)
             if found:
-                return CheckpointContentError(
-                    f"{path}: parameter {found.group(1)} {meaning.format(*found.groups())}; the checkpoint does not "
-                    "hold the weights of the configuration it stores")
+                what = meaning.format(*found.groups()).replace("the model its configuration builds", model)
+                why = ("--finetune-from-model starts fresh only the fusion parameters the checkpoint lacks; every "
+                       "other parameter must match the checkpoint's" if fine_tuning else
+                       "the checkpoint does not hold the weights of the configuration it stores")
+                return CheckpointContentError(f"{path}: parameter {found.group(1)} {what}; {why}")
     return None
 
 
@@ -476,7 +480,7 @@ def file_named_error(error, path):
 
 def one_line_load_error(error, load):
     """A failed load's error as one line naming the file it read, or None where ``error`` is already one."""
-    return (unfit_weights_error(error, load.read) or misfit_value_error(error, load.read, load.overrides)
+    return (unfit_weights_error(error, load.read, load.fine_tuning) or misfit_value_error(error, load.read, load.overrides)
             or missing_adaptive_softmax_error(error, load.read) or file_named_error(error, load.read))
 
 

@@ -526,6 +526,19 @@ def test_fine_tuning_starts_fusion_parameters_fresh(no_fusion_checkpoint, tiny_d
     assert set(vanilla) < set(tuned)
 
 
+@pytest.mark.slow
+def test_fine_tuning_into_a_deeper_model_names_the_command_lines_parameter(no_fusion_checkpoint, tiny_data_bin,
+                                                                           tmp_path):
+    """The file is whole: it is the command line's model that it does not fit (the error said the checkpoint
+    does not hold the weights of the configuration it stores)."""
+    result = run_unchecked(
+        "fairseq_cli.train", tiny_data_bin, "--user-dir", USER_DIR, "--arch", "fusion_transformer", *TINY_TRANSFORMER,
+        "--encoder-layers", "3", "--finetune-from-model", no_fusion_checkpoint, "--optimizer", "adam", "--lr", "0.003",
+        "--max-tokens", "1000", "--max-update", "1", "--save-dir", tmp_path / "deeper", "--no-progress-bar")
+    assert_one_line_error(result, f"{no_fusion_checkpoint}: parameter encoder.layers.2.", "is missing from the checkpoint",
+                          "--finetune-from-model starts fresh only the fusion parameters the checkpoint lacks")
+
+
 def test_fine_tuning_rule_is_fairseqs(tmp_path):
     trainer = SimpleNamespace(checkpoint_suffix="")
     cfg = SimpleNamespace(finetune_from_model="vanilla.pt", restore_file="checkpoint_last.pt",
