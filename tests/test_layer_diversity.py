@@ -168,10 +168,12 @@ def criterion(diversity_lambda=1.0, sides="both", sentence_avg=False, label_smoo
     return DiversityCriterion(task_of(SRC_VOCAB, TGT_VOCAB), sentence_avg, label_smoothing, diversity_lambda=diversity_lambda, diversity_sides=sides)
 
 
-def expected_terms(model, sample):
+def expected_terms(model, sample, sentence_avg=False):
+    """Each side's Eq. 10, its sentences weighted by their target tokens (1 each under --sentence-avg)."""
     _, extra = model(**sample["net_input"])
-    encoder = layer_diversity(extra["encoder_states"][1:], sample["net_input"]["src_tokens"].eq(1))
-    decoder = layer_diversity(extra["inner_states"][1:], sample["target"].eq(1))
+    weights = torch.ones(2) if sentence_avg else sample["target"].ne(1).sum(1)
+    encoder = layer_diversity(extra["encoder_states"][1:], sample["net_input"]["src_tokens"].eq(1), weights)
+    decoder = layer_diversity(extra["inner_states"][1:], sample["target"].eq(1), weights)
     return encoder, decoder
 
 
@@ -181,7 +183,7 @@ def test_loss_is_label_smoothed_loss_minus_lambda_term_times_sample_size(sentenc
     plain = LabelSmoothedCrossEntropyCriterion(task_of(SRC_VOCAB, TGT_VOCAB), sentence_avg, 0.1)
     ls_loss, ls_size, ls_log = plain(model, sample)
     loss, sample_size, log = criterion(2.5, sentence_avg=sentence_avg)(model, sample)
-    encoder, decoder = expected_terms(model, sample)
+    encoder, decoder = expected_terms(model, sample, sentence_avg)
     assert sample_size == ls_size == (2 if sentence_avg else 8)
     assert 0 < encoder.item() < 1 and 0 < decoder.item() < 1
     expected = ls_loss - 2.5 * (encoder + decoder) * sample_size
@@ -410,3 +412,27 @@ def test_layerwise_coordinations_decoder_side_reads_its_states_time_major():
     distances = [sum(cosine_squared_distance(lower[b, :n], upper[b, :n]).sum() for b, n in enumerate((5, 4, 3, 2, 1)))
                  for lower, upper in zip(batch_major[:-1], batch_major[1:])]
     assert value.item() == pytest.approx((sum(distances) / 15 / 2).item(), rel=1e-5)
+
+
+def sentences_of(sample, rows):
+    """The sub-batch of ``rows``, its padding columns kept (the models' outputs do not depend on them)."""
+    net_input = {key: value[rows] for key, value in sample["net_input"].items()}
+    target = sample["target"][rows]
+    return {"net_input": net_input, "target": target, "ntokens": int(target.ne(1).sum()), "nsentences": len(rows)}
+
+
+@pytest.mark.parametrize("sentence_avg", [False, True])
+@pytest.mark.parametrize("sides", ["encoder", "decoder", "both"])
+def test_the_loss_of_a_batch_is_the_sum_of_its_sentences_losses(sides, sentence_avg):
+    """As fairseq's own losses: --update-freq 2 and two processes sum the halves' losses and sample sizes. The
+    encoder's positions were pooled over the batch, and with source and target lengths in other ratios
+    (here 5/5 and 3/2) the halves did not add up to the whole."""
+    model, sample = tiny_model(), tiny_sample()
+    sample["target"][1, 1], sample["target"][1, 2] = 2, 1  # the second target: 9 EOS, one token shorter
+    sample["net_input"]["prev_output_tokens"][1, 2] = 1
+    sample["ntokens"] = int(sample["target"].ne(1).sum())
+    div = criterion(3.0, sides, sentence_avg=sentence_avg)
+    whole, whole_size, _ = div(model, sample)
+    halves = [div(model, sentences_of(sample, [row])) for row in (0, 1)]
+    assert sum(size for _, size, _ in halves) == whole_size
+    assert sum(loss for loss, _, _ in halves).item() == pytest.approx(whole.item(), rel=1e-5)

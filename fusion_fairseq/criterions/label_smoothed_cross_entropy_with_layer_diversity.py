@@ -19,9 +19,14 @@ Readings:
     as it would alone. Eq. 9 has one L_diversity and does not say how the two stacks combine:
     ``--diversity-combine mean`` averages them instead (an effective lambda of 1/2 per side).
   * Scale: fairseq divides the summed LS_NLL by ``sample_size`` (ntokens, or sentences under
-    ``--sentence-avg``), while L_div is a per-position mean; multiplying L_div by ``sample_size``
+    ``--sentence-avg``), while L_div is a mean; multiplying L_div by ``sample_size``
     makes the per-token objective ``LS_NLL / sample_size - lambda * L_div``, so lambda has the
     paper's meaning (1.0 in the paper, the default here).
+  * Batch: L_div is the mean of the sentences' Eq. 10 weighted as fairseq weighs their losses (each
+    sentence's target tokens, or 1 under ``--sentence-avg``), so that the regulariser, like the loss,
+    is a sum over sentences: ``--update-freq`` and several processes give the loss of the one large
+    batch. For the decoder without ``--sentence-avg`` this is the mean over all target positions; the
+    encoder's positions were once pooled over the batch instead, which split batches did not add up to.
   * Reported ``loss`` includes the regulariser (it may go below 0); ``nll_loss``/``ppl`` do not
     (``--best-checkpoint-metric nll_loss`` keeps it out of checkpoint selection).
     ``layer_diversity`` (and ``_encoder``/``_decoder``) report L_div itself, weighted as the loss.
@@ -106,7 +111,10 @@ class LabelSmoothedCrossEntropyWithLayerDiversityCriterion(LabelSmoothedCrossEnt
 
     def compute_diversity(self, net_output, sample) -> Tuple[Tensor, Dict[str, Tensor]]:
         """L_div of the selected sides combined, and each side's Eq. 10 (float32 scalars)."""
-        per_side = {side: layer_diversity(states[1:], padding_mask)  # without the embedding output h0
+        target = sample["target"]
+        weights = (torch.ones(target.size(0), device=target.device) if self.sentence_avg
+                   else target.ne(self.padding_idx).sum(dim=1))  # each sentence's share of sample_size
+        per_side = {side: layer_diversity(states[1:], padding_mask, weights)  # without the embedding output h0
                     for side, (states, padding_mask) in self.layer_states(net_output, sample).items()
                     if len(states[1:]) >= 2}  # a side with fewer than 2 layers is skipped
         if not per_side:

@@ -7,8 +7,9 @@ The cosine-*squared* distance is 0 for linearly dependent vectors (parallel or a
 footnote 1) and 1 for orthogonal ones, so L_div lies in [0, 1].
 
 Readings (the paper does not spell these out):
-  * ``N`` pools every non-padding position of the batch (each sentence's tokens count once;
-    no per-sentence average first). Padding positions are excluded.
+  * ``N`` is one sentence's non-padding positions; a batch's value is the mean of its sentences' with the
+    weights the caller gives them, by default their positions, which pools every non-padding position of
+    the batch (each token counts once). Padding positions are excluded.
   * ``H^1..H^L`` are the outputs of the L layers; the embedding output is not a layer here.
   * A zero vector counts as orthogonal to everything (distance 1): norms are clamped at ``eps``
     before dividing, so the value and its gradient stay finite.
@@ -43,12 +44,14 @@ def cosine_squared_distance(a: Tensor, b: Tensor, eps: float = DEFAULT_EPS) -> T
 
 
 def layer_diversity(layers: Sequence[Tensor], padding_mask: Optional[Tensor] = None,
-                    eps: float = DEFAULT_EPS) -> Tensor:
+                    weights: Optional[Tensor] = None, eps: float = DEFAULT_EPS) -> Tensor:
     """Eq. 10 for one layer stack: a float32 scalar in [0, 1].
 
     ``layers``: the outputs H^1..H^L of the L >= 2 layers (not the embedding output), each
     ``T x B x C`` (fairseq's time-major layout). ``padding_mask``: ``B x T``, True at padding
-    positions, or None when there is no padding. With no non-padding position the value is 0.
+    positions, or None when there is no padding. ``weights`` ``(B,)``: each sentence's weight in the
+    mean of the sentences' values; by default its non-padding positions. With no non-padding position
+    (or no weight) the value is 0.
     """
     layers = list(layers)
     if len(layers) < 2:
@@ -70,9 +73,13 @@ def layer_diversity(layers: Sequence[Tensor], padding_mask: Optional[Tensor] = N
         # the mean of the per-pair means is the mean of this sum divided by L-1.
         distance = sum(cosine_squared_distance(lower, upper, eps) for lower, upper in zip(layers[:-1], layers[1:]))
         if padding_mask is None:
-            count = distance.new_tensor(float(tgt_len * batch))
+            count = distance.new_full((batch,), float(tgt_len))
         else:
             keep = ~padding_mask.t().to(device=distance.device, dtype=torch.bool)
             distance = distance.masked_fill(~keep, 0.0)
-            count = keep.sum().to(torch.float32)
-        return distance.sum() / count.clamp_min(1.0) / (len(layers) - 1)
+            count = keep.sum(dim=0).to(torch.float32)
+        if weights is None:  # every position once: the pooled mean
+            return distance.sum() / count.sum().clamp_min(1.0) / (len(layers) - 1)
+        weights = weights.to(distance)
+        per_sentence = distance.sum(dim=0) / count.clamp_min(1.0)
+        return (weights * per_sentence).sum() / weights.sum().clamp_min(1e-12) / (len(layers) - 1)
