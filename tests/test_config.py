@@ -166,7 +166,8 @@ STRUCTURAL = {
         "aggregate_decoder", "dense_connection", "aggregation_fn", "aggregation_residual", "multi_layer_attention",
         "layer_attention", "surface_fusion", "surface_fusion_variant", "denseformer_encoder", "denseformer_decoder",
         "denseformer_dilation", "denseformer_period", "mudd_encoder", "mudd_decoder", "mudd_variant",
-        "hyper_connections_encoder", "hyper_connections_decoder", "hyper_connections_rate"},
+        "hyper_connections_encoder", "hyper_connections_decoder", "hyper_connections_rate",
+        "hyper_connections_sinkhorn_order"},
     "dense_transformer": DENSE_STRUCTURAL,
     "dense_fconv": DENSE_STRUCTURAL | {"summary_layer", "residual_dim"},
     "layerwise_coordination": {

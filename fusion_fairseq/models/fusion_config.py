@@ -180,7 +180,8 @@ class FusionTransformerConfig(TransformerFlags):
         values=POSITIVE_INT, structural=True)
     hyper_connections_sinkhorn_order: ChoiceEnum(SINKHORN_ORDERS) = flag(
         "columns-first", "order of mHC's Sinkhorn-Knopp normalisation: columns-first, Eq. 9 of the paper (the rows of "
-        "the stream mix sum exactly to one), or rows-first (the order of checkpoints trained before this option)")
+        "the stream mix sum exactly to one), or rows-first (the order of checkpoints trained before this option)",
+        structural=True)
     hyper_connections_no_output_rescale: bool = flag(
         False, "keep fairseq's initialisation of the sublayers' output projections; by default static and dynamic "
         "hyper-connections divide its std by sqrt(n) (Zhu et al. 2025, Sec. 4)")
