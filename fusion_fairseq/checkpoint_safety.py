@@ -480,7 +480,8 @@ def file_named_error(error, path):
 
 def one_line_load_error(error, load):
     """A failed load's error as one line naming the file it read, or None where ``error`` is already one."""
-    return (unfit_weights_error(error, load.read, load.fine_tuning) or misfit_value_error(error, load.read, load.overrides)
+    return (unfit_weights_error(error, load.read, load.fine_tuning)
+            or misfit_value_error(error, load.read, load.overrides)
             or missing_adaptive_softmax_error(error, load.read) or file_named_error(error, load.read))
 
 
