@@ -144,11 +144,12 @@ def reviewed_sections(results: dict) -> List[str]:
         rows = [[name, found_row["baseline"], found_row["seeds"], f"{found_row['difference']:+.2f}",
                  f"[{found_row['ci'][0]:+.2f}, {found_row['ci'][1]:+.2f}]", f"{found_row['p_value']:.3f}",
                  f"{found_row['p_holm']:.3f}", found_row["verdict"],
-                 f"{found_row['minimum_detectable_effect']['holm_last_step']:.2f}"]
+                 f"{found_row['minimum_detectable_effect']['holm_last_step']:.2f}",
+                 f"{found_row['monte_carlo']['replicates']:,}", f"{found_row['monte_carlo']['bound_se']:.4f}"]
                 for name, found_row in sorted((found or {}).items())]
         lines += _table(title, f"BLEU decides. Rule: {ANALYSIS_RULE}" if found else "pending: not every run is scored",
                         ["configuration", "-baseline", "seeds", "Δ", "95% interval", "p", "Holm p", "-verdict",
-                         "smallest Δ found (80%)"], rows)
+                         "smallest Δ found (80%)", "sentence resamples", "Monte-Carlo SE of a bound"], rows)
     return lines
 
 

@@ -485,6 +485,22 @@ def test_the_grid_table_marks_a_rate_at_an_end_of_the_grid_and_the_schedules_not
         "| 0.0005 (an end of the grid) | its paper's inverse square root after 4,000 warm-up updates: not tried |")
 
 
+def test_the_verdict_table_reports_the_monte_carlo_record():
+    """plan.md: resamples are doubled until every bound's Monte-Carlo SE is below 0.01 BLEU, "the SEs are
+    reported"; they were in results.json only."""
+    verdict = {"baseline": "transformer@lr0.002", "seeds": 6, "difference": 0.41, "ci": [-0.2, 1.02],
+               "p_value": 0.16, "p_holm": 0.9, "verdict": "undecided",
+               "minimum_detectable_effect": {"holm_last_step": 0.51},
+               "monte_carlo": {"replicates": 4000, "bound_se": 0.0063, "settled": True}}
+    lines = report.reviewed_sections({"reviewed": {"learning_rates": {"seed": 1, "validation_nll": {}, "chosen": {}},
+                                                   "verdicts": {"mlrf@lr0.002": verdict}},
+                                      "settings": {"learning_rates": [5e-4, 1e-3, 2e-3]}})
+    header = next(line for line in lines if "| configuration | baseline | seeds |" in line)
+    row = next(line for line in lines if line.startswith("| mlrf@lr0.002 "))
+    assert header.endswith("| sentence resamples | Monte-Carlo SE of a bound |")
+    assert row.endswith("| undecided | 0.51 | 4,000 | 0.0063 |")
+
+
 def test_the_averaged_checkpoints_are_the_last_intervals_up_to_the_budget_and_none_may_be_missing():
     every_250 = {u: f"checkpoint_1_{u}.pt" for u in range(250, 4501, 250)}
     assert comparison.averaged_updates(every_250, 4000, 250) == [3000, 3250, 3500, 3750, 4000]
