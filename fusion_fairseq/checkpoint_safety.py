@@ -563,6 +563,20 @@ def _checked_reader(read):
     return load_checkpoint_to_cpu
 
 
+FAIRSEQ_LOAD_FAILURE = re.compile(r"Cannot load model parameters from checkpoint (.+); please ensure")
+
+
+def read_what_rank_0_read(error):
+    """In a training of several processes fairseq reads the checkpoint on rank 0 only and sends the others its
+    state: a process that read nothing reads the file fairseq's error names once its load has failed, so that it
+    too finds a structural change and names it (else the launcher showed whichever rank's error came first)."""
+    from fairseq import checkpoint_utils
+
+    found = FAIRSEQ_LOAD_FAILURE.match(str(error))
+    if found and os.path.isfile(found.group(1)):
+        checkpoint_utils.load_checkpoint_to_cpu(found.group(1))  # the checked reader records what it finds
+
+
 def _recording(entry_point, describe=None, after=None):
     """``entry_point`` run with the :class:`_Load` ``describe(*args, **kwargs)`` (else a plain one) recorded. The first
     structural change found, or error ``after(loaded, *args, **kwargs)`` finds, is raised, also instead of the error
@@ -574,6 +588,8 @@ def _recording(entry_point, describe=None, after=None):
         try:
             loaded = entry_point(*args, **kwargs)
         except Exception as error:
+            if load.read is None and load.resumed_with is not None:
+                read_what_rank_0_read(error)
             if load.conflicts and configuration_error(error) is None:
                 raise load.conflicts[0] from None
             refusal = one_line_load_error(error, load)

@@ -142,6 +142,31 @@ def test_rank_0_checkpoint_resumes_in_one_process(family, trained):
     assert state["optimizer_history"][-1]["num_updates"] == UPDATES + 1
 
 
+def test_every_rank_names_a_structural_change_when_training_resumes(trained, request, tmp_path):
+    """fairseq reads the checkpoint on rank 0 and sends its state to the others: rank 1 failed in torch's strict
+    load with fairseq's multi-line error instead of the plugin's line, and a launcher shows whichever rank ends
+    first."""
+    family = FAMILY[SPAWNED]
+    save_dir = str(tmp_path / "resumed")
+    shutil.copytree(finished(trained, family.id, "c10d")[0], save_dir)
+    data_bin, port = request.getfixturevalue(data_bin_fixture(family)), free_local_port()
+    plans = [[train_run("resumed", family, data_bin, save_dir, "--max-update", str(UPDATES + 1), "--fuse-decoder", "avg",
+                        "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-no-spawn",
+                        "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-backend", "gloo")]
+             for rank in range(2)]
+    dirs = [str(tmp_path / f"rank{rank}") for rank in range(2)]
+    for directory in dirs:
+        os.makedirs(directory)
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(2) as pool:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        runs = list(pool.map(lambda rank: run_in_one_interpreter(plans[rank], dirs[rank], timeout=400)[0], range(2)))
+    for rank, run in enumerate(runs):
+        last = (run.error or "").strip().splitlines()[-1:]
+        assert last and last[0].startswith("fusion_fairseq.errors.ConfigurationError: fairseq-train resumes from "), \
+            f"rank {rank}: {run.error}"
+        assert "trained with fuse_decoder 'sa', but the command line gives fuse_decoder 'avg'" in last[0]
+
+
 def fairseq_train_script():
     """The ``fairseq-train`` console script itself (torchrun runs a Python file, not a shim), where
     fairseq's installation wrote it: a virtualenv that sees a system-wide fairseq has none in its own
