@@ -405,10 +405,10 @@ def require_finite_weights(state, path):
 _STRICT_LOAD_FAULTS = (
     (re.compile(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\((\[[\d, ]*\])\) from "
                 r"checkpoint, the shape in current model is torch\.Size\((\[[\d, ]*\])\)"),
-     "has shape {1} in the checkpoint but {2} in the model its configuration builds"),
+     "has shape {1} in the checkpoint but {2} in {model}"),
     (re.compile(r'Missing key\(s\) in state_dict: "([\w.]+)"'), "is missing from the checkpoint"),
     (re.compile(r'Unexpected key\(s\) in state_dict: "([\w.]+)"'),
-     "is not a parameter of the model its configuration builds"),
+     "is not a parameter of {model}"),
 )
 
 
@@ -424,7 +424,7 @@ def unfit_weights_error(error, path, fine_tuning=False):
         for pattern, meaning in _STRICT_LOAD_FAULTS:
             found = pattern.search(text)
             if found:
-                what = meaning.format(*found.groups()).replace("the model its configuration builds", model)
+                what = meaning.format(*found.groups(), model=model)
                 why = ("--finetune-from-model starts fresh only the fusion parameters the checkpoint lacks; every "
                        "other parameter must match the checkpoint's" if fine_tuning else
                        "the checkpoint does not hold the weights of the configuration it stores")
