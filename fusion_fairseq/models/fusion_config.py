@@ -68,9 +68,9 @@ def sides_metadata(text: str) -> Dict[str, dict]:
 
 
 FUSE_HELP = sides_metadata("fuse all {} layers (h0 included) by average pooling, a single-hidden-layer FNN, or multi-hop "
-                       "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
+                           "self-attention (MLRF Sec. 3.2); 'none' keeps the top layer")
 DENSEFORMER_HELP = sides_metadata("DenseFormer (Pagliardini et al. 2024): after each {} layer, a learned depth-weighted "
-                              "average of the embedding and every earlier layer output, starting as the identity")
+                                  "average of the embedding and every earlier layer output, starting as the identity")
 HYPER_CONNECTIONS_HELP = sides_metadata(
     "replace the {}'s residual connections by hyper-connections over --hyper-connections-rate streams: static or "
     "dynamic (Zhu et al. 2025), or dynamic with doubly stochastic stream mixing (manifold: mHC, Xie et al. 2025)")
@@ -78,7 +78,7 @@ MUDD_HELP = sides_metadata(
     "MUDDFormer (Xiao et al. 2025): the {}'s layers read their query, key, value and residual from their own dynamic "
     "dense aggregates of the embedding and every earlier layer output, starting as the identity")
 AGGREGATE_HELP = sides_metadata("wire the {} layers by dense connection (Eq. 4), linear combination (Eq. 5), iterative "
-                            "(Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
+                                "(Eqs. 6-7) or hierarchical aggregation (Fig. 2)")
 
 
 @dataclass
