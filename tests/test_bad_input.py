@@ -286,7 +286,8 @@ def test_idle_dense_fconv_flags_are_warned_about(caplog, flags, warning):
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
-@pytest.mark.parametrize("flags", [["--layer-attention", "fine"], ["--fuse-encoder", "sa"]])
+@pytest.mark.parametrize("flags", [["--layer-attention", "fine"], ["--fuse-encoder", "sa"], ["--denseformer-encoder"],
+                                   ["--mudd-encoder"], ["--hyper-connections-encoder", "dynamic"]])
 def test_no_cross_attention_with_a_source_memory_is_refused(flags):
     """The fusion would get no gradient and the output would ignore the source."""
     with pytest.raises(ValueError, match=f"--no-cross-attention removes the decoder's attention to the source memory "

@@ -301,7 +301,8 @@ def check_fusion_args(args, architecture_values: Optional[Dict[str, Any]] = None
                                      f"projection, which needs {widths}")
     for side in ("encoder", "decoder"):
         check_side(args, side)
-    source_memory = chosen(args, "layer_attention", "fuse_encoder", "aggregate_encoder")
+    source_memory = chosen(args, "layer_attention", "fuse_encoder", "aggregate_encoder", "denseformer_encoder",
+                           "mudd_encoder", "hyper_connections_encoder")
     if getattr(args, "no_cross_attention", False) and source_memory:
         raise ConfigurationError(
             f"--no-cross-attention removes the decoder's attention to the source memory that "
