@@ -3,6 +3,8 @@
 
 PROG="$(basename "$0")"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=../scripts/files.sh
+source "$REPO_ROOT/scripts/files.sh"  # replace_file, remove_links
 
 die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
 common_options_usage() {  # the end of a recipe's usage text, the options all recipes share; $1: example extra arguments
@@ -66,13 +68,59 @@ default_user_dir() {
     [[ -n "$USER_DIR" ]] || USER_DIR="$REPO_ROOT/fusion_fairseq_plugin"
 }
 
-# Print COMMAND (shell-quoted); unless DRY_RUN is 1, create SAVE_DIR and run it in this process.
+# The names fairseq-train writes in its --save-dir (checkpoint_utils.py): checkpointN, checkpoint_N_M,
+# checkpoint_best, checkpoint.best_METRIC_VALUE and checkpoint_last, each with any --checkpoint-suffix, as .pt
+# and .pt.tmp; and dummy, the probe it writes and deletes to test that the folder is writable
+FAIRSEQ_TRAIN_NAMES='^(checkpoint([0-9]|_[0-9]+_[0-9]|_best|\.best_|_last).*\.pt(\.tmp)?|dummy)$'
+
+# argument_at INDEX ARG...: the argument at INDEX with the rest of its --flag's group (the flag and its
+# values), else "nothing"
+argument_at() {
+    local index=$1 start end
+    shift
+    local args=("$@")
+    if (( index >= ${#args[@]} )); then echo nothing; return; fi
+    start=$index end=$((index + 1))
+    while (( start > 0 )) && [[ "${args[start]}" != --* ]]; do start=$((start - 1)); done
+    while (( end < ${#args[@]} )) && [[ "${args[end]}" != --* ]]; do end=$((end + 1)); done
+    echo "${args[*]:start:end-start}"
+}
+
+# SAVE_DIR made as fairseq-train's (a link named SAVE_DIR is followed, as --save-dir is), closed to group and
+# others' writes, without links among the names fairseq-train writes (docs/safety.md); COMMAND recorded in
+# SAVE_DIR/train_command.txt (one shell-quoted argument a line). A checkpoint_last.pt of another recorded
+# command is refused: fairseq would resume it, and train nothing if it had reached its end. One without a
+# recorded command (a recipe before this record) is resumed, as before, with a warning.
+prepare_save_dir() {
+    local names=() name path record="$SAVE_DIR/train_command.txt" recorded=() current=() i
+    mkdir -p -- "$SAVE_DIR" && chmod go-w -- "$SAVE_DIR" || die "save folder $SAVE_DIR: cannot make it this user's own"
+    for path in "$SAVE_DIR"/*; do
+        name=${path##*/}
+        if [[ "$name" =~ $FAIRSEQ_TRAIN_NAMES ]]; then names+=("$name"); fi
+    done
+    remove_links "$SAVE_DIR" "${names[@]}" || die "save folder $SAVE_DIR: cannot remove the links among fairseq-train's names"
+    mapfile -t current < <(printf '%q\n' "${COMMAND[@]}")
+    if [[ -f "$SAVE_DIR/checkpoint_last.pt" ]]; then
+        if [[ ! -f "$record" ]]; then
+            printf '%s: warning: %s has a checkpoint_last.pt but no train_command.txt (an older recipe made it): fairseq-train resumes it, whatever command trained it\n' "$PROG" "$SAVE_DIR" >&2
+        else
+            mapfile -t recorded < "$record"
+            for ((i = 0; i < ${#current[@]} || i < ${#recorded[@]}; i++)); do
+                [[ "${current[i]-}" == "${recorded[i]-}" ]] && continue
+                die "save folder $SAVE_DIR holds the checkpoint_last.pt of another fairseq-train command, which this one would resume ($(argument_at "$i" "${current[@]}") here, $(argument_at "$i" "${recorded[@]}") in $record): pass another --save-root, or remove $SAVE_DIR (to resume that run with this command: remove $record)"
+            done
+        fi
+    fi
+    replace_file "$record" printf '%s\n' "${current[@]}" || die "cannot write $record"
+}
+
+# Print COMMAND (shell-quoted); unless DRY_RUN is 1, prepare SAVE_DIR (prepare_save_dir) and run it in this process.
 print_and_run() {
     printf '%q ' "${COMMAND[@]}"
     echo
     if [[ $DRY_RUN -eq 1 ]]; then
         exit 0
     fi
-    mkdir -p "$SAVE_DIR"
+    prepare_save_dir
     exec "${COMMAND[@]}"
 }

@@ -24,6 +24,20 @@ appendable() {
     [[ ! -L "$1" ]] && { [[ ! -e "$1" ]] || [[ -f "$1" && "$(stat -c %h -- "$1")" == 1 ]]; }
 }
 
+# remove_links FOLDER NAME...: the NAMEs in FOLDER that are links or files with other hard links, removed (each
+# named on stderr); what they lead to stays. A program that then writes them by name (fairseq) makes new files.
+# Python's counterpart: remove_links in fusion_lab/common.py.
+remove_links() {
+    local folder=$1 name
+    shift
+    for name in "$@"; do
+        if [[ -L "$folder/$name" ]] || [[ -f "$folder/$name" && "$(stat -c %h -- "$folder/$name")" != 1 ]]; then
+            rm -f -- "$folder/$name" || return
+            printf '%s: removed, a link or a file with another hard link (what it led to stays)\n' "$folder/$name" >&2
+        fi
+    done
+}
+
 # untrusted PATH...: the first file or folder under the PATHs that this user would not trust as ssh trusts
 # a key file (owned by another user, or writable by group or others; a link is judged by its owner), else
 # nothing

@@ -832,6 +832,127 @@ def test_layerwise_coordination_recipe_pre_norm_option(tmp_path):
     assert baseline.save_dir.endswith("transformer-prenorm")
 
 
+# ------------------------------------------------------------ paper training recipes: their save folder
+
+# writes every name as fairseq-train may (open by name, copy onto a name), then checkpoint_last.pt
+FAKE_FAIRSEQ_TRAIN = """#!/usr/bin/env bash
+while [[ $# -gt 0 ]]; do if [[ $1 == --save-dir ]]; then save_dir=$2; fi; shift; done
+for name in dummy checkpoint1.pt checkpoint_1_2.pt checkpoint.best_nll_loss_1.234.pt checkpoint_last.pt.tmp; do
+    echo fairseq > "$save_dir/$name"
+done
+echo fairseq > "$save_dir/checkpoint_last.pt"
+cp "$save_dir/checkpoint_last.pt" "$save_dir/checkpoint_best.pt"
+"""
+
+
+def run_recipe(paper, data_bin, save_root, *args, extra=(), fairseq_train=None):
+    """``examples/<paper>/train.sh DATA_BIN ARGS --save-root SAVE_ROOT -- EXTRA`` run (not a dry run), with
+    ``fairseq_train`` (a script's text) as fairseq-train when given: exit status, stdout and stderr."""
+    from conftest import USER_DIR
+
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    if fairseq_train is not None:
+        stub = save_root.parent / "stub"
+        stub.mkdir(exist_ok=True)
+        (stub / "fairseq-train").write_text(fairseq_train)
+        (stub / "fairseq-train").chmod(0o755)
+        path = f"{stub}{os.pathsep}{path}"
+    script = os.path.join(REPO_ROOT, "examples", paper, "train.sh")
+    return subprocess.run(["bash", script, str(data_bin), *map(str, args), "--save-root", str(save_root), "--gpus", "1",
+                           "--user-dir", USER_DIR, "--", *map(str, extra)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PATH": path, "PYTHONWARNINGS": "ignore"})
+
+
+def test_recipe_writes_no_checkpoint_through_a_link_in_its_save_folder(tmp_path):
+    """fairseq-train writes dummy and its checkpoint names by name: a link (or a hard-linked file) there was
+    written through (a user's file emptied, another overwritten by a checkpoint). The links among those
+    names are removed first; the user's other files and links stay; a link named the save folder is followed."""
+    user, disk, root = tmp_path / "user", tmp_path / "disk", tmp_path / "sr"
+    user.mkdir()
+    (disk / "vanilla").mkdir(parents=True)
+    root.mkdir()
+    (root / "vanilla").symlink_to(disk / "vanilla")  # the save folder on another disk: followed
+    save_dir = disk / "vanilla"
+    save_dir.chmod(0o777)
+    names = ["dummy", "checkpoint_best.pt", "checkpoint1.pt", "checkpoint_1_2.pt", "checkpoint.best_nll_loss_1.234.pt",
+             "checkpoint_last.pt.tmp"]
+    for name in names + ["notes", "kept.pt"]:
+        (user / name).write_text(f"the user's {name}\n")
+    for name in names[:-1] + ["notes"]:
+        (save_dir / name).symlink_to(user / name)
+    os.link(user / "checkpoint_last.pt.tmp", save_dir / "checkpoint_last.pt.tmp")  # a hard link
+    os.link(user / "kept.pt", save_dir / "kept.pt")  # not a name fairseq writes: stays
+    result = run_recipe("surface_fusion", tmp_path, root, "vanilla", fairseq_train=FAKE_FAIRSEQ_TRAIN)
+    assert result.returncode == 0, result.stderr
+    for name in names + ["notes", "kept.pt"]:
+        assert (user / name).read_text() == f"the user's {name}\n", name
+    assert (save_dir / "notes").is_symlink() and (save_dir / "kept.pt").stat().st_nlink == 2
+    assert (save_dir / "checkpoint_best.pt").read_text() == "fairseq\n" and not (save_dir / "checkpoint_best.pt").is_symlink()
+    assert save_dir.stat().st_mode & 0o022 == 0 and (root / "vanilla").is_symlink()
+
+
+def test_recipe_refuses_to_resume_another_commands_checkpoint(tmp_path):
+    """The save folder depends on the variant only: a second run differing in an extra flag (--lr) resumed
+    the first one's checkpoint_last.pt, and trained nothing if that one had reached --max-update. It is
+    refused, naming the folder and the flag; the same command resumes; a folder of an older recipe (no
+    train_command.txt) resumes with a warning."""
+    root = tmp_path / "sr"
+    save_dir = root / "vanilla"
+
+    def run(*extra):
+        return run_recipe("surface_fusion", tmp_path, root, "vanilla", extra=extra, fairseq_train=FAKE_FAIRSEQ_TRAIN)
+
+    assert run("--lr", "5e-4").returncode == 0
+    recorded = (save_dir / "train_command.txt").read_text()
+    assert recorded.splitlines()[0] == "fairseq-train" and recorded.splitlines()[-2:] == ["--lr", "5e-4"]
+    (save_dir / "checkpoint_last.pt").write_text("the first run's\n")
+    refused = run("--lr", "1e-3")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"save folder {save_dir} holds the checkpoint_last.pt of another fairseq-train command" in refused.stderr
+    assert "(--lr 1e-3 here, --lr 5e-4 in " in refused.stderr and "another --save-root" in refused.stderr
+    assert (save_dir / "checkpoint_last.pt").read_text() == "the first run's\n"
+    assert (save_dir / "train_command.txt").read_text() == recorded
+    added = run("--lr", "5e-4", "--seed", "2")
+    assert added.returncode == 1 and "(--seed 2 here, nothing in " in added.stderr, added.stderr
+    resumed = run("--lr", "5e-4")  # the same command: fairseq-train resumes
+    assert resumed.returncode == 0 and resumed.stderr == "", resumed.stderr
+    (save_dir / "train_command.txt").unlink()
+    older = run("--lr", "1e-3")
+    assert older.returncode == 0 and "warning: " in older.stderr and "no train_command.txt" in older.stderr
+    assert (save_dir / "train_command.txt").read_text().splitlines()[-2:] == ["--lr", "1e-3"]
+    (save_dir / "checkpoint_last.pt").unlink()  # no checkpoint to resume: any command trains
+    assert run("--lr", "2e-3").returncode == 0
+
+
+TINY_TRANSFORMER = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+                    "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+                    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--cpu", "--no-progress-bar",
+                    "--seed", "1"]
+
+
+@pytest.mark.slow
+def test_recipe_save_folder_with_fairseq_train(tiny_joined_data_bin, tmp_path):
+    """The reproductions, with fairseq-train itself: dummy and checkpoint_best.pt linked to a user's files
+    (the first was emptied, the second got a checkpoint); then another --lr in the same folder."""
+    user, root = tmp_path / "user", tmp_path / "sr"
+    user.mkdir()
+    (root / "vanilla").mkdir(parents=True)
+    for name in ("e.txt", "f.txt"):
+        (user / name).write_text(f"the user's {name}\n")
+    (root / "vanilla" / "dummy").symlink_to(user / "e.txt")
+    (root / "vanilla" / "checkpoint_best.pt").symlink_to(user / "f.txt")
+    first = run_recipe("surface_fusion", tiny_joined_data_bin, root, "vanilla", "--max-update", "1",
+                       extra=TINY_TRANSFORMER)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert [(user / name).read_text() for name in ("e.txt", "f.txt")] == ["the user's e.txt\n", "the user's f.txt\n"]
+    assert (root / "vanilla" / "checkpoint_best.pt").stat().st_size > 1000
+    last = (root / "vanilla" / "checkpoint_last.pt").read_bytes()
+    refused = run_recipe("surface_fusion", tiny_joined_data_bin, root, "vanilla", "--max-update", "1",
+                         extra=TINY_TRANSFORMER + ["--lr", "1e-3"])
+    assert refused.returncode == 1 and "(--lr 1e-3 here, nothing in " in refused.stderr, refused.stderr[-3000:]
+    assert (root / "vanilla" / "checkpoint_last.pt").read_bytes() == last
+
+
 RECIPES_WITH_PAPER_TABLES = ("mlrf", "deep_representations", "surface_fusion", "layerwise_coordination", "dense_nmt")
 
 
