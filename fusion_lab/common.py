@@ -83,13 +83,21 @@ def claim_out_dir(out: str, names, stamp: str, force: bool, tool: str, error, fl
     os.chmod(os.path.join(out, STAMP), 0o644)  # trusted whatever the umask
 
 
-def folder_without_links(path: str) -> None:
-    """``path`` as a folder a program (fairseq) writes files into by their names: a link there is removed and the
-    folder made, then every link and hard-linked file in it removed, so that what it writes makes new files."""
+#: what fairseq writes by name: fairseq-train into its --save-dir (checkpoint_utils' checkpoints, with any
+#: --checkpoint-suffix, their .tmp files, and "dummy", the probe that the folder is writable; the recipes'
+#: FAIRSEQ_TRAIN_NAMES in examples/train-common.sh), fairseq-generate into its --results-path
+FAIRSEQ_TRAIN_WRITES = re.compile(r"checkpoint([0-9]|_[0-9]+_[0-9]|_best|\.best_|_last).*\.pt(\.tmp)?|dummy")
+FAIRSEQ_GENERATE_WRITES = re.compile(r"generate-.*")
+
+
+def folder_without_links(path: str, writes: "re.Pattern[str]") -> None:
+    """``path`` as a folder a program (fairseq) writes files into by their names, ``writes`` matching them: a
+    link named ``path`` is removed and the folder made, then the links and hard-linked files among those names
+    removed, so that what it writes makes new files; every other file there stays."""
     if os.path.islink(path):
         os.remove(path)
     make_own_folder(path)
-    remove_links(path, os.listdir(path))
+    remove_links(path, [name for name in os.listdir(path) if writes.fullmatch(name)])
 
 
 def remove_links(folder: str, names) -> None:

@@ -27,9 +27,10 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from fusion_lab import comparison_report as report, corpus, seed_analysis
-from fusion_lab.common import (BATCHES_IN_THREAD, PLUGIN_DIR, append_to_log, claim_out_dir, copy_file,
-                                         count_parameters, cpu_flags, cpu_name, device_name, learning_curve,
-                                         positive_int, python_module_command, replace_atomically, tree_sha256)
+from fusion_lab.common import (BATCHES_IN_THREAD, FAIRSEQ_GENERATE_WRITES, FAIRSEQ_TRAIN_WRITES, PLUGIN_DIR,
+                               append_to_log, claim_out_dir, copy_file, count_parameters, cpu_flags, cpu_name,
+                               device_name, folder_without_links, learning_curve, positive_int,
+                               python_module_command, replace_atomically, tree_sha256)
 from fusion_lab.comparison_report import TEST_SETS
 
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
@@ -421,6 +422,24 @@ def check_config(rdir: str, config: dict) -> None:
                               "or delete that run directory")
 
 
+def with_this_plugin(argv: Sequence[str]) -> List[str]:
+    """``argv`` with its ``--user-dir`` naming the plugin beside this file: a run folder's stored one (another
+    checkout's, or code a config.json was edited to name) is never imported."""
+    argv = list(argv)
+    argv[argv.index("--user-dir") + 1] = PLUGIN_DIR
+    return argv
+
+
+def check_generation(rdir: str, beam: int, gen_args: Optional[str]) -> None:
+    """Refuse to score a run with other generation settings than those it was trained with (its config.json),
+    which :func:`evaluate_run` uses."""
+    stored = _read_json(os.path.join(rdir, "config.json"))
+    was, now = (stored["beam"], stored.get("gen_args") or ""), (beam, gen_args or "")
+    if was != now:
+        raise ComparisonError(f"--beam {now[0]} --gen-args {now[1]!r}: {rdir} was trained to be scored with --beam "
+                              f"{was[0]} --gen-args {was[1]!r}; give those, or use another --out")
+
+
 #: the runner's line in run.log before every fairseq-train it starts (the run's training record)
 TRAINING_MARK = "==== fairseq-train "
 
@@ -435,12 +454,13 @@ def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
     config = _read_json(os.path.join(rdir, "config.json"))
     threads = threads or config["threads"]
     save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
+    folder_without_links(save_dir, FAIRSEQ_TRAIN_WRITES)
     resume_from_newest_intact(save_dir)
     start = {"start": time.time(), "from": saved_updates(save_dir), "to": target, "commit": code_commit(),
              "device": f"{device_name('cuda')} (CUDA)" if config["device"] == "cuda" and torch.cuda.is_available() else
              f"CPU {cpu_name()}, {os.cpu_count()} cores, {threads or torch.get_num_threads()} torch threads",
              "cpu_flags": cpu_flags()}
-    argv = [*config["train_argv"], "--max-update", str(target), "--save-dir", save_dir,
+    argv = [*with_this_plugin(config["train_argv"]), "--max-update", str(target), "--save-dir", save_dir,
             *(["--cpu"] if config["device"] == "cpu" else [])]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
@@ -526,12 +546,13 @@ def evaluate_run(rdir: str, budget: int, test_sets: Dict[str, dict]) -> None:
     average = final_average(save_dir, budget, interval)
     started, scores = time.time(), {}
     for name, test_set in test_sets.items():
-        out_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average", name)  # made by fairseq-generate
+        out_dir = os.path.join(rdir, f"eval-beam{config['beam']}", "average", name)
         gen_argv = [test_set["data"], "--path", average, "--gen-subset", "test", "--source-lang", recipe["SRC"],
                     "--target-lang", recipe["TGT"], "--beam", str(config["beam"]), "--lenpen", "1.0", "--remove-bpe",
                     "@@ ", "--required-batch-size-multiple", "1", "--batch-size", "128", "--user-dir", PLUGIN_DIR,
                     "--results-path", out_dir, *BATCHES_IN_THREAD, *(["--cpu"] if config["device"] == "cpu" else []),
                     *shlex.split(config.get("gen_args") or "")]
+        folder_without_links(out_dir, FAIRSEQ_GENERATE_WRITES)
         print("$ fairseq-generate " + shlex.join(gen_argv), flush=True)
         with GENERATING:
             fairseq_generate.main(options.parse_args_and_arch(options.get_generation_parser(), gen_argv))
@@ -870,6 +891,7 @@ class Experiment:
             f"-> {rdir}/run.log")
         started = time.time()
         if step == "evaluate":
+            check_generation(rdir, settings.beam, settings.gen_args)
             evaluate_run(rdir, updates, self.test_sets())
         else:
             src, tgt = self.recipe["SRC"], self.recipe["TGT"]

@@ -368,10 +368,13 @@ def learn_and_apply_bpe(text, src, tgt, merges, codes, workers=1):
 
 def binarise(text_dir, databin, src, tgt, workers=1, joined=True, log_path=None, dictionaries=None, splits=SPLITS):
     """``fairseq-preprocess`` of ``text_dir/SPLIT.{src,tgt}``; its earlier outputs in ``databin`` are
-    removed first (it refuses existing dictionaries, and would write through links)."""
+    removed first (it refuses existing dictionaries, and would write through links), the files its workers
+    2..N write and merge (``SPLIT.SRC-TGT.LANG.ptK.bin``) among them."""
     make_own_folder(databin)
+    parts = [""] + [f".pt{worker}" for worker in range(1, int(workers))]
     for name in [f"dict.{src}.txt", f"dict.{tgt}.txt", "preprocess.log"] + [
-            f"{s}.{src}-{tgt}.{lang}.{ext}" for s in splits for lang in (src, tgt) for ext in ("bin", "idx")]:
+            f"{s}.{src}-{tgt}.{lang}{part}.{ext}" for s in splits for lang in (src, tgt) for part in parts
+            for ext in ("bin", "idx")]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(databin, name))
     dictionary = ["--srcdict", dictionaries[0], "--tgtdict", dictionaries[1]] if dictionaries else \

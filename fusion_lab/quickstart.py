@@ -27,8 +27,8 @@ from fusion_fairseq.cli import user_dir
 from fusion_fairseq.config_fields import INTEGER, PROBABILITY, Values, argparse_type, flag_of, real
 from fusion_lab import corpus
 from fusion_lab.analysis import markdown_rows, number, run_parallel
-from fusion_lab.common import (BATCHES_IN_THREAD, claim_out_dir, folder_without_links, non_negative_int,
-                                         positive_int, write_file)
+from fusion_lab.common import (BATCHES_IN_THREAD, FAIRSEQ_GENERATE_WRITES, FAIRSEQ_TRAIN_WRITES, claim_out_dir,
+                               folder_without_links, make_own_folder, non_negative_int, positive_int, write_file)
 
 # name -> (arch, description, fusion flags); fgla and surface_fusion feed examples/surface_fusion/analyses.sh.
 MODELS = {
@@ -114,7 +114,7 @@ class TrainProgress:
 
 def train(args, name, dirs, env):
     save_dir = os.path.join(dirs.checkpoints, name)
-    folder_without_links(save_dir)  # fairseq-train writes checkpoint_*.pt(.tmp) by name
+    folder_without_links(save_dir, FAIRSEQ_TRAIN_WRITES)
     for stale in ("checkpoint_best.pt", "checkpoint_last.pt"):  # our own files of an earlier run: start afresh
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(save_dir, stale))
@@ -145,7 +145,7 @@ def generate(args, name, dirs, checkpoint, env):
     """fairseq-generate on the test split: the output file and fairseq's sentences/s."""
     results_dir, log_path = os.path.join(dirs.logs, f"generate-{name}"), os.path.join(dirs.logs, f"generate-{name}.log")
     started = time.time()
-    folder_without_links(results_dir)  # fairseq-generate writes generate-test.txt by name
+    folder_without_links(results_dir, FAIRSEQ_GENERATE_WRITES)
     corpus.run_fairseq("generate", [
         dirs.bin, "--path", checkpoint, "--gen-subset", "test", "--beam", args.beam, "--remove-bpe",
         "--batch-size", args.batch_size, *BATCHES_IN_THREAD,  # fairseq's length limits, as corpus evaluate
@@ -320,7 +320,7 @@ def main(argv=None):
                            **{name: os.path.join(out, name) for name in ("raw", "bpe", "checkpoints", "logs")})
     claim_out_dir(out, OUT_NAMES, "fusion-fairseq quickstart", args.force, "quickstart",
                   lambda message: SystemExit(f"fusion-fairseq-quickstart: error: {message}"))
-    folder_without_links(dirs.logs)
+    make_own_folder(dirs.logs)  # a link named logs went with the claim; the logs replace links, never follow them
     cpus = len(os.sched_getaffinity(0))
     # Without a GPU one model per core, one thread each: OpenMP threads fighting over the cores are many times slower.
     jobs = args.jobs or (1 if torch.cuda.is_available() else max(1, min(len(models), cpus)))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
-from fusion_lab import quickstart
+from fusion_lab import common, quickstart
 from fusion_lab.common import claim_out_dir, replace_atomically, trust_problem, write_file
 from test_script_safety import recipe, snapshot, write_raw_multi30k
 
@@ -226,6 +226,100 @@ def test_corpus_prepare_force_replaces_a_data_bin_link_instead_of_writing_into_a
     assert not (dest / "data-bin").is_symlink() and (dest / "data-bin" / "recipe.env").is_file()
 
 
+def test_fairseq_writes_none_of_its_names_through_a_link_and_every_other_file_stays(tmp_path):
+    """Before fairseq-train writes its checkpoints and the probe file ``dummy`` into a folder by name, the links
+    and hard-linked files among those names go (what they lead to stays); a user's other files there stay,
+    their links and hard links too."""
+    theirs, folder = tmp_path / "theirs", tmp_path / "checkpoints"
+    theirs.mkdir()
+    folder.mkdir()
+    for name in "abcd":
+        (theirs / name).write_text(f"their {name}\n")
+    before = snapshot(theirs)
+    (folder / "dummy").symlink_to(theirs / "a")
+    (folder / "checkpoint_best.pt").symlink_to(theirs / "b")
+    os.link(theirs / "c", folder / "checkpoint_1_250.pt")
+    (folder / "notes.txt").symlink_to(theirs / "d")
+    os.link(theirs / "d", folder / "mine.pt")
+    common.folder_without_links(str(folder), common.FAIRSEQ_TRAIN_WRITES)
+    assert sorted(os.listdir(folder)) == ["mine.pt", "notes.txt"] and snapshot(theirs) == before
+
+
+def test_corpus_prepare_with_workers_writes_no_workers_file_through_a_link(tmp_path):
+    """fairseq-preprocess's second worker writes SPLIT.SRC-TGT.LANG.pt1.bin and .idx by name, then merges them."""
+    raw, dest, theirs = tmp_path / "raw", tmp_path / "dest", tmp_path / "theirs.txt"
+    write_raw_multi30k(raw)
+    theirs.write_text("theirs\n")
+    prepare = ("multi30k", "--from", raw, "--dest", dest, "--bpe-merges", "5", "--workers", "2")
+    assert recipe(*prepare).returncode == 0
+    for ext in ("bin", "idx"):
+        (dest / "data-bin" / f"train.de-en.de.pt1.{ext}").symlink_to(theirs)
+    result = recipe(*prepare, "--force")
+    assert result.returncode == 0, result.stderr
+    assert theirs.read_text() == "theirs\n"
+
+
+def test_the_comparisons_training_writes_through_no_link_and_imports_only_the_plugin_beside_it(tmp_path, monkeypatch):
+    """A run folder's checkpoints are written by fairseq-train by name; its config.json's --user-dir (another
+    checkout's, or a folder of code the file was edited to name) is not imported: the runner's own plugin is."""
+    from fusion_lab import comparison
+
+    run, theirs = tmp_path / "run", tmp_path / "theirs.txt"
+    (run / "checkpoints").mkdir(parents=True)
+    theirs.write_text("theirs\n")
+    (run / "checkpoints" / "dummy").symlink_to(theirs)
+    (run / "config.json").write_text(json.dumps({"train_argv": ["data-bin", "--user-dir", str(tmp_path / "code"),
+                                                                "--arch", "transformer"], "threads": 1, "device": "cpu"}))
+    started = []
+    monkeypatch.setattr(comparison.subprocess, "call", lambda argv, **kwargs: started.append(
+        (argv, os.path.lexists(run / "checkpoints" / "dummy"))) or 0)
+    with pytest.raises(comparison.ComparisonError, match="fairseq-train stopped before update 2"):
+        comparison.train_run(str(run), 2)
+    (argv, link_left), = started
+    assert not link_left and theirs.read_text() == "theirs\n"
+    assert argv[argv.index("--user-dir") + 1] == common.PLUGIN_DIR and str(tmp_path / "code") not in argv
+
+
+def test_the_comparisons_scoring_writes_through_no_link(tmp_path, monkeypatch):
+    import fairseq.options
+    import fairseq_cli.generate
+    from fusion_lab import comparison
+
+    run, theirs = tmp_path / "run", tmp_path / "theirs.txt"
+    results = run / "eval-beam5" / "average" / "test_2016_flickr"
+    results.mkdir(parents=True)
+    theirs.write_text("theirs\n")
+    (results / "generate-test.txt").symlink_to(theirs)
+    (run / "config.json").write_text(json.dumps({"recipe": {"SRC": "de", "TGT": "en"}, "beam": 5, "device": "cpu",
+                                                 "train_argv": ["--save-interval-updates", "2"]}))
+    monkeypatch.setattr(comparison, "final_average", lambda *args: "average.pt")
+    monkeypatch.setattr(fairseq.options, "parse_args_and_arch", lambda parser, argv: argv)
+    linked = []
+
+    def generate(argv):
+        linked.append(os.path.lexists(results / "generate-test.txt"))
+        raise KeyboardInterrupt  # enough: what fairseq-generate would find
+
+    monkeypatch.setattr(fairseq_cli.generate, "main", generate)
+    with pytest.raises(KeyboardInterrupt):
+        comparison.evaluate_run(str(run), 4, {"test_2016_flickr": {"data": "data-bin"}})
+    assert linked == [False] and theirs.read_text() == "theirs\n"
+
+
+def test_a_run_is_scored_only_with_the_generation_flags_it_was_trained_for(tmp_path):
+    """The runner scores a run with its config.json's --beam and --gen-args: other ones on the command line are
+    refused, not ignored."""
+    from fusion_lab import comparison
+
+    (tmp_path / "config.json").write_text(json.dumps({"beam": 5, "gen_args": "--max-len-b 12"}))
+    comparison.check_generation(str(tmp_path), 5, "--max-len-b 12")
+    with pytest.raises(comparison.ComparisonError) as refused:
+        comparison.check_generation(str(tmp_path), 4, "--lenpen 0.6")
+    assert str(refused.value) == (f"compare_methods: error: --beam 4 --gen-args '--lenpen 0.6': {tmp_path} was "
+                                  "trained to be scored with --beam 5 --gen-args '--max-len-b 12'; give those, or use "
+                                  "another --out")
+
+
 def test_corpus_prepare_refuses_a_dest_holding_other_files_without_force(tmp_path):
     raw, dest = tmp_path / "raw", tmp_path / "dest"
     write_raw_multi30k(raw)
@@ -260,7 +354,8 @@ def test_quickstart_refuses_an_out_it_did_not_make_before_any_work(tmp_path):
 @pytest.mark.slow
 def test_quickstart_force_replaces_linked_outputs_and_writes_through_none(tmp_path):
     """The five files quickstart wrote through links (results.json, its logs, fairseq-generate's output) and
-    the checkpoints fairseq-train writes by name: with --force each link is replaced, its target kept."""
+    the checkpoints fairseq-train writes by name: with --force each link is replaced, its target kept; a link
+    under another name, the user's, stays."""
     out, theirs = tmp_path / "out", tmp_path / "theirs"
     theirs.mkdir()
     for name in ("results.json", "train.log", "generate.log", "generate-test.txt", "checkpoint_best.pt.tmp",
@@ -274,6 +369,9 @@ def test_quickstart_force_replaces_linked_outputs_and_writes_through_none(tmp_pa
              "checkpoints/transformer/checkpoint_best.pt.tmp": "checkpoint_best.pt.tmp"}
     for name, target in links.items():
         (out / name).symlink_to(theirs / target)
+    users_links = ["checkpoints/transformer/mine.pt", "logs/notes.txt"]
+    for name in users_links:
+        (out / name).symlink_to(theirs / "train.log")
     before = snapshot(theirs)
     code = quickstart_main("--out", out, "--models", "transformer", "--force", "--train-size", 60, "--valid-size", 10,
                            "--test-size", 6, "--max-update", 4, "--layers", 1, "--embed-dim", 16, "--ffn-dim", 32,
@@ -281,6 +379,7 @@ def test_quickstart_force_replaces_linked_outputs_and_writes_through_none(tmp_pa
     assert code == 0
     assert snapshot(theirs) == before
     assert not any((out / name).is_symlink() for name in links)
+    assert all((out / name).is_symlink() for name in users_links)
     assert (out / "logs" / "generate-transformer" / "generate-test.txt").read_text().count("\nH-") == 6
 
 
