@@ -849,7 +849,7 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
     for name in ("runs/deeprep_finetuned/seed3", "runs/../../seed2", "", "runs/deeprep_finetuned/seed4"):
         result = train_one(name)
         assert result.returncode == 1 and f"RUN '{name}': not a run that 'train' made in {exp}" in result.stderr
-    with open(run / ".lock", "a") as lock:  # the pinned runner's lock on a run it trains
+    with open(run / ".lock", "a") as lock:  # another train-one's lock on the run
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         result = train_one("runs/deeprep_finetuned/seed2")
     assert result.returncode == 1 and "runs/deeprep_finetuned/seed2 is training in another process" in result.stderr
@@ -869,6 +869,32 @@ def test_train_one_trains_a_single_run_with_every_core(tmp_path):
         with open(run / ".lock", "a") as lock:  # the worker has let go of the run before the next train-one
             assert _within_30_seconds(lambda: _took_lock(lock))
     assert "==== train-one " in (run / "run.log").read_text()
+
+
+def test_train_does_not_start_while_a_run_trains_alone(tmp_path):
+    """launch.sh train: the runner would train a run that 'train-one' is training (its .lock held) a second
+    time, into the same folder; refused in one line naming the run, and started once the lock is free."""
+    clone, script = _pinned_clone(tmp_path)
+    exp, raw, record = tmp_path / "exp", tmp_path / "raw", tmp_path / "runner.txt"
+    raw.mkdir()
+    (raw / "train.de").write_text("ein Satz\n")
+    _stand_in_venv(exp, f"touch {record}")
+    run = exp / "runs" / "mlrf@lr0.002" / "seed3"
+    run.mkdir(parents=True)
+
+    def train():
+        return subprocess.run(["bash", str(script), "train", str(exp), str(raw)], capture_output=True, text=True)
+
+    with open(run / ".lock", "a") as lock:  # what train-one's flock holds while its worker trains
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        refused = train()
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "runs/mlrf@lr0.002/seed3/.lock is held: runs/mlrf@lr0.002/seed3 is training alone ('train-one')" \
+        in refused.stderr
+    assert not record.exists() and not (exp / "train.pid").exists()
+    started = train()
+    assert started.returncode == 0 and "training in the background" in started.stdout, started.stderr
+    assert _within_30_seconds(record.exists)
 
 
 def test_the_steps_keep_the_memory_they_free(tmp_path):

@@ -107,6 +107,10 @@ prepare_code() {
 case "$STEP" in
     train)
         if training; then echo "already training (pid $(cat "$PIDFILE")); log: $EXP/logs/train.log"; exit 0; fi
+        for lock in "$EXP"/runs/*/seed*/.lock; do  # a run that 'train-one' trains: the runner would train it too
+            [[ ! -f "$lock" ]] || flock -n "$lock" true || die "${lock#"$EXP"/} is held: $(dirname "${lock#"$EXP"/}") \
+is training alone ('train-one'); let it finish, or stop it, before 'train'"
+        done
         prepare_code
         appendable "$EXP/logs/train.log" || die "$EXP/logs/train.log is a link or has other hard links: not appended to"
         nohup nice -n 19 "$PY" -P "$CODE/scripts/compare_methods.py" "${ARGS[@]}" --stage train \
