@@ -34,6 +34,10 @@ FORBIDDEN_FORWARDED = {
     "--model-overrides": "the script sets it per run",
     "--results-path": "the script reads fairseq-generate's standard output",
     "--nbest": "the average length is over the best hypothesis only",
+    "--score-reference": "Figure 2 is of the beam search's translations, not of the references' scores",
+    "--sampling": "Figure 2 is of the beam search's translations",
+    "--prefix-size": "the translations would start with the references' first tokens",
+    "--match-source-len": "the translations' length is one of the measures",
 }
 
 

@@ -301,6 +301,16 @@ def test_mask_bad_layer_index(mask_script, capsys, fine_checkpoint, vanilla_chec
         mask_script.parse_args(["--data", tiny_data_bin, "--path", fine_checkpoint, "--quiet"])
 
 
+@pytest.mark.parametrize("flag", [["--score-reference"], ["--sampling"], ["--prefix-size", "1"], ["--match-source-len"]])
+def test_masking_refuses_generation_flags_that_leave_beam_search(mask_script, capsys, flag):
+    """Figure 2 measures what masking a layer does to the beam search's translations: with
+    --score-reference it printed a table of 100 BLEU for every mask."""
+    with pytest.raises(SystemExit) as exit:
+        mask_script.parse_args(["--data", "data-bin", "--path", "model.pt", *flag])
+    assert exit.value.code == 2
+    assert f"error: {flag[0]} cannot be passed to fairseq-generate here: " in capsys.readouterr().err
+
+
 # ------------------------------------------------------------ Figures 3-4 and Table 3: embeddings
 
 
