@@ -52,6 +52,9 @@ def main(argv=None):
     dictionary = dictionary_of_size(32000)  # joined, with shared embeddings
     try:
         flags = ["--share-all-embeddings", *split_flags(args.model_flags, "--model-flags")]
+        if any(flag.split("=", 1)[0] == "--arch" for flag in flags):
+            raise UsageError(f"--model-flags {args.model_flags!r}: the architecture is {ARCH} (the readings are its "
+                             "--dense-connection values); give its flags only")
         vanilla = build_model(ARCH, flags, dictionary)[2].eval()
     except UsageError as error:
         parser.error(str(error))

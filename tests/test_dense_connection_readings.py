@@ -22,7 +22,8 @@ def test_every_reading_is_measured_beside_the_vanilla_model(capsys):
 
 
 @pytest.mark.parametrize("flags, message", [("--encoder-layers x", "--encoder-layers"),
-                                            ("--encoder-layers '2", "--model-flags: cannot split flags")])
+                                            ("--encoder-layers '2", "--model-flags: cannot split flags"),
+                                            ("--arch transformer", "the architecture is fusion_transformer")])
 def test_bad_model_flags_are_one_line_errors(flags, message, capsys):
     """They were tracebacks (fairseq's rejection, shlex's unclosed quote)."""
     with pytest.raises(SystemExit) as exit_info:
