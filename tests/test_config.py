@@ -292,7 +292,8 @@ def test_the_hydra_example_trains_as_the_readmes_first_stage():
     fields = {"dataset": ("batch_size", "required_batch_size_multiple", "max_tokens"),
               "optimization": ("lr", "clip_norm", "max_epoch", "max_update", "update_freq"),
               "optimizer": ("_name", "adam_betas", "adam_eps", "weight_decay"),
-              "lr_scheduler": ("_name", "warmup_updates", "warmup_init_lr"), "criterion": ("_name",)}
+              "lr_scheduler": ("_name", "warmup_updates", "warmup_init_lr"), "criterion": ("_name",),
+              "checkpoint": ("keep_last_epochs",)}
     for group, names in fields.items():
         for name in names:
             assert example[group][name] == command_line[group][name], f"{group}.{name}"
