@@ -1,6 +1,7 @@
 """One benchmark for all methods: translation quality at a matched size and an identical budget, in the design of
 examples/comparison/reviewed/plan.md (:class:`Experiment`; examples/comparison/README.md). Every (method, seed) run
-is one ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``, resumed by fairseq from ``checkpoint_last.pt``; its
+is ``fairseq-train`` in ``OUT/runs/METHOD/seedS/``, resumed by fairseq from ``checkpoint_last.pt`` (and at each
+update of the final average, :func:`train_run`); its
 ``done.json``, written last after the evaluation, marks it as finished: it is never retrained. The report is
 :mod:`fusion_lab.comparison_report`'s. The earlier designs (the 3+3 and 6+6 comparisons) run at their pins:
 examples/comparison/converged.sh and deep.sh."""
@@ -356,17 +357,25 @@ def saved_updates(save_dir: str) -> int:
     return max(interval_checkpoints(save_dir), default=0)
 
 
-def checkpoint_updates(path: str) -> Optional[int]:
-    """None when the file cannot be read (truncated, empty)."""
+def checkpoint_position(path: str) -> Optional[Tuple[int, int]]:
+    """(the epoch its data iterator is at, updates) of a fairseq checkpoint; None when the file cannot be read
+    (truncated, empty)."""
     import torch
 
     import fusion_fairseq.models  # noqa: F401  (registers the plugin; reads fairseq checkpoints under torch >= 2.6)
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        return int(state["optimizer_history"][-1]["num_updates"])
+        iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+        return int(iterator.get("epoch", 1)), int(state["optimizer_history"][-1]["num_updates"])
     except Exception:  # noqa: BLE001 - any unreadable file: truncated, not a zip, not a checkpoint
         return None
+
+
+def checkpoint_updates(path: str) -> Optional[int]:
+    """None when the file cannot be read (truncated, empty)."""
+    position = checkpoint_position(path)
+    return position and position[1]
 
 
 def resume_from_newest_intact(save_dir: str) -> None:
@@ -446,13 +455,33 @@ TRAINING_MARK = "==== fairseq-train "
 
 def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
     """``python -m fairseq_cli.train`` up to update ``target`` (resumed from ``checkpoint_last.pt``), appending
-    to run.log. The plugin is the one beside this file (``--user-dir``, first on the path), and ``-m`` imports
-    from the working directory first: the run directory, never another checkout. ``threads``: torch's threads
-    (default: the run's, ``--threads``)."""
+    to run.log, stopped and resumed at each update of the final average (:func:`averaged_updates`), whose
+    checkpoint :func:`keep_epoch_end` then keeps. The plugin is the one beside this file (``--user-dir``, first
+    on the path), and ``-m`` imports from the working directory first: the run directory, never another
+    checkout. ``threads``: torch's threads (default: the run's, ``--threads``)."""
+    config = _read_json(os.path.join(rdir, "config.json"))
+    argv = config["train_argv"]
+    interval = int(argv[argv.index("--save-interval-updates") + 1])
+    save_dir = os.path.join(rdir, "checkpoints")
+    for stop in sorted({target, *range(target - target % interval, 0, -interval)[:AVERAGED]}):
+        if saved_updates(save_dir) < stop:
+            train_to(rdir, config, stop, threads or config["threads"])
+
+
+def keep_epoch_end(save_dir: str, update: int) -> None:
+    """fairseq-train names no interval checkpoint at an update that ends an epoch: its checkpoint_last.pt is then
+    that update's only copy, kept under the interval checkpoint's name (the run resumes from it, the final
+    average reads it)."""
+    last = os.path.join(save_dir, "checkpoint_last.pt")
+    position = checkpoint_position(last) if update not in interval_checkpoints(save_dir) else None
+    if position and position[1] == update:  # named by the epoch it ended (the checkpoint holds the next one)
+        copy_file(last, os.path.join(save_dir, f"checkpoint_{max(1, position[0] - 1)}_{update}.pt"))
+
+
+def train_to(rdir: str, config: dict, target: int, threads: Optional[int]) -> None:
+    """One fairseq-train of :func:`train_run`, up to update ``target``."""
     import torch
 
-    config = _read_json(os.path.join(rdir, "config.json"))
-    threads = threads or config["threads"]
     save_dir, log_path = os.path.join(rdir, "checkpoints"), os.path.join(rdir, "run.log")
     folder_without_links(save_dir, FAIRSEQ_TRAIN_WRITES)
     resume_from_newest_intact(save_dir)
@@ -471,6 +500,8 @@ def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
         f.flush()
         rc = subprocess.call([*python_module_command("fairseq_cli.train"), *argv], stdout=f, stderr=subprocess.STDOUT,
                              env=env, cwd=rdir)
+    if rc == 0:
+        keep_epoch_end(save_dir, target)
     if rc != 0 or saved_updates(save_dir) < target:
         raise ComparisonError(f"fairseq-train stopped before update {target} (exit {rc}); see {log_path}")
 

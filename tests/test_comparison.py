@@ -4,6 +4,7 @@ rates, then the longer budget; 4 and 8 updates at a tiny width), the report's nu
 retraining, the launchers, and the errors."""
 
 import fcntl
+import glob
 import json
 import os
 import re
@@ -660,6 +661,27 @@ def test_resuming_is_bit_exact(tmp_path):
     assert len(expected) == 22 and found == expected
     with open(os.path.join(resumed, "run.log")) as f:
         assert "checkpoint_last.pt (epoch 2 @ 10 updates)" in f.read()
+
+
+@pytest.mark.slow
+def test_an_update_that_ends_an_epoch_keeps_its_checkpoint(tmp_path):
+    """fairseq-train names no interval checkpoint at an update that ends an epoch (here every second update,
+    2,048 tokens a batch): the run stopped with "fairseq-train stopped before update 4" and could never be
+    averaged. Its checkpoint_last.pt, that update's only copy, is kept under the interval name."""
+    raw, out = str(tmp_path / "raw"), str(tmp_path / "out")
+    write_multi30k_slice(raw)
+    argv = _argv(raw, out, ["transformer"])
+    argv[argv.index("--max-tokens") + 1] = "2048"
+    main(argv + ["--stage", "train"])
+    rdirs = sorted(glob.glob(os.path.join(out, "runs", "*", "seed*")))
+    assert len(rdirs) >= 3  # the learning rates' runs at least
+    for rdir in rdirs:
+        with open(os.path.join(rdir, "run.log"), encoding="utf-8") as f:
+            ends = re.findall(r'"epoch": (\d+), "train_loss[^}]*"train_num_updates": "(\d+)"', f.read())
+        assert ends == [(str(epoch), str(2 * epoch)) for epoch in range(1, len(ends) + 1)]  # the premise
+        assert list(comparison.interval_checkpoints(os.path.join(rdir, "checkpoints"))) == [2 * epoch for epoch in
+                                                                                            range(1, len(ends) + 1)]
+        assert "checkpoint_2_4.pt" in os.listdir(os.path.join(rdir, "checkpoints"))  # named by the epoch it ended
 
 
 @pytest.mark.parametrize("launcher", ["deep", "converged"])

@@ -269,7 +269,8 @@ def test_the_comparisons_training_writes_through_no_link_and_imports_only_the_pl
     theirs.write_text("theirs\n")
     (run / "checkpoints" / "dummy").symlink_to(theirs)
     (run / "config.json").write_text(json.dumps({"train_argv": ["data-bin", "--user-dir", str(tmp_path / "code"),
-                                                                "--arch", "transformer"], "threads": 1, "device": "cpu"}))
+                                                                "--save-interval-updates", "2"],
+                                                 "threads": 1, "device": "cpu"}))
     started = []
     monkeypatch.setattr(comparison.subprocess, "call", lambda argv, **kwargs: started.append(
         (argv, os.path.lexists(run / "checkpoints" / "dummy"))) or 0)
