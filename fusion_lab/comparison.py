@@ -455,7 +455,7 @@ TRAINING_MARK = "==== fairseq-train "
 
 def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
     """``python -m fairseq_cli.train`` up to update ``target`` (resumed from ``checkpoint_last.pt``), appending
-    to run.log, stopped and resumed at each update of the final average (:func:`averaged_updates`), whose
+    to run.log, stopped and resumed at each update of the final average (:func:`averaging_window`), whose
     checkpoint :func:`keep_epoch_end` then keeps. The plugin is the one beside this file (``--user-dir``, first
     on the path), and ``-m`` imports from the working directory first: the run directory, never another
     checkout. ``threads``: torch's threads (default: the run's, ``--threads``)."""
@@ -463,7 +463,7 @@ def train_run(rdir: str, target: int, threads: Optional[int] = None) -> None:
     argv = config["train_argv"]
     interval = int(argv[argv.index("--save-interval-updates") + 1])
     save_dir = os.path.join(rdir, "checkpoints")
-    for stop in sorted({target, *range(target - target % interval, 0, -interval)[:AVERAGED]}):
+    for stop in sorted({*averaging_window(target, interval), target}):
         if saved_updates(save_dir) < stop:
             train_to(rdir, config, stop, threads or config["threads"])
 
@@ -550,9 +550,14 @@ def final_average(save_dir: str, budget: int, interval: int) -> str:
     return path
 
 
+def averaging_window(budget: int, interval: int) -> List[int]:
+    """The last :data:`AVERAGED` interval updates up to ``budget`` (fewer only where it holds fewer)."""
+    return list(range(budget - budget % interval, 0, -interval))[:AVERAGED][::-1]
+
+
 def averaged_updates(checkpoints: Dict[int, str], budget: int, interval: int) -> List[int]:
-    """The last :data:`AVERAGED` interval updates up to ``budget`` (fewer only where it holds fewer), all saved."""
-    wanted = list(range(budget - budget % interval, 0, -interval))[:AVERAGED][::-1]
+    """:func:`averaging_window`, all saved."""
+    wanted = averaging_window(budget, interval)
     missing = [u for u in wanted if u not in checkpoints]
     if missing:
         raise ComparisonError(f"cannot average the last {AVERAGED} checkpoints up to update {budget}: "
