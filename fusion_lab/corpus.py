@@ -48,6 +48,7 @@ class Corpus:
     merges: int
     lowercase: bool
     steps: tuple = ()  # sacremoses steps before tokenising: normalize, non_printing; aggressive: -a
+    train_steps: tuple = ()  # steps of the training text only (valid held out from it included)
     clean: tuple = ("none", 0, 0.0)  # when (tok / bpe), max tokens, max ratio
     compound_split: bool = False
 
@@ -86,8 +87,8 @@ CORPORA = {
               "http://statmt.org/wmt14/test-full.tgz"),
         train=("europarl-v7.de-en.{lang}", "commoncrawl.de-en.{lang}", "news-commentary-v9.de-en.{lang}"),
         valid=100, tests={"newstest2014": ("newstest2014-deen-src.{lang}.sgm|newstest2014-deen-ref.{lang}.sgm",)},
-        merges=40000, lowercase=False, steps=("normalize", "non_printing", "aggressive"), clean=("bpe", 250, 1.5),
-        compound_split=True),
+        merges=40000, lowercase=False, steps=("aggressive",), train_steps=("normalize", "non_printing"),
+        clean=("bpe", 250, 1.5), compound_split=True),  # fairseq's script normalises no test text
     "wmt16-en-ro": Corpus(
         langs=("en", "ro"), dest="wmt16_{src}_{tgt}",
         urls=(WMT16 + "training-parallel-ep-v8.tgz", "https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip",
@@ -425,14 +426,21 @@ def check_outputs(args):
         os.remove(args.databin)
 
 
+def tokenising_steps(corpus, split, remove_diacritics=False):
+    """The :class:`Tokeniser` steps of ``split``: the corpus's, its training text's own on train."""
+    return (corpus.steps + (corpus.train_steps if split == "train" else ())
+            + (("no_diacritics",) if remove_diacritics else ()))
+
+
 def prepare(corpus, args):
     langs = (src, tgt) = (args.src, args.tgt)
     with tempfile.TemporaryDirectory(prefix=".work.", dir=args.dest) as work:
         raw = read_raw(corpus, args, work)
-    steps = corpus.steps + (("no_diacritics",) if args.remove_diacritics else ())
-    log(f"tokenising (sacremoses; {', '.join(steps) or 'plain'}; lowercase={int(args.lowercase)})")
-    text = {"raw": raw, "tok": {split: {lang: parallel_map(Tokeniser, (lang, steps, args.lowercase), raw[split][lang],
-                                                           args.workers) for lang in langs} for split in raw}}
+    steps = {split: tokenising_steps(corpus, split, args.remove_diacritics) for split in raw}
+    log(f"tokenising (sacremoses; {', '.join(steps['train']) or 'plain'}; lowercase={int(args.lowercase)})")
+    text = {"raw": raw, "tok": {split: {lang: parallel_map(Tokeniser, (lang, steps[split], args.lowercase),
+                                                           raw[split][lang], args.workers) for lang in langs}
+                                for split in raw}}
     stage, max_len, ratio = corpus.clean
     max_len = args.max_len or max_len
     if stage == "tok":

@@ -310,6 +310,16 @@ def test_wmt14_recipe_downloads_wmt14s_training_data_only():
     assert "news-commentary-v9.de-en.{lang}" in wmt14.train
 
 
+def test_wmt14_normalises_the_punctuation_of_its_training_text_only():
+    """fairseq's prepare-wmt14en2de.sh normalises punctuation and removes non-printing characters in the training
+    data and tokenises newstest2014 as it is: a normalised reference turned „ “ into &quot; and – into -,
+    counting a model's normalised output right where fairseq's reference counts it wrong."""
+    wmt14, line = corpus.CORPORA["wmt14-en-de"], "Er sagte: „Ja“ – gut"
+    train, test = (corpus.Tokeniser("de", corpus.tokenising_steps(wmt14, split), False)(line)
+                   for split in ("train", "test"))
+    assert train == "Er sagte : &quot; Ja &quot; - gut" and test == "Er sagte : „ Ja “ – gut"
+
+
 def test_romanian_normalisation_is_for_the_romanian_side_only():
     steps = corpus.CORPORA["wmt16-en-ro"].steps
     assert corpus.Tokeniser("ro", steps, False)("Ţara şi râul") == "Țara și râul"  # cedilla -> comma below
